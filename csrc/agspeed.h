@@ -1,0 +1,186 @@
+/* agspeed.h: what the C files of agspeed._C share.
+ *
+ * Subsystems and the file that owns each:
+ *
+ *   hook.c        the PEP 523 evaluation function, its installation, the
+ *                 thread-local capture context and the counters.
+ *   region.c      Region (a callable that runs its target inside a capture
+ *                 context) and Scope (the same as a `with` block).
+ *   codecache.c   the per-code-object cache kept in co_extra, and the
+ *                 CacheEntry type stored in it.
+ *   frame.c       reading CPython's interpreter frames (the only file that
+ *                 includes CPython's internal headers).
+ *   probe.c       a stand-in for a foreign PEP 523 user, for tests.
+ *   module.c      module definition and the functions exposed to Python.
+ *   ../guards/signature.c   the 64-bit signature hash (system xxHash).
+ *
+ * Names: exported symbols are ags_<subsystem>_<verb>, macros AGS_.
+ * Ownership is stated above each function whose contract is not obvious.
+ */
+#ifndef AGS_AGSPEED_H
+#define AGS_AGSPEED_H
+
+#include "compat.h"
+#include <stdint.h>
+
+struct _PyInterpreterFrame;
+
+/* ------------------------------------------------------------------ */
+/* Counters (hook.c).  One table generates the struct, the names shown by
+ * agspeed.counters() and the reset. */
+
+#define AGS_COUNTER_LIST(X) \
+    X(frames_seen, "frames that started on a thread inside an optimized " \
+                   "call") \
+    X(frames_skipped, "of those, frames run untouched: skip-marked code, " \
+                      "generators and coroutines, frames started while the " \
+                      "runtime itself was busy") \
+    X(cache_hits, "frames whose code cache held a matching entry") \
+    X(cache_misses, "frames that asked the capture context for a decision") \
+    X(callback_errors, "decisions that raised: the error propagated out of " \
+                       "the frame, which did not run") \
+    X(hook_installs, "times the evaluation hook was installed") \
+    X(hook_displaced, "times the hook was found replaced by another " \
+                      "evaluation function when agspeed went to remove it")
+
+typedef struct {
+#define AGS_X(name, doc) uint64_t name;
+    AGS_COUNTER_LIST(AGS_X)
+#undef AGS_X
+} ags_counters;
+
+extern ags_counters ags_stats;
+
+/* ------------------------------------------------------------------ */
+/* The hook (hook.c). */
+
+/* Turns the whole runtime on or off: off, a Region calls its target with no
+ * capture context at all. */
+extern int ags_hook_enabled;
+
+/* What ags_hook_enter saved, to be handed back to ags_hook_exit. */
+typedef struct {
+    PyObject *prev;     /* strong: the context that was current, or NULL */
+    int hooked;         /* 1 if the enter asked for the hook */
+} ags_ctx_saved;
+
+/* Enters a capture context on this thread.  `ctx` is the context (a callable
+ * deciding what to do with frames), or Py_None for a region where the
+ * runtime is disabled.  `saved` must be handed to ags_hook_exit on the same
+ * thread, in LIFO order.  Never fails.  ctx: borrowed. */
+void ags_hook_enter(PyObject *ctx, ags_ctx_saved *saved);
+
+/* Leaves the context entered by the matching ags_hook_enter and restores
+ * the one before it. */
+void ags_hook_exit(ags_ctx_saved *saved);
+
+/* Borrowed: this thread's current context, NULL outside any. */
+PyObject *ags_hook_current(void);
+
+/* 1 when agspeed's evaluation function is the interpreter's now. */
+int ags_hook_is_installed(void);
+
+/* ------------------------------------------------------------------ */
+/* Cache entries and per-code caches (codecache.c). */
+
+/* What the hook does with a frame, decided by the capture context.  The
+ * table generates the enum, the names exposed to Python and the checks. */
+#define AGS_ACTION_LIST(X) \
+    X(SKIP, "never look at this code object again, in any context: every " \
+            "later frame of it runs untouched (its callees are still seen)") \
+    X(RUN_EAGER, "run the frame's own bytecode; its callees still pass " \
+                 "through the hook")
+
+typedef enum {
+#define AGS_X(name, doc) AGS_ACTION_##name,
+    AGS_ACTION_LIST(AGS_X)
+#undef AGS_X
+    AGS_ACTION_COUNT
+} ags_action;
+
+/* A CacheEntry: one decision for a code object, valid while its guard
+ * holds.  The fields past `action` are the shape the capture of a graph
+ * fills in: `guard` is checked against the frame's locals (None: always
+ * holds), `compiled` is the callable that replaces the frame and `rebuild`
+ * says how its outputs become the frame's return value. */
+typedef struct {
+    PyObject_HEAD
+    int action;            /* an ags_action */
+    PyObject *guard;       /* None or callable(f_locals) -> bool */
+    PyObject *compiled;    /* None or the compiled callable */
+    PyObject *rebuild;     /* None or the recipe for the return value */
+    PyObject *context;     /* None: valid in every context; else the only
+                              context (by identity) it is valid in */
+    uint64_t hits;
+} ags_entry;
+
+/* Per code object, in its co_extra slot.  Created on the first decision,
+ * freed by CPython with the code object (or emptied by agspeed.reset()).
+ * All live states are linked so that reset can reach them. */
+typedef struct ags_code_state {
+    struct ags_code_state *prev, *next;
+    uint32_t flags;                  /* AGS_CODE_* */
+    Py_ssize_t n_entries;
+    Py_ssize_t cap_entries;
+    ags_entry **entries;             /* strong references, most recently
+                                        used first */
+} ags_code_state;
+
+#define AGS_CODE_SKIP 0x1u           /* never hook this code again */
+
+extern PyTypeObject *ags_entry_type;     /* strong, set by module init */
+extern PyType_Spec ags_entry_spec;
+
+int ags_cache_init(void);
+
+/* Borrowed: the code's state, or NULL if it has none.  Never raises. */
+ags_code_state *ags_cache_get(PyCodeObject *code);
+
+/* Borrowed: the code's state, created if missing.  NULL with an exception
+ * set on failure. */
+ags_code_state *ags_cache_ensure(PyCodeObject *code);
+
+/* Finds the first entry of `state` valid for `ctx` whose guard holds.
+ * `*f_locals` is a lazily built dict of the frame's locals (NULL on entry;
+ * the caller releases it).  Returns 1 and a borrowed `*found` on a hit, 0 on
+ * a miss, -1 with an exception set if a guard raised. */
+int ags_cache_lookup(ags_code_state *state, PyObject *ctx,
+                     struct _PyInterpreterFrame *frame, PyObject **f_locals,
+                     ags_entry **found);
+
+/* Adds `entry` (borrowed; the state takes its own reference) in front.
+ * Returns 0, or -1 with an exception set. */
+int ags_cache_insert(ags_code_state *state, ags_entry *entry);
+
+/* Empties every code cache (entries and flags).  Returns how many code
+ * objects had a cache. */
+Py_ssize_t ags_cache_clear_all(void);
+
+/* New reference: a dict describing the cache of `code` for tests and
+ * explain(): {"flags": int, "skip": bool, "entries": [CacheEntry...]}. */
+PyObject *ags_cache_describe(PyCodeObject *code);
+
+/* ------------------------------------------------------------------ */
+/* Frames (frame.c). */
+
+/* Borrowed: the frame's code object, or NULL if it runs something else. */
+PyCodeObject *ags_frame_code(struct _PyInterpreterFrame *frame);
+
+/* New reference: a dict {name: value} of the frame's bound local slots
+ * (arguments, at entry).  NULL with an exception set on failure. */
+PyObject *ags_frame_locals(struct _PyInterpreterFrame *frame);
+
+/* ------------------------------------------------------------------ */
+/* Types and functions registered by module.c from each file. */
+
+extern PyType_Spec ags_region_spec;
+extern PyType_Spec ags_scope_spec;
+PyObject *ags_probe_install(PyObject *module, PyObject *unused);
+PyObject *ags_probe_remove(PyObject *module, PyObject *unused);
+PyObject *ags_probe_count(PyObject *module, PyObject *unused);
+PyObject *ags_probe_owner(PyObject *module, PyObject *unused);
+
+/* guards/signature.c */
+uint64_t ags_signature_hash(const void *data, size_t len, uint64_t seed);
+
+#endif /* AGS_AGSPEED_H */

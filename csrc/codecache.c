@@ -1,0 +1,404 @@
+/* codecache.c: the per-code-object cache and the CacheEntry type.
+ *
+ * Layout.  Each code object the runtime has decided about carries an
+ * ags_code_state in a co_extra slot reserved once per process.  The state
+ * holds flags (AGS_CODE_SKIP) and an array of strong references to
+ * CacheEntry objects in most-recently-used order.  All live states are on
+ * one circular doubly-linked list headed by `registry`, so that
+ * agspeed.reset() can empty every cache without knowing the code objects.
+ *
+ * Lifetime.  CPython calls state_free() when the code object is
+ * deallocated; it unlinks the state and releases the entries.  A state
+ * never owns its code object, and entries must not either (directly or
+ * through a function or module that refers to the code), or the code
+ * object could never die: code objects are not tracked by the cyclic GC.
+ *
+ * Invariants.  `entries[0..n_entries)` are non-NULL strong references;
+ * `version` changes on every mutation, so a lookup that called out to
+ * Python (a guard) can tell whether the array moved under it.  Every
+ * mutation is done with the GIL held.
+ *
+ * The linear scan here is the placeholder for the signature hash table of
+ * the guard system (guards/), which will key entries by a hash of tensor
+ * metadata; the entry layout does not change with it.
+ */
+#include "agspeed.h"
+#include <stddef.h>
+#include <structmember.h>
+#include <string.h>
+
+PyTypeObject *ags_entry_type;
+
+static Py_ssize_t extra_index = -1;
+static uint64_t version;
+static ags_code_state registry = {&registry, &registry, 0, 0, 0, NULL};
+
+static void
+state_free(void *ptr)
+{
+    ags_code_state *state = (ags_code_state *)ptr;
+    ags_entry **entries;
+    Py_ssize_t n;
+
+    if (state == NULL) {
+        return;
+    }
+    state->prev->next = state->next;
+    state->next->prev = state->prev;
+    entries = state->entries;
+    n = state->n_entries;
+    PyMem_Free(state);
+    version++;
+    /* Release after unlinking: a finalizer may run arbitrary code. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_DECREF(entries[i]);
+    }
+    PyMem_Free(entries);
+}
+
+int
+ags_cache_init(void)
+{
+    if (extra_index >= 0) {
+        return 0;
+    }
+    extra_index = ags_compat_extra_index(state_free);
+    if (extra_index < 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "agspeed: no free co_extra slot left in this "
+                        "interpreter (too many PEP 523 tools loaded)");
+        return -1;
+    }
+    return 0;
+}
+
+ags_code_state *
+ags_cache_get(PyCodeObject *code)
+{
+    void *extra = NULL;
+    int rc = ags_compat_get_extra((PyObject *)code, extra_index, &extra);
+
+    /* Fails only for a non-code object, which the callers never pass. */
+    assert(rc == 0);
+    (void)rc;
+    return (ags_code_state *)extra;
+}
+
+ags_code_state *
+ags_cache_ensure(PyCodeObject *code)
+{
+    ags_code_state *state = ags_cache_get(code);
+
+    if (state != NULL) {
+        return state;
+    }
+    state = PyMem_Calloc(1, sizeof(*state));
+    if (state == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    if (ags_compat_set_extra((PyObject *)code, extra_index, state) < 0) {
+        PyMem_Free(state);
+        return NULL;
+    }
+    state->next = registry.next;
+    state->prev = &registry;
+    registry.next->prev = state;
+    registry.next = state;
+    return state;
+}
+
+static void
+move_to_front(ags_code_state *state, Py_ssize_t i)
+{
+    ags_entry *hit = state->entries[i];
+
+    memmove(&state->entries[1], &state->entries[0],
+            (size_t)i * sizeof(ags_entry *));
+    state->entries[0] = hit;
+}
+
+/* Returns 1 if `entry`'s guard holds, 0 if not, -1 on error. */
+static int
+guard_holds(ags_entry *entry, struct _PyInterpreterFrame *frame,
+            PyObject **f_locals)
+{
+    PyObject *verdict;
+    int ok;
+
+    if (entry->guard == Py_None) {
+        return 1;
+    }
+    if (*f_locals == NULL) {
+        *f_locals = ags_frame_locals(frame);
+        if (*f_locals == NULL) {
+            return -1;
+        }
+    }
+    verdict = PyObject_CallOneArg(entry->guard, *f_locals);
+    if (verdict == NULL) {
+        return -1;
+    }
+    ok = PyObject_IsTrue(verdict);
+    Py_DECREF(verdict);
+    return ok;
+}
+
+int
+ags_cache_lookup(ags_code_state *state, PyObject *ctx,
+                 struct _PyInterpreterFrame *frame, PyObject **f_locals,
+                 ags_entry **found)
+{
+    for (Py_ssize_t i = 0; i < state->n_entries; i++) {
+        ags_entry *entry = state->entries[i];
+        uint64_t seen = version;
+        int ok;
+
+        if (entry->context != Py_None && entry->context != ctx) {
+            continue;
+        }
+        Py_INCREF(entry);
+        ok = guard_holds(entry, frame, f_locals);
+        if (ok <= 0 || version != seen) {
+            /* Failed, raised, or the cache changed while the guard ran:
+             * in the last case the scan is not resumed (a miss is always
+             * correct, only slower). */
+            Py_DECREF(entry);
+            if (ok < 0) {
+                return -1;
+            }
+            if (version != seen) {
+                return 0;
+            }
+            continue;
+        }
+        if (i > 0) {
+            move_to_front(state, i);
+        }
+        entry->hits++;
+        *found = entry;
+        return 1;
+    }
+    return 0;
+}
+
+int
+ags_cache_insert(ags_code_state *state, ags_entry *entry)
+{
+    if (state->n_entries == state->cap_entries) {
+        Py_ssize_t cap = state->cap_entries ? 2 * state->cap_entries : 2;
+        ags_entry **grown = PyMem_Realloc(state->entries,
+                                          (size_t)cap * sizeof(ags_entry *));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        state->entries = grown;
+        state->cap_entries = cap;
+    }
+    memmove(&state->entries[1], &state->entries[0],
+            (size_t)state->n_entries * sizeof(ags_entry *));
+    state->entries[0] = (ags_entry *)Py_NewRef(entry);
+    state->n_entries++;
+    version++;
+    return 0;
+}
+
+Py_ssize_t
+ags_cache_clear_all(void)
+{
+    Py_ssize_t n_states = 0, n_refs = 0, k = 0;
+    ags_entry **doomed;
+
+    for (ags_code_state *s = registry.next; s != &registry; s = s->next) {
+        n_states++;
+        n_refs += s->n_entries;
+    }
+    doomed = PyMem_Malloc((size_t)(n_refs ? n_refs : 1) * sizeof(*doomed));
+    if (doomed == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    /* Empty every state first, release afterwards: releasing an entry may
+     * free a code object and unlink its state from the list. */
+    for (ags_code_state *s = registry.next; s != &registry; s = s->next) {
+        for (Py_ssize_t i = 0; i < s->n_entries; i++) {
+            doomed[k++] = s->entries[i];
+        }
+        s->n_entries = 0;
+        s->flags = 0;
+    }
+    version++;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        Py_DECREF(doomed[i]);
+    }
+    PyMem_Free(doomed);
+    return n_states;
+}
+
+PyObject *
+ags_cache_describe(PyCodeObject *code)
+{
+    ags_code_state *state = ags_cache_get(code);
+    PyObject *entries = NULL, *result = NULL;
+    Py_ssize_t n = state ? state->n_entries : 0;
+    uint32_t flags = state ? state->flags : 0;
+
+    entries = PyList_New(n);
+    if (entries == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyList_SET_ITEM(entries, i, Py_NewRef(state->entries[i]));
+    }
+    result = Py_BuildValue("{s:O,s:I,s:O,s:O}",
+                           "has_cache", state ? Py_True : Py_False,
+                           "flags", (unsigned int)flags,
+                           "skip", (flags & AGS_CODE_SKIP) ? Py_True
+                                                           : Py_False,
+                           "entries", entries);
+done:
+    Py_XDECREF(entries);
+    return result;
+}
+
+/* ------------------------------------------------------------------ */
+/* CacheEntry */
+
+static const char *const action_names[] = {
+#define AGS_X(name, doc) #name,
+    AGS_ACTION_LIST(AGS_X)
+#undef AGS_X
+};
+
+static PyObject *
+entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"action", "guard", "compiled", "rebuild",
+                             "context", NULL};
+    int action;
+    PyObject *guard = Py_None, *compiled = Py_None, *rebuild = Py_None;
+    PyObject *context = Py_None;
+    ags_entry *self;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|OOOO:CacheEntry", kwlist,
+                                     &action, &guard, &compiled, &rebuild,
+                                     &context)) {
+        return NULL;
+    }
+    if (action < 0 || action >= AGS_ACTION_COUNT) {
+        PyErr_Format(PyExc_ValueError,
+                     "CacheEntry: unknown action %d (see agspeed._C."
+                     "ACTION_NAMES)", action);
+        return NULL;
+    }
+    if (guard != Py_None && !PyCallable_Check(guard)) {
+        PyErr_Format(PyExc_TypeError,
+                     "CacheEntry: guard must be None or callable, not %T",
+                     guard);
+        return NULL;
+    }
+    self = (ags_entry *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->action = action;
+    self->guard = Py_NewRef(guard);
+    self->compiled = Py_NewRef(compiled);
+    self->rebuild = Py_NewRef(rebuild);
+    self->context = Py_NewRef(context);
+    return (PyObject *)self;
+}
+
+static int
+entry_traverse(ags_entry *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->guard);
+    Py_VISIT(self->compiled);
+    Py_VISIT(self->rebuild);
+    Py_VISIT(self->context);
+    return 0;
+}
+
+static int
+entry_clear(ags_entry *self)
+{
+    Py_CLEAR(self->guard);
+    Py_CLEAR(self->compiled);
+    Py_CLEAR(self->rebuild);
+    Py_CLEAR(self->context);
+    return 0;
+}
+
+static void
+entry_dealloc(ags_entry *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+
+    PyObject_GC_UnTrack(self);
+    entry_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyObject *
+entry_repr(ags_entry *self)
+{
+    return PyUnicode_FromFormat("<agspeed CacheEntry %s hits=%llu>",
+                                action_names[self->action],
+                                (unsigned long long)self->hits);
+}
+
+static PyObject *
+entry_get_action_name(ags_entry *self, void *closure)
+{
+    (void)closure;
+    return PyUnicode_FromString(action_names[self->action]);
+}
+
+static PyMemberDef entry_members[] = {
+    {"action", T_INT, offsetof(ags_entry, action), READONLY,
+     "what the hook does with a matching frame (see ACTION_NAMES)"},
+    {"guard", T_OBJECT, offsetof(ags_entry, guard), READONLY,
+     "None, or a callable(f_locals) -> bool that must hold"},
+    {"compiled", T_OBJECT, offsetof(ags_entry, compiled), READONLY,
+     "the compiled callable that replaces the frame, or None"},
+    {"rebuild", T_OBJECT, offsetof(ags_entry, rebuild), READONLY,
+     "how the compiled outputs become the return value, or None"},
+    {"context", T_OBJECT, offsetof(ags_entry, context), READONLY,
+     "None (any context) or the one context the entry is valid in"},
+    {"hits", T_ULONGLONG, offsetof(ags_entry, hits), READONLY,
+     "frames this entry was used for"},
+    {NULL}
+};
+
+static PyGetSetDef entry_getset[] = {
+    {"action_name", (getter)entry_get_action_name, NULL,
+     "the action's name", NULL},
+    {NULL}
+};
+
+static PyType_Slot entry_slots[] = {
+    {Py_tp_new, entry_new},
+    {Py_tp_dealloc, entry_dealloc},
+    {Py_tp_traverse, entry_traverse},
+    {Py_tp_clear, entry_clear},
+    {Py_tp_repr, entry_repr},
+    {Py_tp_members, entry_members},
+    {Py_tp_getset, entry_getset},
+    {Py_tp_doc,
+     "CacheEntry(action, guard=None, compiled=None, rebuild=None, "
+     "context=None)\n\n"
+     "One decision of a capture context for a code object, kept in the "
+     "code's cache and used for every later frame of it whose guard holds."},
+    {0, NULL}
+};
+
+PyType_Spec ags_entry_spec = {
+    .name = "agspeed._C.CacheEntry",
+    .basicsize = sizeof(ags_entry),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC
+             | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = entry_slots,
+};

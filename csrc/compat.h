@@ -1,0 +1,101 @@
+/* compat.h: every difference between the CPython versions agspeed supports.
+ *
+ * This is the only header that reads PY_VERSION_HEX.  The rest of the C core
+ * is written against the names defined here, so a new CPython version is
+ * reviewed in one place: add its branch below after checking the frame
+ * layout (Include/internal/pycore_frame.h), the code-extra API and the
+ * eval-frame API of that version.  An unreviewed version fails the build.
+ *
+ * What differs, and the name the rest of the core uses for it:
+ *
+ *   AGS_FRAME_CODE(f)         the code object of an interpreter frame, or
+ *                             NULL when the frame runs something else
+ *                             (3.13 frames hold `f_executable`, which may be
+ *                             None for shim frames).
+ *   ags_compat_extra_index()  reserve a co_extra slot (renamed to
+ *                             PyUnstable_* in 3.12).
+ *   ags_compat_get_extra()    read / write a co_extra slot.
+ *   ags_compat_set_extra()
+ *   AGS_MOD_SLOTS_EXTRA       module-def slots that only newer versions know.
+ *
+ * Only csrc/frame.c may include CPython's internal headers, and it includes
+ * this file to learn how to read a frame.
+ */
+#ifndef AGS_COMPAT_H
+#define AGS_COMPAT_H
+
+#include <Python.h>
+
+#if PY_VERSION_HEX < 0x030B0000
+#  error "agspeed needs CPython 3.11 or newer (the frame-evaluation API \
+it hooks changed in 3.11)."
+#elif PY_VERSION_HEX < 0x030C0000
+#  define AGS_PY311 1
+#elif PY_VERSION_HEX < 0x030D0000
+#  define AGS_PY312 1
+#elif PY_VERSION_HEX < 0x030E0000
+#  define AGS_PY313 1
+#else
+#  error "agspeed has not been reviewed for this CPython version: check \
+csrc/compat.h and csrc/frame.c against its Include/internal/pycore_frame.h \
+before adding it."
+#endif
+
+#ifdef Py_GIL_DISABLED
+#  error "agspeed does not support free-threaded CPython builds yet: its \
+per-code caches rely on the GIL."
+#endif
+
+/* Frame access. `f` is a struct _PyInterpreterFrame *. */
+#if defined(AGS_PY311) || defined(AGS_PY312)
+#  define AGS_FRAME_CODE(f) ((f)->f_code)
+#else
+#  define AGS_FRAME_CODE(f) \
+    (PyCode_Check((f)->f_executable) ? (PyCodeObject *)(f)->f_executable \
+                                     : (PyCodeObject *)NULL)
+#endif
+
+/* Code-extra slots. */
+static inline Py_ssize_t
+ags_compat_extra_index(freefunc free_fn)
+{
+#ifdef AGS_PY311
+    return _PyEval_RequestCodeExtraIndex(free_fn);
+#else
+    return PyUnstable_Eval_RequestCodeExtraIndex(free_fn);
+#endif
+}
+
+static inline int
+ags_compat_get_extra(PyObject *code, Py_ssize_t index, void **extra)
+{
+#ifdef AGS_PY311
+    return _PyCode_GetExtra(code, index, extra);
+#else
+    return PyUnstable_Code_GetExtra(code, index, extra);
+#endif
+}
+
+static inline int
+ags_compat_set_extra(PyObject *code, Py_ssize_t index, void *extra)
+{
+#ifdef AGS_PY311
+    return _PyCode_SetExtra(code, index, extra);
+#else
+    return PyUnstable_Code_SetExtra(code, index, extra);
+#endif
+}
+
+/* The frame hook and the code caches live in process-wide state (the
+ * eval-frame function has no module argument), so the module refuses to be
+ * loaded into more than one interpreter.  3.11 has no slot to say so and
+ * relies on the check in module.c. */
+#ifdef AGS_PY311
+#  define AGS_MOD_SLOTS_EXTRA
+#else
+#  define AGS_MOD_SLOTS_EXTRA \
+    {Py_mod_multiple_interpreters, \
+     Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+
+#endif /* AGS_COMPAT_H */

@@ -1,0 +1,276 @@
+/* hook.c: the PEP 523 evaluation function and the capture context.
+ *
+ * Layout.  Each thread has a capture context in thread-local storage:
+ * NULL outside every optimized call, Py_None inside agspeed.disable(), or
+ * the callable that decides what to do with each new frame.  Regions and
+ * Scopes (region.c) set it on entry and restore the previous one on exit,
+ * strictly LIFO per thread.
+ *
+ * The evaluation function is per interpreter, not per thread, so it is
+ * installed only while at least one thread is inside an optimized call
+ * (`n_hooked` counts such entries over all threads) and removed when the
+ * last one leaves: outside optimized calls the program runs CPython's own
+ * evaluation loop with nothing of ours in the way.  While installed, frames
+ * of threads that are outside any context cost one thread-local read.
+ *
+ * Installing remembers the evaluation function that was there (another
+ * PEP 523 user: a debugger, torch._dynamo) and every frame we do not take
+ * is passed to it, so it keeps working under us; removing restores it.
+ * If someone replaced our function in between, we leave theirs alone.
+ *
+ * Per frame on a thread inside a context, in order:
+ *   1. pass through untouched if the runtime is busy on this thread (its
+ *      own decision code is running: no recursion into it), if the code
+ *      is a generator or coroutine, or if the code is marked SKIP;
+ *   2. look up the code's cache (codecache.c); on a hit run the entry;
+ *   3. on a miss, ask the context: `ctx(code, f_locals)` returns a
+ *      CacheEntry, which is stored (or marks the code SKIP) and run.
+ *
+ * Errors.  A frame handed to the evaluation function has not started.  If
+ * the decision raises, the frame must still be cleared and popped, and who
+ * does that changed between versions (the caller in 3.11, the evaluator in
+ * 3.12+).  Instead of copying CPython's private clearing code we ask
+ * CPython's own evaluator to "throw" the pending exception into the
+ * unstarted frame, as generator.throw() does into an unstarted generator:
+ * no handler covers the frame's first instruction, so CPython unwinds and
+ * clears the frame itself, on every version, and the exception propagates
+ * to the caller exactly as if the function had raised it on entry.
+ *
+ * Rejected designs: a thread-local eval function (CPython has none);
+ * installing once and forever (it would slow every thread of the program,
+ * and 3.12+ stop inlining Python-to-Python calls while any eval function
+ * is set); returning NULL on error (leaks or double-frees the frame
+ * depending on the version).
+ */
+#include "agspeed.h"
+
+ags_counters ags_stats;
+int ags_hook_enabled = 1;
+
+typedef struct {
+    PyObject *ctx;      /* strong; NULL: outside, Py_None: disabled */
+    int busy;           /* >0 while the runtime decides for a frame */
+} ags_thread_state;
+
+static _Thread_local ags_thread_state tls;
+
+/* The evaluation function found when we installed ours (NULL: CPython's
+ * default) and how many context entries, over all threads, need ours. */
+static _PyFrameEvalFunction prev_eval;
+static Py_ssize_t n_hooked;
+
+static PyObject *ags_eval(PyThreadState *, struct _PyInterpreterFrame *,
+                          int);
+
+static inline PyObject *
+eval_untouched(PyThreadState *ts, struct _PyInterpreterFrame *frame,
+               int throwflag)
+{
+    if (prev_eval != NULL) {
+        return prev_eval(ts, frame, throwflag);
+    }
+    return _PyEval_EvalFrameDefault(ts, frame, throwflag);
+}
+
+static void
+hook_acquire(void)
+{
+    PyInterpreterState *interp;
+    _PyFrameEvalFunction current;
+
+    if (n_hooked++ > 0) {
+        return;
+    }
+    interp = PyInterpreterState_Get();
+    current = _PyInterpreterState_GetEvalFrameFunc(interp);
+    if (current == ags_eval) {
+        /* Left installed by someone who restored us after we had gone. */
+        return;
+    }
+    prev_eval = (current == _PyEval_EvalFrameDefault) ? NULL : current;
+    _PyInterpreterState_SetEvalFrameFunc(interp, ags_eval);
+    ags_stats.hook_installs++;
+}
+
+static void
+hook_release(void)
+{
+    PyInterpreterState *interp;
+
+    assert(n_hooked > 0);
+    if (--n_hooked > 0) {
+        return;
+    }
+    interp = PyInterpreterState_Get();
+    if (_PyInterpreterState_GetEvalFrameFunc(interp) == ags_eval) {
+        _PyInterpreterState_SetEvalFrameFunc(
+            interp, prev_eval != NULL ? prev_eval : _PyEval_EvalFrameDefault);
+        prev_eval = NULL;
+    }
+    else {
+        /* Someone installed theirs over ours; it may chain to ours and
+         * restore it later, so `prev_eval` stays for that case. */
+        ags_stats.hook_displaced++;
+    }
+}
+
+void
+ags_hook_enter(PyObject *ctx, ags_ctx_saved *saved)
+{
+    saved->prev = tls.ctx;
+    saved->hooked = (ctx != Py_None);
+    tls.ctx = Py_NewRef(ctx);
+    if (saved->hooked) {
+        hook_acquire();
+    }
+}
+
+void
+ags_hook_exit(ags_ctx_saved *saved)
+{
+    PyObject *leaving = tls.ctx;
+
+    tls.ctx = saved->prev;
+    saved->prev = NULL;
+    if (saved->hooked) {
+        saved->hooked = 0;
+        hook_release();
+    }
+    Py_XDECREF(leaving);
+}
+
+PyObject *
+ags_hook_current(void)
+{
+    return tls.ctx;
+}
+
+int
+ags_hook_is_installed(void)
+{
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    return _PyInterpreterState_GetEvalFrameFunc(interp) == ags_eval;
+}
+
+/* Asks the context what to do with a frame of `code`.  Returns a new
+ * reference to a CacheEntry, or NULL with an exception set. */
+static ags_entry *
+ask_context(PyObject *ctx, PyCodeObject *code,
+            struct _PyInterpreterFrame *frame, PyObject **f_locals)
+{
+    PyObject *args[2];
+    PyObject *decision;
+
+    if (*f_locals == NULL) {
+        *f_locals = ags_frame_locals(frame);
+        if (*f_locals == NULL) {
+            return NULL;
+        }
+    }
+    args[0] = (PyObject *)code;
+    args[1] = *f_locals;
+    decision = PyObject_Vectorcall(ctx, args, 2, NULL);
+    if (decision == NULL) {
+        return NULL;
+    }
+    if (!Py_IS_TYPE(decision, ags_entry_type)) {
+        PyErr_Format(PyExc_TypeError,
+                     "agspeed capture context %R returned %T for %R; "
+                     "expected an agspeed._C.CacheEntry",
+                     ctx, decision, code);
+        Py_DECREF(decision);
+        return NULL;
+    }
+    return (ags_entry *)decision;
+}
+
+/* Finds or makes the decision for a frame.  Returns the action to take, or
+ * -1 with an exception set. */
+static int
+decide(PyObject *ctx, PyCodeObject *code, struct _PyInterpreterFrame *frame)
+{
+    ags_code_state *state = ags_cache_get(code);
+    PyObject *f_locals = NULL;
+    ags_entry *entry = NULL;
+    int action = -1;
+    int found = 0;
+
+    if (state != NULL) {
+        found = ags_cache_lookup(state, ctx, frame, &f_locals, &entry);
+        if (found < 0) {
+            goto done;
+        }
+    }
+    if (found) {
+        ags_stats.cache_hits++;
+    }
+    else {
+        ags_stats.cache_misses++;
+        entry = ask_context(ctx, code, frame, &f_locals);
+        if (entry == NULL) {
+            goto done;
+        }
+        /* The context ran Python code: look the state up again rather
+         * than trust a pointer taken before it. */
+        state = ags_cache_ensure(code);
+        if (state == NULL) {
+            goto done;
+        }
+        if (entry->action == AGS_ACTION_SKIP) {
+            state->flags |= AGS_CODE_SKIP;
+        }
+        else if (ags_cache_insert(state, entry) < 0) {
+            goto done;
+        }
+    }
+    action = (int)entry->action;
+
+done:
+    Py_XDECREF(entry);
+    Py_XDECREF(f_locals);
+    return action;
+}
+
+static PyObject *
+ags_eval(PyThreadState *ts, struct _PyInterpreterFrame *frame, int throwflag)
+{
+    PyObject *ctx = tls.ctx;
+    PyCodeObject *code;
+    ags_code_state *state;
+    int action;
+
+    if (ctx == NULL || ctx == Py_None || throwflag) {
+        return eval_untouched(ts, frame, throwflag);
+    }
+    ags_stats.frames_seen++;
+    code = ags_frame_code(frame);
+    if (tls.busy || code == NULL
+        || (code->co_flags & (CO_GENERATOR | CO_COROUTINE
+                              | CO_ASYNC_GENERATOR
+                              | CO_ITERABLE_COROUTINE))) {
+        ags_stats.frames_skipped++;
+        return eval_untouched(ts, frame, 0);
+    }
+    state = ags_cache_get(code);
+    if (state != NULL && (state->flags & AGS_CODE_SKIP)) {
+        ags_stats.frames_skipped++;
+        return eval_untouched(ts, frame, 0);
+    }
+
+    Py_INCREF(ctx);
+    tls.busy++;
+    action = decide(ctx, code, frame);
+    tls.busy--;
+    Py_DECREF(ctx);
+
+    switch (action) {
+    case AGS_ACTION_SKIP:
+    case AGS_ACTION_RUN_EAGER:
+        return eval_untouched(ts, frame, 0);
+    default:
+        assert(PyErr_Occurred());
+        ags_stats.callback_errors++;
+        /* Propagate without running: see "Errors" at the top. */
+        return eval_untouched(ts, frame, 1);
+    }
+}

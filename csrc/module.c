@@ -1,0 +1,320 @@
+/* module.c: the agspeed._C module: its types, constants and functions.
+ *
+ * Multi-phase initialization; the module state holds the heap types.  The
+ * hook and the code caches are process-wide (see hook.c for why), so the
+ * module may live in one interpreter only: 3.12+ say so with a module slot,
+ * 3.11 is checked here.  Importing the module again in the same
+ * interpreter (after deleting it from sys.modules) is fine: it shares the
+ * process-wide state.
+ */
+#include "agspeed.h"
+#include <string.h>
+
+typedef struct {
+    PyTypeObject *region_type;
+    PyTypeObject *scope_type;
+    PyTypeObject *entry_type;
+} ags_module_state;
+
+static PyInterpreterState *owner_interp;
+
+static inline ags_module_state *
+module_state(PyObject *module)
+{
+    return (ags_module_state *)PyModule_GetState(module);
+}
+
+static PyObject *
+counters(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return Py_BuildValue("{"
+#define AGS_X(name, doc) "s:K"
+                         AGS_COUNTER_LIST(AGS_X)
+#undef AGS_X
+                         "}"
+#define AGS_X(name, doc) , #name, (unsigned long long)ags_stats.name
+                         AGS_COUNTER_LIST(AGS_X)
+#undef AGS_X
+    );
+}
+
+static PyObject *
+reset_counters(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    memset(&ags_stats, 0, sizeof(ags_stats));
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+clear_caches(PyObject *module, PyObject *unused)
+{
+    Py_ssize_t n;
+
+    (void)module;
+    (void)unused;
+    n = ags_cache_clear_all();
+    return n < 0 ? NULL : PyLong_FromSsize_t(n);
+}
+
+static PyObject *
+set_enabled(PyObject *module, PyObject *flag)
+{
+    int on = PyObject_IsTrue(flag);
+
+    (void)module;
+    if (on < 0) {
+        return NULL;
+    }
+    ags_hook_enabled = on;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+is_enabled(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return PyBool_FromLong(ags_hook_enabled);
+}
+
+static PyObject *
+current_context(PyObject *module, PyObject *unused)
+{
+    PyObject *ctx = ags_hook_current();
+
+    (void)module;
+    (void)unused;
+    return Py_NewRef(ctx != NULL ? ctx : Py_None);
+}
+
+static PyObject *
+hook_installed(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return PyBool_FromLong(ags_hook_is_installed());
+}
+
+static PyObject *
+code_cache(PyObject *module, PyObject *code)
+{
+    (void)module;
+    if (!PyCode_Check(code)) {
+        PyErr_Format(PyExc_TypeError, "expected a code object, not %T",
+                     code);
+        return NULL;
+    }
+    return ags_cache_describe((PyCodeObject *)code);
+}
+
+static PyObject *
+mark_skip(PyObject *module, PyObject *code)
+{
+    ags_code_state *state;
+
+    (void)module;
+    if (!PyCode_Check(code)) {
+        PyErr_Format(PyExc_TypeError, "expected a code object, not %T",
+                     code);
+        return NULL;
+    }
+    state = ags_cache_ensure((PyCodeObject *)code);
+    if (state == NULL) {
+        return NULL;
+    }
+    state->flags |= AGS_CODE_SKIP;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+signature_hash(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"data", "seed", NULL};
+    Py_buffer view;
+    unsigned long long seed = 0;
+    uint64_t h;
+
+    (void)module;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|K:signature_hash",
+                                     kwlist, &view, &seed)) {
+        return NULL;
+    }
+    h = ags_signature_hash(view.buf, (size_t)view.len, seed);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyMethodDef module_methods[] = {
+    {"counters", counters, METH_NOARGS,
+     "counters() -> dict: the runtime's counters (see COUNTER_DOCS)."},
+    {"reset_counters", reset_counters, METH_NOARGS,
+     "reset_counters(): set every counter to zero."},
+    {"clear_caches", clear_caches, METH_NOARGS,
+     "clear_caches() -> int: empty every code cache (entries and skip "
+     "marks); returns how many code objects had one."},
+    {"set_enabled", set_enabled, METH_O,
+     "set_enabled(flag): turn the runtime on or off for every region."},
+    {"is_enabled", is_enabled, METH_NOARGS,
+     "is_enabled() -> bool"},
+    {"current_context", current_context, METH_NOARGS,
+     "current_context(): this thread's capture context, or None."},
+    {"hook_installed", hook_installed, METH_NOARGS,
+     "hook_installed() -> bool: is agspeed's evaluation function the "
+     "interpreter's now."},
+    {"code_cache", code_cache, METH_O,
+     "code_cache(code) -> dict: what the runtime has cached for code."},
+    {"mark_skip", mark_skip, METH_O,
+     "mark_skip(code): never hook frames of code again (until reset)."},
+    {"signature_hash", (PyCFunction)(void (*)(void))signature_hash,
+     METH_VARARGS | METH_KEYWORDS,
+     "signature_hash(data, seed=0) -> int: XXH3-64 of a bytes-like "
+     "object."},
+    {"_probe_install", ags_probe_install, METH_NOARGS,
+     "Install the test probe, a foreign evaluation function."},
+    {"_probe_remove", ags_probe_remove, METH_NOARGS,
+     "Remove the test probe, restoring what it replaced."},
+    {"_probe_count", ags_probe_count, METH_NOARGS,
+     "Frames the test probe has evaluated."},
+    {"_eval_frame_owner", ags_probe_owner, METH_NOARGS,
+     "Who owns the evaluation function: 'default', 'agspeed', 'probe' or "
+     "'other'."},
+    {NULL}
+};
+
+static int
+add_type(PyObject *module, PyType_Spec *spec, PyTypeObject **slot)
+{
+    PyObject *type = PyType_FromModuleAndSpec(module, spec, NULL);
+
+    if (type == NULL) {
+        return -1;
+    }
+    *slot = (PyTypeObject *)type;
+    return PyModule_AddType(module, (PyTypeObject *)type);
+}
+
+static int
+add_tables(PyObject *module)
+{
+    PyObject *names = NULL, *docs = NULL;
+    int rc = -1;
+
+#define AGS_X(name, doc) \
+    if (PyModule_AddIntConstant(module, "ACTION_" #name, \
+                                AGS_ACTION_##name) < 0) { \
+        goto done; \
+    }
+    AGS_ACTION_LIST(AGS_X)
+#undef AGS_X
+    names = Py_BuildValue("("
+#define AGS_X(name, doc) "s"
+                          AGS_ACTION_LIST(AGS_X)
+#undef AGS_X
+                          ")"
+#define AGS_X(name, doc) , #name
+                          AGS_ACTION_LIST(AGS_X)
+#undef AGS_X
+    );
+    docs = Py_BuildValue("{"
+#define AGS_X(name, doc) "s:s"
+                         AGS_COUNTER_LIST(AGS_X)
+#undef AGS_X
+                         "}"
+#define AGS_X(name, doc) , #name, doc
+                         AGS_COUNTER_LIST(AGS_X)
+#undef AGS_X
+    );
+    if (names == NULL || docs == NULL
+        || PyModule_AddObjectRef(module, "ACTION_NAMES", names) < 0
+        || PyModule_AddObjectRef(module, "COUNTER_DOCS", docs) < 0) {
+        goto done;
+    }
+    rc = 0;
+done:
+    Py_XDECREF(names);
+    Py_XDECREF(docs);
+    return rc;
+}
+
+static int
+module_exec(PyObject *module)
+{
+    ags_module_state *st = module_state(module);
+    PyInterpreterState *interp = PyInterpreterState_Get();
+
+    if (owner_interp != NULL && owner_interp != interp) {
+        PyErr_SetString(PyExc_ImportError,
+                        "agspeed._C can be loaded in one interpreter per "
+                        "process only");
+        return -1;
+    }
+    owner_interp = interp;
+    if (ags_cache_init() < 0
+        || add_type(module, &ags_region_spec, &st->region_type) < 0
+        || add_type(module, &ags_scope_spec, &st->scope_type) < 0
+        || add_type(module, &ags_entry_spec, &st->entry_type) < 0
+        || add_tables(module) < 0) {
+        return -1;
+    }
+    /* The hook checks decisions against the CacheEntry type of the module
+     * loaded last; entries of an earlier load stay valid as they are. */
+    Py_XSETREF(ags_entry_type, (PyTypeObject *)Py_NewRef(st->entry_type));
+    return 0;
+}
+
+static int
+module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    ags_module_state *st = module_state(module);
+
+    Py_VISIT(st->region_type);
+    Py_VISIT(st->scope_type);
+    Py_VISIT(st->entry_type);
+    return 0;
+}
+
+static int
+module_clear(PyObject *module)
+{
+    ags_module_state *st = module_state(module);
+
+    Py_CLEAR(st->region_type);
+    Py_CLEAR(st->scope_type);
+    Py_CLEAR(st->entry_type);
+    return 0;
+}
+
+static void
+module_free(void *module)
+{
+    module_clear((PyObject *)module);
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+    AGS_MOD_SLOTS_EXTRA
+    {0, NULL}
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "agspeed._C",
+    .m_doc = "agspeed's C core: the frame hook, code caches and capture "
+             "contexts.",
+    .m_size = sizeof(ags_module_state),
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC
+PyInit__C(void)
+{
+    return PyModuleDef_Init(&module_def);
+}

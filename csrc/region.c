@@ -1,0 +1,315 @@
+/* region.c: Region and Scope, the two ways into a capture context.
+ *
+ * Region(fn, ctx) is a callable: calling it enters `ctx` on this thread,
+ * calls `fn` with the same arguments and leaves `ctx`, whether `fn`
+ * returned or raised.  It is what agspeed.optimize() returns for a
+ * function and what an optimized module's __call__ is.  It is a method
+ * descriptor (it binds like a function when stored on a class), has a
+ * __dict__ so functools.update_wrapper() can dress it as `fn`, supports
+ * weak references, and is called through vectorcall so that the only cost
+ * it adds to a call is the enter and exit.
+ *
+ * Scope(ctx) is the same context as a `with` block: agspeed.disable()
+ * uses it with ctx None.  A Scope may be entered once at a time; a
+ * reentrant `with` needs a new Scope.
+ *
+ * `ctx` is Py_None for a region where the runtime is disabled: frames in
+ * it run untouched even when an outer region is optimized.
+ */
+#include "agspeed.h"
+#include <stddef.h>
+#include <structmember.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *fn;
+    PyObject *ctx;
+    PyObject *dict;
+    PyObject *weakrefs;
+    vectorcallfunc vectorcall;
+} ags_region;
+
+static PyObject *
+region_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf,
+                  PyObject *kwnames)
+{
+    ags_region *self = (ags_region *)op;
+    ags_ctx_saved saved;
+    PyObject *result;
+
+    if (!ags_hook_enabled) {
+        return PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
+    }
+    ags_hook_enter(self->ctx, &saved);
+    result = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
+    ags_hook_exit(&saved);
+    return result;
+}
+
+static PyObject *
+region_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"fn", "ctx", NULL};
+    PyObject *fn, *ctx;
+    ags_region *self;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:Region", kwlist, &fn,
+                                     &ctx)) {
+        return NULL;
+    }
+    if (!PyCallable_Check(fn)) {
+        PyErr_Format(PyExc_TypeError, "Region: fn must be callable, not %T",
+                     fn);
+        return NULL;
+    }
+    if (ctx != Py_None && !PyCallable_Check(ctx)) {
+        PyErr_Format(PyExc_TypeError,
+                     "Region: ctx must be None or callable, not %T", ctx);
+        return NULL;
+    }
+    self = (ags_region *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->fn = Py_NewRef(fn);
+    self->ctx = Py_NewRef(ctx);
+    self->vectorcall = region_vectorcall;
+    return (PyObject *)self;
+}
+
+static int
+region_traverse(ags_region *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->fn);
+    Py_VISIT(self->ctx);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int
+region_clear(ags_region *self)
+{
+    Py_CLEAR(self->fn);
+    Py_CLEAR(self->ctx);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void
+region_dealloc(ags_region *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+
+    PyObject_GC_UnTrack(self);
+    if (self->weakrefs != NULL) {
+        PyObject_ClearWeakRefs((PyObject *)self);
+    }
+    region_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+/* Binds like a function: Region stored on a class becomes a method. */
+static PyObject *
+region_descr_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    (void)type;
+    if (obj == NULL || obj == Py_None) {
+        return Py_NewRef(self);
+    }
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *
+region_repr(ags_region *self)
+{
+    return PyUnicode_FromFormat("<agspeed optimized %R>", self->fn);
+}
+
+/* Pickles by qualified name, as functions do, when update_wrapper gave the
+ * Region a __qualname__ (a decorated module-level function). */
+static PyObject *
+region_reduce(ags_region *self, PyObject *unused)
+{
+    PyObject *name = NULL;
+
+    (void)unused;
+    if (self->dict != NULL) {
+        name = PyDict_GetItemString(self->dict, "__qualname__");
+    }
+    if (name == NULL || !PyUnicode_Check(name)) {
+        PyErr_Format(PyExc_TypeError,
+                     "cannot pickle %R: only optimized functions reachable "
+                     "by their qualified name can be pickled", self);
+        return NULL;
+    }
+    return Py_NewRef(name);
+}
+
+static PyMethodDef region_methods[] = {
+    {"__reduce__", (PyCFunction)region_reduce, METH_NOARGS, NULL},
+    {NULL}
+};
+
+static PyMemberDef region_members[] = {
+    {"__agspeed_fn__", T_OBJECT, offsetof(ags_region, fn), READONLY,
+     "the callable run inside the context"},
+    {"__agspeed_ctx__", T_OBJECT, offsetof(ags_region, ctx), READONLY,
+     "the capture context (None: runtime disabled inside)"},
+    {"__dictoffset__", T_PYSSIZET, offsetof(ags_region, dict), READONLY,
+     NULL},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(ags_region, weakrefs),
+     READONLY, NULL},
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(ags_region, vectorcall),
+     READONLY, NULL},
+    {NULL}
+};
+
+static PyType_Slot region_slots[] = {
+    {Py_tp_new, region_new},
+    {Py_tp_dealloc, region_dealloc},
+    {Py_tp_traverse, region_traverse},
+    {Py_tp_clear, region_clear},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_descr_get, region_descr_get},
+    {Py_tp_repr, region_repr},
+    {Py_tp_methods, region_methods},
+    {Py_tp_members, region_members},
+    {Py_tp_doc,
+     "Region(fn, ctx)\n\n"
+     "A callable that calls fn inside the capture context ctx (None: "
+     "inside a region where agspeed is disabled)."},
+    {0, NULL}
+};
+
+PyType_Spec ags_region_spec = {
+    .name = "agspeed._C.Region",
+    .basicsize = sizeof(ags_region),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC
+             | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR
+             | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = region_slots,
+};
+
+/* ------------------------------------------------------------------ */
+/* Scope */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *ctx;
+    ags_ctx_saved saved;
+    int entered;
+} ags_scope;
+
+static PyObject *
+scope_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"ctx", NULL};
+    PyObject *ctx;
+    ags_scope *self;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:Scope", kwlist, &ctx)) {
+        return NULL;
+    }
+    if (ctx != Py_None && !PyCallable_Check(ctx)) {
+        PyErr_Format(PyExc_TypeError,
+                     "Scope: ctx must be None or callable, not %T", ctx);
+        return NULL;
+    }
+    self = (ags_scope *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->ctx = Py_NewRef(ctx);
+    return (PyObject *)self;
+}
+
+static PyObject *
+scope_enter(ags_scope *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->entered) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "this agspeed scope is already entered; nest a new "
+                        "one instead of re-entering it");
+        return NULL;
+    }
+    ags_hook_enter(self->ctx, &self->saved);
+    self->entered = 1;
+    return Py_NewRef(self);
+}
+
+static PyObject *
+scope_exit(ags_scope *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)args;
+    (void)nargs;
+    if (!self->entered) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "this agspeed scope was not entered");
+        return NULL;
+    }
+    self->entered = 0;
+    ags_hook_exit(&self->saved);
+    Py_RETURN_FALSE;
+}
+
+static int
+scope_traverse(ags_scope *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->ctx);
+    Py_VISIT(self->saved.prev);
+    return 0;
+}
+
+static int
+scope_clear(ags_scope *self)
+{
+    Py_CLEAR(self->ctx);
+    Py_CLEAR(self->saved.prev);
+    return 0;
+}
+
+static void
+scope_dealloc(ags_scope *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+
+    /* A scope dropped while entered (a generator suspended inside its
+     * `with`) leaves this thread's context as it is; only the reference
+     * to the context it would have restored is released. */
+    PyObject_GC_UnTrack(self);
+    scope_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef scope_methods[] = {
+    {"__enter__", (PyCFunction)scope_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))scope_exit, METH_FASTCALL,
+     NULL},
+    {NULL}
+};
+
+static PyType_Slot scope_slots[] = {
+    {Py_tp_new, scope_new},
+    {Py_tp_dealloc, scope_dealloc},
+    {Py_tp_traverse, scope_traverse},
+    {Py_tp_clear, scope_clear},
+    {Py_tp_methods, scope_methods},
+    {Py_tp_doc,
+     "Scope(ctx)\n\n"
+     "A context manager that enters the capture context ctx on this thread "
+     "(None: disables agspeed inside)."},
+    {0, NULL}
+};
+
+PyType_Spec ags_scope_spec = {
+    .name = "agspeed._C.Scope",
+    .basicsize = sizeof(ags_scope),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC
+             | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = scope_slots,
+};
