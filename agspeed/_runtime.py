@@ -1,0 +1,178 @@
+"""Capture contexts: what the C frame hook asks when a code object has no cached decision.
+
+A ``Context`` is the callable the hook calls as ``ctx(code, f_locals)`` on a cache miss,
+with the frame's bound locals by name.  It answers with an ``agspeed._C.CacheEntry``:
+
+* ``SKIP`` for code the runtime never captures: its own code, torch's internals, the
+  standard library, frozen modules.  The mark is kept on the code object, so a later frame
+  of it costs one flag test in C, in every context.
+* ``RUN_EAGER`` for user code.  Capture (the symbolic interpreter) will replace this with
+  an entry holding a guarded, compiled graph; until then the frame runs its own bytecode
+  and only its callees pass through the hook.
+
+The decision is cached on the code object by the hook, so a second call of the same code
+costs no Python call at all.  An internal error while deciding never changes what the
+user's program computes: it is logged and the code is skipped.
+
+Contexts are shared: ``context_for`` returns one object per (backend, options), so entries
+cached for one optimized object are valid for another optimized with the same settings.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import logging
+import os
+import sysconfig
+import threading
+import weakref
+from typing import Any, NamedTuple
+
+from agspeed import _C, log
+
+__all__ = ["Context", "context_for", "FrameRecord", "frame_records", "clear"]
+
+_frames_log = log.get("frames")
+_internal_log = logging.getLogger("agspeed")
+
+
+class FrameRecord(NamedTuple):
+    """One frame the runtime decided about: where it is, its locals, and the decision."""
+
+    name: str
+    filename: str
+    firstlineno: int
+    locals: tuple  # ((name, short description of the value), ...)
+    decision: str
+    code: Any  # weakref.ref to the code object
+
+    def __str__(self) -> str:
+        args = ", ".join(f"{k}={v}" for k, v in self.locals)
+        where = f"{os.path.basename(self.filename)}:{self.firstlineno}"
+        return f"{self.name} ({where}) [{args}] -> {self.decision}"
+
+
+_RECORDS: collections.deque[FrameRecord] = collections.deque(maxlen=1024)
+_records_lock = threading.Lock()
+
+
+def frame_records() -> list[FrameRecord]:
+    """The most recent frames decided about (at most 1024), oldest first."""
+    with _records_lock:
+        return list(_RECORDS)
+
+
+def clear() -> None:
+    """Forget recorded frames and shared contexts (``agspeed.reset``)."""
+    with _records_lock:
+        _RECORDS.clear()
+    _CONTEXTS.clear()
+
+
+def _describe(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        dims = ",".join(str(d) for d in shape)
+        return f"{type(value).__name__}[{str(dtype).replace('torch.', '')}]({dims})"
+    return type(value).__name__
+
+
+def _package_dir(name: str) -> str | None:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.realpath(list(spec.submodule_search_locations)[0]) + os.sep
+
+
+def _runtime_prefixes() -> tuple[str, ...]:
+    own = os.path.dirname(os.path.realpath(__file__)) + os.sep
+    found = (_package_dir(p) for p in ("agspeed.guards", "agspeed.backends", "torch", "functorch"))
+    return tuple(dict.fromkeys([own, *(f for f in found if f)]))
+
+
+def _stdlib_prefixes() -> tuple[str, ...]:
+    paths = (sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib"))
+    return tuple(dict.fromkeys(os.path.realpath(p) + os.sep for p in paths if p))
+
+
+_RUNTIME_PREFIXES = _runtime_prefixes()
+_STDLIB_PREFIXES = _stdlib_prefixes()
+_THIRD_PARTY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
+def is_runtime_code(filename: str) -> bool:
+    """True for code agspeed never captures: its own, torch's, the standard library's."""
+    if filename.startswith("<frozen"):
+        return True
+    if not os.path.isabs(filename):
+        return False  # <string>, <stdin>, notebook cells: user code
+    path = os.path.realpath(filename)
+    if path.startswith(_RUNTIME_PREFIXES):
+        return True
+    # A plain install keeps site-packages inside the standard library's directory.
+    return path.startswith(_STDLIB_PREFIXES) and not any(m in path for m in _THIRD_PARTY_MARKERS)
+
+
+_SKIP = _C.ACTION_SKIP
+_RUN_EAGER = _C.ACTION_RUN_EAGER
+
+
+class Context:
+    """The capture context of optimized objects sharing one backend and option set."""
+
+    __slots__ = ("backend_name", "backend", "options", "__weakref__")
+
+    def __init__(self, backend_name: str, backend: Any, options: dict[str, Any]):
+        self.backend_name = backend_name
+        self.backend = backend
+        self.options = dict(options)
+
+    def __repr__(self) -> str:
+        opts = "".join(f", {k}={v!r}" for k, v in sorted(self.options.items()))
+        return f"<agspeed context backend={self.backend_name}{opts}>"
+
+    def __call__(self, code: Any, f_locals: dict) -> Any:
+        try:
+            return self._decide(code, f_locals)
+        except Exception:  # an agspeed bug must not change the user's program
+            _internal_log.warning(
+                "agspeed: internal error while deciding about %s (%s:%s); it runs eager",
+                code.co_name, code.co_filename, code.co_firstlineno, exc_info=True,
+            )
+            return _C.CacheEntry(_SKIP)
+
+    def _decide(self, code: Any, f_locals: dict) -> Any:
+        if is_runtime_code(code.co_filename):
+            action, decision = _SKIP, "skip (runtime code)"
+        else:
+            action, decision = _RUN_EAGER, "run eager"
+        record = FrameRecord(
+            code.co_name, code.co_filename, code.co_firstlineno,
+            tuple((k, _describe(v)) for k, v in f_locals.items()),
+            decision, weakref.ref(code),
+        )
+        if action != _SKIP:
+            with _records_lock:
+                _RECORDS.append(record)
+        if log.enabled("frames"):
+            _frames_log.info("%s", record)
+        return _C.CacheEntry(action)
+
+
+_CONTEXTS: dict[tuple, Context] = {}
+_contexts_lock = threading.Lock()
+
+
+def context_for(backend_name: str, backend: Any, options: dict[str, Any]) -> Context:
+    """The shared context for this backend (by identity) and these options."""
+    key = (backend_name, id(backend), tuple(sorted(options.items())))
+    with _contexts_lock:
+        ctx = _CONTEXTS.get(key)
+        if ctx is None or ctx.backend is not backend:
+            ctx = _CONTEXTS[key] = Context(backend_name, backend, options)
+        return ctx

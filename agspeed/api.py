@@ -1,0 +1,115 @@
+"""The public entry points: optimize, disable, reset, counters."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Callable
+
+from agspeed import _C, _runtime, config
+from agspeed.backends import resolve
+from agspeed.errors import InvalidArgumentError, UnknownOptionError
+
+__all__ = ["optimize", "disable", "reset", "counters"]
+
+# Options optimize() accepts, with the types each takes.
+_OPTIONS: dict[str, tuple] = {
+    "fullgraph": (bool,),       # a graph break is an error instead of a fallback
+    "dynamic": (bool, type(None)),  # None: decide per dimension; True/False: all dynamic/static
+    "disable": (bool,),         # return the object unchanged
+}
+
+
+def _check_options(options: dict[str, Any]) -> dict[str, Any]:
+    for name, value in options.items():
+        types = _OPTIONS.get(name)
+        if types is None:
+            raise UnknownOptionError(
+                f"optimize() got an unknown option {name!r}; options are {', '.join(_OPTIONS)}"
+            )
+        if not isinstance(value, types):
+            raise UnknownOptionError(
+                f"optimize() option {name!r} takes "
+                f"{' or '.join('None' if t is type(None) else t.__name__ for t in types)}, "
+                f"not {type(value).__name__}"
+            )
+    return options
+
+
+def _is_module(obj: Any) -> bool:
+    torch = sys.modules.get("torch")  # nothing can be a Module if torch was never imported
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
+def optimize(obj: Any = None, backend: Any = "auto", **options: Any) -> Any:
+    """Return ``obj`` made to run through agspeed's runtime.
+
+    ``obj`` is an ``nn.Module`` (the result shares its parameters, buffers, state_dict,
+    train()/eval() and hooks; see ``agspeed._module``) or any callable (the result is a
+    callable that wraps it, with ``functools.wraps`` applied).  Without ``obj``, returns a
+    decorator: ``@agspeed.optimize(backend="eager")``.
+
+    ``backend`` is a name from ``agspeed.backends.list_backends()`` or a callable
+    ``(gm, example_inputs) -> callable``; ``AGSPEED_BACKEND`` overrides it.
+    Options: ``fullgraph``, ``dynamic``, ``disable``.
+    """
+    _check_options(options)
+    if obj is None:
+        return functools.partial(optimize, backend=backend, **options)
+    if not callable(obj):
+        raise InvalidArgumentError(
+            f"agspeed.optimize() takes an nn.Module or a callable, not {type(obj).__name__}"
+        )
+    name, backend_fn = resolve(config.backend or backend)
+    if options.get("disable") or config.disable:
+        return obj
+    ctx = _runtime.context_for(name, backend_fn, options)
+    if _is_module(obj):
+        from agspeed._module import optimize_module
+
+        return optimize_module(obj, ctx, {"backend": backend, "options": options})
+    return functools.update_wrapper(_C.Region(obj, ctx), obj)
+
+
+class _Disabled:
+    """``with agspeed.disable():`` and ``@agspeed.disable()``; see ``disable``."""
+
+    def __init__(self) -> None:
+        self._scopes: list = []
+
+    def __enter__(self) -> "_Disabled":
+        scope = _C.Scope(None)
+        scope.__enter__()
+        self._scopes.append(scope)
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return self._scopes.pop().__exit__(*exc)
+
+    def __call__(self, fn: Callable) -> Callable:
+        return disable(fn)
+
+
+def disable(fn: Callable | None = None) -> Any:
+    """Run without agspeed: as ``with agspeed.disable():`` or as a decorator.
+
+    Inside, nothing is captured, even under an optimized call; decorated functions (and
+    everything they call) run plain eager wherever they are called from.
+    """
+    if fn is None:
+        return _Disabled()
+    if not callable(fn):
+        raise InvalidArgumentError(f"agspeed.disable() takes a callable, not {type(fn).__name__}")
+    return functools.update_wrapper(_C.Region(fn, None), fn)
+
+
+def reset() -> None:
+    """Forget everything the runtime cached: code caches, skip marks, counters, records."""
+    _C.clear_caches()
+    _C.reset_counters()
+    _runtime.clear()
+
+
+def counters() -> dict[str, int]:
+    """The runtime's counters since the last ``reset()``; meanings in ``agspeed._C.COUNTER_DOCS``."""
+    return _C.counters()

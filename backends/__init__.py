@@ -1,0 +1,75 @@
+"""The backend registry.
+
+A backend turns a captured ``torch.fx.GraphModule`` into a callable, with the signature
+torch.compile uses: ``backend(gm, example_inputs) -> callable``.  The built-in backends
+are the modules of this package, one per backend, found by file name: ``eager.py`` is the
+backend ``"eager"`` and defines a function ``backend``.  Users register theirs with
+``register_backend`` (also a decorator), and may pass any such callable to
+``agspeed.optimize(..., backend=fn)`` without registering it.
+
+``"auto"`` is the autotuner's choice among the available backends, measured per graph.
+Until the autotuner lands it resolves to ``eager``, the only backend shipped so far.
+
+Nothing here imports torch: a backend module is imported when it is first asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any, Callable
+
+from agspeed.errors import InvalidArgumentError, UnknownBackendError
+
+__all__ = ["Backend", "register_backend", "get_backend", "list_backends", "resolve"]
+
+Backend = Callable[[Any, list], Callable[..., Any]]
+
+_AUTO = "auto"
+_registered: dict[str, Backend] = {}
+
+
+def _builtin_names() -> list[str]:
+    return [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
+
+
+def register_backend(name: str, fn: Backend | None = None, *, override: bool = False):
+    """Register ``fn`` as the backend ``name``; without ``fn``, return a decorator."""
+    if not isinstance(name, str) or not name or name == _AUTO:
+        raise InvalidArgumentError(f"a backend name must be a non-empty string other than 'auto', not {name!r}")
+    if fn is None:
+        return lambda f: register_backend(name, f, override=override)
+    if not callable(fn):
+        raise InvalidArgumentError(f"backend {name!r} must be callable, not {type(fn).__name__}")
+    if not override and (name in _registered or name in _builtin_names()):
+        raise ValueError(f"a backend named {name!r} exists; pass override=True to replace it")
+    _registered[name] = fn
+    return fn
+
+
+def list_backends() -> list[str]:
+    """Every backend name ``optimize()`` accepts, ``"auto"`` included."""
+    return sorted({_AUTO, *_builtin_names(), *_registered})
+
+
+def get_backend(name: str) -> Backend:
+    """The backend callable registered as ``name`` (``"auto"`` resolves to its current choice)."""
+    if name == _AUTO:
+        name = "eager"
+    if name in _registered:
+        return _registered[name]
+    if name in _builtin_names():
+        return importlib.import_module(f"{__name__}.{name}").backend
+    raise UnknownBackendError(f"no backend named {name!r}; known backends: {', '.join(list_backends())}")
+
+
+def resolve(backend: str | Backend) -> tuple[str, Backend]:
+    """``(name, callable)`` for a backend given by name or as a callable."""
+    if isinstance(backend, str):
+        return backend, get_backend(backend)
+    if callable(backend):
+        return getattr(backend, "__name__", type(backend).__name__), backend
+    raise InvalidArgumentError(
+        f"backend must be a backend name or a callable (gm, example_inputs) -> callable, "
+        f"not {type(backend).__name__}"
+    )
