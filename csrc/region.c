@@ -166,6 +166,12 @@ static PyMemberDef region_members[] = {
     {NULL}
 };
 
+static PyGetSetDef region_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL,
+     NULL},
+    {NULL}
+};
+
 static PyType_Slot region_slots[] = {
     {Py_tp_new, region_new},
     {Py_tp_dealloc, region_dealloc},
@@ -176,6 +182,7 @@ static PyType_Slot region_slots[] = {
     {Py_tp_repr, region_repr},
     {Py_tp_methods, region_methods},
     {Py_tp_members, region_members},
+    {Py_tp_getset, region_getset},
     {Py_tp_doc,
      "Region(fn, ctx)\n\n"
      "A callable that calls fn inside the capture context ctx (None: "

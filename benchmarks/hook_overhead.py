@@ -1,0 +1,186 @@
+"""What the frame hook adds to Python calls, as ratios measured side by side in one run.
+
+A small pure-Python function ``leaf`` is called in a loop by ``drive``.  Each case runs
+the same loop and reports the time per ``leaf`` call divided by the plain loop's (no
+hook installed), so 1.00 means free:
+
+  plain            no hook anywhere: the reference.
+  probe            a do-nothing PEP 523 function (agspeed._C's test probe) forwards every
+                   frame to CPython: the floor any frame hook pays, because CPython stops
+                   inlining Python-to-Python calls while one is installed.
+  cached_eager     inside agspeed.optimize: every ``leaf`` frame hits its cached
+                   "run eager" decision (no Python callback).
+  skipped          inside agspeed.optimize, ``leaf``'s code marked skip: the fast path.
+  other_thread     this thread is outside any optimized call while another thread sits
+                   inside one (so the hook is installed): the cost to the rest of a program.
+  region_call      calling an optimized trivial function from outside (enter the context,
+                   install the hook, one cached frame, leave, remove the hook) vs calling it
+                   plainly; per call, not per leaf.
+
+The benchmark needs no torch.  It prints a table, writes JSON (and a PNG plot when
+matplotlib is installed) next to the path given by --out.
+
+    python benchmarks/hook_overhead.py [--calls N] [--repeat R] [--out benchmarks/results/hook_overhead.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+
+import agspeed
+from agspeed import _C
+
+
+def leaf(a, b):
+    return a + b
+
+
+def drive(n):
+    s = 0
+    for i in range(n):
+        s = leaf(s, i)
+    return s
+
+
+def trivial(x):
+    return x
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}"
+
+
+def best_ns_per_call(fn, arg, calls, repeat) -> float:
+    """Median over ``repeat`` runs of the time per call, in ns (fn(arg) makes ``calls`` calls)."""
+    fn(arg)  # warm-up: caches, specialization
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter_ns()
+        fn(arg)
+        samples.append((time.perf_counter_ns() - start) / calls)
+    return statistics.median(samples)
+
+
+def loop_calls(fn, n):
+    for _ in range(n):
+        fn(1)
+
+
+def run(calls: int, repeat: int) -> dict:
+    results: dict[str, float] = {}
+    agspeed.reset()
+
+    results["plain"] = best_ns_per_call(drive, calls, calls, repeat)
+
+    _C._probe_install()
+    try:
+        results["probe"] = best_ns_per_call(drive, calls, calls, repeat)
+    finally:
+        _C._probe_remove()
+
+    optimized_drive = agspeed.optimize(drive, backend="eager")
+    results["cached_eager"] = best_ns_per_call(optimized_drive, calls, calls, repeat)
+    assert _C.code_cache(leaf.__code__)["entries"], "leaf should have a cached decision"
+
+    _C.mark_skip(leaf.__code__)
+    results["skipped"] = best_ns_per_call(optimized_drive, calls, calls, repeat)
+    agspeed.reset()
+
+    inside, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=agspeed.optimize(lambda: (inside.set(), release.wait())))
+    holder.start()
+    inside.wait()
+    try:
+        assert _C.hook_installed()
+        results["other_thread"] = best_ns_per_call(drive, calls, calls, repeat)
+    finally:
+        release.set()
+        holder.join()
+
+    n = max(calls // 10, 1000)
+    optimized_trivial = agspeed.optimize(trivial, backend="eager")
+    results["trivial_plain"] = best_ns_per_call(lambda k: loop_calls(trivial, k), n, n, repeat)
+    results["trivial_region"] = best_ns_per_call(lambda k: loop_calls(optimized_trivial, k), n, n,
+                                                 repeat)
+    return results
+
+
+def report(results: dict, args) -> dict:
+    plain = results["plain"]
+    rows = [
+        ("probe", results["probe"], results["probe"] / plain),
+        ("cached_eager", results["cached_eager"], results["cached_eager"] / plain),
+        ("skipped", results["skipped"], results["skipped"] / plain),
+        ("other_thread", results["other_thread"], results["other_thread"] / plain),
+        ("region_call", results["trivial_region"],
+         results["trivial_region"] / results["trivial_plain"]),
+    ]
+    print(f"hook overhead on {machine()}")
+    print(f"  plain loop: {plain:.1f} ns per leaf call; plain trivial call: "
+          f"{results['trivial_plain']:.1f} ns")
+    print(f"  {'case':14s} {'ns/call':>9s} {'ratio':>7s}  (ratio to the same calls with no hook)")
+    for name, ns, ratio in rows:
+        print(f"  {name:14s} {ns:9.1f} {ratio:7.2f}")
+    return {
+        "benchmark": "hook_overhead",
+        "machine": machine(),
+        "python": sys.version.split()[0],
+        "calls": args.calls,
+        "repeat": args.repeat,
+        "ns_per_call": results,
+        "ratios": {name: round(ratio, 3) for name, _, ratio in rows},
+    }
+
+
+def plot(data: dict, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    names, ratios = zip(*data["ratios"].items())
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.bar(names, ratios)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_ylabel("time / time without hook")
+    ax.set_title(f"agspeed hook overhead (Python {data['python']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200_000)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
+                                                      "hook_overhead.json"))
+    args = parser.parse_args()
+    data = report(run(args.calls, args.repeat), args)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(data, f, indent=2)
+    plot(data, os.path.splitext(args.out)[0] + ".png")
+    print(f"  wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
