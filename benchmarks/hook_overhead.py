@@ -10,7 +10,8 @@ hook installed), so 1.00 means free:
                    inlining Python-to-Python calls while one is installed.
   cached_eager     inside agspeed.optimize: every ``leaf`` frame hits its cached
                    "run eager" decision (no Python callback).
-  skipped          inside agspeed.optimize, ``leaf``'s code marked skip: the fast path.
+  skipped          inside agspeed.optimize, a copy of ``leaf`` whose code is marked skip:
+                   the fast path.
   other_thread     this thread is outside any optimized call while another thread sits
                    inside one (so the hook is installed): the cost to the rest of a program.
   region_call      calling an optimized trivial function from outside (enter the context,
@@ -49,6 +50,17 @@ def drive(n):
     return s
 
 
+def leaf_skipped(a, b):
+    return a + b
+
+
+def drive_skipped(n):
+    s = 0
+    for i in range(n):
+        s = leaf_skipped(s, i)
+    return s
+
+
 def trivial(x):
     return x
 
@@ -66,15 +78,11 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}"
 
 
-def best_ns_per_call(fn, arg, calls, repeat) -> float:
-    """Median over ``repeat`` runs of the time per call, in ns (fn(arg) makes ``calls`` calls)."""
-    fn(arg)  # warm-up: caches, specialization
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter_ns()
-        fn(arg)
-        samples.append((time.perf_counter_ns() - start) / calls)
-    return statistics.median(samples)
+def ns_per_call(fn, arg, calls) -> float:
+    """Time of one run of fn(arg), which makes ``calls`` calls, per call, in ns."""
+    start = time.perf_counter_ns()
+    fn(arg)
+    return (time.perf_counter_ns() - start) / calls
 
 
 def loop_calls(fn, n):
@@ -82,43 +90,67 @@ def loop_calls(fn, n):
         fn(1)
 
 
-def run(calls: int, repeat: int) -> dict:
-    results: dict[str, float] = {}
-    agspeed.reset()
+class OtherThreadInside:
+    """Holds another thread inside an optimized call, so the hook stays installed."""
 
-    results["plain"] = best_ns_per_call(drive, calls, calls, repeat)
-
-    _C._probe_install()
-    try:
-        results["probe"] = best_ns_per_call(drive, calls, calls, repeat)
-    finally:
-        _C._probe_remove()
-
-    optimized_drive = agspeed.optimize(drive, backend="eager")
-    results["cached_eager"] = best_ns_per_call(optimized_drive, calls, calls, repeat)
-    assert _C.code_cache(leaf.__code__)["entries"], "leaf should have a cached decision"
-
-    _C.mark_skip(leaf.__code__)
-    results["skipped"] = best_ns_per_call(optimized_drive, calls, calls, repeat)
-    agspeed.reset()
-
-    inside, release = threading.Event(), threading.Event()
-    holder = threading.Thread(target=agspeed.optimize(lambda: (inside.set(), release.wait())))
-    holder.start()
-    inside.wait()
-    try:
+    def __enter__(self):
+        self.inside, self.release = threading.Event(), threading.Event()
+        self.thread = threading.Thread(
+            target=agspeed.optimize(lambda: (self.inside.set(), self.release.wait())))
+        self.thread.start()
+        self.inside.wait()
         assert _C.hook_installed()
-        results["other_thread"] = best_ns_per_call(drive, calls, calls, repeat)
-    finally:
-        release.set()
-        holder.join()
 
-    n = max(calls // 10, 1000)
+    def __exit__(self, *exc):
+        self.release.set()
+        self.thread.join()
+
+
+def run(calls: int, repeat: int) -> dict:
+    """Every case once per round, rounds interleaved, median per case.
+
+    This machine's speed drifts by tens of percent over seconds (frequency, neighbours);
+    interleaving makes every ratio compare measurements taken at the same time.
+    """
+    agspeed.reset()
+    optimized_drive = agspeed.optimize(drive, backend="eager")
+    optimized_skip = agspeed.optimize(drive_skipped, backend="eager")
     optimized_trivial = agspeed.optimize(trivial, backend="eager")
-    results["trivial_plain"] = best_ns_per_call(lambda k: loop_calls(trivial, k), n, n, repeat)
-    results["trivial_region"] = best_ns_per_call(lambda k: loop_calls(optimized_trivial, k), n, n,
-                                                 repeat)
-    return results
+    n_trivial = max(calls // 10, 1000)
+    _C.mark_skip(leaf_skipped.__code__)
+
+    def probe():
+        _C._probe_install()
+        try:
+            return ns_per_call(drive, calls, calls)
+        finally:
+            _C._probe_remove()
+
+    def other_thread():
+        with OtherThreadInside():
+            return ns_per_call(drive, calls, calls)
+
+    cases = {
+        "plain": lambda: ns_per_call(drive, calls, calls),
+        "probe": probe,
+        "cached_eager": lambda: ns_per_call(optimized_drive, calls, calls),
+        "skipped": lambda: ns_per_call(optimized_skip, calls, calls),
+        "other_thread": other_thread,
+        "trivial_plain": lambda: ns_per_call(lambda k: loop_calls(trivial, k), n_trivial,
+                                             n_trivial),
+        "trivial_region": lambda: ns_per_call(lambda k: loop_calls(optimized_trivial, k),
+                                              n_trivial, n_trivial),
+    }
+    for case in cases.values():  # warm-up: decisions cached, code specialized
+        case()
+    assert _C.code_cache(leaf.__code__)["entries"], "leaf should have a cached decision"
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    names = list(cases)
+    for round_ in range(repeat):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(cases[name]())
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def report(results: dict, args) -> dict:
@@ -168,8 +200,8 @@ def plot(data: dict, path: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=200_000)
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                       "hook_overhead.json"))
     args = parser.parse_args()

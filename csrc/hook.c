@@ -184,12 +184,13 @@ ask_context(PyObject *ctx, PyCodeObject *code,
     return (ags_entry *)decision;
 }
 
-/* Finds or makes the decision for a frame.  Returns the action to take, or
- * -1 with an exception set. */
+/* Finds or makes the decision for a frame.  `state` is the code's cache as
+ * the caller found it (NULL: none yet).  Returns the action to take, or -1
+ * with an exception set. */
 static int
-decide(PyObject *ctx, PyCodeObject *code, struct _PyInterpreterFrame *frame)
+decide(PyObject *ctx, PyCodeObject *code, struct _PyInterpreterFrame *frame,
+       ags_code_state *state)
 {
-    ags_code_state *state = ags_cache_get(code);
     PyObject *f_locals = NULL;
     ags_entry *entry = NULL;
     int action = -1;
@@ -259,7 +260,7 @@ ags_eval(PyThreadState *ts, struct _PyInterpreterFrame *frame, int throwflag)
 
     Py_INCREF(ctx);
     tls.busy++;
-    action = decide(ctx, code, frame);
+    action = decide(ctx, code, frame, state);
     tls.busy--;
     Py_DECREF(ctx);
 

@@ -1,0 +1,70 @@
+# Shared set-up for scripts/*.sh (sourced, not run).  Every step is idempotent: a second
+# run finds what the first one made and only rebuilds the extension.
+#
+# Functions:
+#   ags_ensure_xxhash              install Debian's libxxhash-dev if xxhash.h is missing
+#   ags_find_python VERSION        print an interpreter for VERSION (3.11, ...) or fail
+#   ags_venv VERSION DIR TORCH     make DIR a venv of VERSION with the test dependencies
+#                                  (TORCH=1: also torch==2.13.0) and agspeed installed
+#                                  in editable mode (built for that interpreter)
+
+AGS_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+AGS_TORCH_PIN="torch==2.13.0"   # always exact: a loose spec pulls a multi-GB CUDA build
+
+ags_say() { printf '[agspeed setup] %s\n' "$*" >&2; }
+
+ags_ensure_xxhash() {
+    [ -f /usr/include/xxhash.h ] && return 0
+    ags_say "installing libxxhash-dev"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q libxxhash-dev >/dev/null
+}
+
+ags_find_python() {
+    local want="$1" cand
+    if cand=$(command -v "python$want" 2>/dev/null) \
+        && "$cand" -c "import sys; sys.exit(sys.version_info[:2] != tuple(map(int, '$want'.split('.'))))" 2>/dev/null; then
+        echo "$cand"; return 0
+    fi
+    if command -v pyenv >/dev/null 2>&1; then
+        cand=$(ls -d "$(pyenv root)"/versions/"$want".*/bin/"python$want" 2>/dev/null | sort -V | tail -n 1)
+        if [ -n "$cand" ] && [ -x "$cand" ]; then echo "$cand"; return 0; fi
+    fi
+    return 1
+}
+
+ags_venv() {
+    local version="$1" dir="$AGS_ROOT/$2" torch="$3" py
+    py=$(ags_find_python "$version") || { ags_say "no Python $version found"; return 1; }
+    if [ -d "$dir" ] && ! "$dir/bin/python" -c "import sys" >/dev/null 2>&1; then
+        ags_say "$2 is broken: recreating"; rm -rf "$dir"
+    fi
+    if [ ! -d "$dir" ]; then
+        ags_say "creating $2 with $py"
+        "$py" -m venv "$dir"
+    fi
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check pytest numpy
+    if [ "$torch" = 1 ] && ! "$dir/bin/python" -c \
+        "import torch, sys; sys.exit(not torch.__version__.startswith('2.13.0'))" >/dev/null 2>&1; then
+        ags_say "installing $AGS_TORCH_PIN into $2"
+        "$dir/bin/python" -m pip install -q --disable-pip-version-check "$AGS_TORCH_PIN"
+    fi
+    ags_ensure_xxhash
+    ags_say "building agspeed for Python $version${AGSPEED_DEBUG:+ (AGSPEED_DEBUG=$AGSPEED_DEBUG)}"
+    # The in-place extension is shared by every editable install of this interpreter
+    # version: remove it so a debug build never survives into a normal one, or back.
+    local suffix
+    suffix=$("$dir/bin/python" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+    rm -f "$AGS_ROOT/agspeed/_C$suffix"
+    rm -rf "$AGS_ROOT/build"/temp.*-"$("$dir/bin/python" -c 'import sys; print(sys.implementation.cache_tag)')"
+    local log="$dir/agspeed-build.log"
+    if ! (cd "$AGS_ROOT" && "$dir/bin/python" -m pip install --disable-pip-version-check \
+            --no-build-isolation -e .) >"$log" 2>&1; then
+        cat "$log" >&2
+        ags_say "build failed (log above, kept in $log)"
+        return 1
+    fi
+}
