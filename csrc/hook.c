@@ -235,7 +235,10 @@ done:
 static PyObject *
 ags_eval(PyThreadState *ts, struct _PyInterpreterFrame *frame, int throwflag)
 {
-    PyObject *ctx = tls.ctx;
+    /* One thread-local address computation per frame: in a shared object
+     * each access may cost a call into the dynamic linker's TLS helper. */
+    ags_thread_state *me = &tls;
+    PyObject *ctx = me->ctx;
     PyCodeObject *code;
     ags_code_state *state;
     int action;
@@ -245,7 +248,7 @@ ags_eval(PyThreadState *ts, struct _PyInterpreterFrame *frame, int throwflag)
     }
     ags_stats.frames_seen++;
     code = ags_frame_code(frame);
-    if (tls.busy || code == NULL
+    if (me->busy || code == NULL
         || (code->co_flags & (CO_GENERATOR | CO_COROUTINE
                               | CO_ASYNC_GENERATOR
                               | CO_ITERABLE_COROUTINE))) {
@@ -259,9 +262,9 @@ ags_eval(PyThreadState *ts, struct _PyInterpreterFrame *frame, int throwflag)
     }
 
     Py_INCREF(ctx);
-    tls.busy++;
+    me->busy++;
     action = decide(ctx, code, frame, state);
-    tls.busy--;
+    me->busy--;
     Py_DECREF(ctx);
 
     switch (action) {
