@@ -294,8 +294,8 @@ entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     if (guard != Py_None && !PyCallable_Check(guard)) {
         PyErr_Format(PyExc_TypeError,
-                     "CacheEntry: guard must be None or callable, not %T",
-                     guard);
+                     "CacheEntry: guard must be None or callable, not %s",
+                     Py_TYPE(guard)->tp_name);
         return NULL;
     }
     self = (ags_entry *)type->tp_alloc(type, 0);

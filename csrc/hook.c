@@ -175,9 +175,9 @@ ask_context(PyObject *ctx, PyCodeObject *code,
     }
     if (!Py_IS_TYPE(decision, ags_entry_type)) {
         PyErr_Format(PyExc_TypeError,
-                     "agspeed capture context %R returned %T for %R; "
+                     "agspeed capture context %R returned %s for %R; "
                      "expected an agspeed._C.CacheEntry",
-                     ctx, decision, code);
+                     ctx, Py_TYPE(decision)->tp_name, code);
         Py_DECREF(decision);
         return NULL;
     }

@@ -104,8 +104,8 @@ code_cache(PyObject *module, PyObject *code)
 {
     (void)module;
     if (!PyCode_Check(code)) {
-        PyErr_Format(PyExc_TypeError, "expected a code object, not %T",
-                     code);
+        PyErr_Format(PyExc_TypeError, "expected a code object, not %s",
+                     Py_TYPE(code)->tp_name);
         return NULL;
     }
     return ags_cache_describe((PyCodeObject *)code);
@@ -118,8 +118,8 @@ mark_skip(PyObject *module, PyObject *code)
 
     (void)module;
     if (!PyCode_Check(code)) {
-        PyErr_Format(PyExc_TypeError, "expected a code object, not %T",
-                     code);
+        PyErr_Format(PyExc_TypeError, "expected a code object, not %s",
+                     Py_TYPE(code)->tp_name);
         return NULL;
     }
     state = ags_cache_ensure((PyCodeObject *)code);

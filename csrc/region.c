@@ -58,13 +58,14 @@ region_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     if (!PyCallable_Check(fn)) {
-        PyErr_Format(PyExc_TypeError, "Region: fn must be callable, not %T",
-                     fn);
+        PyErr_Format(PyExc_TypeError, "Region: fn must be callable, not %s",
+                     Py_TYPE(fn)->tp_name);
         return NULL;
     }
     if (ctx != Py_None && !PyCallable_Check(ctx)) {
         PyErr_Format(PyExc_TypeError,
-                     "Region: ctx must be None or callable, not %T", ctx);
+                     "Region: ctx must be None or callable, not %s",
+                     Py_TYPE(ctx)->tp_name);
         return NULL;
     }
     self = (ags_region *)type->tp_alloc(type, 0);
@@ -221,7 +222,8 @@ scope_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     if (ctx != Py_None && !PyCallable_Check(ctx)) {
         PyErr_Format(PyExc_TypeError,
-                     "Scope: ctx must be None or callable, not %T", ctx);
+                     "Scope: ctx must be None or callable, not %s",
+                     Py_TYPE(ctx)->tp_name);
         return NULL;
     }
     self = (ags_scope *)type->tp_alloc(type, 0);
