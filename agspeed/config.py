@@ -19,7 +19,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from agspeed import _C, log
+from agspeed import _C
+from agspeed import log as _log
 from agspeed.errors import ConfigWarning, UnknownOptionError
 
 __all__ = ["KNOBS", "reload", "set", "override", "snapshot"]
@@ -45,13 +46,13 @@ def _parse_topics(text: str) -> frozenset[str]:
         if not word:
             continue
         if word == "all":
-            topics.extend(log.TOPICS)
-        elif word in log.TOPICS:
+            topics.extend(_log.TOPICS)
+        elif word in _log.TOPICS:
             topics.append(word)
         else:
             _warn_once(
                 f"AGSPEED_LOG: unknown topic {word!r} ignored; "
-                f"topics are {', '.join(log.TOPICS)} or all"
+                f"topics are {', '.join(_log.TOPICS)} or all"
             )
     return frozenset(topics)
 
@@ -106,7 +107,7 @@ KNOBS: dict[str, Knob] = {
              "turn the runtime off: optimize() returns its argument, existing "
              "optimized objects run plain eager"),
         Knob("log", "AGSPEED_LOG", frozenset, _parse_topics, (frozenset, builtins.set, list, tuple),
-             "comma list of log topics (" + ", ".join(log.TOPICS) + ") or all"),
+             "comma list of log topics (" + ", ".join(_log.TOPICS) + ") or all"),
         Knob("backend", "AGSPEED_BACKEND", lambda: None, _parse_backend, (str, type(None)),
              "backend name that overrides the one given to optimize()"),
         Knob("cache_dir", "AGSPEED_CACHE_DIR", _default_cache_dir, _parse_path, (str,),
@@ -159,7 +160,7 @@ def _check(name: str, value: Any) -> Any:
 
 def _apply() -> None:
     _C.set_enabled(not _values["disable"])
-    log.configure(_values["log"])
+    _log.configure(_values["log"])
 
 
 def reload() -> None:

@@ -112,6 +112,7 @@ typedef struct {
     PyObject *context;     /* None: valid in every context; else the only
                               context (by identity) it is valid in */
     uint64_t hits;
+    PyObject *weakrefs;
 } ags_entry;
 
 /* Per code object, in its co_extra slot.  Created on the first decision,

@@ -337,6 +337,9 @@ entry_dealloc(ags_entry *self)
     PyTypeObject *tp = Py_TYPE(self);
 
     PyObject_GC_UnTrack(self);
+    if (self->weakrefs != NULL) {
+        PyObject_ClearWeakRefs((PyObject *)self);
+    }
     entry_clear(self);
     tp->tp_free(self);
     Py_DECREF(tp);
@@ -370,6 +373,8 @@ static PyMemberDef entry_members[] = {
      "None (any context) or the one context the entry is valid in"},
     {"hits", T_ULONGLONG, offsetof(ags_entry, hits), READONLY,
      "frames this entry was used for"},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(ags_entry, weakrefs),
+     READONLY, NULL},
     {NULL}
 };
 

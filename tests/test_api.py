@@ -1,0 +1,217 @@
+"""The public API on plain functions: optimize, disable, reset, counters, backends.
+
+Torch-free.
+"""
+
+import functools
+import inspect
+import pickle
+
+import pytest
+
+import agspeed
+from agspeed import _C
+
+
+def scale(x, factor=2):
+    """Multiply x by factor."""
+    return x * factor
+
+
+@agspeed.optimize
+def picklable_optimized(x):
+    return x + 1
+
+
+def test_optimize_returns_a_wrapped_callable_with_the_same_results():
+    fast = agspeed.optimize(scale)
+    assert fast(3) == 6 and fast(3, factor=5) == 15
+    assert fast.__name__ == "scale" and fast.__doc__ == "Multiply x by factor."
+    assert fast.__wrapped__ is scale
+    assert inspect.signature(fast) == inspect.signature(scale)
+    assert fast.__module__ == __name__
+
+
+def test_optimize_as_decorator_with_and_without_arguments():
+    @agspeed.optimize
+    def a(x):
+        return x - 1
+
+    @agspeed.optimize(backend="eager", fullgraph=False)
+    def b(x):
+        return x - 2
+
+    assert a(10) == 9 and b(10) == 8
+    assert a.__name__ == "a" and b.__name__ == "b"
+
+
+def test_optimized_function_runs_inside_the_runtime():
+    seen = []
+
+    def body():
+        seen.append(_C.current_context())
+
+    agspeed.optimize(body)()
+    assert seen[0] is not None and seen[0].backend_name == "auto"
+
+
+def test_optimize_decorates_methods():
+    class Counter:
+        def __init__(self):
+            self.n = 0
+
+        @agspeed.optimize
+        def bump(self, k=1):
+            self.n += k
+            return self.n
+
+    c = Counter()
+    assert c.bump() == 1 and c.bump(k=3) == 4
+    assert Counter.bump(c) == 5
+
+
+def test_optimized_module_level_function_pickles_by_name():
+    assert pickle.loads(pickle.dumps(picklable_optimized)) is picklable_optimized
+
+
+def test_optimized_local_function_refuses_to_pickle():
+    def local(x):
+        return x
+
+    with pytest.raises((TypeError, pickle.PicklingError, AttributeError)):
+        pickle.dumps(agspeed.optimize(local))
+
+
+def test_bad_arguments_raise_clear_errors():
+    with pytest.raises(TypeError, match="not int") as info:
+        agspeed.optimize(42)
+    assert isinstance(info.value, agspeed.AgspeedError)
+    with pytest.raises(ValueError, match="'nope'.*eager") as info:
+        agspeed.optimize(scale, backend="nope")
+    assert isinstance(info.value, agspeed.UnknownBackendError)
+    with pytest.raises(TypeError, match="backend must be"):
+        agspeed.optimize(scale, backend=3)
+    with pytest.raises(TypeError, match="'bogus'") as info:
+        agspeed.optimize(scale, bogus=1)
+    assert isinstance(info.value, agspeed.AgspeedError)
+    with pytest.raises(TypeError, match="fullgraph.*bool.*str"):
+        agspeed.optimize(scale, fullgraph="yes")
+    with pytest.raises(TypeError, match="dynamic"):
+        agspeed.optimize(scale, dynamic=3)
+    with pytest.raises(TypeError, match="'bogus'"):
+        agspeed.optimize(bogus=1)  # the decorator form checks options up front
+
+
+def test_optimize_disable_option_returns_the_object():
+    assert agspeed.optimize(scale, disable=True) is scale
+
+
+def test_disable_context_manager_is_reentrant():
+    seen = []
+    off = agspeed.disable()
+
+    def body():
+        with off:
+            with off:
+                seen.append(_C.current_context())
+            seen.append(_C.current_context())
+        seen.append(_C.current_context())
+
+    agspeed.optimize(body)()
+    assert seen[0] is None and seen[1] is None and seen[2] is not None
+
+
+def test_disable_as_decorator_with_and_without_parentheses():
+    seen = []
+
+    @agspeed.disable
+    def one():
+        seen.append(_C.current_context())
+
+    @agspeed.disable()
+    def two():
+        seen.append(_C.current_context())
+
+    agspeed.optimize(lambda: (one(), two()))()
+    assert seen == [None, None]
+    assert one.__name__ == "one" and two.__name__ == "two"
+    with pytest.raises(TypeError, match="callable"):
+        agspeed.disable(5)
+
+
+def test_reset_zeroes_counters_and_clears_records():
+    agspeed.optimize(scale)(1)
+    assert agspeed.counters()["frames_seen"] > 0
+    assert agspeed._runtime.frame_records()
+    agspeed.reset()
+    assert set(agspeed.counters().values()) == {0}
+    assert agspeed._runtime.frame_records() == []
+
+
+def test_counters_are_documented():
+    assert set(agspeed.counters()) == set(_C.COUNTER_DOCS)
+    assert all(isinstance(doc, str) and doc for doc in _C.COUNTER_DOCS.values())
+
+
+def test_contexts_are_shared_per_backend_and_options():
+    seen = []
+
+    def body():
+        seen.append(_C.current_context())
+
+    agspeed.optimize(body, backend="eager")()
+    agspeed.optimize(body, backend="eager")()
+    agspeed.optimize(body, backend="eager", fullgraph=True)()
+    assert seen[0] is seen[1] and seen[0] is not seen[2]
+
+
+def test_user_backends_register_by_name():
+    from agspeed import backends
+
+    def mine(gm, example_inputs):
+        return gm.forward
+
+    try:
+        agspeed.register_backend("test_mine", mine)
+        assert "test_mine" in agspeed.list_backends()
+        assert backends.get_backend("test_mine") is mine
+        assert agspeed.optimize(scale, backend="test_mine")(2) == 4
+        with pytest.raises(ValueError, match="exists"):
+            agspeed.register_backend("test_mine", mine)
+        agspeed.register_backend("test_mine", lambda gm, ex: gm, override=True)
+        with pytest.raises(ValueError, match="exists"):
+            agspeed.register_backend("eager", mine)
+        with pytest.raises(TypeError):
+            agspeed.register_backend("test_bad", 5)
+        with pytest.raises(TypeError):
+            agspeed.register_backend("auto", mine)
+
+        @agspeed.register_backend("test_decorated")
+        def decorated(gm, example_inputs):
+            return gm
+
+        assert backends.get_backend("test_decorated") is decorated
+    finally:
+        backends._registered.pop("test_mine", None)
+        backends._registered.pop("test_decorated", None)
+    assert "test_mine" not in agspeed.list_backends()
+
+
+def test_a_backend_callable_is_accepted_without_registering():
+    def custom(gm, example_inputs):
+        return gm.forward
+
+    assert agspeed.backends.resolve(custom) == ("custom", custom)
+    assert agspeed.optimize(scale, backend=custom)(4) == 8
+
+
+def test_builtin_backends_are_found_by_file_name():
+    names = agspeed.list_backends()
+    assert "eager" in names and "auto" in names
+    assert agspeed.backends.get_backend("auto") is agspeed.backends.get_backend("eager")
+
+
+def test_public_names():
+    for name in agspeed.__all__:
+        assert hasattr(agspeed, name), name
+    assert functools.partial  # the decorator form returns a partial of optimize
