@@ -24,6 +24,7 @@ import collections
 import importlib.util
 import logging
 import os
+import sys
 import sysconfig
 import threading
 import weakref
@@ -71,12 +72,19 @@ def clear() -> None:
 
 
 def _describe(value: Any) -> str:
-    shape = getattr(value, "shape", None)
-    dtype = getattr(value, "dtype", None)
-    if shape is not None and dtype is not None:
-        dims = ",".join(str(d) for d in shape)
-        return f"{type(value).__name__}[{str(dtype).replace('torch.', '')}]({dims})"
-    return type(value).__name__
+    """A short description of a local for records and logs.
+
+    It must run no code of the user's: no attribute access on the value, which could
+    reach a ``__getattr__`` (eager would not have run it, and it may not be ready: the
+    frame has not started).  Only exact tensors and parameters, whose metadata is read
+    in C, are described beyond their type's name.
+    """
+    kind = type(value)
+    torch = sys.modules.get("torch")
+    if torch is not None and kind in (torch.Tensor, torch.nn.Parameter):
+        dims = ",".join(str(d) for d in value.shape)
+        return f"{kind.__name__}[{str(value.dtype).replace('torch.', '')}]({dims})"
+    return kind.__name__
 
 
 def _package_dir(name: str) -> str | None:
@@ -148,20 +156,20 @@ class Context:
 
     def _decide(self, code: Any, f_locals: dict) -> Any:
         if is_runtime_code(code.co_filename):
-            action, decision = _SKIP, "skip (runtime code)"
-        else:
-            action, decision = _RUN_EAGER, "run eager"
+            if log.enabled("frames"):
+                _frames_log.info("%s (%s:%s) -> skip (runtime code)", code.co_name,
+                                 os.path.basename(code.co_filename), code.co_firstlineno)
+            return _C.CacheEntry(_SKIP)
         record = FrameRecord(
             code.co_name, code.co_filename, code.co_firstlineno,
             tuple((k, _describe(v)) for k, v in f_locals.items()),
-            decision, weakref.ref(code),
+            "run eager", weakref.ref(code),
         )
-        if action != _SKIP:
-            with _records_lock:
-                _RECORDS.append(record)
+        with _records_lock:
+            _RECORDS.append(record)
         if log.enabled("frames"):
             _frames_log.info("%s", record)
-        return _C.CacheEntry(action)
+        return _C.CacheEntry(_RUN_EAGER)
 
 
 _CONTEXTS: dict[tuple, Context] = {}

@@ -21,7 +21,8 @@
  * Per frame on a thread inside a context, in order:
  *   1. pass through untouched if the runtime is busy on this thread (its
  *      own decision code is running: no recursion into it), if the code
- *      is a generator or coroutine, or if the code is marked SKIP;
+ *      is a generator or coroutine, a module or class body, or if the code
+ *      is marked SKIP;
  *   2. look up the code's cache (codecache.c); on a hit run the entry;
  *   3. on a miss, ask the context: `ctx(code, f_locals)` returns a
  *      CacheEntry, which is stored (or marks the code SKIP) and run.
@@ -61,6 +62,12 @@ static Py_ssize_t n_hooked;
 
 static PyObject *ags_eval(PyThreadState *, struct _PyInterpreterFrame *,
                           int);
+
+/* Code never hooked: generators and coroutines (their frames are resumed,
+ * not started, and a capture cannot suspend).  Code without CO_OPTIMIZED
+ * (module and class bodies, exec'd source) runs once: nothing to cache. */
+#define AGS_UNHOOKED_FLAGS \
+    (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE)
 
 static inline PyObject *
 eval_untouched(PyThreadState *ts, struct _PyInterpreterFrame *frame,
@@ -249,9 +256,8 @@ ags_eval(PyThreadState *ts, struct _PyInterpreterFrame *frame, int throwflag)
     ags_stats.frames_seen++;
     code = ags_frame_code(frame);
     if (me->busy || code == NULL
-        || (code->co_flags & (CO_GENERATOR | CO_COROUTINE
-                              | CO_ASYNC_GENERATOR
-                              | CO_ITERABLE_COROUTINE))) {
+        || (code->co_flags & AGS_UNHOOKED_FLAGS)
+        || !(code->co_flags & CO_OPTIMIZED)) {
         ags_stats.frames_skipped++;
         return eval_untouched(ts, frame, 0);
     }

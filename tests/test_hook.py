@@ -584,3 +584,45 @@ def test_settrace_debuggers_still_see_frames_inside():
     finally:
         sys.settrace(None)
     assert seen.count("add") == 2 and "calls_add" in seen
+
+
+class HalfBuilt:
+    """Like an object mid-__init__ whose __getattr__ reads an attribute not set yet."""
+
+    attribute_calls = 0
+
+    def __init__(self, value):
+        self.value = value
+
+    def __getattr__(self, name):
+        HalfBuilt.attribute_calls += 1
+        return getattr(self.not_set_yet, name)  # recurses until RecursionError
+
+
+def use_half_built(obj):
+    return obj.value
+
+
+def test_deciding_runs_no_code_of_the_arguments():
+    # Regression: describing a frame's locals used getattr(value, "shape"), which ran
+    # this __getattr__ (eager never does) and, on a half-built object, recursed with no
+    # end in sight.  Deciding must not touch arguments beyond their type.
+    HalfBuilt.attribute_calls = 0
+    obj = HalfBuilt(3)
+    assert agspeed.optimize(use_half_built)(obj) == 3
+    assert HalfBuilt.attribute_calls == 0
+    records = [r for r in agspeed._runtime.frame_records() if r.name == "use_half_built"]
+    assert records and records[0].locals == (("obj", "HalfBuilt"),)
+
+
+def test_module_and_class_bodies_are_not_decided_about():
+    ctx = Recorder()
+    source = "class Made:\n    x = 1\n\ndef made_fn():\n    return Made.x\n"
+    namespace = {}
+
+    def run_module_code():
+        exec(compile(source, __file__, "exec"), namespace)
+        return namespace["made_fn"]()
+
+    assert _C.Region(run_module_code, ctx)() == 1
+    assert ctx.asked == ["run_module_code", "made_fn"]

@@ -278,3 +278,33 @@ def test_threads_calling_one_optimized_module():
     for got, want in zip(results, expected):
         torch.testing.assert_close(got, want)
     assert agspeed._C._eval_frame_owner() == "default"
+
+
+def _sin_plus_one(x):
+    return torch.sin(x) + 1
+
+
+def _double(y):
+    return y * 2
+
+
+def test_torch_compile_inside_and_around_optimized_calls():
+    # torch._dynamo is another PEP 523 user: each must keep working inside the other,
+    # with eager's results, and the interpreter's evaluation function is CPython's
+    # again afterwards.
+    torch._dynamo.reset()
+    compiled = torch.compile(_sin_plus_one, backend="eager")
+    x = torch.randn(6)
+
+    def user(v):
+        return _double(compiled(v))
+
+    optimized_user = agspeed.optimize(user)
+    optimized_double = agspeed.optimize(_double)
+    compiled_outer = torch.compile(lambda v: optimized_double(v) + 1, backend="eager")
+    for _ in range(3):
+        torch.testing.assert_close(optimized_user(x), (torch.sin(x) + 1) * 2)
+        torch.testing.assert_close(compiled_outer(x), x * 2 + 1)
+        assert agspeed._C._eval_frame_owner() == "default"
+    assert "user" in {r.name for r in agspeed._runtime.frame_records()}
+    torch._dynamo.reset()
