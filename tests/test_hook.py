@@ -626,3 +626,24 @@ def test_module_and_class_bodies_are_not_decided_about():
 
     assert _C.Region(run_module_code, ctx)() == 1
     assert ctx.asked == ["run_module_code", "made_fn"]
+
+
+def test_hook_replaced_inside_a_region_is_left_in_place_and_heals():
+    # Another tool installs its evaluation function while we are inside: on leaving we
+    # must not remove theirs.  It chains to ours and restores ours when it goes; the
+    # next region's exit then puts CPython's default back.
+    def installs_probe():
+        _C._probe_install()
+        return add(1, 2)
+
+    before = _C.counters()["hook_displaced"]
+    try:
+        assert _C.Region(installs_probe, Recorder())() == 3
+        assert _C._eval_frame_owner() == "probe"
+        assert _C.counters()["hook_displaced"] == before + 1
+    finally:
+        _C._probe_remove()
+    assert _C._eval_frame_owner() == "agspeed"  # restored by the probe; harmless: no context
+    assert add(2, 2) == 4
+    assert _C.Region(add, Recorder())(1, 1) == 2
+    assert _C._eval_frame_owner() == "default"

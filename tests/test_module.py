@@ -308,3 +308,13 @@ def test_torch_compile_inside_and_around_optimized_calls():
         assert agspeed._C._eval_frame_owner() == "default"
     assert "user" in {r.name for r in agspeed._runtime.frame_records()}
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("kind", ["script", "trace"])
+def test_torchscript_modules_can_be_optimized(kind):
+    model, inputs = make("mlp")
+    x = inputs()
+    scripted = torch.jit.script(model) if kind == "script" else torch.jit.trace(model, x)
+    optimized = agspeed.optimize(scripted)
+    torch.testing.assert_close(optimized(x), scripted(x))
+    assert list(optimized.state_dict()) == list(scripted.state_dict())
