@@ -8,8 +8,11 @@
  *                 context) and Scope (the same as a `with` block).
  *   codecache.c   the per-code-object cache kept in co_extra, and the
  *                 CacheEntry type stored in it.
- *   frame.c       reading CPython's interpreter frames (the only file that
- *                 includes CPython's internal headers).
+ *   frame.c       reading CPython's interpreter frames.
+ *   opcodes.c     per-opcode facts: inline caches, jump direction.
+ *   bytecode.c    decoding bytecode into instructions with jump targets.
+ *   (frame.c and opcodes.c are the only files that include CPython's
+ *   internal headers.)
  *   probe.c       a stand-in for a foreign PEP 523 user, for tests.
  *   module.c      module definition and the functions exposed to Python.
  *   ../guards/signature.c   the 64-bit signature hash (system xxHash).
@@ -170,6 +173,41 @@ PyCodeObject *ags_frame_code(struct _PyInterpreterFrame *frame);
 /* New reference: a dict {name: value} of the frame's bound local slots
  * (arguments, at entry).  NULL with an exception set on failure. */
 PyObject *ags_frame_locals(struct _PyInterpreterFrame *frame);
+
+/* ------------------------------------------------------------------ */
+/* Opcodes (opcodes.c) and bytecode (bytecode.c). */
+
+typedef struct {
+    uint8_t caches;     /* inline CACHE units after the instruction */
+    int8_t jump;        /* 0, or +1/-1: relative jump forward/backward */
+} ags_opinfo;
+
+extern ags_opinfo ags_opcodes[256];
+void ags_opcodes_init(void);
+
+typedef struct {
+    int start;          /* offset of the first EXTENDED_ARG prefix */
+    int offset;         /* offset of the opcode */
+    int next;           /* offset after the inline caches */
+    int target;         /* jump target offset, or -1 */
+    uint32_t arg;       /* the full argument, prefixes folded in */
+    uint8_t opcode;
+} ags_instr;
+
+typedef struct {
+    Py_ssize_t n;
+    ags_instr *instrs;  /* n instructions in bytecode order */
+    int *index;         /* start offset / 2 -> instruction index, or -1 */
+} ags_bytecode;
+
+/* Decodes `code` into `bc` (which the caller releases with
+ * ags_bc_release).  Returns 0, or -1 with ValueError for malformed
+ * bytecode (or MemoryError). */
+int ags_bc_decode(PyCodeObject *code, ags_bytecode *bc);
+void ags_bc_release(ags_bytecode *bc);
+
+/* New reference: [(start, offset, opcode, arg, target, next), ...]. */
+PyObject *ags_bc_to_list(PyCodeObject *code);
 
 /* ------------------------------------------------------------------ */
 /* Types and functions registered by module.c from each file. */

@@ -17,9 +17,12 @@
  *   ags_compat_get_extra()    read / write a co_extra slot.
  *   ags_compat_set_extra()
  *   AGS_MOD_SLOTS_EXTRA       module-def slots that only newer versions know.
+ *   AGS_JUMPS_FORWARD(X)      the version's relative jump opcodes, from
+ *   AGS_JUMPS_BACKWARD(X)     csrc/opcodes_3XX.h (names as in CPython's
+ *                             opcode.h, which gives their numbers).
  *
- * Only csrc/frame.c may include CPython's internal headers, and it includes
- * this file to learn how to read a frame.
+ * Only csrc/frame.c and csrc/opcodes.c may include CPython's internal
+ * headers (the frame layout; the inline-cache table).
  */
 #ifndef AGS_COMPAT_H
 #define AGS_COMPAT_H
@@ -44,6 +47,16 @@ before adding it."
 #ifdef Py_GIL_DISABLED
 #  error "agspeed does not support free-threaded CPython builds yet: its \
 per-code caches rely on the GIL."
+#endif
+
+/* Opcode numbers of this version, and its jump lists. */
+#include <opcode.h>
+#if defined(AGS_PY311)
+#  include "opcodes_311.h"
+#elif defined(AGS_PY312)
+#  include "opcodes_312.h"
+#else
+#  include "opcodes_313.h"
 #endif
 
 /* Frame access. `f` is a struct _PyInterpreterFrame *. */

@@ -131,6 +131,18 @@ mark_skip(PyObject *module, PyObject *code)
 }
 
 static PyObject *
+decode(PyObject *module, PyObject *code)
+{
+    (void)module;
+    if (!PyCode_Check(code)) {
+        PyErr_Format(PyExc_TypeError, "expected a code object, not %s",
+                     Py_TYPE(code)->tp_name);
+        return NULL;
+    }
+    return ags_bc_to_list((PyCodeObject *)code);
+}
+
+static PyObject *
 signature_hash(PyObject *module, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"data", "seed", NULL};
@@ -169,6 +181,10 @@ static PyMethodDef module_methods[] = {
      "code_cache(code) -> dict: what the runtime has cached for code."},
     {"mark_skip", mark_skip, METH_O,
      "mark_skip(code): never hook frames of code again (until reset)."},
+    {"decode", decode, METH_O,
+     "decode(code) -> list of (start, offset, opcode, arg, target, next): "
+     "the code's instructions, EXTENDED_ARG folded in, caches skipped, "
+     "jump targets resolved (-1: not a jump); offsets in bytes."},
     {"signature_hash", (PyCFunction)(void (*)(void))signature_hash,
      METH_VARARGS | METH_KEYWORDS,
      "signature_hash(data, seed=0) -> int: XXH3-64 of a bytes-like "
@@ -253,6 +269,7 @@ module_exec(PyObject *module)
         return -1;
     }
     owner_interp = interp;
+    ags_opcodes_init();
     if (ags_cache_init() < 0
         || add_type(module, &ags_region_spec, &st->region_type) < 0
         || add_type(module, &ags_scope_spec, &st->scope_type) < 0
