@@ -92,7 +92,10 @@ int ags_hook_is_installed(void);
     X(SKIP, "never look at this code object again, in any context: every " \
             "later frame of it runs untouched (its callees are still seen)") \
     X(RUN_EAGER, "run the frame's own bytecode; its callees still pass " \
-                 "through the hook")
+                 "through the hook") \
+    X(CALL, "call compiled(f_locals) and return its result from the frame " \
+            "without running the frame's bytecode; an exception it raises " \
+            "propagates from the frame")
 
 typedef enum {
 #define AGS_X(name, doc) AGS_ACTION_##name,
@@ -128,6 +131,8 @@ typedef struct ags_code_state {
     Py_ssize_t cap_entries;
     ags_entry **entries;             /* strong references, most recently
                                         used first */
+    PyObject *retcode;               /* strong, made on first CALL: see
+                                        ags_frame_return */
 } ags_code_state;
 
 #define AGS_CODE_SKIP 0x1u           /* never hook this code again */
@@ -146,8 +151,8 @@ ags_code_state *ags_cache_ensure(PyCodeObject *code);
 
 /* Finds the first entry of `state` valid for `ctx` whose guard holds.
  * `*f_locals` is a lazily built dict of the frame's locals (NULL on entry;
- * the caller releases it).  Returns 1 and a borrowed `*found` on a hit, 0 on
- * a miss, -1 with an exception set if a guard raised. */
+ * the caller releases it).  Returns 1 and a new reference in `*found` on a
+ * hit, 0 on a miss, -1 with an exception set if a guard raised. */
 int ags_cache_lookup(ags_code_state *state, PyObject *ctx,
                      struct _PyInterpreterFrame *frame, PyObject **f_locals,
                      ags_entry **found);
@@ -155,6 +160,11 @@ int ags_cache_lookup(ags_code_state *state, PyObject *ctx,
 /* Adds `entry` (borrowed; the state takes its own reference) in front.
  * Returns 0, or -1 with an exception set. */
 int ags_cache_insert(ags_code_state *state, ags_entry *entry);
+
+/* Borrowed: the return code of the state's code (made on first use), or
+ * NULL with an exception set. */
+PyCodeObject *ags_cache_return_code(ags_code_state *state,
+                                    PyCodeObject *code);
 
 /* Empties every code cache (entries and flags).  Returns how many code
  * objects had a cache. */
@@ -173,6 +183,20 @@ PyCodeObject *ags_frame_code(struct _PyInterpreterFrame *frame);
 /* New reference: a dict {name: value} of the frame's bound local slots
  * (arguments, at entry).  NULL with an exception set on failure. */
 PyObject *ags_frame_locals(struct _PyInterpreterFrame *frame);
+
+/* New reference: the "return code" of `code` (same locals layout, bytecode
+ * RESUME; RETURN_VALUE), or NULL with an exception set. */
+PyObject *ags_frame_make_return_code(PyCodeObject *code);
+
+/* 1 if an unstarted frame can be made to return a value: its code has a
+ * stack slot and its stack is empty. */
+int ags_frame_can_return(struct _PyInterpreterFrame *frame);
+
+/* Makes the unstarted `frame` return `value` (stolen) when it is evaluated,
+ * without running its bytecode.  Requires ags_frame_can_return() and
+ * `retcode` made from the frame's code. */
+void ags_frame_return(struct _PyInterpreterFrame *frame,
+                      PyCodeObject *retcode, PyObject *value);
 
 /* ------------------------------------------------------------------ */
 /* Opcodes (opcodes.c) and bytecode (bytecode.c). */

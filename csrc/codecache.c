@@ -31,13 +31,14 @@ PyTypeObject *ags_entry_type;
 
 static Py_ssize_t extra_index = -1;
 static uint64_t version;
-static ags_code_state registry = {&registry, &registry, 0, 0, 0, NULL};
+static ags_code_state registry = {&registry, &registry, 0, 0, 0, NULL, NULL};
 
 static void
 state_free(void *ptr)
 {
     ags_code_state *state = (ags_code_state *)ptr;
     ags_entry **entries;
+    PyObject *retcode;
     Py_ssize_t n;
 
     if (state == NULL) {
@@ -47,6 +48,7 @@ state_free(void *ptr)
     state->next->prev = state->prev;
     entries = state->entries;
     n = state->n_entries;
+    retcode = state->retcode;
     PyMem_Free(state);
     version++;
     /* Release after unlinking: a finalizer may run arbitrary code. */
@@ -54,6 +56,7 @@ state_free(void *ptr)
         Py_DECREF(entries[i]);
     }
     PyMem_Free(entries);
+    Py_XDECREF(retcode);
 }
 
 int
@@ -202,6 +205,15 @@ ags_cache_insert(ags_code_state *state, ags_entry *entry)
     state->n_entries++;
     version++;
     return 0;
+}
+
+PyCodeObject *
+ags_cache_return_code(ags_code_state *state, PyCodeObject *code)
+{
+    if (state->retcode == NULL) {
+        state->retcode = ags_frame_make_return_code(code);
+    }
+    return (PyCodeObject *)state->retcode;
 }
 
 Py_ssize_t

@@ -12,6 +12,10 @@
  *                             NULL when the frame runs something else
  *                             (3.13 frames hold `f_executable`, which may be
  *                             None for shim frames).
+ *   AGS_FRAME_SET_CODE(f, co) make a frame run `co` from its code unit `i`
+ *   AGS_FRAME_JUMP(f, co, i)  (3.11/3.12 keep the unit *before* the next
+ *                             one in prev_instr, 3.13 the next one in
+ *                             instr_ptr).  Internal fields: frame.c only.
  *   ags_compat_extra_index()  reserve a co_extra slot (renamed to
  *                             PyUnstable_* in 3.12).
  *   ags_compat_get_extra()    read / write a co_extra slot.
@@ -62,10 +66,15 @@ per-code caches rely on the GIL."
 /* Frame access. `f` is a struct _PyInterpreterFrame *. */
 #if defined(AGS_PY311) || defined(AGS_PY312)
 #  define AGS_FRAME_CODE(f) ((f)->f_code)
+#  define AGS_FRAME_SET_CODE(f, co) ((f)->f_code = (co))
+#  define AGS_FRAME_JUMP(f, co, i) \
+    ((f)->prev_instr = _PyCode_CODE(co) + (i) - 1)
 #else
 #  define AGS_FRAME_CODE(f) \
     (PyCode_Check((f)->f_executable) ? (PyCodeObject *)(f)->f_executable \
                                      : (PyCodeObject *)NULL)
+#  define AGS_FRAME_SET_CODE(f, co) ((f)->f_executable = (PyObject *)(co))
+#  define AGS_FRAME_JUMP(f, co, i) ((f)->instr_ptr = _PyCode_CODE(co) + (i))
 #endif
 
 /* Code-extra slots. */

@@ -12,6 +12,15 @@
  * COPY_FREE_VARS have not run yet, so the frame is "incomplete" and must
  * not be turned into a frame object.  Reading the bound slots by index is
  * therefore safe and never runs code of the frame.
+ *
+ * Returning a value without running the frame (ags_frame_return).  The
+ * frame is given a "return code": a code object with the same locals
+ * layout whose bytecode is RESUME; RETURN_VALUE.  The value is pushed on
+ * the frame's (empty) value stack and the next instruction set to
+ * RETURN_VALUE; CPython's evaluator then returns it and clears and pops the
+ * frame itself, exactly as for any return, on every version.  The frame
+ * was sized for the original code, so the return code may use no more
+ * stack than it (one slot) and must have the same number of local slots.
  */
 #include "agspeed.h"
 
@@ -47,4 +56,72 @@ ags_frame_locals(struct _PyInterpreterFrame *frame)
         }
     }
     return dict;
+}
+
+/* The unit index of RETURN_VALUE in a return code (after RESUME). */
+#define AGS_RETURN_UNIT 1
+
+PyObject *
+ags_frame_make_return_code(PyCodeObject *code)
+{
+    unsigned char units[2 * (2 + 2 * 16)];
+    int n = 0;
+    PyObject *bytes = NULL, *kwargs = NULL, *replace = NULL, *empty = NULL;
+    PyObject *args = NULL, *result = NULL;
+    const int ops[2] = {RESUME, RETURN_VALUE};
+
+    for (int k = 0; k < 2; k++) {
+        units[n++] = (unsigned char)ops[k];
+        units[n++] = 0;
+        for (int c = 0; c < ags_opcodes[ops[k]].caches; c++) {
+            units[n++] = 0;
+            units[n++] = 0;
+        }
+    }
+    bytes = PyBytes_FromStringAndSize((const char *)units, n);
+    empty = PyBytes_FromStringAndSize(NULL, 0);
+    args = PyTuple_New(0);
+    replace = PyObject_GetAttrString((PyObject *)code, "replace");
+    if (bytes == NULL || empty == NULL || args == NULL || replace == NULL) {
+        goto done;
+    }
+    kwargs = Py_BuildValue("{s:O,s:i,s:O,s:O}", "co_code", bytes,
+                           "co_stacksize", 1, "co_linetable", empty,
+                           "co_exceptiontable", empty);
+    if (kwargs == NULL) {
+        goto done;
+    }
+    result = PyObject_Call(replace, args, kwargs);
+done:
+    Py_XDECREF(bytes);
+    Py_XDECREF(empty);
+    Py_XDECREF(args);
+    Py_XDECREF(replace);
+    Py_XDECREF(kwargs);
+    return result;
+}
+
+int
+ags_frame_can_return(struct _PyInterpreterFrame *frame)
+{
+    PyCodeObject *code = AGS_FRAME_CODE(frame);
+
+    return code != NULL && code->co_stacksize >= 1
+           && frame->stacktop == code->co_nlocalsplus;
+}
+
+void
+ags_frame_return(struct _PyInterpreterFrame *frame, PyCodeObject *retcode,
+                 PyObject *value)
+{
+    PyCodeObject *code = AGS_FRAME_CODE(frame);
+
+    assert(ags_frame_can_return(frame));
+    assert(retcode->co_nlocalsplus == code->co_nlocalsplus);
+    /* The function object still holds `code`: dropping the frame's
+     * reference cannot free it. */
+    AGS_FRAME_SET_CODE(frame, (PyCodeObject *)Py_NewRef(retcode));
+    Py_DECREF(code);
+    frame->localsplus[frame->stacktop++] = value;
+    AGS_FRAME_JUMP(frame, retcode, AGS_RETURN_UNIT);
 }

@@ -26,6 +26,9 @@
  *   2. look up the code's cache (codecache.c); on a hit run the entry;
  *   3. on a miss, ask the context: `ctx(code, f_locals)` returns a
  *      CacheEntry, which is stored (or marks the code SKIP) and run.
+ *   4. running an entry: SKIP and RUN_EAGER evaluate the frame as it is;
+ *      CALL calls the entry's compiled callable and makes the frame return
+ *      its result without running the frame's bytecode (frame.c says how).
  *
  * Errors.  A frame handed to the evaluation function has not started.  If
  * the decision raises, the frame must still be cleared and popped, and who
@@ -192,51 +195,82 @@ ask_context(PyObject *ctx, PyCodeObject *code,
 }
 
 /* Finds or makes the decision for a frame.  `state` is the code's cache as
- * the caller found it (NULL: none yet).  Returns the action to take, or -1
- * with an exception set. */
-static int
+ * the caller found it (NULL: none yet).  Returns a new reference to the
+ * entry to run, or NULL with an exception set. */
+static ags_entry *
 decide(PyObject *ctx, PyCodeObject *code, struct _PyInterpreterFrame *frame,
        ags_code_state *state)
 {
     PyObject *f_locals = NULL;
     ags_entry *entry = NULL;
-    int action = -1;
     int found = 0;
 
     if (state != NULL) {
         found = ags_cache_lookup(state, ctx, frame, &f_locals, &entry);
         if (found < 0) {
-            goto done;
+            goto error;
         }
     }
     if (found) {
         ags_stats.cache_hits++;
+        goto done;
     }
-    else {
-        ags_stats.cache_misses++;
-        entry = ask_context(ctx, code, frame, &f_locals);
-        if (entry == NULL) {
-            goto done;
-        }
-        /* The context ran Python code: look the state up again rather
-         * than trust a pointer taken before it. */
-        state = ags_cache_ensure(code);
-        if (state == NULL) {
-            goto done;
-        }
-        if (entry->action == AGS_ACTION_SKIP) {
-            state->flags |= AGS_CODE_SKIP;
-        }
-        else if (ags_cache_insert(state, entry) < 0) {
-            goto done;
-        }
+    ags_stats.cache_misses++;
+    entry = ask_context(ctx, code, frame, &f_locals);
+    if (entry == NULL) {
+        goto error;
     }
-    action = (int)entry->action;
-
+    /* The context ran Python code: look the state up again rather than
+     * trust a pointer taken before it. */
+    state = ags_cache_ensure(code);
+    if (state == NULL) {
+        goto error;
+    }
+    if (entry->action == AGS_ACTION_SKIP) {
+        state->flags |= AGS_CODE_SKIP;
+    }
+    else if (ags_cache_insert(state, entry) < 0) {
+        goto error;
+    }
 done:
+    Py_XDECREF(f_locals);
+    return entry;
+error:
     Py_XDECREF(entry);
     Py_XDECREF(f_locals);
-    return action;
+    return NULL;
+}
+
+/* Runs a CALL entry: the frame returns compiled(f_locals) without running
+ * its bytecode.  Returns 0 with the frame set up to return the value, 1 if
+ * the frame cannot be made to return (it then runs its own bytecode), or
+ * -1 with an exception set. */
+static int
+call_compiled(ags_entry *entry, PyCodeObject *code,
+              struct _PyInterpreterFrame *frame)
+{
+    ags_code_state *state = ags_cache_get(code);
+    PyCodeObject *retcode;
+    PyObject *f_locals, *result;
+
+    if (!ags_frame_can_return(frame)) {
+        return 1;
+    }
+    retcode = ags_cache_return_code(state, code);
+    if (retcode == NULL) {
+        return -1;
+    }
+    f_locals = ags_frame_locals(frame);
+    if (f_locals == NULL) {
+        return -1;
+    }
+    result = PyObject_CallOneArg(entry->compiled, f_locals);
+    Py_DECREF(f_locals);
+    if (result == NULL) {
+        return -1;
+    }
+    ags_frame_return(frame, retcode, result);
+    return 0;
 }
 
 static PyObject *
@@ -248,7 +282,8 @@ ags_eval(PyThreadState *ts, struct _PyInterpreterFrame *frame, int throwflag)
     PyObject *ctx = me->ctx;
     PyCodeObject *code;
     ags_code_state *state;
-    int action;
+    ags_entry *entry;
+    int rc = 1;
 
     if (ctx == NULL || ctx == Py_None || throwflag) {
         return eval_untouched(ts, frame, throwflag);
@@ -269,18 +304,25 @@ ags_eval(PyThreadState *ts, struct _PyInterpreterFrame *frame, int throwflag)
 
     Py_INCREF(ctx);
     me->busy++;
-    action = decide(ctx, code, frame, state);
+    entry = decide(ctx, code, frame, state);
+    if (entry != NULL && entry->action == AGS_ACTION_CALL) {
+        /* The compiled callable is the runtime's own code: frames it
+         * starts run untouched. */
+        rc = call_compiled(entry, code, frame);
+    }
     me->busy--;
     Py_DECREF(ctx);
 
-    switch (action) {
-    case AGS_ACTION_SKIP:
-    case AGS_ACTION_RUN_EAGER:
-        return eval_untouched(ts, frame, 0);
-    default:
+    if (entry == NULL || rc < 0) {
+        Py_XDECREF(entry);
         assert(PyErr_Occurred());
         ags_stats.callback_errors++;
         /* Propagate without running: see "Errors" at the top. */
         return eval_untouched(ts, frame, 1);
     }
+    /* SKIP and RUN_EAGER run the frame's own bytecode; so does a CALL
+     * whose frame could not be made to return (rc 1).  A CALL that set up
+     * the frame (rc 0) runs only its RETURN_VALUE. */
+    Py_DECREF(entry);
+    return eval_untouched(ts, frame, 0);
 }

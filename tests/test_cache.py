@@ -241,3 +241,15 @@ def test_code_cache_of_an_unseen_code():
 
     assert _C.code_cache(never_called.__code__) == {"has_cache": False, "flags": 0,
                                                     "skip": False, "entries": []}
+
+
+def test_cache_hits_leak_no_reference_to_the_entry():
+    # Regression: a hit took a reference to its entry twice and released it once.
+    region = _C.Region(leaf, entry_ctx(guard=Guard()))
+    region(1, 2)
+    entry = _C.code_cache(leaf.__code__)["entries"][0]
+    before = sys.getrefcount(entry)
+    for _ in range(50):
+        region(1, 2)
+    assert sys.getrefcount(entry) == before
+    assert entry.hits >= 50
