@@ -27,6 +27,7 @@ torch is imported when a builder is made, never when agspeed is imported.
 from __future__ import annotations
 
 import re
+import types
 from typing import Any, Callable
 
 __all__ = ["GraphBreak", "GraphBuilder", "REASONS"]
@@ -145,6 +146,23 @@ class GraphBuilder:
         node = self.graph.create_node(kind, target, tuple(args), dict(kwargs))
         node.meta["example_value"] = out
         return node
+
+    def can_record(self, fn: Any) -> bool:
+        """Whether a call of ``fn`` on graph values may be recorded (and run on fakes).
+
+        Only torch's own functions and the operator module's: anything else (``print``,
+        a user function) would run on fake tensors during capture, which eager never
+        does.  Decided from the object's type and its C-level ``__module__``, so no
+        user code runs while asking.
+        """
+        if type(fn) not in (types.BuiltinFunctionType, types.FunctionType):
+            return False
+        module = fn.__module__ or ""
+        return module in ("torch", "operator", "_operator") or module.startswith("torch.")
+
+    def is_tensor(self, node: Any) -> bool:
+        """Whether a recorded node produces a tensor (not a size, an int, a tuple)."""
+        return isinstance(node.meta.get("example_value"), self._torch.Tensor)
 
     # -- result ---------------------------------------------------------------------
 

@@ -11,6 +11,7 @@
  *   frame.c       reading CPython's interpreter frames.
  *   opcodes.c     per-opcode facts: inline caches, jump direction.
  *   bytecode.c    decoding bytecode into instructions with jump targets.
+ *   interp.c      the symbolic interpreter: bytecode to graph + assumptions.
  *   (frame.c and opcodes.c are the only files that include CPython's
  *   internal headers.)
  *   probe.c       a stand-in for a foreign PEP 523 user, for tests.
@@ -232,6 +233,19 @@ void ags_bc_release(ags_bytecode *bc);
 
 /* New reference: [(start, offset, opcode, arg, target, next), ...]. */
 PyObject *ags_bc_to_list(PyCodeObject *code);
+
+/* ------------------------------------------------------------------ */
+/* The symbolic interpreter (interp.c). */
+
+int ags_interp_init(void);
+
+/* New reference: the capture of `code` called with `f_locals`, recorded
+ * through `builder`: {"status": "graph", "result": ..., "assumptions": [...]}
+ * or {"status": "break", "offset", "opcode", "reason", "detail",
+ * "assumptions"}.  NULL with an exception set on a real error. */
+PyObject *ags_interp_capture(PyCodeObject *code, PyObject *f_locals,
+                             PyObject *globals, PyObject *builtins,
+                             PyObject *builder, PyObject *tensor_type);
 
 /* ------------------------------------------------------------------ */
 /* Types and functions registered by module.c from each file. */

@@ -21,6 +21,8 @@
  *   ags_compat_get_extra()    read / write a co_extra slot.
  *   ags_compat_set_extra()
  *   AGS_MOD_SLOTS_EXTRA       module-def slots that only newer versions know.
+ *   ags_compat_take_exc()     take / put back the raised exception as one
+ *   ags_compat_put_exc()      object (PyErr_Fetch is deprecated in 3.12).
  *   AGS_JUMPS_FORWARD(X)      the version's relative jump opcodes, from
  *   AGS_JUMPS_BACKWARD(X)     csrc/opcodes_3XX.h (names as in CPython's
  *                             opcode.h, which gives their numbers).
@@ -105,6 +107,37 @@ ags_compat_set_extra(PyObject *code, Py_ssize_t index, void *extra)
     return _PyCode_SetExtra(code, index, extra);
 #else
     return PyUnstable_Code_SetExtra(code, index, extra);
+#endif
+}
+
+/* New reference: the raised exception, normalized; clears it. */
+static inline PyObject *
+ags_compat_take_exc(void)
+{
+#ifdef AGS_PY311
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) {
+        PyException_SetTraceback(value, tb);
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
+#else
+    return PyErr_GetRaisedException();
+#endif
+}
+
+/* Raises `exc` again (stolen). */
+static inline void
+ags_compat_put_exc(PyObject *exc)
+{
+#ifdef AGS_PY311
+    PyErr_Restore(Py_NewRef(Py_TYPE(exc)), exc,
+                  PyException_GetTraceback(exc));
+#else
+    PyErr_SetRaisedException(exc);
 #endif
 }
 

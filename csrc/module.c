@@ -143,6 +143,20 @@ decode(PyObject *module, PyObject *code)
 }
 
 static PyObject *
+capture(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 6 || !PyCode_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "capture(code, f_locals, globals, builtins, builder, "
+                        "tensor_type)");
+        return NULL;
+    }
+    return ags_interp_capture((PyCodeObject *)args[0], args[1], args[2],
+                              args[3], args[4], args[5]);
+}
+
+static PyObject *
 signature_hash(PyObject *module, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"data", "seed", NULL};
@@ -185,6 +199,9 @@ static PyMethodDef module_methods[] = {
      "decode(code) -> list of (start, offset, opcode, arg, target, next): "
      "the code's instructions, EXTENDED_ARG folded in, caches skipped, "
      "jump targets resolved (-1: not a jump); offsets in bytes."},
+    {"capture", (PyCFunction)(void (*)(void))capture, METH_FASTCALL,
+     "capture(code, f_locals, globals, builtins, builder, tensor_type) -> "
+     "dict: run the symbolic interpreter over code (see csrc/interp.c)."},
     {"signature_hash", (PyCFunction)(void (*)(void))signature_hash,
      METH_VARARGS | METH_KEYWORDS,
      "signature_hash(data, seed=0) -> int: XXH3-64 of a bytes-like "
@@ -270,7 +287,7 @@ module_exec(PyObject *module)
     }
     owner_interp = interp;
     ags_opcodes_init();
-    if (ags_cache_init() < 0
+    if (ags_cache_init() < 0 || ags_interp_init() < 0
         || add_type(module, &ags_region_spec, &st->region_type) < 0
         || add_type(module, &ags_scope_spec, &st->scope_type) < 0
         || add_type(module, &ags_entry_spec, &st->entry_type) < 0

@@ -111,3 +111,61 @@ def test_outputs_may_be_containers_and_constants():
 def test_unknown_reason_is_a_bug():
     with pytest.raises(ValueError):
         GraphBreak("nope", "x")
+
+
+def captured(fn, **f_locals):
+    import builtins
+
+    from agspeed import _C
+
+    builder = GraphBuilder()
+    out = _C.capture(fn.__code__, f_locals, fn.__globals__, builtins.__dict__, builder,
+                     torch.Tensor)
+    return out, builder
+
+
+def block(x, w, b, scale):
+    h = F.linear(x, w, b)
+    h = F.gelu(h) * scale + x.sum(dim=-1, keepdim=True)
+    return h.softmax(dim=-1), torch.tanh(h)
+
+
+def test_interpreter_capture_matches_eager_on_fresh_inputs():
+    x, w, bias = torch.randn(4, 6), torch.randn(6, 6), torch.randn(6)
+    out, builder = captured(block, x=x, w=w, b=bias, scale=0.5)
+    assert out["status"] == "graph"
+    assert builder.sources == ["x", "w", "b"]
+    gm = builder.output(out["result"])
+    for _ in range(3):
+        args = [torch.randn_like(t).requires_grad_() for t in (x, w, bias)]
+        got = gm(*args)
+        want = block(*args, 0.5)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e)
+        sum(t.sum() for t in got).backward()
+        grads = [a.grad.clone() for a in args]
+        for a in args:
+            a.grad = None
+        sum(t.sum() for t in want).backward()
+        for g, a in zip(grads, args):
+            torch.testing.assert_close(g, a.grad)
+
+
+def prints(x):
+    print("side effect")
+    return x
+
+
+def test_interpreter_never_runs_python_side_effects(capsys):
+    out, _ = captured(prints, x=torch.randn(2))
+    assert out["status"] == "break" and out["reason"] == "unsupported_call"
+    assert capsys.readouterr().out == ""
+
+
+def item_of(x):
+    return x.sum().item()
+
+
+def test_data_dependent_call_is_a_graph_break():
+    out, _ = captured(item_of, x=torch.randn(3))
+    assert out["status"] == "break" and out["reason"] in ("builder", "non_tensor_result")
