@@ -575,6 +575,16 @@ op_binary_op(ags_interp *it, const ags_instr *ins)
             goto done;
         }
         out = PyObject_CallFunctionObjArgs(fn, lhs.obj, rhs.obj, NULL);
+        if (out == NULL && PyErr_ExceptionMatches(PyExc_ArithmeticError)) {
+            /* 1 / 0: the frame runs eager and raises it there. */
+            PyObject *exc = ags_compat_take_exc();
+            rc = stop_capture(it, "op_failed", PyObject_Str(exc));
+            Py_XDECREF(exc);
+            if (it->brk_detail == NULL) {
+                rc = AGS_ERROR;
+            }
+            goto done;
+        }
         rc = out == NULL ? AGS_ERROR
                          : push(it, value_make(AGS_VK_CONST, out, NULL));
         goto done;

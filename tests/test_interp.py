@@ -103,6 +103,16 @@ def test_constant_arithmetic_is_folded():
     assert b.ops[0][1][1] == 9
 
 
+def divides_by_zero(x, n):
+    return x * (n / 0)
+
+
+def test_failing_constant_arithmetic_is_a_graph_break():
+    out, b = capture(divides_by_zero, x=T(), n=3)
+    assert out["status"] == "break" and out["reason"] == "op_failed"
+    assert "division by zero" in out["detail"] and b.ops == []
+
+
 def returns_constant(x):
     return 5
 
