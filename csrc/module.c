@@ -99,13 +99,23 @@ hook_installed(PyObject *module, PyObject *unused)
     return PyBool_FromLong(ags_hook_is_installed());
 }
 
+/* 1 if `obj` is a code object; else 0 with a TypeError set. */
+static int
+is_code(PyObject *obj)
+{
+    if (PyCode_Check(obj)) {
+        return 1;
+    }
+    PyErr_Format(PyExc_TypeError, "expected a code object, not %s",
+                 Py_TYPE(obj)->tp_name);
+    return 0;
+}
+
 static PyObject *
 code_cache(PyObject *module, PyObject *code)
 {
     (void)module;
-    if (!PyCode_Check(code)) {
-        PyErr_Format(PyExc_TypeError, "expected a code object, not %s",
-                     Py_TYPE(code)->tp_name);
+    if (!is_code(code)) {
         return NULL;
     }
     return ags_cache_describe((PyCodeObject *)code);
@@ -117,9 +127,7 @@ mark_skip(PyObject *module, PyObject *code)
     ags_code_state *state;
 
     (void)module;
-    if (!PyCode_Check(code)) {
-        PyErr_Format(PyExc_TypeError, "expected a code object, not %s",
-                     Py_TYPE(code)->tp_name);
+    if (!is_code(code)) {
         return NULL;
     }
     state = ags_cache_ensure((PyCodeObject *)code);
@@ -134,9 +142,7 @@ static PyObject *
 decode(PyObject *module, PyObject *code)
 {
     (void)module;
-    if (!PyCode_Check(code)) {
-        PyErr_Format(PyExc_TypeError, "expected a code object, not %s",
-                     Py_TYPE(code)->tp_name);
+    if (!is_code(code)) {
         return NULL;
     }
     return ags_bc_to_list((PyCodeObject *)code);

@@ -87,7 +87,9 @@ def test_unknown_log_topic_warns_once_and_keeps_the_others(monkeypatch):
     assert reload_recording_warnings() == []  # the same mistake is not repeated
 
 
-def test_frames_topic_logs_each_decision(monkeypatch):
+@pytest.fixture
+def frames_log():
+    """The records the agspeed.frames logger emits during a test."""
     records = []
 
     class Collect(logging.Handler):
@@ -97,35 +99,25 @@ def test_frames_topic_logs_each_decision(monkeypatch):
     handler = Collect()
     logger = logging.getLogger("agspeed.frames")
     logger.addHandler(handler)
-    try:
-        monkeypatch.setenv("AGSPEED_LOG", "frames")
-        config.reload()
+    yield records
+    logger.removeHandler(handler)
 
-        def logged_function(x):
-            return x
 
-        agspeed.optimize(logged_function)(1)
-    finally:
-        logger.removeHandler(handler)
-    messages = [r.getMessage() for r in records]
+def test_frames_topic_logs_each_decision(monkeypatch, frames_log):
+    monkeypatch.setenv("AGSPEED_LOG", "frames")
+    config.reload()
+
+    def logged_function(x):
+        return x
+
+    agspeed.optimize(logged_function)(1)
+    messages = [r.getMessage() for r in frames_log]
     assert any("logged_function" in m and "run eager" in m and "x=int" in m for m in messages)
 
 
-def test_frames_topic_off_logs_nothing():
-    records = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            records.append(record)
-
-    handler = Collect()
-    logger = logging.getLogger("agspeed.frames")
-    logger.addHandler(handler)
-    try:
-        agspeed.optimize(lambda: add(1, 2))()
-    finally:
-        logger.removeHandler(handler)
-    assert records == []
+def test_frames_topic_off_logs_nothing(frames_log):
+    agspeed.optimize(lambda: add(1, 2))()
+    assert frames_log == []
 
 
 def test_backend_override(monkeypatch):
