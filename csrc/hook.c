@@ -66,9 +66,10 @@ static Py_ssize_t n_hooked;
 static PyObject *ags_eval(PyThreadState *, struct _PyInterpreterFrame *,
                           int);
 
-/* Code never hooked: generators and coroutines (their frames are resumed,
- * not started, and a capture cannot suspend).  Code without CO_OPTIMIZED
- * (module and class bodies, exec'd source) runs once: nothing to cache. */
+/* Flags of code never hooked: generators and coroutines (their frames are
+ * resumed, not started, and a capture cannot suspend).  Code without
+ * CO_OPTIMIZED (module and class bodies, exec'd source) is not hooked
+ * either, by a separate test in ags_eval: it runs once, nothing to cache. */
 #define AGS_UNHOOKED_FLAGS \
     (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE)
 
