@@ -1,14 +1,16 @@
 """Capture contexts: what the C frame hook asks when a code object has no cached decision.
 
-A ``Context`` is the callable the hook calls as ``ctx(code, f_locals)`` on a cache miss,
-with the frame's bound locals by name.  It answers with an ``agspeed._C.CacheEntry``:
+A ``Context`` is the callable the hook calls as ``ctx(code, f_locals, f_globals,
+f_builtins)`` on a cache miss, with the frame's bound locals by name.  It answers with an ``agspeed._C.CacheEntry``:
 
 * ``SKIP`` for code the runtime never captures: its own code, torch's internals, the
   standard library, frozen modules.  The mark is kept on the code object, so a later frame
   of it costs one flag test in C, in every context.
-* ``RUN_EAGER`` for user code.  Capture (the symbolic interpreter) will replace this with
-  an entry holding a guarded, compiled graph; until then the frame runs its own bytecode
-  and only its callees pass through the hook.
+* ``CALL`` for user code that the symbolic interpreter captured whole (``agspeed._capture``):
+  a graph compiled by the context's backend, guarded on everything the capture assumed.
+* ``RUN_EAGER`` for the rest of user code: a graph break (logged under ``graph_breaks``),
+  no tensor work, the recompile limit reached, or torch not imported.  The frame runs its
+  own bytecode and only its callees pass through the hook.
 
 The decision is cached on the code object by the hook, so a second call of the same code
 costs no Python call at all.  An internal error while deciding never changes what the
@@ -35,6 +37,9 @@ from agspeed import _C, log
 __all__ = ["Context", "context_for", "FrameRecord", "frame_records", "clear"]
 
 _frames_log = log.get("frames")
+_graph_breaks_log = log.get("graph_breaks")
+_graphs_log = log.get("graphs")
+_recompiles_log = log.get("recompiles")
 _internal_log = logging.getLogger("agspeed")
 
 
@@ -144,9 +149,9 @@ class Context:
         opts = "".join(f", {k}={v!r}" for k, v in sorted(self.options.items()))
         return f"<agspeed context backend={self.backend_name}{opts}>"
 
-    def __call__(self, code: Any, f_locals: dict) -> Any:
+    def __call__(self, code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
         try:
-            return self._decide(code, f_locals)
+            return self._decide(code, f_locals, f_globals, f_builtins)
         except Exception:  # an agspeed bug must not change the user's program
             _internal_log.warning(
                 "agspeed: internal error while deciding about %s (%s:%s); it runs eager",
@@ -154,22 +159,51 @@ class Context:
             )
             return _C.CacheEntry(_SKIP)
 
-    def _decide(self, code: Any, f_locals: dict) -> Any:
+    def _decide(self, code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
         if is_runtime_code(code.co_filename):
             if log.enabled("frames"):
                 _frames_log.info("%s (%s:%s) -> skip (runtime code)", code.co_name,
                                  os.path.basename(code.co_filename), code.co_firstlineno)
             return _C.CacheEntry(_SKIP)
+        entry, decision = self._capture(code, f_locals, f_globals, f_builtins)
         record = FrameRecord(
             code.co_name, code.co_filename, code.co_firstlineno,
             tuple((k, _describe(v)) for k, v in f_locals.items()),
-            "run eager", weakref.ref(code),
+            decision, weakref.ref(code),
         )
         with _records_lock:
             _RECORDS.append(record)
         if log.enabled("frames"):
             _frames_log.info("%s", record)
-        return _C.CacheEntry(_RUN_EAGER)
+        return entry
+
+    def _capture(self, code: Any, f_locals: dict, f_globals: dict,
+                 f_builtins: dict) -> tuple[Any, str]:
+        """The entry for a user frame and the decision in words."""
+        if "torch" not in sys.modules:
+            return _C.CacheEntry(_RUN_EAGER), "run eager"
+        from agspeed import config
+        from agspeed._capture import CaptureBreak, capture_entry
+
+        where = f"{code.co_name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+        cached = [e for e in _C.code_cache(code)["entries"] if e.action == _C.ACTION_CALL]
+        if len(cached) >= config.recompile_limit:
+            _recompiles_log.info("%s hit the recompile limit (%d): it runs eager from now "
+                                 "on", where, config.recompile_limit)
+            return _C.CacheEntry(_RUN_EAGER, context=self), "run eager (recompile limit)"
+        result = capture_entry(code, f_locals, f_globals, f_builtins, self.backend, self)
+        if result is None:
+            return _C.CacheEntry(_RUN_EAGER), "run eager (no tensor work)"
+        if isinstance(result, CaptureBreak):
+            if log.enabled("graph_breaks"):
+                _graph_breaks_log.info("%s: %s", where, result)
+            return _C.CacheEntry(_RUN_EAGER, context=self), f"run eager (graph break: {result})"
+        if cached:
+            _recompiles_log.info("%s: recompiling (entry %d): no cached graph's guards held",
+                                 where, len(cached) + 1)
+        if log.enabled("graphs"):
+            _graphs_log.info("%s captured:\n%s", where, result.compiled.graph_module.code)
+        return result, "captured"
 
 
 _CONTEXTS: dict[tuple, Context] = {}

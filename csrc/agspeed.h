@@ -113,7 +113,8 @@ typedef enum {
 typedef struct {
     PyObject_HEAD
     int action;            /* an ags_action */
-    PyObject *guard;       /* None or callable(f_locals) -> bool */
+    PyObject *guard;       /* None or callable(f_locals, f_globals,
+                              f_builtins) -> bool */
     PyObject *compiled;    /* None or the compiled callable */
     PyObject *rebuild;     /* None or the recipe for the return value */
     PyObject *context;     /* None: valid in every context; else the only
@@ -180,6 +181,10 @@ PyObject *ags_cache_describe(PyCodeObject *code);
 
 /* Borrowed: the frame's code object, or NULL if it runs something else. */
 PyCodeObject *ags_frame_code(struct _PyInterpreterFrame *frame);
+
+/* Borrowed: the frame's globals and builtins dicts. */
+PyObject *ags_frame_globals(struct _PyInterpreterFrame *frame);
+PyObject *ags_frame_builtins(struct _PyInterpreterFrame *frame);
 
 /* New reference: a dict {name: value} of the frame's bound local slots
  * (arguments, at entry).  NULL with an exception set on failure. */

@@ -138,7 +138,11 @@ guard_holds(ags_entry *entry, struct _PyInterpreterFrame *frame,
             return -1;
         }
     }
-    verdict = PyObject_CallOneArg(entry->guard, *f_locals);
+    {
+        PyObject *args[3] = {*f_locals, ags_frame_globals(frame),
+                             ags_frame_builtins(frame)};
+        verdict = PyObject_Vectorcall(entry->guard, args, 3, NULL);
+    }
     if (verdict == NULL) {
         return -1;
     }
@@ -376,7 +380,8 @@ static PyMemberDef entry_members[] = {
     {"action", T_INT, offsetof(ags_entry, action), READONLY,
      "what the hook does with a matching frame (see ACTION_NAMES)"},
     {"guard", T_OBJECT, offsetof(ags_entry, guard), READONLY,
-     "None, or a callable(f_locals) -> bool that must hold"},
+     "None, or a callable(f_locals, f_globals, f_builtins) -> bool that "
+     "must hold"},
     {"compiled", T_OBJECT, offsetof(ags_entry, compiled), READONLY,
      "the compiled callable that replaces the frame, or None"},
     {"rebuild", T_OBJECT, offsetof(ags_entry, rebuild), READONLY,

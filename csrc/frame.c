@@ -35,6 +35,18 @@ ags_frame_code(struct _PyInterpreterFrame *frame)
 }
 
 PyObject *
+ags_frame_globals(struct _PyInterpreterFrame *frame)
+{
+    return frame->f_globals;
+}
+
+PyObject *
+ags_frame_builtins(struct _PyInterpreterFrame *frame)
+{
+    return frame->f_builtins;
+}
+
+PyObject *
 ags_frame_locals(struct _PyInterpreterFrame *frame)
 {
     PyCodeObject *code = AGS_FRAME_CODE(frame);

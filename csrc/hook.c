@@ -24,7 +24,8 @@
  *      is a generator or coroutine, a module or class body, or if the code
  *      is marked SKIP;
  *   2. look up the code's cache (codecache.c); on a hit run the entry;
- *   3. on a miss, ask the context: `ctx(code, f_locals)` returns a
+ *   3. on a miss, ask the context: `ctx(code, f_locals, f_globals,
+ *      f_builtins)` returns a
  *      CacheEntry, which is stored (or marks the code SKIP) and run.
  *   4. running an entry: SKIP and RUN_EAGER evaluate the frame as it is;
  *      CALL calls the entry's compiled callable and makes the frame return
@@ -169,7 +170,7 @@ static ags_entry *
 ask_context(PyObject *ctx, PyCodeObject *code,
             struct _PyInterpreterFrame *frame, PyObject **f_locals)
 {
-    PyObject *args[2];
+    PyObject *args[4];
     PyObject *decision;
 
     if (*f_locals == NULL) {
@@ -180,7 +181,9 @@ ask_context(PyObject *ctx, PyCodeObject *code,
     }
     args[0] = (PyObject *)code;
     args[1] = *f_locals;
-    decision = PyObject_Vectorcall(ctx, args, 2, NULL);
+    args[2] = ags_frame_globals(frame);
+    args[3] = ags_frame_builtins(frame);
+    decision = PyObject_Vectorcall(ctx, args, 4, NULL);
     if (decision == NULL) {
         return NULL;
     }

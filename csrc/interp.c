@@ -46,6 +46,17 @@ typedef enum {
 #undef AGS_X
 } ags_vkind;
 
+static const char *const kind_names[] = {
+#define AGS_X(name, doc) #name,
+    AGS_VALUE_KINDS(AGS_X)
+#undef AGS_X
+};
+
+/* For messages: the kind, and the type of a constant. */
+#define AGS_DESCRIBE(v) \
+    ((v)->kind == AGS_VK_CONST ? Py_TYPE((v)->obj)->tp_name \
+                               : kind_names[(v)->kind])
+
 typedef struct {
     int kind;
     PyObject *obj;      /* strong or NULL */
@@ -168,7 +179,7 @@ graph_arg(ags_interp *it, const ags_value *v)
         return Py_NewRef(v->obj);
     default:
         stop_capturef(it, "unsupported_value",
-             "a value of kind %d cannot be a graph argument", v->kind);
+                      "a %s cannot be a graph argument", kind_names[v->kind]);
         return NULL;
     }
 }
@@ -395,7 +406,8 @@ load_attr(ags_interp *it, PyObject *name, int method)
         return method ? push_callable(it, v, NULL) : push(it, v);
     }
     rc = stop_capturef(it, "unsupported_attribute",
-              "attribute %R of a value of kind %d", name, owner.kind);
+                       "attribute %R of a %s (only attributes of Python modules "
+                       "are captured so far)", name, AGS_DESCRIBE(&owner));
     value_clear(&owner);
     return rc;
 }
@@ -508,8 +520,8 @@ do_call(ags_interp *it, int nargs, PyObject *kwnames)
                                    callable->obj, args, kwargs);
     }
     else {
-        rc = stop_capturef(it, "unsupported_call", "calling a value of kind %d",
-                  callable->kind);
+        rc = stop_capturef(it, "unsupported_call", "calling a %s",
+                           AGS_DESCRIBE(callable));
         goto done;
     }
     /* The operands are consumed whatever the builder said. */
@@ -590,8 +602,8 @@ op_binary_op(ags_interp *it, const ags_instr *ins)
         goto done;
     }
     if (lhs.kind != AGS_VK_TENSOR && rhs.kind != AGS_VK_TENSOR) {
-        rc = stop_capturef(it, "unsupported_operator", "operator on kinds %d and %d",
-                  lhs.kind, rhs.kind);
+        rc = stop_capturef(it, "unsupported_operator", "operator on %s and %s",
+                           AGS_DESCRIBE(&lhs), AGS_DESCRIBE(&rhs));
         goto done;
     }
     a = graph_arg(it, &lhs);

@@ -18,7 +18,7 @@ SKIP = _C.ACTION_SKIP
 class Guard:
     """A guard object whose lifetime a weakref can watch."""
 
-    def __call__(self, f_locals):
+    def __call__(self, f_locals, f_globals, f_builtins):
         return True
 
 
@@ -33,7 +33,7 @@ def make_function(source, name):
 
 
 def entry_ctx(guard=None, compiled=None, context=None):
-    def ctx(code, f_locals):
+    def ctx(code, f_locals, *frame):
         return _C.CacheEntry(RUN_EAGER, guard=guard, compiled=compiled, context=context)
 
     return ctx
@@ -57,7 +57,7 @@ def test_cache_dies_with_its_function_and_releases_what_entries_hold():
 
 def test_skip_marked_code_dies_with_its_function():
     fn = make_function("def f(x):\n    return x\n", "f")
-    _C.Region(fn, lambda code, f_locals: _C.CacheEntry(SKIP))(1)
+    _C.Region(fn, lambda code, f_locals, *frame: _C.CacheEntry(SKIP))(1)
     assert _C.code_cache(fn.__code__)["skip"]
     code_ref = weakref.ref(fn.__code__)
     del fn
@@ -116,7 +116,7 @@ def test_calls_leak_no_references():
 def test_failing_calls_leak_no_references():
     arg = Token()
 
-    def failing_ctx(code, f_locals):
+    def failing_ctx(code, f_locals, *frame):
         raise KeyError("no decision")
 
     region_err = _C.Region(raises, entry_ctx())
@@ -157,7 +157,7 @@ def test_deciding_holds_no_reference_to_arguments_while_the_frame_runs():
         _C._probe_remove()
     asked = []
 
-    def ctx(code, f_locals):
+    def ctx(code, f_locals, *frame):
         asked.append(code.co_name)
         return _C.CacheEntry(RUN_EAGER)
 
@@ -174,7 +174,7 @@ def test_reset_empties_caches_and_releases_entries():
     skipped = make_function("def s(x):\n    return x\n", "s")
     token = Token()
     _C.Region(fn, entry_ctx(compiled=token))(1)
-    _C.Region(skipped, lambda code, f_locals: _C.CacheEntry(SKIP))(1)
+    _C.Region(skipped, lambda code, f_locals, *frame: _C.CacheEntry(SKIP))(1)
     token_ref = weakref.ref(token)
     del token
     gc.collect()
@@ -187,7 +187,7 @@ def test_reset_empties_caches_and_releases_entries():
     assert _C.code_cache(skipped.__code__)["skip"] is False
     asked = []
 
-    def ctx(code, f_locals):
+    def ctx(code, f_locals, *frame):
         asked.append(code.co_name)
         return _C.CacheEntry(RUN_EAGER)
 
@@ -206,7 +206,7 @@ def test_clear_caches_reports_how_many_codes_had_one():
 def test_guard_that_resets_the_cache_does_not_crash():
     calls = []
 
-    def resetting_guard(f_locals):
+    def resetting_guard(f_locals, *frame):
         calls.append(1)
         _C.clear_caches()
         return True

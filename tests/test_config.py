@@ -36,7 +36,7 @@ def add(a, b):
 
 def test_disable_makes_optimize_a_pass_through_and_stops_existing_regions(monkeypatch):
     asked = []
-    region = _C.Region(add, lambda code, f_locals: asked.append(1) or
+    region = _C.Region(add, lambda code, f_locals, *frame: asked.append(1) or
                        _C.CacheEntry(_C.ACTION_RUN_EAGER))
     monkeypatch.setenv("AGSPEED_DISABLE", "1")
     config.reload()

@@ -25,7 +25,7 @@ def call_ctx(compiled, only=None):
     """A context that answers CALL(compiled) for `only` (a code name) or every code."""
     asked = []
 
-    def ctx(code, f_locals):
+    def ctx(code, f_locals, *frame):
         asked.append(code.co_name)
         if only is None or code.co_name == only:
             return _C.CacheEntry(CALL, compiled=compiled)

@@ -27,7 +27,7 @@ class Recorder:
         self.action = action
         self.guard = guard
 
-    def __call__(self, code, f_locals):
+    def __call__(self, code, f_locals, *frame):
         if code.co_filename == __file__:
             self.asked.append(code.co_name)
             self.locals.append(dict(f_locals))
@@ -207,7 +207,7 @@ def test_context_that_raises_propagates_without_running_the_frame():
         ran.append(x)
         return x
 
-    def failing_ctx(code, f_locals):
+    def failing_ctx(code, f_locals, *frame):
         raise KeyError("decision failed")
 
     before = _C.counters()["callback_errors"]
@@ -230,7 +230,7 @@ def test_context_raising_for_a_callee_propagates_through_the_caller():
         except KeyError:
             return "caught"
 
-    def ctx(code, f_locals):
+    def ctx(code, f_locals, *frame):
         if code.co_name == "add":
             raise KeyError("no")
         return _C.CacheEntry(RUN_EAGER)
@@ -240,12 +240,12 @@ def test_context_raising_for_a_callee_propagates_through_the_caller():
 
 def test_context_returning_something_else_is_a_type_error():
     with pytest.raises(TypeError, match="returned str .*expected an agspeed._C.CacheEntry"):
-        _C.Region(add, lambda code, f_locals: "run it")(1, 2)
+        _C.Region(add, lambda code, f_locals, *frame: "run it")(1, 2)
     assert _C._eval_frame_owner() == "default"
 
 
 def test_guard_that_raises_propagates():
-    def bad_guard(f_locals):
+    def bad_guard(f_locals, *frame):
         raise RuntimeError("guard failed loudly")
 
     ctx = Recorder(guard=bad_guard)
@@ -282,7 +282,7 @@ def test_error_in_decision_under_a_foreign_eval_function_is_clean():
     _C._probe_install()
     try:
         with pytest.raises(KeyError):
-            _C.Region(add, lambda c, l: (_ for _ in ()).throw(KeyError("x")))(1, 2)
+            _C.Region(add, lambda c, l, *frame: (_ for _ in ()).throw(KeyError("x")))(1, 2)
         assert _C._eval_frame_owner() == "probe"
     finally:
         _C._probe_remove()
@@ -353,7 +353,7 @@ def test_frames_started_while_the_context_runs_are_not_seen():
     def helper_used_by_ctx():
         return 1
 
-    def ctx(code, f_locals):
+    def ctx(code, f_locals, *frame):
         asked.append(code.co_name)
         helper_used_by_ctx()  # would recurse into ctx if the hook did not pass it
         return _C.CacheEntry(RUN_EAGER)
@@ -389,7 +389,7 @@ def test_decision_is_cached_and_counted():
 
 
 def test_guard_failure_asks_again_and_keeps_both_entries():
-    def needs_one(f_locals):
+    def needs_one(f_locals, *frame):
         return f_locals["b"] == 1
 
     ctx = Recorder(guard=needs_one)
@@ -397,7 +397,7 @@ def test_guard_failure_asks_again_and_keeps_both_entries():
     region(0, 1)
     region(0, 1)
     assert len(ctx.asked) == 1
-    ctx.guard = lambda f_locals: f_locals["b"] == 2
+    ctx.guard = lambda f_locals, *frame: f_locals["b"] == 2
     region(0, 2)
     assert len(ctx.asked) == 2
     region(0, 1)
@@ -409,7 +409,7 @@ def test_guard_failure_asks_again_and_keeps_both_entries():
 def test_entry_bound_to_another_context_is_not_used():
     mine, other = Recorder(), Recorder()
 
-    def ctx_bound(code, f_locals):
+    def ctx_bound(code, f_locals, *frame):
         mine.asked.append(code.co_name)
         return _C.CacheEntry(RUN_EAGER, context=ctx_bound)
 
