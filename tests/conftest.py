@@ -5,6 +5,11 @@ Markers:
          AGSPEED_REQUIRE_TORCH=1 (the 3.11 CI run), where a missing torch fails.
          The torch-free runs (3.12, 3.13) deselect these with -m "not torch".
 
+  cxx_exceptions  the test makes libtorch throw a C++ exception (a shape error, a
+         data-dependent op, TorchScript's and dynamo's internal checks).  AddressSanitizer's
+         __cxa_throw interceptor aborts on those even without agspeed loaded, so
+         scripts/asan.sh deselects them; every other run includes them.
+
 Every test starts from a clean runtime: caches, counters and records reset, config
 re-read from the environment.
 """
@@ -19,6 +24,8 @@ HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "torch: the test needs PyTorch")
+    config.addinivalue_line(
+        "markers", "cxx_exceptions: libtorch throws a C++ exception (not run under ASan)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -166,6 +166,7 @@ def test_non_plain_arguments_are_not_guarded_by_equality():
     assert call_entries(use) == []
 
 
+@pytest.mark.cxx_exceptions
 def test_bad_input_raises_the_eager_error():
     fast = agspeed.optimize(block)
     x, w = torch.randn(3, 5), torch.randn(5, 5)

@@ -59,6 +59,7 @@ def test_one_placeholder_per_source():
         b.input("n", 3)
 
 
+@pytest.mark.cxx_exceptions
 def test_data_dependent_operations_break_the_graph():
     b = GraphBuilder()
     nx = b.input("x", torch.randn(4))
@@ -71,6 +72,7 @@ def test_data_dependent_operations_break_the_graph():
     assert info.value.hint == REASONS["data_dependent"][1]
 
 
+@pytest.mark.cxx_exceptions
 def test_failing_operation_breaks_the_graph_naming_the_error():
     # The fake (meta) kernel words the error differently from eager's, which is why the
     # frame must then run eager: the user gets eager's exception, not this one.
@@ -166,6 +168,7 @@ def item_of(x):
     return x.sum().item()
 
 
+@pytest.mark.cxx_exceptions
 def test_data_dependent_call_is_a_graph_break():
     out, _ = captured(item_of, x=torch.randn(3))
     assert out["status"] == "break" and out["reason"] in ("builder", "non_tensor_result")

@@ -245,6 +245,7 @@ def test_grad_modes_behave_as_eager():
     assert optimized(inputs()).requires_grad
 
 
+@pytest.mark.cxx_exceptions
 def test_bad_input_raises_the_eager_error():
     model, _ = make("mlp")
     optimized = agspeed.optimize(model)
@@ -288,6 +289,7 @@ def _double(y):
     return y * 2
 
 
+@pytest.mark.cxx_exceptions
 def test_torch_compile_inside_and_around_optimized_calls():
     # torch._dynamo is another PEP 523 user: each must keep working inside the other,
     # with eager's results, and the interpreter's evaluation function is CPython's
@@ -310,6 +312,7 @@ def test_torch_compile_inside_and_around_optimized_calls():
     torch._dynamo.reset()
 
 
+@pytest.mark.cxx_exceptions
 @pytest.mark.parametrize("kind", ["script", "trace"])
 def test_torchscript_modules_can_be_optimized(kind):
     model, inputs = make("mlp")
