@@ -56,13 +56,21 @@ def _line_of(code: Any, offset: int) -> int | None:
     return None
 
 
+def _autocast_state(torch: Any) -> tuple:
+    """(enabled, dtype) of autocast per device type, on torch 2.4+ and older."""
+    try:
+        return tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                     for d in _AUTOCAST_DEVICES)
+    except TypeError:  # before 2.4 these took no device argument
+        return ((torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()),
+                (torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()))
+
+
 def global_state(torch: Any) -> tuple:
     """Everything outside the frame that changes what a graph computes."""
-    autocast = []
-    for device in _AUTOCAST_DEVICES:
-        autocast.append((torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)))
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-            torch.is_autocast_cache_enabled(), tuple(autocast), torch.get_default_dtype())
+            torch.is_autocast_cache_enabled(), _autocast_state(torch),
+            torch.get_default_dtype())
 
 
 def _holder(value: Any) -> Callable[[], Any]:

@@ -177,3 +177,20 @@ def test_bad_input_raises_the_eager_error():
     with pytest.raises(RuntimeError) as optimized:
         fast(bad, w, 1.0)
     assert str(optimized.value) == str(eager.value)
+
+
+def test_autocast_state_is_read_on_torch_before_2_4():
+    import types
+
+    from agspeed._capture import _autocast_state
+
+    old_api = types.SimpleNamespace(  # before 2.4 these took no device argument
+        is_autocast_enabled=lambda: False,
+        get_autocast_dtype=lambda: torch.float16,
+        is_autocast_cpu_enabled=lambda: True,
+        get_autocast_cpu_dtype=lambda: torch.bfloat16,
+        get_autocast_gpu_dtype=lambda: torch.float16,
+    )
+    assert _autocast_state(old_api) == ((True, torch.bfloat16), (False, torch.float16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _autocast_state(torch)[0] == (True, torch.bfloat16)
