@@ -29,7 +29,8 @@ ags_find_python() {
         echo "$cand"; return 0
     fi
     if command -v pyenv >/dev/null 2>&1; then
-        cand=$(ls -d "$(pyenv root)"/versions/"$want".*/bin/"python$want" 2>/dev/null | sort -V | tail -n 1)
+        cand=$(ls -d "$(pyenv root)"/versions/"$want".*/bin/"python$want" 2>/dev/null \
+            | sort -V | tail -n 1 || true)
         if [ -n "$cand" ] && [ -x "$cand" ]; then echo "$cand"; return 0; fi
     fi
     return 1

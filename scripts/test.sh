@@ -19,8 +19,11 @@ run_suite() {  # VERSION VENV TORCH [pytest args...]
     local version="$1" venv="$2" torch="$3"; shift 3
     if ! ags_find_python "$version" >/dev/null; then
         if [ "$require_all" = 1 ]; then
+            echo "error: no Python $version interpreter (python$version on PATH or under" \
+                "\$(pyenv root)/versions), required because CI or AGSPEED_REQUIRE_ALL_PYTHONS=1" >&2
             summary+=("Python $version: FAILED (interpreter not found)"); failed=1
         else
+            echo "warning: no Python $version interpreter: skipping its run" >&2
             summary+=("Python $version: not run (interpreter not found)")
         fi
         return 0

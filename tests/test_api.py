@@ -74,6 +74,16 @@ def test_optimized_module_level_function_pickles_by_name():
     assert pickle.loads(pickle.dumps(picklable_optimized)) is picklable_optimized
 
 
+fast_scale = agspeed.optimize(scale)
+
+
+def test_optimized_function_under_another_name_refuses_to_pickle():
+    # Its qualified name is the plain function's: unpickling must not silently give back
+    # the unoptimized function.
+    with pytest.raises(pickle.PicklingError, match="not the same object"):
+        pickle.dumps(fast_scale)
+
+
 def test_optimized_local_function_refuses_to_pickle():
     def local(x):
         return x
@@ -89,13 +99,15 @@ def test_bad_arguments_raise_clear_errors():
     with pytest.raises(ValueError, match="'nope'.*eager") as info:
         agspeed.optimize(scale, backend="nope")
     assert isinstance(info.value, agspeed.UnknownBackendError)
-    with pytest.raises(TypeError, match="backend must be"):
+    with pytest.raises(TypeError, match="backend must be.*not int") as info:
         agspeed.optimize(scale, backend=3)
+    assert isinstance(info.value, agspeed.AgspeedError)
     with pytest.raises(TypeError, match="'bogus'") as info:
         agspeed.optimize(scale, bogus=1)
     assert isinstance(info.value, agspeed.AgspeedError)
-    with pytest.raises(TypeError, match="fullgraph.*bool.*str"):
+    with pytest.raises(TypeError, match="fullgraph.*bool.*str") as info:
         agspeed.optimize(scale, fullgraph="yes")
+    assert isinstance(info.value, agspeed.AgspeedError)
     with pytest.raises(TypeError, match="dynamic"):
         agspeed.optimize(scale, dynamic=3)
     with pytest.raises(TypeError, match="'bogus'"):
@@ -215,3 +227,17 @@ def test_public_names():
     for name in agspeed.__all__:
         assert hasattr(agspeed, name), name
     assert functools.partial  # the decorator form returns a partial of optimize
+
+
+def test_reset_makes_the_runtime_decide_again():
+    def seen_names():
+        return [r.name for r in agspeed._runtime.frame_records()]
+
+    fast = agspeed.optimize(scale)
+    fast(1)
+    fast(2)
+    assert seen_names() == ["scale"]  # the second call hit the cache
+    agspeed.reset()
+    fast(3)
+    assert seen_names() == ["scale"]  # asked again after reset
+    assert agspeed.counters()["cache_misses"] == 1

@@ -1,60 +1,251 @@
-"""Backends with real torch.fx graphs: the registry and the eager backend."""
+"""Backends with real torch.fx graphs: the registry and the eager backend.
+
+A backend has torch.compile's signature, ``backend(gm, example_inputs) -> callable``.
+These tests run the built-in ones on graphs from ``torch.fx.symbolic_trace`` and check
+that user backends, registered by name or passed as callables, are the ones the runtime
+compiles captured graphs with and calls on later hits.
+"""
+
+import logging
 
 import pytest
 
 import agspeed
 from agspeed import backends
+from agspeed.errors import InvalidArgumentError
 
 try:
     import torch
     import torch.nn as nn
+    import torch.nn.functional as F
 except ImportError:  # collected on torch-free Pythons, deselected there by -m "not torch"
-    torch = nn = None
+    torch = nn = F = None
 
 pytestmark = pytest.mark.torch
 
+if torch is not None:
 
-def small_model():
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(4, 8)
+            self.fc2 = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x)))
+
+    def dense(x, w, b):
+        return torch.tanh(F.linear(x, w, b))
+
+    class DenseNet(nn.Module):
+        """Its forward breaks at ``self.fc``; the helper ``dense`` is captured whole."""
+
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return dense(x, self.fc.weight, self.fc.bias)
+
+
+def mlp():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    return MLP()
+
+
+def dense_net():
+    torch.manual_seed(0)
+    return DenseNet()
+
+
+class Recorder:
+    """A backend with the torch.compile signature that records what it was given and
+    counts calls of the callable it returns (the GraphModule's own forward)."""
+
+    def __init__(self):
+        self.graphs = []
+        self.example_inputs = []
+        self.runs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        self.example_inputs.append(list(example_inputs))
+
+        def run(*args):
+            self.runs += 1
+            return gm.forward(*args)
+
+        return run
+
+
+def _registered(name, fn):
+    agspeed.register_backend(name, fn)
+    assert name in agspeed.list_backends()
+    assert backends.get_backend(name) is fn
+
+
+# -- built-in backends on fx graphs -----------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["eager", "auto"])
 def test_builtin_backend_runs_an_fx_graph_like_the_model(name):
-    model = small_model()
+    model = mlp()
     gm = torch.fx.symbolic_trace(model)
-    x = torch.randn(3, 4)
-    compiled = backends.get_backend(name)(gm, [x])
-    for _ in range(2):
-        x = torch.randn(3, 4)
+    example = torch.randn(3, 4)
+    compiled = backends.get_backend(name)(gm, [example])
+    assert callable(compiled)
+    for batch in (3, 3, 7):  # the graph is not specialized to the example's shape
+        x = torch.randn(batch, 4)
         torch.testing.assert_close(compiled(x), model(x))
 
 
-def test_eager_backend_output_is_differentiable():
-    model = small_model()
+def test_eager_backend_returns_the_graphs_own_forward():
+    gm = torch.fx.symbolic_trace(mlp())
+    compiled = backends.get_backend("eager")(gm, [torch.randn(2, 4)])
+    assert compiled == gm.forward
+    assert compiled.__self__ is gm
+
+
+def test_eager_backend_output_is_differentiable_like_the_model():
+    model = mlp()
     gm = torch.fx.symbolic_trace(model)
     x = torch.randn(5, 4, requires_grad=True)
-    backends.get_backend("eager")(gm, [x])(x).sum().backward()
-    expected = x.grad.clone()
+    compiled = backends.get_backend("eager")(gm, [x])
+    compiled(x).square().sum().backward()
+    got_x = x.grad.clone()
+    got_w = model.fc1.weight.grad.clone()  # the graph holds the model's own parameters
     x.grad = None
-    model(x).sum().backward()
-    torch.testing.assert_close(x.grad, expected)
+    model.zero_grad()
+    model(x).square().sum().backward()
+    torch.testing.assert_close(got_x, x.grad)
+    torch.testing.assert_close(got_w, model.fc1.weight.grad)
 
 
-def test_user_backend_with_the_torch_compile_signature():
-    def counting(gm, example_inputs):
-        assert isinstance(gm, torch.fx.GraphModule)
+def test_auto_resolves_to_a_listed_backend_that_works():
+    name, fn = backends.resolve("auto")
+    assert name == "auto"
+    assert callable(fn)
+    assert fn in [backends.get_backend(n) for n in backends.list_backends() if n != "auto"]
+    model = mlp()
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(fn(torch.fx.symbolic_trace(model), [x])(x), model(x))
+
+
+def test_resolve_by_name_and_by_callable():
+    assert backends.resolve("eager") == ("eager", backends.get_backend("eager"))
+
+    def mine(gm, example_inputs):
         return gm.forward
 
-    model = small_model()
+    lam = lambda gm, ex: gm.forward  # noqa: E731
+    recorder = Recorder()
+    assert backends.resolve(mine) == ("mine", mine)
+    assert backends.resolve(mine)[1] is mine
+    assert backends.resolve(lam)[1] is lam
+    assert backends.resolve(recorder) == ("Recorder", recorder)  # no __name__: its type's
+    with pytest.raises(InvalidArgumentError, match="backend must be"):
+        backends.resolve(object())
+
+
+# -- user backends used by optimize() ---------------------------------------------------
+
+
+def test_registered_user_backend_compiles_the_captured_graphs():
+    recorder = Recorder()
+    model = dense_net()
     try:
-        agspeed.register_backend("test_counting", counting)
-        for backend in ("test_counting", counting, lambda gm, ex: gm.forward):
-            optimized = agspeed.optimize(model, backend=backend)
+        _registered("test_recorder", recorder)
+        optimized = agspeed.optimize(model, backend="test_recorder")
+        for _ in range(3):
             x = torch.randn(2, 4)
-            torch.testing.assert_close(optimized(x), model(x))
-        gm = torch.fx.symbolic_trace(model)
-        x = torch.randn(2, 4)
-        torch.testing.assert_close(backends.get_backend("test_counting")(gm, [x])(x), model(x))
+            torch.testing.assert_close(optimized(x), dense(x, model.fc.weight, model.fc.bias))
     finally:
-        backends._registered.pop("test_counting", None)
+        backends._registered.pop("test_recorder", None)
+    assert "test_recorder" not in agspeed.list_backends()
+    assert len(recorder.graphs) == 1  # one capture, then cache hits
+    assert recorder.runs == 3  # the backend's callable is what ran, every call
+    gm = recorder.graphs[0]
+    assert isinstance(gm, torch.fx.GraphModule)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    example_inputs = recorder.example_inputs[0]
+    assert len(example_inputs) == len(placeholders) == 3
+    # example inputs are the real tensors of the frame, not fakes
+    assert all(type(t) in (torch.Tensor, nn.Parameter) for t in example_inputs)
+    assert example_inputs[1] is model.fc.weight and example_inputs[2] is model.fc.bias
+    assert [tuple(t.shape) for t in example_inputs] == [(2, 4), (3, 4), (3,)]
+
+
+def test_backend_callable_passed_directly_is_used():
+    recorder = Recorder()
+    model = dense_net()
+    optimized = agspeed.optimize(model, backend=recorder)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(optimized(x), dense(x, model.fc.weight, model.fc.bias))
+    torch.testing.assert_close(optimized(x), dense(x, model.fc.weight, model.fc.bias))
+    assert len(recorder.graphs) == 1 and recorder.runs == 2
+    assert recorder not in [backends.get_backend(n) for n in backends.list_backends()]
+
+
+def test_lambda_returning_the_graphs_forward_is_accepted():
+    model = dense_net()
+    optimized = agspeed.optimize(model, backend=lambda gm, ex: gm.forward)
+    for _ in range(2):
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(optimized(x), dense(x, model.fc.weight, model.fc.bias))
+    assert "dense" in {r.name for r in agspeed._runtime.frame_records()
+                       if r.decision == "captured"}
+
+
+def test_the_frame_returns_what_the_backends_callable_returns():
+    # A backend may compute anything: the optimized call returns its result, not eager's.
+    def doubling(gm, example_inputs):
+        return lambda *args: gm.forward(*args) * 2
+
+    model = dense_net()
+    optimized = agspeed.optimize(model, backend=doubling)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(optimized(x), 2 * dense(x, model.fc.weight, model.fc.bias))
+    torch.testing.assert_close(model(x), dense(x, model.fc.weight, model.fc.bias))
+
+
+def test_a_backend_that_raises_leaves_the_program_computing_eager_results(caplog):
+    def broken(gm, example_inputs):
+        raise ValueError("backend failed")
+
+    model = dense_net()
+    optimized = agspeed.optimize(model, backend=broken)
+    with caplog.at_level(logging.CRITICAL, logger="agspeed"):
+        for _ in range(2):
+            x = torch.randn(2, 4)
+            torch.testing.assert_close(optimized(x), dense(x, model.fc.weight, model.fc.bias))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: an exception from the user's backend reaches the catch-all in "
+    "agspeed/_runtime.py:153-160 (Context.__call__), which logs it as an agspeed "
+    "'internal error' and returns a SKIP entry; SKIP is a flag on the code object valid "
+    "in every context, so after one backend fails the function is never captured again, "
+    "not even by another optimize() with a working backend (until agspeed.reset())"))
+def test_a_failing_backend_does_not_stop_other_backends_capturing_the_function(caplog):
+    def broken(gm, example_inputs):
+        raise ValueError("backend failed")
+
+    model = dense_net()
+    with caplog.at_level(logging.CRITICAL, logger="agspeed"):
+        agspeed.optimize(model, backend=broken)(torch.randn(2, 4))
+    recorder = Recorder()
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(agspeed.optimize(model, backend=recorder)(x), model(x))
+    assert len(recorder.graphs) == 1 and recorder.runs == 1
+
+
+def test_each_backend_compiles_its_own_graph_for_the_same_function():
+    first, second = Recorder(), Recorder()
+    model = dense_net()
+    a = agspeed.optimize(model, backend=first)
+    b = agspeed.optimize(model, backend=second)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(a(x), b(x))
+    a(x)
+    assert (len(first.graphs), first.runs) == (1, 2)
+    assert (len(second.graphs), second.runs) == (1, 1)

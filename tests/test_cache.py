@@ -253,3 +253,148 @@ def test_cache_hits_leak_no_reference_to_the_entry():
         region(1, 2)
     assert sys.getrefcount(entry) == before
     assert entry.hits >= 50
+
+
+def test_guard_that_calls_agspeed_reset_does_not_crash():
+    asked, guard_calls = [], []
+
+    def resetting_guard(f_locals, *frame):
+        guard_calls.append(f_locals["a"])
+        agspeed.reset()
+        return True
+
+    def ctx(code, f_locals, *frame):
+        asked.append(code.co_name)
+        return _C.CacheEntry(RUN_EAGER, guard=resetting_guard)
+
+    region = _C.Region(leaf, ctx)
+    assert region(1, 2) == 3
+    assert region(3, 4) == 7  # the guard empties every cache while it is being looked up
+    assert region(5, 6) == 11
+    # Each call after the first finds the entry the previous miss made, runs its guard
+    # (which empties the cache under the lookup) and so misses: the context is asked.
+    assert guard_calls == [3, 5]
+    assert asked == ["leaf", "leaf", "leaf"]
+    assert len(_C.code_cache(leaf.__code__)["entries"]) == 1
+
+
+def test_reset_releases_the_context_an_entry_is_bound_to():
+    fn = make_function("def b(x):\n    return x\n", "b")
+    owner = Token()
+    _C.Region(fn, entry_ctx(context=owner))(1)
+    owner_ref = weakref.ref(owner)
+    del owner
+    gc.collect()
+    assert owner_ref() is not None
+    agspeed.reset()
+    gc.collect()
+    assert owner_ref() is None
+    assert _C.code_cache(fn.__code__)["entries"] == []
+
+
+def test_keyword_calls_and_skipped_code_leak_no_references():
+    a, b = Token(), Token()
+    pair = _C.Region(lambda a, b: (a, b), entry_ctx())
+    skipped = make_function("def sk(a, b):\n    return a\n", "sk")
+    skip_region = _C.Region(skipped, lambda code, f_locals, *frame: _C.CacheEntry(SKIP))
+    pair(a, b=b)
+    skip_region(a, b=b)
+    assert _C.code_cache(skipped.__code__)["skip"]
+    before = [sys.getrefcount(o) for o in (a, b, skipped, pair, skip_region)]
+    for _ in range(100):
+        pair(b=b, a=a)
+        skip_region(a, b=b)
+        skip_region(b=b, a=a)
+    assert [sys.getrefcount(o) for o in (a, b, skipped, pair, skip_region)] == before
+
+
+def test_rejected_decisions_and_failing_guards_leak_no_references():
+    arg = Token()
+    wrong_answer = Token()
+
+    def wrong_ctx(code, f_locals, *frame):
+        return wrong_answer
+
+    def bad_guard(f_locals, *frame):
+        raise RuntimeError("guard")
+
+    def identity(x):
+        return x
+
+    wrong_region = _C.Region(identity, wrong_ctx)
+    guarded = _C.Region(leaf, entry_ctx(guard=bad_guard))
+    guarded(1, 2)  # makes the entry; later calls run the raising guard
+
+    def call_all():
+        try:
+            wrong_region(arg)
+        except TypeError:
+            pass
+        try:
+            guarded(arg, arg)
+        except RuntimeError:
+            pass
+
+    call_all()
+    before = [sys.getrefcount(o) for o in (arg, wrong_answer, wrong_ctx, bad_guard)]
+    for _ in range(100):
+        call_all()
+    assert [sys.getrefcount(o) for o in (arg, wrong_answer, wrong_ctx, bad_guard)] == before
+
+
+def test_caches_changing_under_guards_in_other_threads_stay_consistent():
+    # Guards run Python code, so other threads may insert entries (growing the entry
+    # array) or empty every cache while a lookup is in the middle of its scan.  The
+    # lookup must notice and treat it as a miss: no crash, no wrong result.
+    import threading
+
+    def slot(x):
+        return x + 1
+
+    checks = []
+
+    def make_guard(residue):
+        def guard(f_locals, *frame):
+            checks.append(1)
+            total = 0
+            for i in range(20):  # a little Python work: room for a thread switch
+                total += i
+            if len(checks) % 97 == 0:
+                _C.clear_caches()
+            return f_locals["x"] % 5 == residue
+
+        return guard
+
+    def ctx(code, f_locals, *frame):
+        guard = make_guard(f_locals["x"] % 5) if code is slot.__code__ else None
+        return _C.CacheEntry(RUN_EAGER, guard=guard)
+
+    def body(n):
+        out = 0
+        for i in range(n):
+            out += slot(i)
+        return out
+
+    errors = []
+
+    def worker():
+        try:
+            region = _C.Region(body, ctx)
+            for _ in range(40):
+                assert region(25) == sum(range(1, 26))
+        except BaseException as exc:  # reported below, in the main thread
+            errors.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=worker) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert checks  # the guards did run
+    assert _C.current_context() is None and _C._eval_frame_owner() == "default"

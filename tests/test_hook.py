@@ -180,10 +180,12 @@ def test_disable_scope_and_decorator_hide_frames_inside_an_optimized_call():
             assert _C.current_context() is None
             calls_add(2)
         assert _C.current_context() is ctx
-        return hidden_by_decorator()
+        result = hidden_by_decorator()
+        assert _C.current_context() is ctx
+        return result + add(0, 0)
 
     assert _C.Region(body, ctx)() == 3
-    assert ctx.asked == ["body"]
+    assert ctx.asked == ["body", "add"]  # add seen only after the disabled parts
     assert _C.current_context() is None
 
 
@@ -215,6 +217,7 @@ def test_context_that_raises_propagates_without_running_the_frame():
         _C.Region(side_effect, failing_ctx)(1)
     assert ran == []
     assert info.value.__traceback__ is not None
+    assert "failing_ctx" in [entry.name for entry in info.traceback]  # where it was raised
     assert _C.counters()["callback_errors"] == before + 1
     assert _C.current_context() is None and _C._eval_frame_owner() == "default"
     # The code was not marked: a working context is asked again and it runs.
@@ -647,3 +650,289 @@ def test_hook_replaced_inside_a_region_is_left_in_place_and_heals():
     assert add(2, 2) == 4
     assert _C.Region(add, Recorder())(1, 1) == 2
     assert _C._eval_frame_owner() == "default"
+
+
+def test_context_is_called_with_code_locals_globals_and_builtins():
+    calls = []
+
+    def ctx(code, f_locals, f_globals, f_builtins):
+        calls.append((code, f_locals, f_globals, f_builtins))
+        return _C.CacheEntry(RUN_EAGER)
+
+    assert _C.Region(add, ctx)(1, 2) == 3
+    [(code, f_locals, f_globals, f_builtins)] = calls
+    assert code is add.__code__
+    assert f_locals == {"a": 1, "b": 2}
+    assert f_globals is add.__globals__
+    assert f_builtins["len"] is len
+
+
+def test_guard_is_called_with_locals_globals_and_builtins():
+    calls = []
+
+    def guard(f_locals, f_globals, f_builtins):
+        calls.append((dict(f_locals), f_globals, f_builtins))
+        return True
+
+    region = _C.Region(add, Recorder(guard=guard))
+    region(1, 2)
+    assert calls == []  # the entry was just made: its guard is not asked on that frame
+    region(3, 4)
+    [(f_locals, f_globals, f_builtins)] = calls
+    assert f_locals == {"a": 3, "b": 4}
+    assert f_globals is add.__globals__ and f_builtins["len"] is len
+
+
+def test_context_mutating_its_locals_dict_does_not_change_the_arguments():
+    def ctx(code, f_locals, *frame):
+        f_locals["a"] = 100
+        return _C.CacheEntry(RUN_EAGER)
+
+    def guard(f_locals, *frame):
+        f_locals["b"] = 100
+        return True
+
+    assert _C.Region(add, ctx)(1, 2) == 3
+    agspeed.reset()
+    region = _C.Region(add, lambda code, f_locals, *frame: _C.CacheEntry(RUN_EAGER,
+                                                                         guard=guard))
+    assert region(1, 2) == 3
+    assert region(1, 2) == 3  # the guard ran on this one
+
+
+def test_cell_argument_is_passed_to_the_context_as_its_value():
+    ctx = Recorder()
+    assert _C.Region(cell_argument, ctx)(10) == cell_argument(10)
+    assert ctx.asked[0] == "cell_argument"
+    assert ctx.locals[0] == {"x": 10}  # the raw value, not a cell: MAKE_CELL has not run
+
+
+def test_guard_that_raises_counts_as_a_callback_error_and_restores_state():
+    def bad_guard(f_locals, *frame):
+        raise RuntimeError("guard failed loudly")
+
+    ran = []
+
+    def body(x):
+        ran.append(x)
+        return x
+
+    ctx = Recorder(guard=bad_guard)
+    region = _C.Region(body, ctx)
+    assert region(1) == 1  # decided: the entry with the guard is made
+    before = _C.counters()["callback_errors"]
+    with pytest.raises(RuntimeError, match="guard failed loudly"):
+        region(2)
+    assert ran == [1]  # the body did not run for 2
+    assert _C.counters()["callback_errors"] == before + 1
+    assert _C.current_context() is None and _C._eval_frame_owner() == "default"
+
+
+def test_context_error_inside_a_nested_region_restores_the_outer_context():
+    outer = Recorder()
+    seen = []
+
+    def failing_ctx(code, f_locals, *frame):
+        raise LookupError("inner decision failed")
+
+    inner_region = _C.Region(add, failing_ctx)
+
+    def outer_fn():
+        try:
+            inner_region(1, 2)
+        except LookupError as exc:
+            seen.append(str(exc))
+        seen.append(_C.current_context())
+        seen.append(_C._eval_frame_owner())
+        return add(2, 2)
+
+    assert _C.Region(outer_fn, outer)() == 4
+    assert seen == ["inner decision failed", outer, "agspeed"]
+    assert outer.asked == ["outer_fn", "add"]  # add was never cached by the failed decision
+    assert _C.current_context() is None and _C._eval_frame_owner() == "default"
+
+
+def test_exception_through_nested_regions_restores_each_level():
+    outer, inner = Recorder(), Recorder()
+    seen = []
+
+    def inner_fn():
+        raise ValueError("from inside")
+
+    inner_region = _C.Region(inner_fn, inner)
+
+    def outer_fn():
+        try:
+            inner_region()
+        except ValueError:
+            seen.append(_C.current_context())
+        raise IndexError("from outside")
+
+    with pytest.raises(IndexError, match="from outside"):
+        _C.Region(outer_fn, outer)()
+    assert seen == [outer]
+    assert _C.current_context() is None and _C._eval_frame_owner() == "default"
+
+
+@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit, StopIteration,
+                                      GeneratorExit])
+def test_base_exceptions_from_the_context_propagate_and_restore_state(exc_type):
+    ran = []
+
+    def body():
+        ran.append(1)
+
+    def ctx(code, f_locals, *frame):
+        raise exc_type("stop here")
+
+    with pytest.raises(exc_type):
+        _C.Region(body, ctx)()
+    assert ran == []
+    assert _C.current_context() is None and _C._eval_frame_owner() == "default"
+
+
+def test_context_reaching_the_recursion_limit_while_deciding_raises_cleanly():
+    # Each level calls a function never decided about, so the context is asked at every
+    # depth, including the ones where the context itself has no stack left.
+    def ctx(code, f_locals, *frame):
+        return _C.CacheEntry(RUN_EAGER)
+
+    def descend(n):
+        def fresh(k):
+            return k
+
+        return fresh(n) + descend(n + 1)
+
+    region = _C.Region(descend, ctx)
+    with pytest.raises(RecursionError):
+        region(0)
+    assert _C.current_context() is None and _C._eval_frame_owner() == "default"
+    assert _C.Region(add, ctx)(1, 2) == 3
+
+
+def test_recursion_500_deep_through_a_region():
+    ctx = Recorder()
+
+    def depth(n):
+        return 0 if n == 0 else 1 + depth(n - 1)
+
+    assert _C.Region(depth, ctx)(500) == 500
+    assert ctx.asked == ["depth"]
+
+
+def test_entries_are_kept_most_recently_used_first():
+    def guard_for(b):
+        def guard(f_locals, *frame):
+            return f_locals["b"] == b
+
+        guard.b = b
+        return guard
+
+    def ctx(code, f_locals, *frame):
+        return _C.CacheEntry(RUN_EAGER, guard=guard_for(f_locals["b"]))
+
+    region = _C.Region(add, ctx)
+    for b in (1, 2, 3):
+        region(0, b)
+    order = [e.guard.b for e in _C.code_cache(add.__code__)["entries"]]
+    assert order == [3, 2, 1]  # newest first
+    region(0, 1)
+    order = [e.guard.b for e in _C.code_cache(add.__code__)["entries"]]
+    assert order == [1, 3, 2]  # the hit moved to the front
+    assert [e.hits for e in _C.code_cache(add.__code__)["entries"]] == [1, 0, 0]
+
+
+def test_skip_marked_code_is_counted_as_skipped_frames():
+    def lonely(x):
+        return x
+
+    _C.mark_skip(lonely.__code__)
+    region = _C.Region(lambda: [lonely(i) for i in range(5)], Recorder())
+    assert region() == list(range(5))
+    assert _C.counters()["frames_skipped"] >= 5
+    assert _C.counters()["cache_misses"] <= 2  # the lambda (and 3.11's listcomp) only
+
+
+def test_region_exposes_its_function_and_context():
+    ctx = Recorder()
+    region = _C.Region(add, ctx)
+    assert region.__agspeed_fn__ is add and region.__agspeed_ctx__ is ctx
+    assert _C.Region(add, None).__agspeed_ctx__ is None
+    assert "add" in repr(region)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: agspeed/api.py _Disabled keeps one list of Scopes per object, shared by all "
+    "threads: __exit__ in thread A pops and exits thread B's Scope, so A loses its "
+    "optimized context and B is left inside A's context outside any optimized call"))
+def test_disable_object_shared_by_threads_keeps_each_threads_context():
+    # One `agspeed.disable()` object used as `with` by two threads at once, one of them
+    # inside an optimized call: each thread must get its own context back.  Both run in
+    # worker threads so that a wrong context cannot outlive this test.
+    off = agspeed.disable()
+    ctx = Recorder()
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    after = {}
+
+    def leaf_after_with():
+        return 1
+
+    def thread_a_body():
+        with off:
+            a_in.set()
+            b_in.wait(10)
+        after["a"] = _C.current_context()
+        leaf_after_with()
+        a_out.set()
+
+    def thread_b_body():
+        a_in.wait(10)
+        with off:
+            b_in.set()
+            a_out.wait(10)
+        after["b"] = _C.current_context()
+
+    threads = [threading.Thread(target=_C.Region(thread_a_body, ctx)),
+               threading.Thread(target=thread_b_body)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert after == {"a": ctx, "b": None}
+    assert "leaf_after_with" in ctx.asked
+
+
+def _disabled_generator():
+    with agspeed.disable():
+        yield 1
+        yield 2
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: csrc/region.c scope_exit (via hook.c ags_hook_exit) restores the context saved "
+    "at __enter__ unconditionally; a generator that entered agspeed.disable() inside an "
+    "optimized call and leaves the block after that call returned reinstalls the "
+    "finished call's context on the thread, outside any optimized call"))
+def test_generator_suspended_in_disable_leaves_no_context_once_it_finishes():
+    # docs/architecture.md: a generator suspended inside `with agspeed.disable():` leaves
+    # the thread disabled until it resumes and exits the block.  Once it has exited,
+    # outside every optimized call, the thread must be outside every context again (or
+    # its frames reach that context whenever another thread is inside an optimized call).
+    # Run in a worker thread so that a wrong context cannot outlive this test.
+    ctx = Recorder()
+    after = {}
+
+    def body():
+        gen = _disabled_generator()
+        next(gen)
+        return gen
+
+    def scenario():
+        gen = _C.Region(body, ctx)()
+        after["rest"] = list(gen)  # resumes and leaves the `with` outside the region
+        after["ctx"] = _C.current_context()
+
+    worker = threading.Thread(target=scenario)
+    worker.start()
+    worker.join(10)
+    assert after == {"rest": [2], "ctx": None}

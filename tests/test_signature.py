@@ -1,5 +1,9 @@
 """The signature hash: XXH3-64 from the system xxHash library.  Torch-free."""
 
+import ctypes
+import ctypes.util
+import random
+
 import pytest
 
 import agspeed.guards
@@ -32,3 +36,25 @@ def test_rejects_text():
 
 def test_guards_package_exposes_the_same_function():
     assert agspeed.guards.signature_hash is _C.signature_hash
+
+
+def _system_xxh3():
+    name = ctypes.util.find_library("xxhash")
+    if name is None:
+        pytest.skip("the system xxHash library is not loadable with ctypes")
+    fn = getattr(ctypes.CDLL(name), "XXH3_64bits_withSeed", None)
+    if fn is None:
+        pytest.skip("the system xxHash library has no XXH3")
+    fn.restype = ctypes.c_uint64
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint64]
+    return fn
+
+
+# XXH3 has separate code paths for these length classes: 0, 1-3, 4-8, 9-16, 17-128,
+# 129-240 and longer; every one must see all of the data and the seed.
+@pytest.mark.parametrize("length", [0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 4096])
+def test_matches_the_system_library_on_every_length_class(length):
+    xxh3 = _system_xxh3()
+    data = random.Random(length).randbytes(length)
+    for seed in (0, 1, 2**63 + 12345):
+        assert _C.signature_hash(data, seed=seed) == xxh3(data, length, seed)
