@@ -1,24 +1,27 @@
 """From a frame to a cache entry: capture, guard, compile.
 
 ``capture_entry`` runs the C symbolic interpreter over a frame's code with a
-``GraphBuilder``.  When the whole function was captured, the graph is handed to the
-backend and the result is a ``CALL`` entry: its compiled callable reads the graph's
-inputs from the frame's locals by source and returns what the function would have, and
-its guard checks every assumption the capture made, so the entry is used only where it
-computes what eager would:
+``GraphBuilder``.  When the whole function was captured (inlined modules and functions
+included), the graph is handed to the backend and the result is a ``CALL`` entry: its
+compiled callable reads the graph's inputs from the frame by their sources and returns
+what the function would have, and its guard checks every assumption the capture made, so
+the entry is used only where it computes what eager would:
 
-* each tensor input: exact type, dtype, device, shape, strides, requires_grad;
-* each other argument it used: exact type and equality (plain values only: an object
-  whose ``__eq__`` is user code is never compared, the frame runs eager instead);
-* each global and module attribute: identity;
+* each tensor input (arguments, parameters, buffers, tensors in globals): exact type,
+  dtype, device, shape, strides, requires_grad; two sources that reached one tensor
+  (tied weights) must still reach one tensor;
+* each plain value read (ints, strings, ``self.training``, tuples of them, dtypes): type
+  and equality;
+* each container read (hook dicts, module stores, argument tuples): type and length;
+* every other object (modules, functions, Python modules): identity, held weakly where
+  possible (see ``_holder``);
 * global state: grad mode, inference mode, autocast (per device type: enabled, dtype,
   cache) and the default dtype.
 
 When capture stops at an instruction, the result is a ``CaptureBreak`` saying where and
-why; the caller runs the frame eager and logs it.
-
-This is the first slice of capture: straight-line functions of tensors.  Guards are
-Python callables for now; they become C guard programs with the signature hash.
+why; the caller runs the frame eager (under a guard built from what was assumed until
+then) and logs it.  Guards are Python callables for now; they become C guard programs
+with the signature hash.
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ import weakref
 from typing import Any, Callable, NamedTuple
 
 from agspeed import _C
-from agspeed._graph import GraphBuilder
+from agspeed._graph import GraphBreak, GraphBuilder
+from agspeed._sources import MISSING, describe, resolve
 
-_PLAIN = (int, float, bool, str, type(None))
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
@@ -53,7 +56,7 @@ def _line_of(code: Any, offset: int) -> int | None:
     for ins in dis.get_instructions(code):
         if ins.offset == offset:
             return ins.positions.lineno if ins.positions else None
-    return None
+    return code.co_firstlineno
 
 
 def _autocast_state(torch: Any) -> tuple:
@@ -74,7 +77,7 @@ def global_state(torch: Any) -> tuple:
 
 
 def _holder(value: Any) -> Callable[[], Any]:
-    """How a guard keeps a global it checks by identity: weakly where it can.
+    """How a guard keeps an object it checks by identity: weakly where it can.
 
     An entry lives in its code object's co_extra, which the cyclic GC cannot see, so a
     strong reference to, say, a user module whose functions lead back to that code
@@ -90,72 +93,214 @@ def _tensor_spec(t: Any) -> tuple:
     return (type(t), t.dtype, t.device, tuple(t.shape), t.stride(), t.requires_grad)
 
 
-def _make_guard(torch: Any, builder: GraphBuilder, f_locals: dict,
-                assumptions: list) -> Any:
-    tensors = [(src, _tensor_spec(f_locals[src])) for src in builder.sources]
-    plain, globals_, attrs = [], [], []
-    for kind, source, value in assumptions:
-        if kind == "local":
-            plain.append((source, type(value), value))
-        elif kind == "global":
-            globals_.append((source, _holder(value)))
-        else:
-            owner, _, name = source.rpartition(".")
-            attrs.append((owner, name, _holder(value)))
-    state = global_state(torch)
-    missing = object()
-
-    def guard(f_locals: dict, f_globals: dict, f_builtins: dict) -> bool:
-        for src, spec in tensors:
-            t = f_locals.get(src, missing)
-            if type(t) is not spec[0] or _tensor_spec(t) != spec:
-                return False
-        for src, kind, value in plain:
-            v = f_locals.get(src, missing)
-            if type(v) is not kind or v != value:
-                return False
-        for name, held in globals_:
-            value = held()
-            if value is None or f_globals.get(name, f_builtins.get(name, missing)) is not value:
-                return False
-        for owner, name, held in attrs:
-            value = held()
-            module = f_globals.get(owner, f_builtins.get(owner, missing))
-            if value is None or getattr(module, name, missing) is not value:
-                return False
-        return global_state(torch) == state
-
-    return guard
+# Check kinds: what a guard compares for one source.
+_TENSOR, _EQ, _LEN, _ID, _ABSENT = range(5)
+_CHECK_NAMES = {_TENSOR: "tensor", _EQ: "==", _LEN: "len", _ID: "is", _ABSENT: "absent"}
 
 
-def capture_entry(code: Any, f_locals: dict, f_globals: dict, f_builtins: dict,
-                  backend: Any, context: Any) -> Any:
-    """A CALL entry for this frame, a ``CaptureBreak`` when it cannot be captured, or
-    None when it does no tensor work (it then runs eager: guarding a pure-Python
-    function on its argument values would recompile for every new value)."""
+def _check_for(builder: GraphBuilder, value: Any) -> tuple:
+    if value is MISSING:
+        return (_ABSENT, None)
+    if builder._is_static(value):
+        return (_EQ, (type(value), value))
+    if isinstance(value, (dict, list, tuple)):
+        return (_LEN, (type(value), len(value)))
+    return (_ID, _holder(value))
+
+
+def _passes(kind: int, expected: Any, value: Any) -> bool:
+    if kind == _TENSOR:
+        return type(value) is expected[0] and _tensor_spec(value) == expected
+    if kind == _EQ:
+        return type(value) is expected[0] and value == expected[1]
+    if kind == _LEN:
+        return type(value) is expected[0] and len(value) == expected[1]
+    if kind == _ID:
+        held = expected()
+        return held is not None and value is held
+    return value is MISSING
+
+
+def _shown(kind: int, expected: Any) -> str:
+    if kind == _TENSOR:
+        kind_, dtype, device, shape, stride, grad = expected
+        return (f"{kind_.__name__}(dtype={dtype}, device={device}, shape={list(shape)}, "
+                f"stride={list(stride)}, requires_grad={grad})")
+    if kind == _EQ:
+        return repr(expected[1])
+    if kind == _LEN:
+        return f"{expected[0].__name__} of length {expected[1]}"
+    if kind == _ID:
+        held = expected()
+        return f"the same {type(held).__name__} (id {id(held):#x})" if held is not None \
+            else "an object that no longer exists"
+    return "nothing"
+
+
+def _got(kind: int, value: Any) -> str:
+    if value is MISSING:
+        return "nothing"
+    if kind == _TENSOR and hasattr(value, "stride"):
+        return _shown(_TENSOR, _tensor_spec(value))
+    if kind == _LEN and isinstance(value, (dict, list, tuple)):
+        return f"{type(value).__name__} of length {len(value)}"
+    if kind == _ID:
+        return f"a {type(value).__name__} (id {id(value):#x})"
+    return repr(value) if isinstance(value, (int, float, str, bool, type(None))) \
+        else type(value).__name__
+
+
+class Guard:
+    """The checks of one entry, callable as the hook's guard."""
+
+    __slots__ = ("checks", "aliases", "state", "torch")
+
+    def __init__(self, torch: Any, builder: GraphBuilder, f_locals: dict):
+        seen: set = set()
+        checks = []
+        for source, (node, value) in zip(builder.sources, builder._inputs.values()):
+            checks.append((source, _TENSOR, _tensor_spec(value)))
+            seen.add(source)
+        for source, value in builder.assumptions:
+            if source in seen:
+                continue
+            seen.add(source)
+            checks.append((source, *_check_for(builder, value)))
+        # Identity checks of parents first: a cheap early miss, and what later checks
+        # resolve through.
+        checks.sort(key=lambda c: _depth(c[0]))
+        self.checks = tuple(checks)
+        self.aliases = tuple(builder.aliases)
+        self.torch = torch
+        self.state = global_state(torch)
+
+    def __call__(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> bool:
+        memo: dict = {}
+        for source, kind, expected in self.checks:
+            value = resolve(source, f_locals, f_globals, f_builtins, memo)
+            if not _passes(kind, expected, value):
+                return False
+        for a, b in self.aliases:
+            if resolve(a, f_locals, f_globals, f_builtins, memo) is not \
+                    resolve(b, f_locals, f_globals, f_builtins, memo):
+                return False
+        return global_state(self.torch) == self.state
+
+    def failures(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> list[str]:
+        """Every failing check, as "source: expected X, got Y" (for recompile logs)."""
+        memo: dict = {}
+        out = []
+        for source, kind, expected in self.checks:
+            value = resolve(source, f_locals, f_globals, f_builtins, memo)
+            if not _passes(kind, expected, value):
+                out.append(f"{describe(source)}: expected {_shown(kind, expected)}, "
+                           f"got {_got(kind, value)}")
+        for a, b in self.aliases:
+            if resolve(a, f_locals, f_globals, f_builtins, memo) is not \
+                    resolve(b, f_locals, f_globals, f_builtins, memo):
+                out.append(f"{describe(a)} is {describe(b)}: no longer the same tensor")
+        state = global_state(self.torch)
+        if state != self.state:
+            out.append(f"global state: expected {_state_text(self.state)}, "
+                       f"got {_state_text(state)}")
+        return out
+
+    def lines(self) -> list[str]:
+        """The checks, readable (for AGSPEED_LOG=guards and explain)."""
+        out = [f"{describe(s)} {_CHECK_NAMES[k]} {_shown(k, e)}" for s, k, e in self.checks]
+        out += [f"{describe(a)} is {describe(b)}" for a, b in self.aliases]
+        out.append(f"global state == {_state_text(self.state)}")
+        return out
+
+
+def _depth(source: tuple) -> int:
+    return 0 if source[0] in ("local", "global", "gmod") else 1 + _depth(source[1])
+
+
+def _state_text(state: tuple) -> str:
+    grad, inference, cache, autocast, dtype = state
+    amp = ", ".join(f"{d}:{'on ' + str(t).replace('torch.', '') if on else 'off'}"
+                    for d, (on, t) in zip(_AUTOCAST_DEVICES, autocast))
+    return (f"(grad={'on' if grad else 'off'}, inference={'on' if inference else 'off'}, "
+            f"autocast[{amp}], autocast_cache={'on' if cache else 'off'}, "
+            f"default_dtype={str(dtype).replace('torch.', '')})")
+
+
+class ArgumentTypes:
+    """The guard of a function that did no tensor work: the types of its arguments.
+
+    Guarding such a function on its argument values would capture it again for every
+    new value; on their types, a later call with a tensor is captured, while one with
+    another int runs eager at once.
+    """
+
+    __slots__ = ("types",)
+
+    def __init__(self, f_locals: dict):
+        self.types = tuple((k, type(v)) for k, v in f_locals.items())
+
+    def __call__(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> bool:
+        if len(f_locals) != len(self.types):
+            return False
+        for name, kind in self.types:
+            if type(f_locals.get(name, MISSING)) is not kind:
+                return False
+        return True
+
+    def failures(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> list[str]:
+        now = {k: type(v).__name__ for k, v in f_locals.items()}
+        then = {k: t.__name__ for k, t in self.types}
+        return [f"argument types: expected {then}, got {now}"] if now != then else []
+
+    def lines(self) -> list[str]:
+        return [f"type({k}) is {t.__name__}" for k, t in self.types]
+
+
+class Capture(NamedTuple):
+    """A finished capture: the graph, its inputs' sources, its guard."""
+
+    graph_module: Any
+    sources: list
+    guard: Guard
+    example_inputs: list
+
+
+def capture(code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
+    """A ``Capture``, a ``(CaptureBreak, Guard)`` pair, or ``(None, Guard)`` when the
+    function does no tensor work."""
     import torch
 
     builder = GraphBuilder()
     out = _C.capture(code, f_locals, f_globals, f_builtins, builder, torch.Tensor)
     if out["status"] == "break":
-        return CaptureBreak(code.co_filename, _line_of(code, out["offset"]),
-                            dis.opname[out["opcode"]], out["reason"], out["detail"])
-    for kind, source, value in out["assumptions"]:
-        if kind == "local" and type(value) not in _PLAIN:
-            return CaptureBreak(code.co_filename, code.co_firstlineno, "(argument)",
-                                "unsupported_value",
-                                f"argument {source} is a {type(value).__name__}, which "
-                                f"cannot be guarded without running its code")
-    if not builder.sources or not any(
-            n.op in ("call_function", "call_method") for n in builder.graph.nodes):
-        return None
-    gm = builder.output(out["result"])
-    compiled = backend(gm, builder.example_inputs())
-    sources = builder.sources
+        where = out["code"]
+        brk = CaptureBreak(where.co_filename, _line_of(where, out["offset"]),
+                           dis.opname[out["opcode"]] if out["opcode"] >= 0 else "(start)",
+                           out["reason"], out["detail"])
+        return brk, Guard(torch, builder, f_locals)
+    result = out["result"]
+    try:
+        builder.check_output(result)
+    except GraphBreak as exc:
+        brk = CaptureBreak(code.co_filename, code.co_firstlineno, "RETURN_VALUE",
+                           exc.reason, exc.detail)
+        return brk, Guard(torch, builder, f_locals)
+    if not any(n.op in ("call_function", "call_method") for n in builder.graph.nodes):
+        return None, ArgumentTypes(f_locals)
+    guard = Guard(torch, builder, f_locals)
+    gm = builder.output(result)
+    return Capture(gm, builder.sources, guard, builder.example_inputs())
 
-    def run(f_locals: dict) -> Any:
-        return compiled(*[f_locals[src] for src in sources])
 
-    guard = _make_guard(torch, builder, f_locals, out["assumptions"])
-    run.graph_module = gm
-    return _C.CacheEntry(_C.ACTION_CALL, guard=guard, compiled=run, context=context)
+def make_entry(cap: Capture, compiled: Any, context: Any) -> Any:
+    """The CALL entry running ``compiled`` on the inputs read by source."""
+    sources = tuple(cap.sources)
+
+    def run(f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
+        memo: dict = {}
+        return compiled(*[resolve(s, f_locals, f_globals, f_builtins, memo)
+                          for s in sources])
+
+    run.graph_module = cap.graph_module
+    run.guard = cap.guard
+    return _C.CacheEntry(_C.ACTION_CALL, guard=cap.guard, compiled=run, context=context)

@@ -40,6 +40,7 @@ _frames_log = log.get("frames")
 _graph_breaks_log = log.get("graph_breaks")
 _graphs_log = log.get("graphs")
 _recompiles_log = log.get("recompiles")
+_guards_log = log.get("guards")
 _internal_log = logging.getLogger("agspeed")
 
 
@@ -183,27 +184,75 @@ class Context:
         if "torch" not in sys.modules:
             return _C.CacheEntry(_RUN_EAGER), "run eager"
         from agspeed import config
-        from agspeed._capture import CaptureBreak, capture_entry
+        from agspeed._capture import Capture, capture, make_entry
 
         where = f"{code.co_name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
-        cached = [e for e in _C.code_cache(code)["entries"] if e.action == _C.ACTION_CALL]
-        if len(cached) >= config.recompile_limit:
+        entries = _C.code_cache(code)["entries"]
+        cached = [e for e in entries if e.action == _C.ACTION_CALL]
+        if len(entries) >= config.recompile_limit:
             _recompiles_log.info("%s hit the recompile limit (%d): it runs eager from now "
                                  "on", where, config.recompile_limit)
             return _C.CacheEntry(_RUN_EAGER, context=self), "run eager (recompile limit)"
-        result = capture_entry(code, f_locals, f_globals, f_builtins, self.backend, self)
-        if result is None:
-            return _C.CacheEntry(_RUN_EAGER), "run eager (no tensor work)"
-        if isinstance(result, CaptureBreak):
+        keep_dynamo_out()
+        result = capture(code, f_locals, f_globals, f_builtins)
+        if not isinstance(result, Capture):
+            brk, guard = result
+            # Guarded like a graph: these inputs (and only these) run eager, and the
+            # function is captured again for others.
+            entry = _C.CacheEntry(_RUN_EAGER, guard=guard, context=self)
+            if brk is None:
+                return entry, "run eager (no tensor work)"
             if log.enabled("graph_breaks"):
-                _graph_breaks_log.info("%s: %s", where, result)
-            return _C.CacheEntry(_RUN_EAGER, context=self), f"run eager (graph break: {result})"
-        if cached:
-            _recompiles_log.info("%s: recompiling (entry %d): no cached graph's guards held",
-                                 where, len(cached) + 1)
+                _graph_breaks_log.info("%s: %s", where, brk)
+            return entry, f"run eager (graph break: {brk})"
+        if entries and log.enabled("recompiles"):
+            self._log_recompile(where, entries, f_locals, f_globals, f_builtins)
+        try:
+            compiled = self.backend(result.graph_module, result.example_inputs)
+        except Exception as exc:  # the user's backend: its failure must not stop the program
+            _internal_log.warning("agspeed: backend %s failed to compile the graph of %s "
+                                  "(%s: %s); it runs eager", self.backend_name, where,
+                                  type(exc).__name__, exc)
+            return (_C.CacheEntry(_RUN_EAGER, guard=result.guard, context=self),
+                    f"run eager (backend {self.backend_name} failed)")
+        if log.enabled("guards"):
+            _guards_log.info("%s guards:\n  %s", where, "\n  ".join(result.guard.lines()))
         if log.enabled("graphs"):
-            _graphs_log.info("%s captured:\n%s", where, result.compiled.graph_module.code)
-        return result, "captured"
+            _graphs_log.info("%s captured:\n%s", where, result.graph_module.code)
+        return make_entry(result, compiled, self), "captured"
+
+    @staticmethod
+    def _log_recompile(where: str, entries: list, f_locals: dict, f_globals: dict,
+                       f_builtins: dict) -> None:
+        for n, entry in enumerate(entries, 1):
+            guard = entry.guard
+            why = guard.failures(f_locals, f_globals, f_builtins) \
+                if hasattr(guard, "failures") else ["(no guard details)"]
+            _recompiles_log.info("%s: recompiling: entry %d of %d failed: %s", where, n,
+                                 len(entries), "; ".join(why) or "(passes now)")
+
+
+_dynamo_told = False
+
+
+def keep_dynamo_out() -> None:
+    """Ask torch._dynamo, if it is loaded, never to trace agspeed's own code.
+
+    Guards and compiled entries run Python inside another tool's evaluation function
+    when a ``torch.compile``-d function calls an optimized one; that tool must treat
+    them as the runtime internals they are.
+    """
+    global _dynamo_told
+    if _dynamo_told or "torch._dynamo" not in sys.modules:
+        return
+    try:
+        from torch._dynamo import trace_rules
+
+        for name in ("agspeed", "agspeed.guards", "agspeed.backends"):
+            trace_rules.add(name)
+    except Exception:  # an older or newer torch without this API: nothing to do
+        pass
+    _dynamo_told = True
 
 
 _CONTEXTS: dict[tuple, Context] = {}
@@ -212,6 +261,7 @@ _contexts_lock = threading.Lock()
 
 def context_for(backend_name: str, backend: Any, options: dict[str, Any]) -> Context:
     """The shared context for this backend (by identity) and these options."""
+    keep_dynamo_out()
     key = (backend_name, id(backend), tuple(sorted(options.items())))
     with _contexts_lock:
         ctx = _CONTEXTS.get(key)

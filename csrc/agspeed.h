@@ -94,7 +94,7 @@ int ags_hook_is_installed(void);
             "later frame of it runs untouched (its callees are still seen)") \
     X(RUN_EAGER, "run the frame's own bytecode; its callees still pass " \
                  "through the hook") \
-    X(CALL, "call compiled(f_locals) and return its result from the frame " \
+    X(CALL, "call compiled(f_locals, f_globals, f_builtins) and return its result from the frame " \
             "without running the frame's bytecode; an exception it raises " \
             "propagates from the frame")
 

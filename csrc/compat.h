@@ -13,6 +13,8 @@
  *                             (3.13 frames hold `f_executable`, which may be
  *                             None for shim frames).
  *   AGS_FRAME_SET_CODE(f, co) make a frame run `co` from its code unit `i`
+ *   AGS_FRAME_FUNC(f)         the function object a frame runs (3.11 names
+ *                             the field f_func, later versions f_funcobj).
  *   AGS_FRAME_JUMP(f, co, i)  (3.11/3.12 keep the unit *before* the next
  *                             one in prev_instr, 3.13 the next one in
  *                             instr_ptr).  Internal fields: frame.c only.
@@ -66,6 +68,11 @@ per-code caches rely on the GIL."
 #endif
 
 /* Frame access. `f` is a struct _PyInterpreterFrame *. */
+#if defined(AGS_PY311)
+#  define AGS_FRAME_FUNC(f) ((PyObject *)(f)->f_func)
+#else
+#  define AGS_FRAME_FUNC(f) ((f)->f_funcobj)
+#endif
 #if defined(AGS_PY311) || defined(AGS_PY312)
 #  define AGS_FRAME_CODE(f) ((f)->f_code)
 #  define AGS_FRAME_SET_CODE(f, co) ((f)->f_code = (co))

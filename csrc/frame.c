@@ -11,7 +11,8 @@
  * also a cell variable still holds the raw value: MAKE_CELL and
  * COPY_FREE_VARS have not run yet, so the frame is "incomplete" and must
  * not be turned into a frame object.  Reading the bound slots by index is
- * therefore safe and never runs code of the frame.
+ * therefore safe and never runs code of the frame; free variables are read
+ * from the function's closure cells.
  *
  * Returning a value without running the frame (ags_frame_return).  The
  * frame is given a "return code": a code object with the same locals
@@ -59,6 +60,16 @@ ags_frame_locals(struct _PyInterpreterFrame *frame)
     names = code->co_localsplusnames;
     for (int i = 0; i < code->co_nlocalsplus; i++) {
         PyObject *value = frame->localsplus[i];
+        int free = i - (code->co_nlocalsplus - code->co_nfreevars);
+        if (value == NULL && free >= 0) {
+            /* COPY_FREE_VARS has not run: read the closure's cell. */
+            PyObject *func = AGS_FRAME_FUNC(frame);
+            PyObject *closure = func && PyFunction_Check(func)
+                                    ? PyFunction_GetClosure(func) : NULL;
+            if (closure != NULL && free < PyTuple_GET_SIZE(closure)) {
+                value = PyCell_GET(PyTuple_GET_ITEM(closure, free));
+            }
+        }
         if (value == NULL) {
             continue;
         }

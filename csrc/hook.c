@@ -245,7 +245,8 @@ error:
     return NULL;
 }
 
-/* Runs a CALL entry: the frame returns compiled(f_locals) without running
+/* Runs a CALL entry: the frame returns compiled(f_locals, f_globals,
+ * f_builtins) without running
  * its bytecode.  Returns 0 with the frame set up to return the value, 1 if
  * the frame cannot be made to return (it then runs its own bytecode), or
  * -1 with an exception set. */
@@ -268,7 +269,11 @@ call_compiled(ags_entry *entry, PyCodeObject *code,
     if (f_locals == NULL) {
         return -1;
     }
-    result = PyObject_CallOneArg(entry->compiled, f_locals);
+    {
+        PyObject *args[3] = {f_locals, ags_frame_globals(frame),
+                             ags_frame_builtins(frame)};
+        result = PyObject_Vectorcall(entry->compiled, args, 3, NULL);
+    }
     Py_DECREF(f_locals);
     if (result == NULL) {
         return -1;
@@ -293,8 +298,14 @@ ags_eval(PyThreadState *ts, struct _PyInterpreterFrame *frame, int throwflag)
         return eval_untouched(ts, frame, throwflag);
     }
     ags_stats.frames_seen++;
+    if (me->busy) {
+        /* The runtime's own work (guards, capture, compiled graphs): another
+         * PEP 523 user (torch._dynamo) must not trace it either. */
+        ags_stats.frames_skipped++;
+        return _PyEval_EvalFrameDefault(ts, frame, 0);
+    }
     code = ags_frame_code(frame);
-    if (me->busy || code == NULL
+    if (code == NULL
         || (code->co_flags & AGS_UNHOOKED_FLAGS)
         || !(code->co_flags & CO_OPTIMIZED)) {
         ags_stats.frames_skipped++;

@@ -1,132 +1,86 @@
-/* interp.c: the symbolic interpreter, first slice.
+/* interp.c: the symbolic interpreter's core (see interp.h for the layout).
  *
- * Walks a function's bytecode with abstract values instead of real ones and
- * records the tensor work into a graph through a builder object
- * (agspeed._graph.GraphBuilder, or anything with the same methods).  This
- * slice handles straight-line code: locals, constants, globals, module
- * attributes, calls of torch-style functions and tensor methods (with
- * keyword arguments), binary operators, tuples and return.  Every other
- * instruction ends the capture with a structured graph break: the offset,
- * the opcode, a stable reason id and a detail.
+ * Walks a function's bytecode with abstract values instead of real ones
+ * and records the tensor work into a graph through a builder object
+ * (agspeed._graph.GraphBuilder, or anything with the same methods).  Calls
+ * of nn.Modules and Python functions are inlined: a new frame runs the
+ * callee's bytecode with the caller's abstract arguments, and its return
+ * value goes back on the caller's stack.  Branches whose condition is
+ * known while capturing are taken, loops over known sequences unrolled.
+ * Anything else ends the capture with a structured graph break: the
+ * innermost code object, the offset and opcode, a stable reason id and a
+ * detail.
  *
- * Abstract values.  The kinds are one table (AGS_VALUE_KINDS).  A value
- * owns a reference to `obj` (the constant, the graph node, the method
- * name, the packed tuple) and to `source` (how the value is reached from
- * the frame, for guards; NULL for computed values).  Stack and locals are
- * arrays of values; the stack is sized from co_stacksize.
+ * What the capture assumed is returned as a list of (source, value)
+ * pairs; the guard system turns each into a check (identity, equality,
+ * tensor metadata).  Sources are tuples: ("local", name), ("global",
+ * name), ("gmod", module name, name), ("attr", base, name),
+ * ("item", base, index), ("cell", function source, index).
  *
- * What the capture assumed is returned as a list of (kind, source, value)
- * tuples: "local" for a non-tensor argument, "global" for a global or
- * builtin, "attr" for a module attribute.  The guard system turns them
- * into checks; tensors are described by the builder's inputs.
+ * Version differences (the call protocol, how LOAD_ATTR asks for a
+ * method, which opcodes exist) come from opcodes_3XX.h through compat.h.
  *
- * Version differences (the call protocol's layout, how LOAD_ATTR asks for
- * a method, which opcodes exist) come from opcodes_3XX.h through compat.h;
- * handlers test the compile-time constants, never PY_VERSION_HEX.
- *
- * Nothing here runs user code: values are looked up in dicts, attributes
- * are read only on module objects, and constants are combined only when
- * both are exact ints or floats.  Python calls go to the builder only.
+ * Nothing here runs user code: attributes are found by the builder
+ * without calling descriptors or __getattr__, constants are combined only
+ * for plain types, and Python calls go to the builder only.
  */
-#include "agspeed.h"
+#include "interp.h"
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
-#define AGS_VALUE_KINDS(X) \
-    X(UNBOUND, "a local with no value yet") \
-    X(NULL_MARK, "the NULL of the call protocol") \
-    X(CONST, "a Python object known while capturing") \
-    X(TENSOR, "a tensor the graph computes: a graph node") \
-    X(METHOD, "a tensor method looked up for a call: obj is its name") \
-    X(TUPLE, "a tuple of graph nodes and constants: obj is that tuple")
-
-typedef enum {
-#define AGS_X(name, doc) AGS_VK_##name,
-    AGS_VALUE_KINDS(AGS_X)
-#undef AGS_X
-} ags_vkind;
-
-static const char *const kind_names[] = {
+const char *const ags_kind_names[] = {
 #define AGS_X(name, doc) #name,
     AGS_VALUE_KINDS(AGS_X)
 #undef AGS_X
 };
 
-/* For messages: the kind, and the type of a constant. */
-#define AGS_DESCRIBE(v) \
-    ((v)->kind == AGS_VK_CONST ? Py_TYPE((v)->obj)->tp_name \
-                               : kind_names[(v)->kind])
+#define AGS_X(op, handler, doc) AGS_DECLARE_HANDLER(op, handler, doc)
+AGS_INTERP_OPS(AGS_X)
+#undef AGS_X
 
-typedef struct {
-    int kind;
-    PyObject *obj;      /* strong or NULL */
-    PyObject *source;   /* strong or NULL */
-} ags_value;
-
-/* Handler results. */
-#define AGS_GO 0        /* next instruction */
-#define AGS_DONE 1      /* the function returned */
-#define AGS_ERROR (-1)  /* a Python exception is set: a bug or MemoryError */
-#define AGS_BREAK (-2)  /* capture stops here; it->brk_* say why */
-
-typedef struct {
-    PyCodeObject *code;
-    PyObject *globals, *builtins, *builder, *tensor_type;
-    PyObject *assumptions;      /* list */
-    PyObject *kwnames;          /* borrowed: pending KW_NAMES */
-    PyObject *result;           /* strong: the returned structure */
-    ags_value *locals;
-    int nlocals;
-    ags_value *stack;
-    int sp, stack_cap;
-    const char *brk_reason;
-    PyObject *brk_detail;       /* strong str */
-} ags_interp;
-
-typedef int (*ags_handler)(ags_interp *, const ags_instr *);
-
-/* Each version's table (AGS_INTERP_OPS) uses some of the handlers: the
- * others are compiled and checked everywhere but unused on that version. */
-#define AGS_HANDLER static int __attribute__((unused))
-
-static PyObject *binary_ops;    /* tuple: operator functions by NB_* index */
+static ags_handler handlers[256];
 
 /* ------------------------------------------------------------------ */
-/* Values */
+/* Values and stacks */
 
-static void
-value_clear(ags_value *v)
+void
+ags_value_clear(ags_value *v)
 {
     Py_CLEAR(v->obj);
     Py_CLEAR(v->source);
     v->kind = AGS_VK_UNBOUND;
+    v->pos = 0;
 }
 
 /* Steals obj and source. */
-static ags_value
-value_make(int kind, PyObject *obj, PyObject *source)
+ags_value
+ags_value_make(int kind, PyObject *obj, PyObject *source)
 {
-    ags_value v = {kind, obj, source};
+    ags_value v = {kind, 0, obj, source};
     return v;
 }
 
-static ags_value
-value_copy(const ags_value *v)
+ags_value
+ags_value_copy(const ags_value *v)
 {
-    ags_value c = {v->kind, Py_XNewRef(v->obj), Py_XNewRef(v->source)};
+    ags_value c = {v->kind, v->pos, Py_XNewRef(v->obj), Py_XNewRef(v->source)};
     return c;
 }
 
-static int
-stop_capture(ags_interp *it, const char *reason, PyObject *detail)
+int
+ags_stop(ags_interp *it, const char *reason, PyObject *detail)
 {
+    if (detail == NULL) {
+        return AGS_ERROR;
+    }
     it->brk_reason = reason;
     Py_XSETREF(it->brk_detail, detail);
     return AGS_BREAK;
 }
 
-static int
-stop_capturef(ags_interp *it, const char *reason, const char *fmt, ...)
+int
+ags_stopf(ags_interp *it, const char *reason, const char *fmt, ...)
 {
     va_list va;
     PyObject *detail;
@@ -134,96 +88,261 @@ stop_capturef(ags_interp *it, const char *reason, const char *fmt, ...)
     va_start(va, fmt);
     detail = PyUnicode_FromFormatV(fmt, va);
     va_end(va);
-    if (detail == NULL) {
+    return ags_stop(it, reason, detail);
+}
+
+/* Turns a pending builder exception that carries a `reason` (GraphBreak,
+ * or TypeError from binding a call) into a graph break; others stay
+ * errors. */
+int
+ags_take_break(ags_interp *it)
+{
+    PyObject *exc = ags_compat_take_exc();
+    PyObject *reason;
+
+    if (exc == NULL) {
         return AGS_ERROR;
     }
-    return stop_capture(it, reason, detail);
+    reason = PyObject_GetAttrString(exc, "reason");
+    if (reason == NULL || !PyUnicode_Check(reason)) {
+        Py_XDECREF(reason);
+        PyErr_Clear();
+        ags_compat_put_exc(exc);  /* not a graph break: a real error */
+        return AGS_ERROR;
+    }
+    /* Reasons are short ids (_graph.REASONS): copied, so the break
+     * outlives the exception. */
+    {
+        const char *text = PyUnicode_AsUTF8(reason);
+        snprintf(it->brk_reason_buf, sizeof(it->brk_reason_buf), "%s",
+                 text ? text : "builder");
+        it->brk_reason = it->brk_reason_buf;
+    }
+    Py_DECREF(reason);
+    Py_XSETREF(it->brk_detail, PyObject_Str(exc));
+    Py_DECREF(exc);
+    return it->brk_detail ? AGS_BREAK : AGS_ERROR;
 }
 
 /* Steals v. */
-static int
-push(ags_interp *it, ags_value v)
+int
+ags_push(ags_frame *f, ags_value v)
 {
-    if (it->sp >= it->stack_cap) {
-        value_clear(&v);
+    if (f->sp >= f->stack_cap) {
+        ags_value_clear(&v);
         PyErr_SetString(PyExc_SystemError,
                         "agspeed interpreter: stack overflow (a bug)");
         return AGS_ERROR;
     }
-    it->stack[it->sp++] = v;
+    f->stack[f->sp++] = v;
     return AGS_GO;
 }
 
-static ags_value
-pop(ags_interp *it)
+ags_value
+ags_pop(ags_frame *f)
 {
-    assert(it->sp > 0);
-    return it->stack[--it->sp];
+    assert(f->sp > 0);
+    return f->stack[--f->sp];
 }
 
-static ags_value *
-peek(ags_interp *it, int depth)
+ags_value *
+ags_peek(ags_frame *f, int depth)
 {
-    return &it->stack[it->sp - depth];
+    return &f->stack[f->sp - depth];
+}
+
+void
+ags_drop(ags_frame *f, int n)
+{
+    while (n-- > 0 && f->sp > 0) {
+        ags_value v = ags_pop(f);
+        ags_value_clear(&v);
+    }
+}
+
+/* Pushes what a load for a call produces: [callable, self] when `self` is
+ * given, else the callable and its NULL in this version's order.  Steals
+ * both. */
+int
+ags_push_callable(ags_frame *f, ags_value callable, ags_value *self)
+{
+    ags_value null = ags_value_make(AGS_VK_NULL_MARK, NULL, NULL);
+
+    if (self != NULL) {
+        if (ags_push(f, callable) < 0) {
+            ags_value_clear(self);
+            return AGS_ERROR;
+        }
+        return ags_push(f, *self);
+    }
+    if (AGS_NULL_BEFORE_CALLABLE) {
+        if (ags_push(f, null) < 0) {
+            ags_value_clear(&callable);
+            return AGS_ERROR;
+        }
+        return ags_push(f, callable);
+    }
+    if (ags_push(f, callable) < 0) {
+        return AGS_ERROR;
+    }
+    return ags_push(f, null);
+}
+
+/* ------------------------------------------------------------------ */
+/* Graph arguments, sources and assumptions */
+
+/* A copy of a container graph argument, so that a list the capture goes
+ * on mutating never changes a node's recorded arguments. */
+static PyObject *
+frozen_copy(PyObject *obj)
+{
+    if (PyList_CheckExact(obj)) {
+        return PyList_GetSlice(obj, 0, PyList_GET_SIZE(obj));
+    }
+    if (PyDict_CheckExact(obj)) {
+        return PyDict_Copy(obj);
+    }
+    return Py_NewRef(obj);
 }
 
 /* New reference: what a value stands for in the graph (node, constant,
- * tuple), or NULL with a graph break set for values that cannot. */
-static PyObject *
-graph_arg(ags_interp *it, const ags_value *v)
+ * container), or NULL with a graph break set for values that cannot. */
+PyObject *
+ags_graph_arg(ags_interp *it, const ags_value *v)
 {
     switch (v->kind) {
     case AGS_VK_CONST:
     case AGS_VK_TENSOR:
     case AGS_VK_TUPLE:
         return Py_NewRef(v->obj);
+    case AGS_VK_LIST:
+    case AGS_VK_DICT:
+        return frozen_copy(v->obj);
     default:
-        stop_capturef(it, "unsupported_value",
-                      "a %s cannot be a graph argument", kind_names[v->kind]);
+        ags_stopf(it, "unsupported_value", "a %s cannot be a graph argument",
+                  ags_kind_names[v->kind]);
         return NULL;
     }
 }
 
-/* Turns a builder result into a value; builder exceptions that carry a
- * `reason` (GraphBreak) become graph breaks, others stay errors. */
 static int
-push_builder_result(ags_interp *it, PyObject *node)
+contains_node(ags_interp *it, PyObject *obj)
 {
-    PyObject *is_tensor;
-    int ok;
-
-    if (node == NULL) {
-        PyObject *exc = ags_compat_take_exc();
-        if (exc == NULL || !PyObject_HasAttrString(exc, "reason")) {
-            ags_compat_put_exc(exc);  /* not a GraphBreak: a real error */
-            return AGS_ERROR;
+    if (PyObject_TypeCheck(obj, (PyTypeObject *)it->node_type)) {
+        return 1;
+    }
+    if (PyTuple_Check(obj) || PyList_Check(obj)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (contains_node(it, PySequence_Fast_GET_ITEM(obj, i))) {
+                return 1;
+            }
         }
-        it->brk_reason = "builder";
-        Py_XSETREF(it->brk_detail, PyObject_Str(exc));
-        Py_DECREF(exc);
-        return it->brk_detail ? AGS_BREAK : AGS_ERROR;
     }
-    is_tensor = PyObject_CallMethod(it->builder, "is_tensor", "O", node);
-    if (is_tensor == NULL) {
-        Py_DECREF(node);
-        return AGS_ERROR;
+    if (PyDict_CheckExact(obj)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *val;
+        while (PyDict_Next(obj, &pos, &k, &val)) {
+            if (contains_node(it, val)) {
+                return 1;
+            }
+        }
     }
-    ok = PyObject_IsTrue(is_tensor);
-    Py_DECREF(is_tensor);
-    if (ok <= 0) {
-        Py_DECREF(node);
-        return ok < 0 ? AGS_ERROR
-                      : stop_capturef(it, "non_tensor_result",
-                             "an operation returned something other than a "
-                             "tensor");
-    }
-    return push(it, value_make(AGS_VK_TENSOR, node, NULL));
+    return 0;
+}
+
+static PyObject *
+id_of(PyObject *obj)
+{
+    return PyLong_FromVoidPtr(obj);
+}
+
+int
+ags_own(ags_interp *it, PyObject *container)
+{
+    PyObject *id = id_of(container);
+    int rc = id ? PySet_Add(it->owned, id) : -1;
+
+    Py_XDECREF(id);
+    return rc;
 }
 
 static int
-assume(ags_interp *it, const char *kind, PyObject *source, PyObject *value)
+is_owned(ags_interp *it, PyObject *container)
 {
-    PyObject *t = Py_BuildValue("(sOO)", kind, source, value);
+    PyObject *id = id_of(container);
+    int rc = id ? PySet_Contains(it->owned, id) : -1;
+
+    Py_XDECREF(id);
+    return rc;
+}
+
+/* New reference or NULL (no error): the source an object was loaded
+ * from during this capture. */
+static PyObject *
+known_source(ags_interp *it, PyObject *obj)
+{
+    PyObject *id = id_of(obj), *entry;
+
+    if (id == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    entry = PyDict_GetItem(it->known, id);
+    Py_DECREF(id);
+    if (entry == NULL || PyTuple_GET_ITEM(entry, 0) != obj) {
+        return NULL;
+    }
+    return Py_NewRef(PyTuple_GET_ITEM(entry, 1));
+}
+
+/* New reference or NULL (no error): how a value is reached. */
+PyObject *
+ags_source_of(ags_interp *it, const ags_value *v)
+{
+    if (v->source != NULL) {
+        return Py_NewRef(v->source);
+    }
+    if (v->kind == AGS_VK_CONST) {
+        return known_source(it, v->obj);
+    }
+    return NULL;
+}
+
+/* The abstract value of a graph argument taken out of a container or
+ * returned by the builder.  0, or -1 with an exception. */
+int
+ags_value_of(ags_interp *it, PyObject *obj, ags_value *out)
+{
+    int owned;
+
+    if (PyObject_TypeCheck(obj, (PyTypeObject *)it->node_type)) {
+        *out = ags_value_make(AGS_VK_TENSOR, Py_NewRef(obj), NULL);
+        return 0;
+    }
+    owned = (PyList_CheckExact(obj) || PyDict_CheckExact(obj))
+                ? is_owned(it, obj) : 0;
+    if (owned < 0) {
+        return -1;
+    }
+    if (owned) {
+        *out = ags_value_make(PyList_CheckExact(obj) ? AGS_VK_LIST
+                                                     : AGS_VK_DICT,
+                              Py_NewRef(obj), NULL);
+        return 0;
+    }
+    if (PyTuple_Check(obj) && contains_node(it, obj)) {
+        *out = ags_value_make(AGS_VK_TUPLE, Py_NewRef(obj), NULL);
+        return 0;
+    }
+    *out = ags_value_make(AGS_VK_CONST, Py_NewRef(obj), known_source(it, obj));
+    return 0;
+}
+
+int
+ags_assume(ags_interp *it, PyObject *source, PyObject *value)
+{
+    PyObject *t = PyTuple_Pack(2, source, value);
     int rc;
 
     if (t == NULL) {
@@ -234,487 +353,347 @@ assume(ags_interp *it, const char *kind, PyObject *source, PyObject *value)
     return rc < 0 ? AGS_ERROR : AGS_GO;
 }
 
-/* Pushes what a load for a call produces: [method, self] when `self` is
- * given, else the callable and its NULL in this version's order.  Steals
- * both. */
 static int
-push_callable(ags_interp *it, ags_value callable, ags_value *self)
+remember(ags_interp *it, PyObject *obj, PyObject *source)
 {
-    ags_value null = value_make(AGS_VK_NULL_MARK, NULL, NULL);
+    PyObject *id = id_of(obj), *pair;
+    int rc;
 
-    if (self != NULL) {
-        if (push(it, callable) < 0) {
-            value_clear(self);
+    if (id == NULL) {
+        return -1;
+    }
+    if (PyDict_Contains(it->known, id)) {
+        Py_DECREF(id);
+        return 0;  /* the first source is the one guarded by identity */
+    }
+    pair = PyTuple_Pack(2, obj, source);
+    rc = pair ? PyDict_SetItem(it->known, id, pair) : -1;
+    Py_XDECREF(pair);
+    Py_DECREF(id);
+    return rc;
+}
+
+/* The abstract value of `value`, reached from the frame by `source`:
+ * tensors become graph inputs, anything else a constant guarded on its
+ * source.  Borrows both.  AGS_GO or AGS_ERROR. */
+int
+ags_load_object(ags_interp *it, PyObject *source, PyObject *value,
+                ags_value *out)
+{
+    if (PyObject_TypeCheck(value, (PyTypeObject *)it->tensor_type)) {
+        PyObject *node = PyObject_CallMethod(it->builder, "input", "OO",
+                                             source, value);
+        if (node == NULL) {
             return AGS_ERROR;
         }
-        return push(it, *self);
+        *out = ags_value_make(AGS_VK_TENSOR, node, Py_NewRef(source));
+        return AGS_GO;
     }
-    if (AGS_NULL_BEFORE_CALLABLE) {
-        if (push(it, null) < 0) {
-            value_clear(&callable);
-            return AGS_ERROR;
-        }
-        return push(it, callable);
-    }
-    if (push(it, callable) < 0) {
+    if (ags_assume(it, source, value) < 0 || remember(it, value, source) < 0) {
         return AGS_ERROR;
     }
-    return push(it, null);
+    *out = ags_value_make(AGS_VK_CONST, Py_NewRef(value), Py_NewRef(source));
+    return AGS_GO;
+}
+
+/* builder.method(*args) with args built by Py_BuildValue(fmt): a new
+ * reference, or NULL with the exception set (ags_take_break sorts graph
+ * breaks from errors). */
+PyObject *
+ags_call_builder(ags_interp *it, const char *method, const char *fmt, ...)
+{
+    va_list va;
+    PyObject *fn, *args, *out;
+
+    fn = PyObject_GetAttrString(it->builder, method);
+    if (fn == NULL) {
+        return NULL;
+    }
+    va_start(va, fmt);
+    args = Py_VaBuildValue(fmt, va);
+    va_end(va);
+    if (args == NULL) {
+        Py_DECREF(fn);
+        return NULL;
+    }
+    if (!PyTuple_Check(args)) {
+        Py_SETREF(args, PyTuple_Pack(1, args));
+    }
+    out = args ? PyObject_Call(fn, args, NULL) : NULL;
+    Py_DECREF(fn);
+    Py_XDECREF(args);
+    return out;
 }
 
 /* ------------------------------------------------------------------ */
-/* Handlers */
-
-AGS_HANDLER
-op_nop(ags_interp *it, const ags_instr *ins)
-{
-    (void)it;
-    (void)ins;
-    return AGS_GO;
-}
-
-static int
-load_local(ags_interp *it, uint32_t i)
-{
-    if (it->locals[i].kind == AGS_VK_UNBOUND) {
-        return stop_capturef(it, "unbound_local", "local %R is not bound",
-                    PyTuple_GET_ITEM(it->code->co_localsplusnames, i));
-    }
-    return push(it, value_copy(&it->locals[i]));
-}
+/* Frames */
 
 static void
-store_local(ags_interp *it, uint32_t i)
+frame_release(ags_frame *f)
 {
-    value_clear(&it->locals[i]);
-    it->locals[i] = pop(it);
-}
-
-AGS_HANDLER
-op_load_fast(ags_interp *it, const ags_instr *ins)
-{
-    return load_local(it, ins->arg);
-}
-
-AGS_HANDLER
-op_store_fast(ags_interp *it, const ags_instr *ins)
-{
-    store_local(it, ins->arg);
-    return AGS_GO;
-}
-
-AGS_HANDLER
-op_load_fast_load_fast(ags_interp *it, const ags_instr *ins)
-{
-    int rc = load_local(it, ins->arg >> 4);
-    return rc < 0 ? rc : load_local(it, ins->arg & 15);
-}
-
-AGS_HANDLER
-op_store_fast_load_fast(ags_interp *it, const ags_instr *ins)
-{
-    store_local(it, ins->arg >> 4);
-    return load_local(it, ins->arg & 15);
-}
-
-AGS_HANDLER
-op_store_fast_store_fast(ags_interp *it, const ags_instr *ins)
-{
-    store_local(it, ins->arg >> 4);
-    store_local(it, ins->arg & 15);
-    return AGS_GO;
-}
-
-AGS_HANDLER
-op_load_const(ags_interp *it, const ags_instr *ins)
-{
-    PyObject *c = PyTuple_GET_ITEM(it->code->co_consts, ins->arg);
-    return push(it, value_make(AGS_VK_CONST, Py_NewRef(c), NULL));
-}
-
-AGS_HANDLER
-op_pop_top(ags_interp *it, const ags_instr *ins)
-{
-    ags_value v = pop(it);
-    (void)ins;
-    value_clear(&v);
-    return AGS_GO;
-}
-
-AGS_HANDLER
-op_push_null(ags_interp *it, const ags_instr *ins)
-{
-    (void)ins;
-    return push(it, value_make(AGS_VK_NULL_MARK, NULL, NULL));
-}
-
-AGS_HANDLER
-op_load_global(ags_interp *it, const ags_instr *ins)
-{
-    PyObject *name = PyTuple_GET_ITEM(it->code->co_names, ins->arg >> 1);
-    PyObject *value = PyDict_GetItemWithError(it->globals, name);
-    ags_value v;
-
-    if (value == NULL && !PyErr_Occurred() && PyDict_Check(it->builtins)) {
-        value = PyDict_GetItemWithError(it->builtins, name);
+    for (int i = 0; f->locals != NULL && i < f->nlocals; i++) {
+        ags_value_clear(&f->locals[i]);
     }
-    if (value == NULL) {
-        return PyErr_Occurred()
-                   ? AGS_ERROR
-                   : stop_capturef(it, "unknown_global", "global %R is not defined",
-                          name);
-    }
-    if (assume(it, "global", name, value) < 0) {
-        return AGS_ERROR;
-    }
-    v = value_make(AGS_VK_CONST, Py_NewRef(value), Py_NewRef(name));
-    if (ins->arg & 1) {
-        return push_callable(it, v, NULL);
-    }
-    return push(it, v);
+    ags_drop(f, f->sp);
+    ags_value_clear(&f->retval);
+    PyMem_Free(f->locals);
+    PyMem_Free(f->stack);
+    ags_bc_release(&f->bc);
 }
 
-/* The attribute `name` of the top of the stack, for a call when `method`. */
 static int
-load_attr(ags_interp *it, PyObject *name, int method)
+frame_init(ags_frame *f, ags_frame *parent, PyCodeObject *code,
+           PyObject *globals, PyObject *builtins)
 {
-    ags_value owner = pop(it);
-    int rc;
-
-    if (owner.kind == AGS_VK_TENSOR && method) {
-        ags_value m = value_make(AGS_VK_METHOD, Py_NewRef(name), NULL);
-        return push_callable(it, m, &owner);
-    }
-    if (owner.kind == AGS_VK_CONST && PyModule_Check(owner.obj)
-        && owner.source != NULL) {
-        PyObject *value = PyObject_GetAttr(owner.obj, name);
-        PyObject *source;
-        ags_value v;
-
-        if (value == NULL) {
-            value_clear(&owner);
-            return AGS_ERROR;  /* eager raises the same AttributeError */
-        }
-        source = PyUnicode_FromFormat("%U.%U", owner.source, name);
-        value_clear(&owner);
-        if (source == NULL || assume(it, "attr", source, value) < 0) {
-            Py_XDECREF(source);
-            Py_DECREF(value);
-            return AGS_ERROR;
-        }
-        v = value_make(AGS_VK_CONST, value, source);
-        return method ? push_callable(it, v, NULL) : push(it, v);
-    }
-    rc = stop_capturef(it, "unsupported_attribute",
-                       "attribute %R of a %s (only attributes of Python modules "
-                       "are captured so far)", name, AGS_DESCRIBE(&owner));
-    value_clear(&owner);
-    return rc;
-}
-
-AGS_HANDLER
-op_load_attr(ags_interp *it, const ags_instr *ins)
-{
-    uint32_t index = AGS_LOAD_ATTR_HAS_METHOD_BIT ? ins->arg >> 1 : ins->arg;
-    int method = AGS_LOAD_ATTR_HAS_METHOD_BIT ? (int)(ins->arg & 1) : 0;
-    return load_attr(it, PyTuple_GET_ITEM(it->code->co_names, index), method);
-}
-
-AGS_HANDLER
-op_load_method(ags_interp *it, const ags_instr *ins)
-{
-    return load_attr(it, PyTuple_GET_ITEM(it->code->co_names, ins->arg), 1);
-}
-
-AGS_HANDLER
-op_kw_names(ags_interp *it, const ags_instr *ins)
-{
-    it->kwnames = PyTuple_GET_ITEM(it->code->co_consts, ins->arg);
-    return AGS_GO;
-}
-
-/* 1 if the builder records calls of `fn` (torch's functions), 0 if not,
- * -1 on error. */
-static int
-can_record(ags_interp *it, PyObject *fn)
-{
-    PyObject *verdict = PyObject_CallMethod(it->builder, "can_record", "O",
-                                            fn);
-    int ok;
-
-    if (verdict == NULL) {
+    memset(f, 0, sizeof(*f));
+    f->parent = parent;
+    f->depth = parent ? parent->depth + 1 : 0;
+    f->code = code;
+    f->globals = globals;
+    f->builtins = builtins;
+    f->jump = -1;
+    if (ags_bc_decode(code, &f->bc) < 0) {
         return -1;
     }
-    ok = PyObject_IsTrue(verdict);
-    Py_DECREF(verdict);
-    return ok;
+    f->nlocals = code->co_nlocalsplus;
+    f->stack_cap = code->co_stacksize + 2;
+    f->locals = PyMem_Calloc((size_t)f->nlocals + 1, sizeof(ags_value));
+    f->stack = PyMem_Calloc((size_t)f->stack_cap, sizeof(ags_value));
+    if (f->locals == NULL || f->stack == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
 }
 
-/* Calls with the top `nargs` values as arguments, the last
- * len(kwnames) of them by keyword, and the two slots below as callable and
- * self in this version's order.  kwnames: borrowed or NULL. */
+/* Runs a frame until it returns (AGS_DONE, retval set), breaks or
+ * fails. */
 static int
-do_call(ags_interp *it, int nargs, PyObject *kwnames)
+frame_run(ags_interp *it, ags_frame *f)
 {
-    int nkw = kwnames ? (int)PyTuple_GET_SIZE(kwnames) : 0;
-    int npos = nargs - nkw, base = it->sp - nargs - 2, rc = AGS_ERROR;
-    ags_value *lo = &it->stack[base], *hi = &it->stack[base + 1];
-    ags_value *callable, *self;
-    PyObject *args = NULL, *kwargs = NULL, *node;
-    int has_self, k = 0;
+    int rc = AGS_GO;
 
-    if (AGS_NULL_BEFORE_CALLABLE) {
-        callable = lo->kind == AGS_VK_NULL_MARK ? hi : lo;
-        self = lo->kind == AGS_VK_NULL_MARK ? NULL : hi;
+    if (f->code->co_flags & (CO_GENERATOR | CO_COROUTINE
+                             | CO_ASYNC_GENERATOR)) {
+        it->brk_code = f->code;
+        return ags_stopf(it, "generator",
+                         "generators and coroutines are not captured");
     }
-    else {
-        callable = lo;
-        self = hi->kind == AGS_VK_NULL_MARK ? NULL : hi;
-    }
-    has_self = self != NULL;
-    args = PyTuple_New(has_self + npos);
-    kwargs = PyDict_New();
-    if (args == NULL || kwargs == NULL) {
-        goto done;
-    }
-    if (has_self) {
-        PyObject *a = graph_arg(it, self);
-        if (a == NULL) {
-            rc = AGS_BREAK;
-            goto done;
-        }
-        PyTuple_SET_ITEM(args, k++, a);
-    }
-    for (int i = 0; i < nargs; i++) {
-        PyObject *a = graph_arg(it, &it->stack[base + 2 + i]);
-        if (a == NULL) {
-            rc = AGS_BREAK;
-            goto done;
-        }
-        if (i < npos) {
-            PyTuple_SET_ITEM(args, k++, a);
+    for (f->pc = 0; rc == AGS_GO && f->pc < f->bc.n;) {
+        const ags_instr *ins = &f->bc.instrs[f->pc];
+        ags_handler h = handlers[ins->opcode];
+
+        if (++it->steps > AGS_MAX_STEPS) {
+            rc = ags_stopf(it, "too_long", "more than %d instructions "
+                           "(a long or endless loop)", AGS_MAX_STEPS);
         }
         else {
-            int bad = PyDict_SetItem(
-                kwargs, PyTuple_GET_ITEM(kwnames, i - npos), a);
-            Py_DECREF(a);
-            if (bad < 0) {
-                goto done;
-            }
+            f->jump = -1;
+            rc = h ? h(it, f, ins)
+                   : ags_stopf(it, "unsupported_instruction",
+                               "no handler for this instruction yet");
+        }
+        if (rc == AGS_BREAK && it->brk_code == NULL) {
+            it->brk_code = f->code;
+            it->brk_offset = ins->offset;
+            it->brk_opcode = ins->opcode;
+        }
+        if (rc != AGS_GO) {
+            break;
+        }
+        if (f->jump >= 0) {
+            f->pc = f->jump;
+        }
+        else {
+            f->pc++;
         }
     }
-    if (callable->kind == AGS_VK_METHOD) {
-        node = PyObject_CallMethod(it->builder, "call_method", "OOO",
-                                   callable->obj, args, kwargs);
-    }
-    else if (callable->kind == AGS_VK_CONST) {
-        int ok = can_record(it, callable->obj);
-        if (ok <= 0) {
-            rc = ok < 0 ? AGS_ERROR
-                        : stop_capturef(it, "unsupported_call",
-                                        "call of %R is not captured yet",
-                                        callable->obj);
-            goto done;
-        }
-        node = PyObject_CallMethod(it->builder, "call_function", "OOO",
-                                   callable->obj, args, kwargs);
-    }
-    else {
-        rc = stop_capturef(it, "unsupported_call", "calling a %s",
-                           AGS_DESCRIBE(callable));
-        goto done;
-    }
-    /* The operands are consumed whatever the builder said. */
-    while (it->sp > base) {
-        ags_value v = pop(it);
-        value_clear(&v);
-    }
-    rc = push_builder_result(it, node);
-done:
-    Py_XDECREF(args);
-    Py_XDECREF(kwargs);
-    return rc;
-}
-
-AGS_HANDLER
-op_call(ags_interp *it, const ags_instr *ins)
-{
-    PyObject *kwnames = it->kwnames;
-
-    it->kwnames = NULL;
-    return do_call(it, (int)ins->arg, kwnames);
-}
-
-AGS_HANDLER
-op_call_kw(ags_interp *it, const ags_instr *ins)
-{
-    ags_value names = pop(it);
-    int rc;
-
-    if (names.kind != AGS_VK_CONST || !PyTuple_Check(names.obj)) {
-        value_clear(&names);
-        return stop_capturef(it, "unsupported_call", "keyword names not constant");
-    }
-    rc = do_call(it, (int)ins->arg, names.obj);
-    value_clear(&names);
-    return rc;
-}
-
-static int
-is_plain_number(PyObject *o)
-{
-    return PyLong_CheckExact(o) || PyFloat_CheckExact(o);
-}
-
-AGS_HANDLER
-op_binary_op(ags_interp *it, const ags_instr *ins)
-{
-    ags_value rhs = pop(it), lhs = pop(it);
-    PyObject *fn, *a = NULL, *b = NULL, *out;
-    int rc;
-
-    if (ins->arg >= (uint32_t)PyTuple_GET_SIZE(binary_ops)) {
-        rc = stop_capturef(it, "unsupported_instruction", "BINARY_OP %u",
-                  (unsigned)ins->arg);
-        goto done;
-    }
-    fn = PyTuple_GET_ITEM(binary_ops, ins->arg);
-    if (lhs.kind == AGS_VK_CONST && rhs.kind == AGS_VK_CONST) {
-        if (!is_plain_number(lhs.obj) || !is_plain_number(rhs.obj)) {
-            rc = stop_capturef(it, "unsupported_operator",
-                      "operator on %s and %s", Py_TYPE(lhs.obj)->tp_name,
-                      Py_TYPE(rhs.obj)->tp_name);
-            goto done;
-        }
-        out = PyObject_CallFunctionObjArgs(fn, lhs.obj, rhs.obj, NULL);
-        if (out == NULL && PyErr_ExceptionMatches(PyExc_ArithmeticError)) {
-            /* 1 / 0: the frame runs eager and raises it there. */
-            PyObject *exc = ags_compat_take_exc();
-            rc = stop_capture(it, "op_failed", PyObject_Str(exc));
-            Py_XDECREF(exc);
-            if (it->brk_detail == NULL) {
-                rc = AGS_ERROR;
-            }
-            goto done;
-        }
-        rc = out == NULL ? AGS_ERROR
-                         : push(it, value_make(AGS_VK_CONST, out, NULL));
-        goto done;
-    }
-    if (lhs.kind != AGS_VK_TENSOR && rhs.kind != AGS_VK_TENSOR) {
-        rc = stop_capturef(it, "unsupported_operator", "operator on %s and %s",
-                           AGS_DESCRIBE(&lhs), AGS_DESCRIBE(&rhs));
-        goto done;
-    }
-    a = graph_arg(it, &lhs);
-    b = a ? graph_arg(it, &rhs) : NULL;
-    if (b == NULL) {
-        rc = AGS_BREAK;
-        goto done;
-    }
-    rc = push_builder_result(
-        it, PyObject_CallMethod(it->builder, "call_function", "O(OO){}", fn,
-                                a, b));
-done:
-    Py_XDECREF(a);
-    Py_XDECREF(b);
-    value_clear(&lhs);
-    value_clear(&rhs);
-    return rc;
-}
-
-AGS_HANDLER
-op_build_tuple(ags_interp *it, const ags_instr *ins)
-{
-    int n = (int)ins->arg, rc = AGS_GO;
-    PyObject *tuple = PyTuple_New(n);
-
-    if (tuple == NULL) {
+    if (rc == AGS_GO) {
+        PyErr_SetString(PyExc_SystemError,
+                        "agspeed interpreter fell off the end of the code");
         return AGS_ERROR;
     }
-    for (int i = 0; i < n && rc == AGS_GO; i++) {
-        PyObject *a = graph_arg(it, peek(it, n - i));
-        if (a == NULL) {
-            rc = AGS_BREAK;
-            break;
+    return rc;
+}
+
+/* Binds the callee's parameters from the caller's abstract arguments
+ * (borrowed) by the builder's plan: one item per parameter slot, an int
+ * (take that argument), ("default", value), ("star", (indices...)) or
+ * ("starstar", {name: index}). */
+static int
+bind_params(ags_interp *it, ags_frame *f, PyObject *plan, ags_value *args)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(plan);
+
+    for (Py_ssize_t slot = 0; slot < n && slot < f->nlocals; slot++) {
+        PyObject *how = PyTuple_GET_ITEM(plan, slot);
+        ags_value *dst = &f->locals[slot];
+
+        if (PyLong_Check(how)) {
+            *dst = ags_value_copy(&args[PyLong_AsLong(how)]);
+            continue;
         }
-        PyTuple_SET_ITEM(tuple, i, a);
+        const char *tag = PyUnicode_AsUTF8(PyTuple_GET_ITEM(how, 0));
+        PyObject *what = PyTuple_GET_ITEM(how, 1);
+        if (tag == NULL) {
+            return AGS_ERROR;
+        }
+        if (strcmp(tag, "default") == 0) {
+            if (ags_value_of(it, what, dst) < 0) {
+                return AGS_ERROR;
+            }
+            if (dst->kind == AGS_VK_CONST && PyObject_TypeCheck(
+                    what, (PyTypeObject *)it->tensor_type)) {
+                return ags_stopf(it, "unsupported_value",
+                                 "a tensor default argument");
+            }
+            continue;
+        }
+        PyObject *box = strcmp(tag, "star") == 0
+                            ? PyTuple_New(PyTuple_GET_SIZE(what))
+                            : PyDict_New();
+        if (box == NULL) {
+            return AGS_ERROR;
+        }
+        if (PyTuple_Check(box)) {
+            for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(what); i++) {
+                long k = PyLong_AsLong(PyTuple_GET_ITEM(what, i));
+                PyObject *a = ags_graph_arg(it, &args[k]);
+                if (a == NULL) {
+                    Py_DECREF(box);
+                    return AGS_BREAK;
+                }
+                PyTuple_SET_ITEM(box, i, a);
+            }
+        }
+        else {
+            Py_ssize_t pos = 0;
+            PyObject *name, *index;
+            while (PyDict_Next(what, &pos, &name, &index)) {
+                PyObject *a = ags_graph_arg(it, &args[PyLong_AsLong(index)]);
+                int bad = a == NULL || PyDict_SetItem(box, name, a) < 0;
+                Py_XDECREF(a);
+                if (bad) {
+                    Py_DECREF(box);
+                    return a == NULL ? AGS_BREAK : AGS_ERROR;
+                }
+            }
+            if (ags_own(it, box) < 0) {
+                Py_DECREF(box);
+                return AGS_ERROR;
+            }
+        }
+        if (ags_value_of(it, box, dst) < 0) {
+            Py_DECREF(box);
+            return AGS_ERROR;
+        }
+        Py_DECREF(box);
     }
-    for (int i = 0; i < n; i++) {
-        ags_value v = pop(it);
-        value_clear(&v);
-    }
-    if (rc != AGS_GO) {
-        Py_DECREF(tuple);
-        return rc;
-    }
-    return push(it, value_make(AGS_VK_TUPLE, tuple, NULL));
+    return AGS_GO;
 }
 
-AGS_HANDLER
-op_return_value(ags_interp *it, const ags_instr *ins)
+/* Binds the free variables of an inlined function from its closure:
+ * each cell's contents, guarded on ("cell", function source, index). */
+static int
+bind_closure(ags_interp *it, ags_frame *f, PyObject *func,
+             PyObject *fsource)
 {
-    ags_value v = pop(it);
-    (void)ins;
-    it->result = graph_arg(it, &v);
-    value_clear(&v);
-    return it->result ? AGS_DONE : AGS_BREAK;
+    PyObject *closure = PyFunction_GetClosure(func);
+    int nfree = f->code->co_nfreevars;
+
+    if (nfree == 0) {
+        return AGS_GO;
+    }
+    if (closure == NULL || fsource == NULL) {
+        return ags_stopf(it, "closure", "a closure reached by no source");
+    }
+    for (int i = 0; i < nfree; i++) {
+        PyObject *contents = PyCell_GET(PyTuple_GET_ITEM(closure, i));
+        PyObject *src;
+        int rc;
+
+        if (contents == NULL) {
+            continue;  /* an empty cell: loading it is a NameError */
+        }
+        src = Py_BuildValue("(sOi)", "cell", fsource, i);
+        if (src == NULL) {
+            return AGS_ERROR;
+        }
+        rc = ags_load_object(it, src, contents,
+                             &f->locals[f->nlocals - nfree + i]);
+        Py_DECREF(src);
+        if (rc < 0) {
+            return rc;
+        }
+    }
+    return AGS_GO;
 }
 
-AGS_HANDLER
-op_return_const(ags_interp *it, const ags_instr *ins)
-{
-    it->result = Py_NewRef(PyTuple_GET_ITEM(it->code->co_consts, ins->arg));
-    return AGS_DONE;
-}
-
-static ags_handler handlers[256];
-
+/* Inlines `func(*args)` (args borrowed; the last len(kwnames) by
+ * keyword): runs its bytecode in a new frame and sets *result. */
 int
-ags_interp_init(void)
+ags_inline(ags_interp *it, ags_frame *caller, PyObject *func,
+           PyObject *fsource, ags_value *args, int nargs, PyObject *kwnames,
+           ags_value *result)
 {
-    static const char *const names[] = {
-        "add", "and_", "floordiv", "lshift", "matmul", "mul", "mod", "or_",
-        "pow", "rshift", "sub", "truediv", "xor", "iadd", "iand",
-        "ifloordiv", "ilshift", "imatmul", "imul", "imod", "ior", "ipow",
-        "irshift", "isub", "itruediv", "ixor"};
-    const Py_ssize_t n = (Py_ssize_t)(sizeof(names) / sizeof(names[0]));
-    PyObject *operator_module;
+    ags_frame f;
+    PyObject *plan, *builtins;
+    int rc;
 
-#define AGS_X(op, handler, doc) handlers[op] = handler;
-    AGS_INTERP_OPS(AGS_X)
-#undef AGS_X
-    if (binary_ops != NULL) {
-        return 0;
+    if (caller->depth + 1 >= AGS_MAX_DEPTH) {
+        return ags_stopf(it, "too_deep", "calls nested deeper than %d",
+                         AGS_MAX_DEPTH);
     }
-    operator_module = PyImport_ImportModule("operator");
-    if (operator_module == NULL) {
-        return -1;
+    plan = ags_call_builder(it, "bind", "(OiO)", func, nargs,
+                            kwnames ? kwnames : Py_None);
+    if (plan == NULL) {
+        return ags_take_break(it);
     }
-    binary_ops = PyTuple_New(n);
-    for (Py_ssize_t i = 0; binary_ops != NULL && i < n; i++) {
-        PyObject *fn = PyObject_GetAttrString(operator_module, names[i]);
-        if (fn == NULL) {
-            Py_CLEAR(binary_ops);
-            break;
-        }
-        PyTuple_SET_ITEM(binary_ops, i, fn);
+    builtins = PyFunction_GetGlobals(func);
+    builtins = PyDict_GetItemString(builtins, "__builtins__");
+    if (builtins != NULL && PyModule_Check(builtins)) {
+        builtins = PyModule_GetDict(builtins);
     }
-    Py_DECREF(operator_module);
-    return binary_ops ? 0 : -1;
+    if (builtins == NULL) {
+        builtins = caller->builtins;
+    }
+    if (frame_init(&f, caller, (PyCodeObject *)PyFunction_GetCode(func),
+                   PyFunction_GetGlobals(func), builtins) < 0) {
+        Py_DECREF(plan);
+        frame_release(&f);
+        return AGS_ERROR;
+    }
+    f.func = func;
+    f.fsource = fsource;
+    rc = bind_params(it, &f, plan, args);
+    Py_DECREF(plan);
+    if (rc == AGS_GO) {
+        rc = bind_closure(it, &f, func, fsource);
+    }
+    if (rc == AGS_GO) {
+        rc = frame_run(it, &f);
+    }
+    if (rc == AGS_DONE) {
+        *result = f.retval;
+        f.retval = ags_value_make(AGS_VK_UNBOUND, NULL, NULL);
+        rc = AGS_GO;
+    }
+    frame_release(&f);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ */
 /* Entry point */
 
 static int
-bind_locals(ags_interp *it, PyObject *f_locals)
+bind_locals(ags_interp *it, ags_frame *f, PyObject *f_locals)
 {
-    PyObject *names = it->code->co_localsplusnames;
+    PyObject *names = f->code->co_localsplusnames;
 
-    for (int i = 0; i < it->nlocals; i++) {
+    for (int i = 0; i < f->nlocals; i++) {
         PyObject *name = PyTuple_GET_ITEM(names, i);
         PyObject *value = PyDict_GetItemWithError(f_locals, name);
+        PyObject *source;
 
         if (value == NULL) {
             if (PyErr_Occurred()) {
@@ -722,23 +701,23 @@ bind_locals(ags_interp *it, PyObject *f_locals)
             }
             continue;
         }
-        if (PyObject_TypeCheck(value, (PyTypeObject *)it->tensor_type)) {
-            PyObject *node = PyObject_CallMethod(it->builder, "input", "OO",
-                                                 name, value);
-            if (node == NULL) {
-                return AGS_ERROR;
-            }
-            it->locals[i] = value_make(AGS_VK_TENSOR, node, Py_NewRef(name));
+        source = Py_BuildValue("(sO)", "local", name);
+        if (source == NULL) {
+            return AGS_ERROR;
         }
-        else {
-            if (assume(it, "local", name, value) < 0) {
-                return AGS_ERROR;
-            }
-            it->locals[i] = value_make(AGS_VK_CONST, Py_NewRef(value),
-                                       Py_NewRef(name));
-        }
+        f->locals[i] = ags_value_make(AGS_VK_LAZY, Py_NewRef(value), source);
     }
+    (void)it;
     return AGS_GO;
+}
+
+int
+ags_interp_init(void)
+{
+#define AGS_X(op, handler, doc) handlers[op] = handler;
+    AGS_INTERP_OPS(AGS_X)
+#undef AGS_X
+    return ags_call_init();
 }
 
 PyObject *
@@ -747,11 +726,12 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
                    PyObject *tensor_type)
 {
     ags_interp it;
-    ags_bytecode bc;
+    ags_frame f;
     PyObject *out = NULL;
-    int rc = AGS_GO, where = 0, opcode = -1;
+    int rc;
 
     memset(&it, 0, sizeof(it));
+    memset(&f, 0, sizeof(f));
     if (!PyType_Check(tensor_type) || !PyDict_Check(f_locals)
         || !PyDict_Check(globals)) {
         PyErr_SetString(PyExc_TypeError,
@@ -759,74 +739,55 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
                         "builtins, builder, tensor_type: type)");
         return NULL;
     }
-    if (ags_bc_decode(code, &bc) < 0) {
-        return NULL;
-    }
-    it.code = code;
-    it.globals = globals;
-    it.builtins = builtins;
     it.builder = builder;
     it.tensor_type = tensor_type;
-    it.nlocals = code->co_nlocalsplus;
-    it.stack_cap = code->co_stacksize + 2;
-    it.locals = PyMem_Calloc((size_t)it.nlocals + 1, sizeof(ags_value));
-    it.stack = PyMem_Calloc((size_t)it.stack_cap, sizeof(ags_value));
-    it.assumptions = PyList_New(0);
-    if (it.locals == NULL || it.stack == NULL || it.assumptions == NULL) {
-        PyErr_NoMemory();
+    it.node_type = PyObject_GetAttrString(builder, "node_type");
+    it.assumptions = PyObject_GetAttrString(builder, "assumptions");
+    it.known = PyObject_GetAttrString(builder, "known");
+    it.owned = PySet_New(NULL);
+    if (it.node_type == NULL || it.assumptions == NULL || it.known == NULL
+        || it.owned == NULL) {
         goto done;
     }
-    if (code->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)) {
-        rc = stop_capturef(&it, "generator", "generators and coroutines are not "
-                                    "captured");
-    }
-    else if (code->co_ncellvars || code->co_nfreevars) {
-        rc = stop_capturef(&it, "closure", "functions with cells or free variables "
-                                  "are not captured yet");
-    }
-    else {
-        rc = bind_locals(&it, f_locals);
-    }
-    for (Py_ssize_t pc = 0; rc == AGS_GO && pc < bc.n; pc++) {
-        const ags_instr *ins = &bc.instrs[pc];
-        ags_handler h = handlers[ins->opcode];
-
-        where = ins->offset;
-        opcode = ins->opcode;
-        rc = h ? h(&it, ins)
-               : stop_capturef(&it, "unsupported_instruction",
-                      "no handler for this instruction yet");
-    }
-    if (rc == AGS_ERROR) {
+    if (!PyType_Check(it.node_type) || !PyList_Check(it.assumptions)
+        || !PyDict_Check(it.known)) {
+        PyErr_SetString(PyExc_TypeError, "capture: builder.node_type must be "
+                        "a type, builder.assumptions a list and builder.known "
+                        "a dict");
         goto done;
+    }
+    if (frame_init(&f, NULL, code, globals, builtins) < 0) {
+        goto done;
+    }
+    rc = bind_locals(&it, &f, f_locals);
+    if (rc == AGS_GO) {
+        rc = frame_run(&it, &f);
     }
     if (rc == AGS_DONE) {
-        out = Py_BuildValue("{s:s,s:O,s:O}", "status", "graph", "result",
-                            it.result, "assumptions", it.assumptions);
+        PyObject *result = ags_graph_arg(&it, &f.retval);
+        if (result == NULL) {
+            rc = it.brk_reason ? AGS_BREAK : AGS_ERROR;
+            it.brk_code = code;
+        }
+        else {
+            out = Py_BuildValue("{s:s,s:N,s:O}", "status", "graph", "result",
+                                result, "assumptions", it.assumptions);
+        }
     }
-    else if (rc == AGS_BREAK) {
-        out = Py_BuildValue("{s:s,s:i,s:i,s:s,s:O,s:O}", "status", "break",
-                            "offset", where, "opcode", opcode, "reason",
-                            it.brk_reason, "detail", it.brk_detail,
-                            "assumptions", it.assumptions);
-    }
-    else {
-        PyErr_SetString(PyExc_SystemError,
-                        "agspeed interpreter fell off the end of the code");
+    if (rc == AGS_BREAK) {
+        PyCodeObject *where = it.brk_code ? it.brk_code : code;
+        out = Py_BuildValue("{s:s,s:O,s:i,s:i,s:s,s:O,s:O}", "status", "break",
+                            "code", (PyObject *)where, "offset", it.brk_offset,
+                            "opcode", it.brk_opcode, "reason", it.brk_reason,
+                            "detail", it.brk_detail, "assumptions",
+                            it.assumptions);
     }
 done:
-    for (int i = 0; it.locals != NULL && i < it.nlocals; i++) {
-        value_clear(&it.locals[i]);
-    }
-    while (it.stack != NULL && it.sp > 0) {
-        ags_value v = pop(&it);
-        value_clear(&v);
-    }
-    PyMem_Free(it.locals);
-    PyMem_Free(it.stack);
+    frame_release(&f);
+    Py_XDECREF(it.node_type);
     Py_XDECREF(it.assumptions);
-    Py_XDECREF(it.result);
+    Py_XDECREF(it.known);
+    Py_XDECREF(it.owned);
     Py_XDECREF(it.brk_detail);
-    ags_bc_release(&bc);
     return out;
 }

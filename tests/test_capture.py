@@ -163,7 +163,8 @@ def test_non_plain_arguments_are_not_guarded_by_equality():
     x = torch.randn(3)
     torch.testing.assert_close(fast(x, Scale()), torch.relu(x))
     torch.testing.assert_close(fast(x, Scale()), torch.relu(x))
-    assert call_entries(use) == []
+    # `s` is never read, so it is not guarded at all: one graph serves both calls
+    assert len(call_entries(use)) == 1
 
 
 @pytest.mark.cxx_exceptions

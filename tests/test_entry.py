@@ -45,7 +45,7 @@ def add(a, b):
 
 def test_frame_returns_the_compiled_result_without_running_its_body():
     body_runs.clear()
-    ctx = call_ctx(lambda f_locals: f_locals["a"] * 100 + f_locals["b"])
+    ctx = call_ctx(lambda f_locals, *_: f_locals["a"] * 100 + f_locals["b"])
     region = _C.Region(add, ctx)
     agspeed.reset()
     assert [region(2, 3) for _ in range(4)] == [203] * 4
@@ -61,7 +61,7 @@ def test_callee_frames_can_be_replaced_too():
         return add(x, 1) + add(x, 2)
 
     body_runs.clear()
-    ctx = call_ctx(lambda f_locals: -f_locals["b"], only="add")
+    ctx = call_ctx(lambda f_locals, *_: -f_locals["b"], only="add")
     assert _C.Region(caller, ctx)(10) == -3
     assert body_runs == []
 
@@ -70,7 +70,7 @@ def test_compiled_exception_propagates_and_frame_is_cleared():
     arg = Token()
     arg_ref = weakref.ref(arg)
 
-    def compiled(f_locals):
+    def compiled(f_locals, f_globals=None, f_builtins=None):
         raise ValueError("compiled failed")
 
     def target(x):
@@ -91,7 +91,7 @@ def test_compiled_exception_propagates_and_frame_is_cleared():
 
 def test_results_and_arguments_keep_exact_reference_counts():
     result, arg = Token(), Token()
-    region = _C.Region(lambda x: x, call_ctx(lambda f_locals: result))
+    region = _C.Region(lambda x: x, call_ctx(lambda f_locals, *_: result))
     region(arg)
     before = (sys.getrefcount(result), sys.getrefcount(arg))
     for _ in range(300):
@@ -109,7 +109,7 @@ def test_frames_with_cells_and_free_variables():
         return inner
 
     inner = outer(1)
-    ctx = call_ctx(lambda f_locals: ("replaced", f_locals), only="inner")
+    ctx = call_ctx(lambda f_locals, *_: ("replaced", f_locals), only="inner")
 
     def with_cell_argument(x):
         def reads():
@@ -117,15 +117,16 @@ def test_frames_with_cells_and_free_variables():
 
         return reads()
 
-    assert _C.Region(inner, ctx)(5) == ("replaced", {"z": 5})
-    assert _C.Region(with_cell_argument, call_ctx(lambda f: f["x"] * 2))(21) == 42
+    # free variables come from the function's closure (the frame has not copied them)
+    assert _C.Region(inner, ctx)(5) == ("replaced", {"z": 5, "x": 1, "y": 2})
+    assert _C.Region(with_cell_argument, call_ctx(lambda f, *_: f["x"] * 2))(21) == 42
 
 
 def test_recursion_through_the_region_inside_compiled():
     def countdown(n):
         return n
 
-    def compiled(f_locals):
+    def compiled(f_locals, f_globals=None, f_builtins=None):
         n = f_locals["n"]
         return 0 if n == 0 else 1 + region(n - 1)
 
@@ -138,7 +139,7 @@ def test_under_a_foreign_eval_function():
     _C._probe_install()
     try:
         before = _C._probe_count()
-        assert _C.Region(add, call_ctx(lambda f: "x"))(1, 2) == "x"
+        assert _C.Region(add, call_ctx(lambda f, *_: "x"))(1, 2) == "x"
         assert _C._probe_count() > before
         assert _C._eval_frame_owner() == "probe"
     finally:
@@ -155,7 +156,7 @@ def test_under_settrace():
 
     sys.settrace(tracer)
     try:
-        value = _C.Region(add, call_ctx(lambda f: 7))(1, 2)
+        value = _C.Region(add, call_ctx(lambda f, *_: 7))(1, 2)
     finally:
         sys.settrace(None)
     assert value == 7
@@ -169,7 +170,7 @@ def test_frame_without_a_stack_slot_runs_its_own_bytecode():
     # On 3.12+ `def f(): pass` needs no value stack, so it cannot be made to return a
     # value: the entry then runs the function as it is, never the compiled callable.
     called = []
-    result = _C.Region(no_stack, call_ctx(lambda f: called.append(1) or "compiled"))()
+    result = _C.Region(no_stack, call_ctx(lambda f, *_: called.append(1) or "compiled"))()
     if no_stack.__code__.co_stacksize == 0:
         assert result is None and called == []
     else:
@@ -180,7 +181,7 @@ def test_return_code_dies_with_the_code():
     namespace = {}
     exec("def made(a):\n    return a\n", namespace)
     fn = namespace["made"]
-    assert _C.Region(fn, call_ctx(lambda f: 5))(1) == 5
+    assert _C.Region(fn, call_ctx(lambda f, *_: 5))(1) == 5
     code_ref = weakref.ref(fn.__code__)
     del fn, namespace
     gc.collect()
@@ -191,4 +192,4 @@ def test_generators_are_never_replaced():
     def gen(n):
         yield n
 
-    assert list(_C.Region(gen, call_ctx(lambda f: "nope"))(4)) == [4]
+    assert list(_C.Region(gen, call_ctx(lambda f, *_: "nope"))(4)) == [4]

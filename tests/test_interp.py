@@ -13,6 +13,7 @@ import types
 import pytest
 
 from agspeed import _C
+from agspeed._sources import static_attr
 
 
 class T:
@@ -28,22 +29,52 @@ class Node:
 
 
 class GraphBreakLike(Exception):
-    reason = "data_dependent"
+    def __init__(self, reason, detail=""):
+        super().__init__(detail or reason)
+        self.reason = reason
 
 
 class Recorder:
-    """The builder interface the interpreter calls, recording every request."""
+    """The builder interface the interpreter calls, recording every request.
+
+    Policy as in agspeed._graph.GraphBuilder, without torch: allowed functions and the
+    operator module's are recorded, other Python functions inlined, a few builtins
+    folded, attributes found by agspeed._sources.static_attr.
+    """
+
+    node_type = Node
+    FOLDS = (len, range, enumerate, zip, isinstance, min, max, int, tuple, list)
 
     def __init__(self, allowed=(), non_tensor=(), fail_on=()):
         self.ops, self.inputs = [], []
         self.allowed, self.non_tensor, self.fail_on = allowed, non_tensor, fail_on
+        self.assumptions, self.known = [], {}
 
     def input(self, source, value):
-        self.inputs.append(source)
-        return Node(source)
+        self.inputs.append(source[1] if source[0] == "local" else source)
+        return Node(str(source[-1]))
 
-    def can_record(self, fn):
-        return fn in self.allowed or fn.__module__ in ("operator", "_operator")
+    def attr(self, obj, name):
+        how, value = static_attr(obj, name)
+        if how == "unsupported":
+            raise GraphBreakLike("unsupported_attribute", value)
+        if how == "missing":
+            return "missing", None, None
+        return how, value, obj if how == "method" else None
+
+    def plan_call(self, fn, source):
+        if fn in self.allowed or getattr(fn, "__module__", None) in ("operator", "_operator"):
+            return ("graph", fn)
+        if fn in self.FOLDS:
+            return ("fold", fn)
+        if type(fn) is types.FunctionType:
+            return ("inline", fn, None, source)
+        raise GraphBreakLike("unsupported_call", f"calling {fn!r}")
+
+    def bind(self, func, nargs, kwnames):
+        from agspeed._graph import GraphBuilder
+
+        return GraphBuilder.bind(self, func, nargs, kwnames)
 
     def call_function(self, fn, args, kwargs):
         return self._record(fn.__name__, args, kwargs)
@@ -54,11 +85,51 @@ class Recorder:
     def _record(self, name, args, kwargs):
         if name in self.fail_on:
             raise self.fail_on[name]
+        if name in self.non_tensor:
+            raise GraphBreakLike("non_tensor_result", name)
         self.ops.append((name, args, kwargs))
-        return Node(f"{name}#{len(self.ops)}", tensor=name not in self.non_tensor)
+        return Node(f"{name}#{len(self.ops)}")
 
-    def is_tensor(self, node):
-        return node.tensor
+    def fold(self, fn, args, kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ArithmeticError as exc:
+            raise GraphBreakLike("op_failed", str(exc)) from exc
+
+    def tensor_attr(self, node, name):
+        return self._record("." + name, (node,), {})
+
+    def getitem(self, container, index, source):
+        if isinstance(container, Node):
+            return self._record("getitem", (container, index), {}), None
+        return container[index], None
+
+    def setitem(self, container, index, value):
+        self._record("setitem", (container, index, value), {})
+
+    def compare(self, op, a, b):
+        if isinstance(a, Node) or isinstance(b, Node):
+            return self._record(op, (a, b), {})
+        import operator
+        fns = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+               ">": operator.gt, ">=": operator.ge}
+        if op in ("in", "not in"):
+            return (a in b) == (op == "in")
+        return fns[op](a, b)
+
+    def truth(self, obj):
+        return bool(obj)
+
+    def iterate(self, obj, source):
+        return tuple((v, None) for v in obj)
+
+    def format(self, value, conversion, spec):
+        value = {1: str, 2: repr, 3: ascii}.get(conversion, lambda v: v)(value)
+        return builtins.format(value, spec or "")
+
+    def container_method(self, spec, args, kwargs):
+        name, container = spec
+        return getattr(container, name)(*args, **kwargs)
 
 
 tlib = types.ModuleType("tlib")
@@ -89,8 +160,9 @@ def test_straight_line_code_is_recorded_in_order():
     assert b.ops[4][2] == {"dim": 0, "keepdim": True}
     a, s = out["result"]
     assert a.label == "add#3" and s.label == ".sum#5"
-    assert [(k, src) for k, src, _ in out["assumptions"]] == [
-        ("local", "n"), ("global", "tlib"), ("attr", "tlib.relu")]
+    # in the order they were read: arguments are guarded when first used
+    assert [src for src, _ in out["assumptions"]] == [
+        ("global", "tlib"), ("attr", ("global", "tlib"), "relu"), ("local", "n")]
 
 
 def folds_constants(x, n):
@@ -156,12 +228,48 @@ def branches(x, n):
     return -x
 
 
-def test_control_flow_stops_the_capture_at_the_condition():
-    out, _ = capture(branches, x=T(), n=2)
-    assert out["status"] == "break" and out["reason"] == "unsupported_instruction"
-    assert dis.opname[out["opcode"]] == "COMPARE_OP"
-    offsets = {i.offset: i.positions.lineno for i in dis.get_instructions(branches)}
-    assert offsets[out["offset"]] == branches.__code__.co_firstlineno + 1
+def test_known_conditions_are_resolved_and_the_taken_branch_recorded():
+    out, b = capture(branches, x=T(), n=2)
+    assert out["status"] == "graph" and b.ops == []
+    out, b = capture(branches, x=T(), n=0)
+    assert out["status"] == "graph" and [op[0] for op in b.ops] == ["neg"]
+
+
+def branches_on_tensor(x):
+    if x:
+        return x
+    return -x
+
+
+def test_branching_on_a_tensor_stops_the_capture_at_the_condition():
+    out, _ = capture(branches_on_tensor, x=T())
+    assert out["status"] == "break" and out["reason"] == "data_dependent"
+    offsets = {i.offset: i.positions.lineno for i in dis.get_instructions(branches_on_tensor)}
+    assert offsets[out["offset"]] == branches_on_tensor.__code__.co_firstlineno + 1
+    assert out["code"] is branches_on_tensor.__code__
+
+
+def helper(a, b=3, *rest, scale=2, **extra):
+    return a * b * scale + len(rest) + len(extra)
+
+
+def calls_helpers(x, xs):
+    total = x
+    for i, v in enumerate(xs):
+        if v is not None:
+            total = total + v * i
+    ys = [y for y in xs if y is not None]
+    first, *_ = ys
+    return helper(total, 4, 5, 6, scale=first, k=1), f"{len(ys)}:{first!r:>3}", ys[1:]
+
+
+def test_functions_loops_comprehensions_and_fstrings_are_inlined():
+    out, b = capture(calls_helpers, x=T(), xs=(1, 2, None, 3))
+    assert out["status"] == "graph", out
+    result, text, tail = out["result"]
+    assert text == "3:  1" and tail == [2, 3]
+    # the loop unrolled (v * i folded, then added), then helper inlined with its binding
+    assert [op[0] for op in b.ops] == ["add", "add", "add", "mul", "mul", "add", "add"]
 
 
 def test_closures_generators_and_unknown_globals():
@@ -176,7 +284,8 @@ def test_closures_generators_and_unknown_globals():
     def unknown(x):
         return not_defined_anywhere(x)  # noqa: F821
 
-    assert capture(closure, x=T())[0]["reason"] == "closure"
+    out, b = capture(closure, x=T(), k=2)  # free variables come in f_locals
+    assert out["status"] == "graph" and b.ops[0][1][1] == 2
     assert capture(gen, x=T())[0]["reason"] == "generator"
     out = capture(unknown, x=T())[0]
     assert out["reason"] == "unknown_global" and "not_defined_anywhere" in out["detail"]
@@ -190,8 +299,20 @@ def attribute_of_object(x, h):
     return x * h.scale
 
 
-def test_attributes_of_non_modules_stop_the_capture():
-    out, b = capture(attribute_of_object, x=T(), h=Holder())
+def test_attributes_are_read_without_running_code_and_guarded():
+    h = Holder()
+    out, b = capture(attribute_of_object, x=T(), h=h)
+    assert out["status"] == "graph" and b.ops[0][1][1] == 2
+    assert (("attr", ("local", "h"), "scale"), 2) in out["assumptions"]
+
+
+class Dynamic:
+    def __getattr__(self, name):
+        raise AssertionError("never called while capturing")
+
+
+def test_attributes_only_code_could_give_stop_the_capture():
+    out, b = capture(attribute_of_object, x=T(), h=Dynamic())
     assert out["reason"] == "unsupported_attribute" and b.ops == []
 
 
@@ -211,7 +332,7 @@ def data_dependent(x):
 def test_builder_graph_breaks_and_errors():
     out, _ = capture(data_dependent, Recorder(fail_on={".item": GraphBreakLike("item")}),
                      x=T())
-    assert out["status"] == "break" and out["reason"] == "builder"
+    assert out["status"] == "break" and out["reason"] == "item"
     with pytest.raises(KeyError, match="bug"):
         capture(data_dependent, Recorder(fail_on={".item": KeyError("bug")}), x=T())
 
@@ -228,9 +349,15 @@ def test_capture_leaks_no_references():
     b = Recorder(allowed=(tlib.relu,))
     capture(straight_line, b, x=x, y=y, n=3)
     capture(calls_print, b, x=x)
+    b.assumptions.clear()
+    b.known.clear()
     before = [sys.getrefcount(o) for o in (x, y, tlib.relu, tlib)]
     for _ in range(50):
         b.ops.clear()
+        b.assumptions.clear()
+        b.known.clear()
         capture(straight_line, b, x=x, y=y, n=3)
         capture(calls_print, b, x=x)
+    b.assumptions.clear()
+    b.known.clear()
     assert [sys.getrefcount(o) for o in (x, y, tlib.relu, tlib)] == before

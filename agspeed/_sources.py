@@ -1,0 +1,218 @@
+"""Sources: how a value the capture used is reached from a frame, and how to reach it again.
+
+The interpreter (csrc/interp*.c) gives every value it loads a *source*, a nested tuple:
+
+* ``("local", name)``: a local of the captured frame (arguments, free variables);
+* ``("global", name)``: a global of the captured frame, or a builtin;
+* ``("gmod", module name, name)``: a global (or builtin) of an inlined function's module;
+* ``("attr", base, name)``: an attribute found by ``static_attr`` (below);
+* ``("item", base, key)``: ``base[key]`` of a tuple, list or dict;
+* ``("cell", function, index)``: the contents of a closure cell of a function;
+* ``("fget", property)``: the getter of a property;
+* ``("type", base)``: the type of a value.
+
+Guards check each source's value on every call, and a cache hit reads the graph's inputs
+by their sources, so resolving must run no user code: ``static_attr`` reads instance and
+class dictionaries (and nn.Module's parameter, buffer and submodule stores) without
+calling descriptors other than plain functions and properties, or any ``__getattr__``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import sys
+import types
+from typing import Any
+
+__all__ = ["MISSING", "static_attr", "resolve", "name_of", "describe"]
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+#: What a source resolves to when the thing is not there (any guard on it fails).
+MISSING: Any = _Missing()
+
+_MODULE_STORES = ("_parameters", "_buffers", "_modules")
+_object_getattribute = object.__getattribute__
+
+
+def _class_lookup(cls: type, name: str) -> Any:
+    for klass in cls.__mro__:
+        d = klass.__dict__
+        if name in d:
+            return d[name]
+    return MISSING
+
+
+def _module_type() -> Any:
+    torch = sys.modules.get("torch")
+    return torch.nn.Module if torch is not None else None
+
+
+def static_attr(obj: Any, name: str) -> tuple[str, Any]:
+    """``(how, value)`` for ``obj.name`` found without running user code.
+
+    how is ``"value"`` (an instance or module-store value, a class constant), ``"method"``
+    (a plain function found on the class: value is the function), ``"property"`` (value is
+    the property object), ``"missing"``, or ``"unsupported"`` (a descriptor or
+    ``__getattr__`` that only running code could answer; value says which).
+    """
+    if isinstance(obj, types.ModuleType):
+        d = _object_getattribute(obj, "__dict__")
+        return ("value", d[name]) if name in d else ("missing", MISSING)
+    cls = type(obj)
+    if isinstance(obj, super):
+        return _super_attr(obj, name)
+    found = _class_lookup(cls, name)
+    if found is not MISSING:
+        kind = type(found)
+        if kind is property:
+            return "property", found
+        if hasattr(kind, "__set__") or hasattr(kind, "__delete__"):
+            if kind is types.MemberDescriptorType or kind is types.GetSetDescriptorType:
+                if cls.__module__ == "builtins" or kind is types.MemberDescriptorType:
+                    return "value", found.__get__(obj, cls)
+            return "unsupported", f"data descriptor {kind.__name__}"
+    try:
+        d = _object_getattribute(obj, "__dict__")
+    except AttributeError:
+        d = None
+    if d is not None and name in d:
+        return "value", d[name]
+    if found is not MISSING:
+        kind = type(found)
+        if kind is types.FunctionType:
+            return ("method", found) if not isinstance(obj, type) else ("value", found)
+        if kind is staticmethod:
+            return "value", found.__func__
+        if kind is classmethod:
+            return "unsupported", "classmethod"
+        if hasattr(kind, "__get__") and kind not in (types.BuiltinFunctionType, type):
+            if kind in (types.MethodDescriptorType, types.WrapperDescriptorType):
+                return "unsupported", "method of a builtin type"
+            return "unsupported", f"descriptor {kind.__name__}"
+        return "value", found
+    module_type = _module_type()
+    if module_type is not None and isinstance(obj, module_type) and d is not None:
+        for store in _MODULE_STORES:
+            s = d.get(store)
+            if s is not None and name in s:
+                return "value", s[name]
+        if _class_lookup(cls, "__getattr__") is not module_type.__getattr__:
+            return "unsupported", "a custom __getattr__"
+        return "missing", MISSING
+    if isinstance(obj, type):
+        value = _class_lookup(obj, name)
+        if value is not MISSING:
+            if type(value) is staticmethod:
+                return "value", value.__func__
+            if type(value) in (classmethod, property):
+                return "unsupported", type(value).__name__
+            return "value", value
+    if _class_lookup(cls, "__getattr__") is not MISSING:
+        return "unsupported", "a custom __getattr__"
+    return "missing", MISSING
+
+
+def _super_attr(sup: super, name: str) -> tuple[str, Any]:
+    start, self = sup.__thisclass__, sup.__self__
+    mro = type(self).__mro__ if not isinstance(self, type) else self.__mro__
+    after = False
+    for klass in mro:
+        if after and name in klass.__dict__:
+            value = klass.__dict__[name]
+            if type(value) is types.FunctionType:
+                return "method", value
+            if type(value) is staticmethod:
+                return "value", value.__func__
+            return "unsupported", f"super() attribute of type {type(value).__name__}"
+        after = after or klass is start
+    return "missing", MISSING
+
+
+def _lookup_global(d: dict, name: str) -> Any:
+    if name in d:
+        return d[name]
+    b = d.get("__builtins__", builtins)
+    b = b if isinstance(b, dict) else b.__dict__
+    return b.get(name, MISSING)
+
+
+def resolve(source: tuple, f_locals: dict, f_globals: dict, f_builtins: dict,
+            memo: dict) -> Any:
+    """The value ``source`` reaches now (``MISSING`` if it reaches nothing)."""
+    got = memo.get(source, memo)
+    if got is not memo:
+        return got
+    kind = source[0]
+    if kind == "local":
+        value = f_locals.get(source[1], MISSING)
+    elif kind == "global":
+        name = source[1]
+        value = f_globals[name] if name in f_globals else f_builtins.get(name, MISSING)
+    elif kind == "gmod":
+        mod = sys.modules.get(source[1])
+        value = MISSING if mod is None else _lookup_global(mod.__dict__, source[2])
+    else:
+        base = resolve(source[1], f_locals, f_globals, f_builtins, memo)
+        value = MISSING
+        if base is not MISSING:
+            if kind == "attr":
+                how, found = static_attr(base, source[2])
+                value = found if how in ("value", "method", "property") else MISSING
+            elif kind == "item":
+                try:
+                    if type(base) in (tuple, list, dict) or _is_size(base):
+                        value = base[source[2]]
+                except (IndexError, KeyError, TypeError):
+                    value = MISSING
+            elif kind == "cell":
+                closure = getattr(base, "__closure__", None) or ()
+                try:
+                    value = closure[source[2]].cell_contents
+                except (IndexError, ValueError):
+                    value = MISSING
+            elif kind == "fget":
+                value = base.fget if type(base) is property else MISSING
+            elif kind == "type":
+                value = type(base)
+    memo[source] = value
+    return value
+
+
+def _is_size(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and type(value) is torch.Size
+
+
+def describe(source: tuple) -> str:
+    """Python-like text for a source: ``self.layers[0].weight``."""
+    kind = source[0]
+    if kind in ("local", "global"):
+        return source[1]
+    if kind == "gmod":
+        return f"{source[1]}.{source[2]}"
+    base = describe(source[1])
+    if kind == "attr":
+        return f"{base}.{source[2]}"
+    if kind == "item":
+        return f"{base}[{source[2]!r}]"
+    if kind == "cell":
+        return f"{base}.__closure__[{source[2]}]"
+    if kind == "fget":
+        return f"{base}.fget"
+    if kind == "type":
+        return f"type({base})"
+    return repr(source)
+
+
+def name_of(source: tuple) -> str:
+    """An identifier made from a source (for graph placeholders)."""
+    text = describe(source)
+    out = "".join(c if c.isalnum() else "_" for c in text).strip("_") or "input"
+    while "__" in out:
+        out = out.replace("__", "_")
+    return out if not out[0].isdigit() else f"_{out}"

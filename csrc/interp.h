@@ -1,0 +1,154 @@
+/* interp.h: what the symbolic interpreter's files share (interp*.c only).
+ *
+ * The interpreter is split by job:
+ *   interp.c       values, frames, the instruction loop, inlining, the entry
+ *   interp_data.c  loads and stores, stack shuffles, containers, subscripts
+ *   interp_call.c  attributes and calls: torch ops, modules, functions, folds
+ *   interp_flow.c  comparisons, truth, jumps, iteration, returns
+ *
+ * Abstract values.  A value is one of AGS_VALUE_KINDS.  It owns a
+ * reference to `obj` and to `source` (how the value is reached from the
+ * root frame, a tuple such as ("attr", ("local", "self"), "fc1"); NULL for
+ * computed values).  Containers the capture built (TUPLE, LIST, DICT) hold
+ * their elements as "graph arguments": a graph node for a tensor, the
+ * object itself for anything else.  Objects that were loaded from a source
+ * are remembered in the capture's `known` map (id -> (object, source)), so
+ * a module taken back out of a tuple still has its source.
+ *
+ * Policy lives in the builder (agspeed._graph.GraphBuilder): which calls
+ * become graph nodes, which are inlined, how an attribute is found without
+ * running user code.  The C side walks bytecode and keeps the stacks.
+ */
+#ifndef AGS_INTERP_H
+#define AGS_INTERP_H
+
+#include "agspeed.h"
+
+#define AGS_VALUE_KINDS(X) \
+    X(UNBOUND, "a local with no value (also pushed by LOAD_FAST_AND_CLEAR)") \
+    X(NULL_MARK, "the NULL of the call protocol") \
+    X(CONST, "a Python object known while capturing") \
+    X(TENSOR, "a tensor the graph computes: obj is its graph node") \
+    X(METHOD, "a tensor method looked up for a call: obj is its name") \
+    X(TUPLE, "a tuple built during capture: obj holds graph arguments") \
+    X(LIST, "a list built during capture: obj holds graph arguments") \
+    X(DICT, "a dict built during capture: obj holds graph arguments") \
+    X(ITER, "an iterator over the tuple obj, at position pos") \
+    X(LAZY, "an argument not read yet: obj is its value, guarded once read")
+
+typedef enum {
+#define AGS_X(name, doc) AGS_VK_##name,
+    AGS_VALUE_KINDS(AGS_X)
+#undef AGS_X
+} ags_vkind;
+
+extern const char *const ags_kind_names[];
+
+typedef struct {
+    int kind;
+    Py_ssize_t pos;     /* ITER only */
+    PyObject *obj;      /* strong or NULL */
+    PyObject *source;   /* strong or NULL */
+} ags_value;
+
+/* For messages: the kind, or the type of a constant. */
+#define AGS_DESCRIBE(v) \
+    ((v)->kind == AGS_VK_CONST ? Py_TYPE((v)->obj)->tp_name \
+                               : ags_kind_names[(v)->kind])
+
+/* Handler results. */
+#define AGS_GO 0        /* next instruction */
+#define AGS_DONE 1      /* the frame returned: its retval is set */
+#define AGS_ERROR (-1)  /* a Python exception is set: a bug or MemoryError */
+#define AGS_BREAK (-2)  /* capture stops here; the capture's brk_* say why */
+
+/* Inlining deeper than this ends the capture (recursion). */
+#define AGS_MAX_DEPTH 32
+/* Instructions one capture may execute (unrolled loops included). */
+#define AGS_MAX_STEPS 200000
+
+typedef struct ags_frame {
+    struct ags_frame *parent;
+    PyCodeObject *code;
+    ags_bytecode bc;
+    PyObject *func;             /* borrowed: the inlined function, or NULL */
+    PyObject *fsource;          /* borrowed: its source, or NULL at the root */
+    PyObject *globals;          /* borrowed */
+    PyObject *builtins;         /* borrowed */
+    ags_value *locals;
+    int nlocals;
+    ags_value *stack;
+    int sp, stack_cap;
+    PyObject *kwnames;          /* borrowed: pending KW_NAMES (3.11, 3.12) */
+    Py_ssize_t pc;              /* index of the current instruction */
+    Py_ssize_t jump;            /* index to go to next, or -1 */
+    ags_value retval;
+    int depth;
+} ags_frame;
+
+typedef struct {
+    PyObject *builder, *tensor_type, *node_type;
+    PyObject *assumptions;      /* list of (source, value) */
+    PyObject *known;            /* dict: id -> (object, source) */
+    PyObject *owned;            /* set of ids of containers built here */
+    long steps;
+    /* Where capture stopped: the innermost frame's code and instruction. */
+    const char *brk_reason;     /* static, or brk_reason_buf */
+    char brk_reason_buf[48];
+    PyObject *brk_detail;       /* strong str */
+    PyCodeObject *brk_code;     /* borrowed (alive while capturing) */
+    int brk_offset, brk_opcode;
+} ags_interp;
+
+typedef int (*ags_handler)(ags_interp *, ags_frame *, const ags_instr *);
+
+/* Each version's table (AGS_INTERP_OPS) uses some of the handlers: the
+ * others are compiled and checked everywhere but unused on that version. */
+#define AGS_HANDLER int __attribute__((unused))
+
+/* interp.c */
+void ags_value_clear(ags_value *v);
+ags_value ags_value_make(int kind, PyObject *obj, PyObject *source);
+ags_value ags_value_copy(const ags_value *v);
+int ags_stop(ags_interp *it, const char *reason, PyObject *detail);
+int ags_stopf(ags_interp *it, const char *reason, const char *fmt, ...);
+int ags_push(ags_frame *f, ags_value v);
+ags_value ags_pop(ags_frame *f);
+ags_value *ags_peek(ags_frame *f, int depth);
+void ags_drop(ags_frame *f, int n);
+int ags_take_break(ags_interp *it);
+PyObject *ags_graph_arg(ags_interp *it, const ags_value *v);
+int ags_value_of(ags_interp *it, PyObject *obj, ags_value *out);
+int ags_assume(ags_interp *it, PyObject *source, PyObject *value);
+PyObject *ags_source_of(ags_interp *it, const ags_value *v);
+int ags_load_object(ags_interp *it, PyObject *source, PyObject *value,
+                    ags_value *out);
+PyObject *ags_call_builder(ags_interp *it, const char *method,
+                           const char *fmt, ...);
+int ags_own(ags_interp *it, PyObject *container);
+int ags_inline(ags_interp *it, ags_frame *caller, PyObject *func,
+               PyObject *fsource, ags_value *args, int nargs,
+               PyObject *kwnames, ags_value *result);
+int ags_push_callable(ags_frame *f, ags_value callable, ags_value *self);
+
+/* interp_data.c */
+int ags_materialize(ags_interp *it, ags_value *v);
+
+/* interp_call.c */
+int ags_call_init(void);
+int ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method);
+int ags_do_call(ags_interp *it, ags_frame *f, int nargs, PyObject *kwnames);
+int ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
+                   ags_value *self, ags_value *args, int nargs,
+                   PyObject *kwnames, ags_value *result);
+PyObject *ags_binary_fn(uint32_t op);
+
+/* interp_flow.c */
+int ags_truth(ags_interp *it, const ags_value *v, int *truth);
+int ags_elements(ags_interp *it, const ags_value *v, PyObject **elems);
+
+/* The handlers of every file, by name, for the version tables. */
+#define AGS_DECLARE_HANDLER(op, handler, doc) \
+    AGS_HANDLER handler(ags_interp *, ags_frame *, const ags_instr *);
+
+#endif

@@ -1,0 +1,412 @@
+/* interp_flow.c: comparisons, truth, jumps, iteration and returns for the
+ * symbolic interpreter (see interp.h).
+ *
+ * A branch is followed only when its condition is known while capturing:
+ * a constant (shapes, `self.training`, `is None`), or the truth of a
+ * container the capture built.  The truth of a tensor depends on its data:
+ * the capture breaks there (reason data_dependent) and the frame runs
+ * eager.  Loops run as often as their known sequence is long, which
+ * unrolls them into the graph; GET_ITER turns any iterable the builder can
+ * list without running user code (tuples, ranges, ModuleList, Sequential,
+ * dict keys) into an ITER value over a tuple.
+ */
+#include "interp.h"
+
+/* COMPARE_OP's operator numbers (Include/object.h: Py_LT...). */
+static const char *const compare_names[] = {"<", "<=", "==", "!=", ">", ">="};
+
+/* The truth of a value.  AGS_GO with *truth set, or a break / error. */
+int
+ags_truth(ags_interp *it, const ags_value *v, int *truth)
+{
+    PyObject *out;
+
+    switch (v->kind) {
+    case AGS_VK_TUPLE:
+    case AGS_VK_LIST:
+    case AGS_VK_DICT:
+        *truth = PyObject_Length(v->obj) > 0;
+        return AGS_GO;
+    case AGS_VK_ITER:
+        *truth = 1;
+        return AGS_GO;
+    case AGS_VK_TENSOR:
+        return ags_stopf(it, "data_dependent", "the truth of a tensor "
+                         "(Python branches on its value)");
+    case AGS_VK_CONST:
+        out = ags_call_builder(it, "truth", "(O)", v->obj);
+        if (out == NULL) {
+            return ags_take_break(it);
+        }
+        *truth = out == Py_True;
+        Py_DECREF(out);
+        return AGS_GO;
+    default:
+        return ags_stopf(it, "unsupported_value", "the truth of a %s",
+                         ags_kind_names[v->kind]);
+    }
+}
+
+/* New tuple of graph arguments: the elements of an iterable value. */
+int
+ags_elements(ags_interp *it, const ags_value *v, PyObject **elems)
+{
+    PyObject *source, *pairs;
+    Py_ssize_t n;
+
+    switch (v->kind) {
+    case AGS_VK_TUPLE:
+    case AGS_VK_LIST:
+        *elems = PySequence_Tuple(v->obj);
+        return *elems ? AGS_GO : AGS_ERROR;
+    case AGS_VK_DICT:
+        *elems = PySequence_Tuple(v->obj);  /* its keys */
+        return *elems ? AGS_GO : AGS_ERROR;
+    case AGS_VK_ITER:
+        *elems = PyTuple_GetSlice(v->obj, v->pos, PyTuple_GET_SIZE(v->obj));
+        return *elems ? AGS_GO : AGS_ERROR;
+    case AGS_VK_CONST:
+        break;
+    default:
+        return ags_stopf(it, "unsupported_value", "iterating over a %s",
+                         ags_kind_names[v->kind]);
+    }
+    /* A known object: the builder lists it as (element, source or None). */
+    source = ags_source_of(it, v);
+    pairs = ags_call_builder(it, "iterate", "(OO)", v->obj,
+                             source ? source : Py_None);
+    Py_XDECREF(source);
+    if (pairs == NULL) {
+        return ags_take_break(it);
+    }
+    n = PyTuple_GET_SIZE(pairs);
+    *elems = PyTuple_New(n);
+    for (Py_ssize_t i = 0; *elems != NULL && i < n; i++) {
+        PyObject *pair = PyTuple_GET_ITEM(pairs, i);
+        PyObject *elem = PyTuple_GET_ITEM(pair, 0);
+        PyObject *src = PyTuple_GET_ITEM(pair, 1);
+        ags_value loaded;
+
+        if (src != Py_None) {
+            PyObject *arg;
+            if (ags_load_object(it, src, elem, &loaded) < 0) {
+                Py_CLEAR(*elems);
+                break;
+            }
+            arg = ags_graph_arg(it, &loaded);
+            ags_value_clear(&loaded);
+            if (arg == NULL) {
+                Py_CLEAR(*elems);
+                Py_DECREF(pairs);
+                return AGS_BREAK;
+            }
+            PyTuple_SET_ITEM(*elems, i, arg);
+        }
+        else {
+            PyTuple_SET_ITEM(*elems, i, Py_NewRef(elem));
+        }
+    }
+    Py_DECREF(pairs);
+    return *elems ? AGS_GO : AGS_ERROR;
+}
+
+/* ------------------------------------------------------------------ */
+/* Comparisons */
+
+/* Pushes the builder's answer to `a op b` (graph arguments). */
+static int
+compare(ags_interp *it, ags_frame *f, const char *op, int swap)
+{
+    ags_value rhs = ags_pop(f), lhs = ags_pop(f);
+    PyObject *a = ags_graph_arg(it, swap ? &rhs : &lhs), *b = NULL, *out;
+    ags_value v;
+    int rc = AGS_BREAK;
+
+    if (a != NULL && (b = ags_graph_arg(it, swap ? &lhs : &rhs)) != NULL) {
+        out = ags_call_builder(it, "compare", "(sOO)", op, a, b);
+        if (out == NULL) {
+            rc = ags_take_break(it);
+        }
+        else {
+            rc = ags_value_of(it, out, &v) < 0 ? AGS_ERROR : ags_push(f, v);
+            Py_DECREF(out);
+        }
+    }
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    ags_value_clear(&lhs);
+    ags_value_clear(&rhs);
+    return rc;
+}
+
+AGS_HANDLER
+op_compare_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    uint32_t op = ins->arg >> AGS_COMPARE_SHIFT;
+
+    if (op >= sizeof(compare_names) / sizeof(compare_names[0])) {
+        return ags_stopf(it, "unsupported_instruction", "COMPARE_OP %u",
+                         (unsigned)ins->arg);
+    }
+    return compare(it, f, compare_names[op], 0);
+}
+
+AGS_HANDLER
+op_contains_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    return compare(it, f, ins->arg ? "not in" : "in", 0);
+}
+
+AGS_HANDLER
+op_is_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    ags_value rhs = ags_pop(f), lhs = ags_pop(f);
+    int same = 0, rc = AGS_GO;
+
+    if (lhs.kind == AGS_VK_CONST && rhs.kind == AGS_VK_CONST) {
+        same = lhs.obj == rhs.obj;
+    }
+    else if (lhs.kind == AGS_VK_TENSOR && rhs.kind == AGS_VK_TENSOR
+             && lhs.obj == rhs.obj) {
+        same = 1;
+    }
+    else if ((lhs.kind == AGS_VK_CONST && rhs.kind != AGS_VK_TENSOR
+              && rhs.kind != AGS_VK_CONST)
+             || (rhs.kind == AGS_VK_CONST && lhs.kind != AGS_VK_TENSOR
+                 && lhs.kind != AGS_VK_CONST)
+             || (lhs.kind == AGS_VK_CONST && lhs.obj == Py_None)
+             || (rhs.kind == AGS_VK_CONST && rhs.obj == Py_None)) {
+        /* A built container or a graph tensor is a fresh object: never a
+         * known one, never None. */
+        same = 0;
+    }
+    else {
+        rc = ags_stopf(it, "unsupported_value", "`is` between a %s and a %s",
+                       AGS_DESCRIBE(&lhs), AGS_DESCRIBE(&rhs));
+    }
+    ags_value_clear(&lhs);
+    ags_value_clear(&rhs);
+    if (rc != AGS_GO) {
+        return rc;
+    }
+    same = ins->arg ? !same : same;
+    return ags_push(f, ags_value_make(AGS_VK_CONST,
+                                      Py_NewRef(same ? Py_True : Py_False),
+                                      NULL));
+}
+
+/* UNARY_NOT and TO_BOOL: a known truth. */
+static int
+push_truth(ags_interp *it, ags_frame *f, int negate)
+{
+    ags_value v = ags_pop(f);
+    int truth = 0, rc = ags_truth(it, &v, &truth);
+
+    ags_value_clear(&v);
+    if (rc != AGS_GO) {
+        return rc;
+    }
+    truth = negate ? !truth : truth;
+    return ags_push(f, ags_value_make(AGS_VK_CONST,
+                                      Py_NewRef(truth ? Py_True : Py_False),
+                                      NULL));
+}
+
+AGS_HANDLER
+op_unary_not(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    (void)ins;
+    return push_truth(it, f, 1);
+}
+
+AGS_HANDLER
+op_to_bool(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    (void)ins;
+    return push_truth(it, f, 0);
+}
+
+/* ------------------------------------------------------------------ */
+/* Jumps */
+
+static void
+jump_to(ags_frame *f, const ags_instr *ins, int skip)
+{
+    f->jump = f->bc.index[ins->target / 2] + skip;
+}
+
+AGS_HANDLER
+op_jump(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    (void)it;
+    jump_to(f, ins, 0);
+    return AGS_GO;
+}
+
+/* POP_JUMP_IF_TRUE / FALSE, and 3.11's FORWARD / BACKWARD forms. */
+static int
+pop_jump_if(ags_interp *it, ags_frame *f, const ags_instr *ins, int when)
+{
+    ags_value v = ags_pop(f);
+    int truth = 0, rc = ags_truth(it, &v, &truth);
+
+    ags_value_clear(&v);
+    if (rc == AGS_GO && truth == when) {
+        jump_to(f, ins, 0);
+    }
+    return rc;
+}
+
+AGS_HANDLER
+op_pop_jump_if_true(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    return pop_jump_if(it, f, ins, 1);
+}
+
+AGS_HANDLER
+op_pop_jump_if_false(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    return pop_jump_if(it, f, ins, 0);
+}
+
+static int
+pop_jump_if_none(ags_interp *it, ags_frame *f, const ags_instr *ins, int when)
+{
+    ags_value v = ags_pop(f);
+    int is_none = v.kind == AGS_VK_CONST && v.obj == Py_None;
+
+    (void)it;
+    ags_value_clear(&v);
+    if (is_none == when) {
+        jump_to(f, ins, 0);
+    }
+    return AGS_GO;
+}
+
+AGS_HANDLER
+op_pop_jump_if_none(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    return pop_jump_if_none(it, f, ins, 1);
+}
+
+AGS_HANDLER
+op_pop_jump_if_not_none(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    return pop_jump_if_none(it, f, ins, 0);
+}
+
+/* 3.11's JUMP_IF_TRUE_OR_POP / JUMP_IF_FALSE_OR_POP: keep the value and
+ * jump, or pop it and go on. */
+static int
+jump_if_or_pop(ags_interp *it, ags_frame *f, const ags_instr *ins, int when)
+{
+    int truth = 0, rc = ags_truth(it, ags_peek(f, 1), &truth);
+
+    if (rc != AGS_GO) {
+        return rc;
+    }
+    if (truth == when) {
+        jump_to(f, ins, 0);
+    }
+    else {
+        ags_drop(f, 1);
+    }
+    return AGS_GO;
+}
+
+AGS_HANDLER
+op_jump_if_true_or_pop(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    return jump_if_or_pop(it, f, ins, 1);
+}
+
+AGS_HANDLER
+op_jump_if_false_or_pop(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    return jump_if_or_pop(it, f, ins, 0);
+}
+
+/* ------------------------------------------------------------------ */
+/* Iteration */
+
+AGS_HANDLER
+op_get_iter(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    ags_value v = ags_pop(f);
+    PyObject *elems = NULL;
+    int rc = ags_elements(it, &v, &elems);
+
+    (void)ins;
+    ags_value_clear(&v);
+    if (rc != AGS_GO) {
+        return rc;
+    }
+    return ags_push(f, ags_value_make(AGS_VK_ITER, elems, NULL));
+}
+
+/* Exhausted: the iterator is popped and the jump lands past the loop's
+ * END_FOR (and 3.13's POP_TOP after it): AGS_FOR_ITER_SKIP instructions
+ * after the target. */
+AGS_HANDLER
+op_for_iter(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    ags_value *iter = ags_peek(f, 1);
+    ags_value v;
+
+    if (iter->kind != AGS_VK_ITER) {
+        return ags_stopf(it, "unsupported_value", "FOR_ITER over a %s",
+                         AGS_DESCRIBE(iter));
+    }
+    if (iter->pos >= PyTuple_GET_SIZE(iter->obj)) {
+        ags_drop(f, 1);
+        jump_to(f, ins, AGS_FOR_ITER_SKIP);
+        return AGS_GO;
+    }
+    if (ags_value_of(it, PyTuple_GET_ITEM(iter->obj, iter->pos), &v) < 0) {
+        return AGS_ERROR;
+    }
+    iter->pos++;
+    return ags_push(f, v);
+}
+
+AGS_HANDLER
+op_end_for(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    (void)it;
+    (void)ins;
+    ags_drop(f, AGS_END_FOR_POPS);
+    return AGS_GO;
+}
+
+/* ------------------------------------------------------------------ */
+/* Returns and raises */
+
+AGS_HANDLER
+op_return_value(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    (void)it;
+    (void)ins;
+    ags_value_clear(&f->retval);
+    f->retval = ags_pop(f);
+    return AGS_DONE;
+}
+
+AGS_HANDLER
+op_return_const(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    PyObject *c = PyTuple_GET_ITEM(f->code->co_consts, ins->arg);
+
+    (void)it;
+    ags_value_clear(&f->retval);
+    f->retval = ags_value_make(AGS_VK_CONST, Py_NewRef(c), NULL);
+    return AGS_DONE;
+}
+
+AGS_HANDLER
+op_raise(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    (void)f;
+    (void)ins;
+    return ags_stopf(it, "raise", "the code raises here for these inputs: "
+                     "eager raises it");
+}
