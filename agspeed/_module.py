@@ -12,12 +12,17 @@ Rejected: a wrapper module holding the original as a child (state_dict keys gain
 prefix and attribute access needs forwarding), and patching the original's class or
 instance (the original must stay a plain module).
 
-Pickling an optimized module pickles the original plus the optimize() arguments and
-optimizes again on load; ``copy.deepcopy`` gives an independent optimized copy.
+Copies.  ``copy.copy``, ``copy.deepcopy`` and pickling copy the original as they would a
+plain module and optimize the copy with the same arguments: a shallow copy has its own
+``__dict__`` whose values are shared, a deep copy is independent.  Pickling stores the
+original plus the optimize() arguments and optimizes again on load.  ``copy.copy`` needs
+its own ``__copy__``: through ``__reduce_ex__`` it would get the original itself (a
+shallow copy does not copy the reduce arguments) and share its ``__dict__``.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from agspeed import _C
@@ -34,6 +39,11 @@ def _reduce_ex(self: Any, protocol: int) -> tuple:
     return (_reoptimize, (type(self)._orig_mod, spec["backend"], spec["options"]))
 
 
+def _copy(self: Any) -> Any:
+    spec = type(self).__agspeed_spec__
+    return _reoptimize(copy.copy(type(self)._orig_mod), spec["backend"], spec["options"])
+
+
 def optimize_module(module: Any, ctx: Any, spec: dict) -> Any:
     """An optimized view of ``module`` (see the module docstring)."""
     cls = type(module)
@@ -43,6 +53,7 @@ def optimize_module(module: Any, ctx: Any, spec: dict) -> Any:
         "__qualname__": cls.__qualname__,
         "__doc__": cls.__doc__,
         "__reduce_ex__": _reduce_ex,
+        "__copy__": _copy,
         "__agspeed_spec__": spec,
         "_orig_mod": module,
     }

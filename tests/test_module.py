@@ -618,11 +618,6 @@ def test_deepcopy_gives_an_independent_optimized_module(name):
     assert agspeed.counters()["frames_seen"] > 0  # the copy is optimized
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: copy.copy(opt) goes through agspeed/_module.py:32-34 (_reduce_ex), which "
-    "re-optimizes the *same* original object instead of a shallow copy of it, so the "
-    "'copy' shares the original's __dict__: setting a plain attribute (training) on the "
-    "copy changes the original, unlike copy.copy of the plain module"))
 def test_shallow_copy_is_a_copy_like_eager():
     model, inputs = make("mlp")
     optimized = agspeed.optimize(model)
@@ -633,6 +628,23 @@ def test_shallow_copy_is_a_copy_like_eager():
     assert isinstance(shallow, MLP)
     shallow.training = False
     assert model.training
+
+
+def test_shallow_copy_is_an_optimized_view_of_a_shallow_copy():
+    model, inputs = make("mlp")
+    optimized = agspeed.optimize(model, backend="eager")
+    shallow = copy.copy(optimized)
+    assert type(shallow) is not MLP and type(shallow) is not type(optimized)
+    assert type(shallow).__agspeed_spec__ == {"backend": "eager", "options": {}}
+    assert shallow.__dict__ is not model.__dict__
+    for key, value in vars(model).items():  # a new dict, the same values, as for eager
+        assert vars(shallow)[key] is value, key
+    assert shallow.fc1 is model.fc1 and shallow.fc1.weight is model.fc1.weight
+    x = inputs()
+    torch.testing.assert_close(shallow(x), model(x))
+    agspeed.reset()
+    shallow(x)
+    assert agspeed.counters()["frames_seen"] > 0  # the copy is optimized
 
 
 def test_state_dict_saved_with_torch_save_loads_into_a_fresh_model():
