@@ -47,6 +47,16 @@ original's current class*.
 Views of views (``optimize(optimize(m))``) keep their nesting: each view's class is made
 over its own original's current class, and its call runs that class's ``__call__``.
 
+Making a view class.  It is made over the placeholder base ``_Blank`` and then given its
+real base by assigning ``__bases__``, so that the user's ``__init_subclass__`` (a registry
+of subclasses, a "final" class that refuses them) never sees agspeed's classes.  That is
+done only for metaclasses known not to read the bases while building a class (``type``;
+``abc.ABCMeta``, which collects abstract methods, of which an instance's class has none)
+and where ``__bases__`` assignment accepts the instance layout (no non-empty
+``__slots__``).  Other classes, such as torch.jit's ``ScriptMeta`` ones, are subclassed
+the ordinary way, and then their metaclass and ``__init_subclass__`` do see the view
+class: that is unavoidable short of building the class outside its metaclass.
+
 Copies.  ``copy.copy``, ``copy.deepcopy`` and pickling copy the original as they would a
 plain module and optimize the copy with the same arguments: a shallow copy has its own
 ``__dict__`` whose values are shared, a deep copy is independent.  Pickling stores the
@@ -59,15 +69,24 @@ class, dropping the view) never applies.
 
 from __future__ import annotations
 
+import abc
 import copy
 import functools
 from typing import Any
 
 from agspeed import _C
 
+# The metaclasses whose class-building ignores the bases, so that a view class can be made
+# over _Blank and rebased without running the user's __init_subclass__.
+_PLAIN_METACLASSES = (type, abc.ABCMeta)
+
 # object's own __class__ descriptor: sets an object's type without going through the
 # view's __class__ property.
 _set_type = object.__dict__["__class__"].__set__
+
+
+class _Blank:
+    """The first base of a view class, replaced by the real one at once (see _subclass)."""
 
 
 class _View:
@@ -196,7 +215,20 @@ def _view_class(base: type, record: _View) -> type:
         "__agspeed_spec__": record.spec,
         "_orig_mod": record.original,
     }
-    return type(base)(base.__name__, (base,), namespace)
+    return _subclass(base, namespace)
+
+
+def _subclass(base: type, namespace: dict) -> type:
+    """A subclass of ``base``, made without running its ``__init_subclass__`` where possible."""
+    meta = type(base)
+    if meta in _PLAIN_METACLASSES:
+        made = meta(base.__name__, (_Blank,), namespace)
+        try:
+            made.__bases__ = (base,)
+            return made
+        except TypeError:  # an instance layout other than a plain class's (__slots__)
+            pass
+    return meta(base.__name__, (base,), namespace)
 
 
 def optimize_module(module: Any, ctx: Any, spec: dict) -> Any:

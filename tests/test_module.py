@@ -7,6 +7,7 @@ on fresh random inputs: outputs, gradients, buffers.  Module forwards graph-brea
 helper functions they call with tensors (``FunctionalNet``, ``LoopModel``).
 """
 
+import abc
 import copy
 import io
 import logging
@@ -628,6 +629,69 @@ def test_original_class_and_object_are_unchanged():
     assert type(optimized).__qualname__ == cls.__qualname__
     assert type(optimized).__module__ == cls.__module__
     assert repr(optimized) == repr(model)
+
+
+def test_optimize_does_not_run_the_classes_init_subclass():
+    made = []
+
+    class Registered(nn.Module):
+        def __init_subclass__(cls, **kwargs):
+            super().__init_subclass__(**kwargs)
+            made.append(cls.__name__)
+
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+            self.scale = nn.Parameter(torch.randn(3, 3))
+
+        def forward(self, x):
+            return self.fc(x) @ self.scale
+
+    class Net(Registered):
+        pass
+
+    class Final(nn.Linear):
+        def __init_subclass__(cls, **kwargs):
+            raise TypeError("Final cannot be subclassed")
+
+    class Abstract(nn.Module, abc.ABC):
+        def __init_subclass__(cls, **kwargs):
+            made.append(cls.__name__)
+
+        @abc.abstractmethod
+        def forward(self, x): ...
+
+    class Concrete(Abstract):
+        def forward(self, x):
+            return x * 2
+
+    assert made == ["Net", "Concrete"]
+    x = torch.randn(2, 3)
+    net = Net()
+    optimized = agspeed.optimize(net)
+    torch.testing.assert_close(optimized(x), net(x))
+    final = Final(3, 3)
+    torch.testing.assert_close(agspeed.optimize(final)(x), final(x))
+    torch.testing.assert_close(agspeed.optimize(Concrete())(x), x * 2)
+    assert made == ["Net", "Concrete"]
+    # parametrize subclasses the class once, as in eager; the view adds no subclass of its own
+    parametrize.register_parametrization(optimized, "scale", Symmetric())
+    torch.testing.assert_close(optimized(x), net(x))
+    assert made == ["Net", "Concrete", "ParametrizedNet"]
+
+
+def test_a_module_class_with_slots_is_subclassed_the_ordinary_way():
+    class Slotted(nn.Linear):
+        __slots__ = ("note",)
+
+    torch.manual_seed(0)
+    model = Slotted(3, 3)
+    optimized = agspeed.optimize(model)
+    assert isinstance(optimized, Slotted) and optimized.__dict__ is model.__dict__
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(optimized(x), model(x))
+    parametrize.register_parametrization(optimized, "weight", Symmetric())
+    torch.testing.assert_close(optimized(x), model(x))
 
 
 def test_calling_the_original_does_not_go_through_the_hook():
