@@ -7,6 +7,7 @@ on fresh random inputs: outputs, gradients, buffers.  Module forwards graph-brea
 helper functions they call with tensors (``FunctionalNet``, ``LoopModel``).
 """
 
+import abc
 import copy
 import io
 import logging
@@ -93,6 +94,15 @@ if torch is not None:
             h = norm(h, self.bn.running_mean, self.bn.running_var, self.bn.weight,
                      self.bn.bias, self.training)
             return head(h, self.fc2.weight, self.fc2.bias, x)
+
+    class Symmetric(nn.Module):
+        """A parametrization: the symmetric matrix made from a tensor's upper triangle."""
+
+        def forward(self, w):
+            return w.triu() + w.triu(1).transpose(0, 1)
+
+        def right_inverse(self, w):
+            return w.triu()
 
     # name: (class, fresh input, names of the frames captured as graphs: each model's
     # forward, with its submodules and helper functions inlined into it)
@@ -453,10 +463,6 @@ def test_submodules_added_through_either_are_visible_on_both():
 
 
 def test_parametrizing_a_submodule_through_the_optimized_module():
-    class Symmetric(nn.Module):
-        def forward(self, w):
-            return w.triu() + w.triu(1).transpose(0, 1)
-
     model, inputs = make("loop")
     reference = copy.deepcopy(model)
     optimized = agspeed.optimize(model)
@@ -469,28 +475,142 @@ def test_parametrizing_a_submodule_through_the_optimized_module():
     torch.testing.assert_close(model(x), reference(x))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: agspeed/_module.py:49-51 fixes the view's class at optimize() time; "
-    "torch.nn.utils.parametrize.register_parametrization swaps the __class__ of the one "
-    "object it is given and moves 'weight' out of the shared _parameters, so the other "
-    "object (a class without the parametrization property) raises AttributeError: "
-    "'Linear' object has no attribute 'weight'"))
 @pytest.mark.parametrize("on", ["original", "optimized"])
 def test_parametrizing_the_root_module_keeps_both_working(on):
-    class Symmetric(nn.Module):
-        def forward(self, w):
-            return w.triu() + w.triu(1).transpose(0, 1)
-
     torch.manual_seed(0)
     model = nn.Linear(4, 4)
     reference = copy.deepcopy(model)
     optimized = agspeed.optimize(model)
+    view_class = type(optimized)
     parametrize.register_parametrization(
         model if on == "original" else optimized, "weight", Symmetric())
     parametrize.register_parametrization(reference, "weight", Symmetric())
     x = torch.randn(3, 4)
     torch.testing.assert_close(model(x), reference(x))
     torch.testing.assert_close(optimized(x), reference(x))
+    # removed through the other object: both are plain again, the view in its first class
+    parametrize.remove_parametrizations(
+        optimized if on == "original" else model, "weight")
+    parametrize.remove_parametrizations(reference, "weight")
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(model(x), reference(x))
+    torch.testing.assert_close(optimized(x), reference(x))
+    assert type(model) is nn.Linear and type(optimized) is view_class
+    assert "weight" in model._parameters and optimized.weight is model.weight
+    assert not hasattr(model, "parametrizations") and not hasattr(optimized, "parametrizations")
+
+
+@pytest.mark.parametrize("on", ["original", "optimized"])
+def test_a_parametrized_root_tensor_reads_and_writes_alike_through_both(on):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    optimized = agspeed.optimize(model)
+    parametrize.register_parametrization(
+        model if on == "original" else optimized, "weight", Symmetric())
+    other = optimized if on == "original" else model
+    # the other object sees the parametrized class: type, isinstance and __class__ agree
+    assert type(model).__name__ == "ParametrizedLinear"
+    assert isinstance(optimized, type(model)) and optimized.__class__ is type(model)
+    assert parametrize.type_before_parametrizations(optimized) is nn.Linear
+    torch.testing.assert_close(optimized.weight, model.weight)
+    # assigning goes through right_inverse, not into the shared __dict__
+    w = torch.randn(4, 4)
+    other.weight = w + w.T
+    assert "weight" not in vars(model)
+    torch.testing.assert_close(model.weight, w + w.T)
+    torch.testing.assert_close(optimized.weight, w + w.T)
+    torch.testing.assert_close(model.parametrizations.weight.original, (w + w.T).triu())
+
+
+@pytest.mark.parametrize("on", ["original", "optimized"])
+@pytest.mark.parametrize("kind", ["weight_norm", "spectral_norm"])
+def test_weight_and_spectral_norm_on_a_root_linear_keep_both_working(kind, on):
+    apply = getattr(torch.nn.utils.parametrizations, kind)
+    torch.manual_seed(0)
+    model = nn.Linear(6, 3)
+    reference = copy.deepcopy(model)
+    optimized = agspeed.optimize(model)
+    torch.manual_seed(1)  # spectral_norm starts its power iteration from random vectors
+    apply(model if on == "original" else optimized)
+    torch.manual_seed(1)
+    apply(reference)
+    assert list(optimized.state_dict()) == list(model.state_dict()) == list(reference.state_dict())
+    for _ in range(3):  # in train mode spectral_norm updates its buffers on every call
+        x = torch.randn(2, 6)
+        torch.testing.assert_close(optimized(x), reference(x))
+        torch.testing.assert_close(model(x), reference(x))
+    optimized(x).sum().backward()
+    reference(x).sum().backward()
+    for key, g in grads(reference).items():
+        torch.testing.assert_close(grads(model)[key], g, msg=lambda m: f"grad of {key}: {m}")
+
+
+def test_deepcopy_of_a_parametrized_optimized_module_is_optimized_and_parametrized():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    optimized = agspeed.optimize(model)
+    parametrize.register_parametrization(optimized, "weight", Symmetric())
+    clone = copy.deepcopy(optimized)
+    assert parametrize.is_parametrized(clone, "weight")
+    assert clone.__dict__ is not model.__dict__
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(clone(x), model(x))
+    agspeed.reset()
+    clone(x)
+    assert agspeed.counters()["frames_seen"] > 0  # the copy is optimized
+    with torch.no_grad():
+        clone.parametrizations.weight.original.add_(1.0)
+    assert not torch.equal(clone.weight, model.weight)
+
+
+def test_pickling_a_parametrized_optimized_module_raises_like_eager():
+    model = nn.Linear(4, 4)
+    optimized = agspeed.optimize(model)
+    parametrize.register_parametrization(optimized, "weight", Symmetric())
+    with pytest.raises(RuntimeError) as eager_error:
+        pickle.dumps(model)
+    with pytest.raises(RuntimeError) as optimized_error:
+        pickle.dumps(optimized)
+    assert str(optimized_error.value) == str(eager_error.value)
+
+
+def test_parametrizing_a_view_of_a_view_keeps_all_three_working():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    reference = copy.deepcopy(model)
+    inner = agspeed.optimize(model)
+    outer = agspeed.optimize(inner)
+    parametrize.register_parametrization(outer, "weight", Symmetric())
+    parametrize.register_parametrization(reference, "weight", Symmetric())
+    x = torch.randn(3, 4)
+    for module in (model, inner, outer):
+        torch.testing.assert_close(module(x), reference(x))
+    parametrize.remove_parametrizations(model, "weight")
+    parametrize.remove_parametrizations(reference, "weight")
+    for module in (model, inner, outer):
+        torch.testing.assert_close(module(x), reference(x))
+        assert module.__class__ is nn.Linear
+
+
+def test_a_class_swap_on_either_object_reaches_the_other():
+    class Doubled(nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    model = nn.Linear(3, 3)
+    optimized = agspeed.optimize(model)
+    view_class = type(optimized)
+    x = torch.randn(2, 3)
+    plain = model(x)
+    model.__class__ = Doubled  # agspeed cannot see this: the view follows on its next call
+    torch.testing.assert_close(optimized(x), 2 * plain)
+    assert isinstance(optimized, Doubled) and type(optimized).__name__ == "Doubled"
+    optimized.__class__ = nn.Linear  # through the view: the original follows at once
+    assert type(model) is nn.Linear and type(optimized) is view_class
+    torch.testing.assert_close(model(x), plain)
+    torch.testing.assert_close(optimized(x), plain)
+    optimized.__class__ = type(agspeed.optimize(nn.Linear(1, 1)))  # a view class stands for
+    assert type(model) is nn.Linear                                  # the class under it
 
 
 # -- the original is left alone ---------------------------------------------------------
@@ -510,6 +630,69 @@ def test_original_class_and_object_are_unchanged():
     assert type(optimized).__qualname__ == cls.__qualname__
     assert type(optimized).__module__ == cls.__module__
     assert repr(optimized) == repr(model)
+
+
+def test_optimize_does_not_run_the_classes_init_subclass():
+    made = []
+
+    class Registered(nn.Module):
+        def __init_subclass__(cls, **kwargs):
+            super().__init_subclass__(**kwargs)
+            made.append(cls.__name__)
+
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+            self.scale = nn.Parameter(torch.randn(3, 3))
+
+        def forward(self, x):
+            return self.fc(x) @ self.scale
+
+    class Net(Registered):
+        pass
+
+    class Final(nn.Linear):
+        def __init_subclass__(cls, **kwargs):
+            raise TypeError("Final cannot be subclassed")
+
+    class Abstract(nn.Module, abc.ABC):
+        def __init_subclass__(cls, **kwargs):
+            made.append(cls.__name__)
+
+        @abc.abstractmethod
+        def forward(self, x): ...
+
+    class Concrete(Abstract):
+        def forward(self, x):
+            return x * 2
+
+    assert made == ["Net", "Concrete"]
+    x = torch.randn(2, 3)
+    net = Net()
+    optimized = agspeed.optimize(net)
+    torch.testing.assert_close(optimized(x), net(x))
+    final = Final(3, 3)
+    torch.testing.assert_close(agspeed.optimize(final)(x), final(x))
+    torch.testing.assert_close(agspeed.optimize(Concrete())(x), x * 2)
+    assert made == ["Net", "Concrete"]
+    # parametrize subclasses the class once, as in eager; the view adds no subclass of its own
+    parametrize.register_parametrization(optimized, "scale", Symmetric())
+    torch.testing.assert_close(optimized(x), net(x))
+    assert made == ["Net", "Concrete", "ParametrizedNet"]
+
+
+def test_a_module_class_with_slots_is_subclassed_the_ordinary_way():
+    class Slotted(nn.Linear):
+        __slots__ = ("note",)
+
+    torch.manual_seed(0)
+    model = Slotted(3, 3)
+    optimized = agspeed.optimize(model)
+    assert isinstance(optimized, Slotted) and optimized.__dict__ is model.__dict__
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(optimized(x), model(x))
+    parametrize.register_parametrization(optimized, "weight", Symmetric())
+    torch.testing.assert_close(optimized(x), model(x))
 
 
 def test_calling_the_original_does_not_go_through_the_hook():
@@ -619,11 +802,6 @@ def test_deepcopy_gives_an_independent_optimized_module(name):
     assert agspeed.counters()["frames_seen"] > 0  # the copy is optimized
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: copy.copy(opt) goes through agspeed/_module.py:32-34 (_reduce_ex), which "
-    "re-optimizes the *same* original object instead of a shallow copy of it, so the "
-    "'copy' shares the original's __dict__: setting a plain attribute (training) on the "
-    "copy changes the original, unlike copy.copy of the plain module"))
 def test_shallow_copy_is_a_copy_like_eager():
     model, inputs = make("mlp")
     optimized = agspeed.optimize(model)
@@ -634,6 +812,23 @@ def test_shallow_copy_is_a_copy_like_eager():
     assert isinstance(shallow, MLP)
     shallow.training = False
     assert model.training
+
+
+def test_shallow_copy_is_an_optimized_view_of_a_shallow_copy():
+    model, inputs = make("mlp")
+    optimized = agspeed.optimize(model, backend="eager")
+    shallow = copy.copy(optimized)
+    assert type(shallow) is not MLP and type(shallow) is not type(optimized)
+    assert type(shallow).__agspeed_spec__ == {"backend": "eager", "options": {}}
+    assert shallow.__dict__ is not model.__dict__
+    for key, value in vars(model).items():  # a new dict, the same values, as for eager
+        assert vars(shallow)[key] is value, key
+    assert shallow.fc1 is model.fc1 and shallow.fc1.weight is model.fc1.weight
+    x = inputs()
+    torch.testing.assert_close(shallow(x), model(x))
+    agspeed.reset()
+    shallow(x)
+    assert agspeed.counters()["frames_seen"] > 0  # the copy is optimized
 
 
 def test_state_dict_saved_with_torch_save_loads_into_a_fresh_model():
