@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 from typing import Any, Callable
 
 from agspeed import _C, _runtime, config
@@ -71,20 +72,38 @@ def optimize(obj: Any = None, backend: Any = "auto", **options: Any) -> Any:
     return functools.update_wrapper(_C.Region(obj, ctx), obj)
 
 
-class _Disabled:
-    """``with agspeed.disable():`` and ``@agspeed.disable()``; see ``disable``."""
+class _OpenScopes(threading.local):
+    """Per thread: the Scopes a ``_Disabled`` object entered there and has not left."""
 
     def __init__(self) -> None:
-        self._scopes: list = []
+        self.stack: list = []
+
+
+class _Disabled:
+    """``with agspeed.disable():`` and ``@agspeed.disable()``; see ``disable``.
+
+    One object may be entered by several threads at once, and again inside its own block;
+    each thread leaves the innermost Scope it entered itself.  A stack shared by the threads
+    would let one thread leave (and undo) another thread's Scope.
+    """
+
+    def __init__(self) -> None:
+        self._open = _OpenScopes()
 
     def __enter__(self) -> "_Disabled":
         scope = _C.Scope(None)
         scope.__enter__()
-        self._scopes.append(scope)
+        self._open.stack.append(scope)
         return self
 
     def __exit__(self, *exc: Any) -> bool:
-        return self._scopes.pop().__exit__(*exc)
+        stack = self._open.stack
+        if not stack:
+            raise RuntimeError(
+                "agspeed.disable(): __exit__ without a matching __enter__ on this thread; "
+                "leave a `with agspeed.disable():` block on the thread that entered it"
+            )
+        return stack.pop().__exit__(*exc)
 
     def __call__(self, fn: Callable) -> Callable:
         return disable(fn)

@@ -6,6 +6,7 @@ Torch-free.
 import functools
 import inspect
 import pickle
+import threading
 
 import pytest
 
@@ -131,6 +132,38 @@ def test_disable_context_manager_is_reentrant():
 
     agspeed.optimize(body)()
     assert seen[0] is None and seen[1] is None and seen[2] is not None
+
+
+def test_disable_exit_without_enter_raises_a_clear_error():
+    off = agspeed.disable()
+    with pytest.raises(RuntimeError, match="without a matching __enter__"):
+        off.__exit__(None, None, None)
+    with off:
+        pass
+    with pytest.raises(RuntimeError, match="without a matching __enter__"):
+        off.__exit__(None, None, None)  # one exit too many
+    assert _C.current_context() is None
+
+
+def test_disable_block_entered_on_another_thread_is_not_left_here():
+    off = agspeed.disable()
+    errors = []
+
+    def enter_only():
+        off.__enter__()
+
+    def exit_only():
+        try:
+            off.__exit__(None, None, None)
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    for target in (enter_only, exit_only):
+        worker = threading.Thread(target=target)
+        worker.start()
+        worker.join(10)
+    assert len(errors) == 1 and "on this thread" in str(errors[0])
+    assert _C.current_context() is None
 
 
 def test_disable_as_decorator_with_and_without_parentheses():

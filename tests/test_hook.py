@@ -861,10 +861,6 @@ def test_region_exposes_its_function_and_context():
     assert "add" in repr(region)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: agspeed/api.py _Disabled keeps one list of Scopes per object, shared by all "
-    "threads: __exit__ in thread A pops and exits thread B's Scope, so A loses its "
-    "optimized context and B is left inside A's context outside any optimized call"))
 def test_disable_object_shared_by_threads_keeps_each_threads_context():
     # One `agspeed.disable()` object used as `with` by two threads at once, one of them
     # inside an optimized call: each thread must get its own context back.  Both run in
