@@ -89,21 +89,31 @@ class _Disabled:
 
     def __init__(self) -> None:
         self._open = _OpenScopes()
+        self._open_anywhere: list = []  # every thread's, to tell "elsewhere" from "never"
 
     def __enter__(self) -> "_Disabled":
         scope = _C.Scope(None)
         scope.__enter__()
         self._open.stack.append(scope)
+        self._open_anywhere.append(scope)
         return self
 
     def __exit__(self, *exc: Any) -> bool:
         stack = self._open.stack
-        if not stack:
-            raise RuntimeError(
-                "agspeed.disable(): __exit__ without a matching __enter__ on this thread; "
-                "leave a `with agspeed.disable():` block on the thread that entered it"
-            )
-        return stack.pop().__exit__(*exc)
+        if stack:
+            scope = stack.pop()
+            self._open_anywhere.remove(scope)
+            return scope.__exit__(*exc)
+        if self._open_anywhere:
+            # Entered on other threads only: a generator suspended in the block and resumed,
+            # or closed by the garbage collector, on this one.  No thread can reach another's
+            # context stack, so there is nothing to leave here; the entering thread drops its
+            # push when the optimized call it was made in returns (docs/architecture.md).
+            return False
+        raise RuntimeError(
+            "agspeed.disable(): __exit__ without a matching __enter__; "
+            "leave each `with agspeed.disable():` block once"
+        )
 
     def __call__(self, fn: Callable) -> Callable:
         return disable(fn)
