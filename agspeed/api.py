@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 from typing import Any, Callable
 
 from agspeed import _C, _runtime, config
@@ -71,20 +72,48 @@ def optimize(obj: Any = None, backend: Any = "auto", **options: Any) -> Any:
     return functools.update_wrapper(_C.Region(obj, ctx), obj)
 
 
-class _Disabled:
-    """``with agspeed.disable():`` and ``@agspeed.disable()``; see ``disable``."""
+class _OpenScopes(threading.local):
+    """Per thread: the Scopes a ``_Disabled`` object entered there and has not left."""
 
     def __init__(self) -> None:
-        self._scopes: list = []
+        self.stack: list = []
+
+
+class _Disabled:
+    """``with agspeed.disable():`` and ``@agspeed.disable()``; see ``disable``.
+
+    One object may be entered by several threads at once, and again inside its own block;
+    each thread leaves the innermost Scope it entered itself.  A stack shared by the threads
+    would let one thread leave (and undo) another thread's Scope.
+    """
+
+    def __init__(self) -> None:
+        self._open = _OpenScopes()
+        self._open_anywhere: list = []  # every thread's, to tell "elsewhere" from "never"
 
     def __enter__(self) -> "_Disabled":
         scope = _C.Scope(None)
         scope.__enter__()
-        self._scopes.append(scope)
+        self._open.stack.append(scope)
+        self._open_anywhere.append(scope)
         return self
 
     def __exit__(self, *exc: Any) -> bool:
-        return self._scopes.pop().__exit__(*exc)
+        stack = self._open.stack
+        if stack:
+            scope = stack.pop()
+            self._open_anywhere.remove(scope)
+            return scope.__exit__(*exc)
+        if self._open_anywhere:
+            # Entered on other threads only: a generator suspended in the block and resumed,
+            # or closed by the garbage collector, on this one.  No thread can reach another's
+            # context stack, so there is nothing to leave here; the entering thread drops its
+            # push when the optimized call it was made in returns (docs/architecture.md).
+            return False
+        raise RuntimeError(
+            "agspeed.disable(): __exit__ without a matching __enter__; "
+            "leave each `with agspeed.disable():` block once"
+        )
 
     def __call__(self, fn: Callable) -> Callable:
         return disable(fn)

@@ -17,7 +17,7 @@ import contextlib
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from agspeed import _C
 from agspeed import log as _log
@@ -38,10 +38,18 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"expected one of {sorted(_TRUE | _FALSE - {''})}")
 
 
-def _parse_topics(text: str) -> frozenset[str]:
-    """Comma list of topics; unknown ones are reported and dropped, the rest kept."""
+def _split_topics(words: Iterable[Any]) -> tuple[list[str], list[str]]:
+    """The topics named by ``words`` ("all" names every topic), and the words that name none.
+
+    Case and surrounding blanks do not matter; empty words are skipped.
+    """
     topics: list[str] = []
-    for raw in text.split(","):
+    unknown: list[str] = []
+    for raw in words:
+        if not isinstance(raw, str):
+            raise UnknownOptionError(
+                f"agspeed.config.log takes topic names (str), not {type(raw).__name__}"
+            )
         word = raw.strip().lower()
         if not word:
             continue
@@ -50,10 +58,37 @@ def _parse_topics(text: str) -> frozenset[str]:
         elif word in _log.TOPICS:
             topics.append(word)
         else:
-            _warn_once(
-                f"AGSPEED_LOG: unknown topic {word!r} ignored; "
-                f"topics are {', '.join(_log.TOPICS)} or all"
-            )
+            unknown.append(word)
+    return topics, unknown
+
+
+def _parse_topics(text: str) -> frozenset[str]:
+    """AGSPEED_LOG: unknown topics are reported and dropped, the rest kept.
+
+    Lenient on purpose: a typo in an environment variable must not stop a program, nor
+    cost it the topics that were spelled right.
+    """
+    topics, unknown = _split_topics(text.split(","))
+    for word in unknown:
+        _warn_once(
+            f"AGSPEED_LOG: unknown topic {word!r} ignored; "
+            f"topics are {', '.join(_log.TOPICS)} or all"
+        )
+    return frozenset(topics)
+
+
+def _check_topics(value: str | Iterable[str]) -> frozenset[str]:
+    """``log`` given from Python (a comma list or a collection of names): strict.
+
+    A name that is no topic raises, as any bad argument does; nothing is dropped silently.
+    """
+    words = value.split(",") if isinstance(value, str) else value
+    topics, unknown = _split_topics(words)
+    if unknown:
+        raise ValueError(
+            f"unknown log topic{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(map(repr, unknown))}; topics are {', '.join(_log.TOPICS)} or all"
+        )
     return frozenset(topics)
 
 
@@ -76,11 +111,18 @@ def _parse_path(text: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
-def _parse_positive_int(text: str) -> int:
-    value = int(text.strip())
+def _check_positive_int(value: int) -> int:
     if value < 1:
         raise ValueError("must be at least 1")
     return value
+
+
+def _parse_positive_int(text: str) -> int:
+    return _check_positive_int(int(text.strip()))
+
+
+def _check_backend(value: str | None) -> str | None:
+    return None if value is None else _parse_backend(value)
 
 
 def _default_cache_dir() -> str:
@@ -90,30 +132,42 @@ def _default_cache_dir() -> str:
 
 @dataclass(frozen=True)
 class Knob:
-    """One setting: its environment variable, default, parser and meaning."""
+    """One setting: its environment variable, default, parsers and meaning.
+
+    ``parse`` reads the environment variable's text (and text given from Python for a knob
+    whose ``types`` have no ``str``); ``check`` validates and normalizes a value of one of
+    ``types`` given from Python.  Both raise ValueError on a bad value.
+    """
 
     name: str
     env: str
     default: Callable[[], Any]
     parse: Callable[[str], Any]
     types: tuple
+    check: Callable[[Any], Any]
     doc: str
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 KNOBS: dict[str, Knob] = {
     k.name: k
     for k in (
-        Knob("disable", "AGSPEED_DISABLE", lambda: False, _parse_bool, (bool,),
+        Knob("disable", "AGSPEED_DISABLE", lambda: False, _parse_bool, (bool,), _same,
              "turn the runtime off: optimize() returns its argument, existing "
              "optimized objects run plain eager"),
-        Knob("log", "AGSPEED_LOG", frozenset, _parse_topics, (frozenset, builtins.set, list, tuple),
+        Knob("log", "AGSPEED_LOG", frozenset, _parse_topics,
+             (str, frozenset, builtins.set, list, tuple), _check_topics,
              "comma list of log topics (" + ", ".join(_log.TOPICS) + ") or all"),
         Knob("backend", "AGSPEED_BACKEND", lambda: None, _parse_backend, (str, type(None)),
-             "backend name that overrides the one given to optimize()"),
+             _check_backend, "backend name that overrides the one given to optimize()"),
         Knob("cache_dir", "AGSPEED_CACHE_DIR", _default_cache_dir, _parse_path, (str,),
-             "directory of the persistent cache (tuning results)"),
+             _parse_path, "directory of the persistent cache (tuning results)"),
         Knob("recompile_limit", "AGSPEED_RECOMPILE_LIMIT", lambda: 8, _parse_positive_int,
-             (int,), "most cache entries compiled for one function before it runs eager"),
+             (int,), _check_positive_int,
+             "most cache entries compiled for one function before it runs eager"),
     )
 }
 
@@ -139,23 +193,23 @@ def _from_env(knob: Knob) -> Any:
 
 
 def _check(name: str, value: Any) -> Any:
+    """``value`` for knob ``name`` given from Python, validated and normalized; raises if bad."""
     knob = KNOBS.get(name)
     if knob is None:
         raise UnknownOptionError(f"agspeed.config has no knob {name!r}; knobs: {', '.join(KNOBS)}")
     if isinstance(value, str) and str not in knob.types:
-        return knob.parse(value)
-    if not isinstance(value, knob.types) or (knob.types == (int,) and isinstance(value, bool)):
+        validate = knob.parse  # text parses as in the environment
+    elif isinstance(value, knob.types) and not (knob.types == (int,) and isinstance(value, bool)):
+        validate = knob.check
+    else:
         raise UnknownOptionError(
             f"agspeed.config.{name} takes {' or '.join(t.__name__ for t in knob.types)}, "
             f"not {type(value).__name__}"
         )
-    if name == "log":
-        return _parse_topics(",".join(value))
-    if name == "backend" and value is not None:
-        return _parse_backend(value)
-    if name == "recompile_limit" and value < 1:
-        raise ValueError("agspeed.config.recompile_limit must be at least 1")
-    return value
+    try:
+        return validate(value)
+    except ValueError as exc:
+        raise ValueError(f"agspeed.config.{name}={value!r}: {exc}") from None
 
 
 def _apply() -> None:

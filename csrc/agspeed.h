@@ -3,7 +3,7 @@
  * Subsystems and the file that owns each:
  *
  *   hook.c        the PEP 523 evaluation function, its installation, the
- *                 thread-local capture context and the counters.
+ *                 thread-local stack of capture contexts and the counters.
  *   region.c      Region (a callable that runs its target inside a capture
  *                 context) and Scope (the same as a `with` block).
  *   codecache.c   the per-code-object cache kept in co_extra, and the
@@ -62,21 +62,33 @@ extern ags_counters ags_stats;
  * capture context at all. */
 extern int ags_hook_enabled;
 
-/* What ags_hook_enter saved, to be handed back to ags_hook_exit. */
+/* What ags_hook_enter pushed, to be handed to ags_hook_exit or
+ * ags_hook_leave: the token of its slot on the thread's context stack,
+ * unique over all threads and never reused; 0 when nothing is pushed.
+ * hook.c ("The context stack") gives the rules. */
 typedef struct {
-    PyObject *prev;     /* strong: the context that was current, or NULL */
-    int hooked;         /* 1 if the enter asked for the hook */
+    uint64_t token;
 } ags_ctx_saved;
 
-/* Enters a capture context on this thread.  `ctx` is the context (a callable
- * deciding what to do with frames), or Py_None for a region where the
- * runtime is disabled.  `saved` must be handed to ags_hook_exit on the same
- * thread, in LIFO order.  Never fails.  ctx: borrowed. */
-void ags_hook_enter(PyObject *ctx, ags_ctx_saved *saved);
+/* Enters a capture context on this thread: pushes a slot holding `ctx`,
+ * which is current until a newer slot is pushed above it or it is
+ * removed.  `ctx` is the context (a callable deciding what to do with
+ * frames), or Py_None for a region where the runtime is disabled.
+ * Returns 0, or -1 with MemoryError set and nothing pushed (saved->token
+ * is then 0).  ctx: borrowed; the slot takes its own reference. */
+int ags_hook_enter(PyObject *ctx, ags_ctx_saved *saved);
 
-/* Leaves the context entered by the matching ags_hook_enter and restores
- * the one before it. */
+/* Leaves, for a caller whose enter and exit are strictly nested on the C
+ * stack (a Region's call): removes the slot `saved` pushed and every slot
+ * pushed above it since, so the thread's stack is as the enter found it.
+ * Must run on the thread that entered. */
 void ags_hook_exit(ags_ctx_saved *saved);
+
+/* Leaves, for a caller that may leave out of order (a Scope: a `with`
+ * block in a generator can be left after the call it was entered in has
+ * returned): removes the slot `saved` pushed if it is still on this
+ * thread's stack, wherever it is, and changes nothing else. */
+void ags_hook_leave(ags_ctx_saved *saved);
 
 /* Borrowed: this thread's current context, NULL outside any. */
 PyObject *ags_hook_current(void);

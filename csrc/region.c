@@ -13,6 +13,14 @@
  * uses it with ctx None.  A Scope may be entered once at a time; a
  * reentrant `with` needs a new Scope.
  *
+ * The two leave differently (hook.c, "The context stack").  A Region's
+ * call is nested on the C stack: its exit pops everything pushed on the
+ * thread since its enter.  A Scope's block may be left out of order, by
+ * a generator suspended inside it: its exit removes only its own push,
+ * and only if that is still on this thread's stack, so it never brings
+ * back the context of a call that has returned.  A Scope destroyed while
+ * entered leaves the same way.
+ *
  * `ctx` is Py_None for a region where the runtime is disabled: frames in
  * it run untouched even when an outer region is optimized.
  */
@@ -40,7 +48,9 @@ region_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf,
     if (!ags_hook_enabled) {
         return PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
     }
-    ags_hook_enter(self->ctx, &saved);
+    if (ags_hook_enter(self->ctx, &saved) < 0) {
+        return NULL;
+    }
     result = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
     ags_hook_exit(&saved);
     return result;
@@ -206,8 +216,7 @@ PyType_Spec ags_region_spec = {
 typedef struct {
     PyObject_HEAD
     PyObject *ctx;
-    ags_ctx_saved saved;
-    int entered;
+    ags_ctx_saved saved;    /* token 0: not entered */
 } ags_scope;
 
 static PyObject *
@@ -238,14 +247,15 @@ static PyObject *
 scope_enter(ags_scope *self, PyObject *unused)
 {
     (void)unused;
-    if (self->entered) {
+    if (self->saved.token != 0) {
         PyErr_SetString(PyExc_RuntimeError,
                         "this agspeed scope is already entered; nest a new "
                         "one instead of re-entering it");
         return NULL;
     }
-    ags_hook_enter(self->ctx, &self->saved);
-    self->entered = 1;
+    if (ags_hook_enter(self->ctx, &self->saved) < 0) {
+        return NULL;
+    }
     return Py_NewRef(self);
 }
 
@@ -254,13 +264,12 @@ scope_exit(ags_scope *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)args;
     (void)nargs;
-    if (!self->entered) {
+    if (self->saved.token == 0) {
         PyErr_SetString(PyExc_RuntimeError,
                         "this agspeed scope was not entered");
         return NULL;
     }
-    self->entered = 0;
-    ags_hook_exit(&self->saved);
+    ags_hook_leave(&self->saved);
     Py_RETURN_FALSE;
 }
 
@@ -269,7 +278,6 @@ scope_traverse(ags_scope *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->ctx);
-    Py_VISIT(self->saved.prev);
     return 0;
 }
 
@@ -277,7 +285,6 @@ static int
 scope_clear(ags_scope *self)
 {
     Py_CLEAR(self->ctx);
-    Py_CLEAR(self->saved.prev);
     return 0;
 }
 
@@ -286,10 +293,14 @@ scope_dealloc(ags_scope *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
 
-    /* A scope dropped while entered (a generator suspended inside its
-     * `with`) leaves this thread's context as it is; only the reference
-     * to the context it would have restored is released. */
+    /* A scope destroyed while entered (its `with` never left) leaves as
+     * its exit would: its push goes if it is still on this thread's
+     * stack; on another thread's, it stays until a Region below it there
+     * returns.  Either way no other context is touched. */
     PyObject_GC_UnTrack(self);
+    if (self->saved.token != 0) {
+        ags_hook_leave(&self->saved);
+    }
     scope_clear(self);
     tp->tp_free(self);
     Py_DECREF(tp);

@@ -6,6 +6,8 @@ Torch-free.
 import functools
 import inspect
 import pickle
+import sys
+import threading
 
 import pytest
 
@@ -131,6 +133,51 @@ def test_disable_context_manager_is_reentrant():
 
     agspeed.optimize(body)()
     assert seen[0] is None and seen[1] is None and seen[2] is not None
+
+
+def test_disable_exit_without_enter_raises_a_clear_error():
+    off = agspeed.disable()
+    with pytest.raises(RuntimeError, match="without a matching __enter__"):
+        off.__exit__(None, None, None)
+    with off:
+        with off:
+            pass
+    with pytest.raises(RuntimeError, match="without a matching __enter__"):
+        off.__exit__(None, None, None)  # one exit too many
+    assert _C.current_context() is None
+
+
+def test_disable_block_left_on_another_thread_changes_nothing_there():
+    # A generator suspended in the block and collected (closed) on another thread: leaving
+    # there is quiet and changes no context; the entering thread's push is dropped when the
+    # optimized call it was made in returns.
+    def suspended():
+        with agspeed.disable():
+            yield
+
+    seen, unraisable = {}, []
+
+    def enter_in_a_call():
+        gen = suspended()
+        next(gen)
+        seen["inside"] = _C.current_context()
+        return gen
+
+    def entering_thread():
+        seen["gen"] = agspeed.optimize(enter_in_a_call)()
+        seen["after"] = _C.current_context()
+
+    worker = threading.Thread(target=entering_thread)
+    worker.start()
+    worker.join(10)
+    old_hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        del seen["gen"]  # closed here, on the main thread
+    finally:
+        sys.unraisablehook = old_hook
+    assert unraisable == []
+    assert seen == {"inside": None, "after": None}
+    assert _C.current_context() is None and _C._eval_frame_owner() == "default"
 
 
 def test_disable_as_decorator_with_and_without_parentheses():

@@ -202,10 +202,6 @@ def test_set_validates_names_and_types():
         config.not_a_knob
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: agspeed/config.py _check passes a log value from Python to _parse_topics, which "
-    "only warns (once, naming AGSPEED_LOG) and drops unknown topics; the module docstring "
-    "says a bad value given from Python raises"))
 def test_set_rejects_an_unknown_log_topic():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", agspeed.ConfigWarning)
@@ -214,14 +210,35 @@ def test_set_rejects_an_unknown_log_topic():
     assert not log.enabled("frames")  # nothing was applied
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: agspeed/config.py _check returns a str cache_dir from Python unparsed: '' is "
-    "accepted (the environment variable rejects it as an empty path) and the value is "
-    "not made absolute"))
 def test_set_rejects_an_empty_cache_dir():
     with pytest.raises(ValueError, match="empty"):
         config.set(cache_dir="")
     assert os.path.basename(config.cache_dir) == "agspeed"
+
+
+def test_set_log_names_the_bad_topics_and_the_valid_ones():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", agspeed.ConfigWarning)  # it raises instead of warning
+        with pytest.raises(ValueError) as info:
+            config.set(log=["frames", " Bogus", "nope"])
+    message = str(info.value)
+    assert "'bogus'" in message and "'nope'" in message and "graph_breaks" in message
+    with pytest.raises(TypeError, match="topic names"):
+        config.set(log=["frames", 3])
+    config.set(log=("all",))
+    assert all(log.enabled(t) for t in log.TOPICS)
+
+
+def test_set_cache_dir_is_expanded_and_made_absolute(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config.set(cache_dir="~/kb")
+    assert config.cache_dir == str(tmp_path / "kb")
+    monkeypatch.chdir(tmp_path)
+    with config.override(cache_dir="relative"):
+        assert config.cache_dir == str(tmp_path / "relative")
+    with pytest.raises(ValueError, match="empty"):
+        config.set(cache_dir="  ")
+    assert config.cache_dir == str(tmp_path / "kb")
 
 
 def run_python(code, **env):

@@ -861,10 +861,6 @@ def test_region_exposes_its_function_and_context():
     assert "add" in repr(region)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: agspeed/api.py _Disabled keeps one list of Scopes per object, shared by all "
-    "threads: __exit__ in thread A pops and exits thread B's Scope, so A loses its "
-    "optimized context and B is left inside A's context outside any optimized call"))
 def test_disable_object_shared_by_threads_keeps_each_threads_context():
     # One `agspeed.disable()` object used as `with` by two threads at once, one of them
     # inside an optimized call: each thread must get its own context back.  Both run in
@@ -908,16 +904,12 @@ def _disabled_generator():
         yield 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: csrc/region.c scope_exit (via hook.c ags_hook_exit) restores the context saved "
-    "at __enter__ unconditionally; a generator that entered agspeed.disable() inside an "
-    "optimized call and leaves the block after that call returned reinstalls the "
-    "finished call's context on the thread, outside any optimized call"))
 def test_generator_suspended_in_disable_leaves_no_context_once_it_finishes():
     # docs/architecture.md: a generator suspended inside `with agspeed.disable():` leaves
-    # the thread disabled until it resumes and exits the block.  Once it has exited,
-    # outside every optimized call, the thread must be outside every context again (or
-    # its frames reach that context whenever another thread is inside an optimized call).
+    # the thread disabled until it leaves the block or the optimized call it entered it in
+    # returns.  Once it has left, outside every optimized call, the thread must be outside
+    # every context again (or its frames reach that context whenever another thread is
+    # inside an optimized call).
     # Run in a worker thread so that a wrong context cannot outlive this test.
     ctx = Recorder()
     after = {}
@@ -936,3 +928,118 @@ def test_generator_suspended_in_disable_leaves_no_context_once_it_finishes():
     worker.start()
     worker.join(10)
     assert after == {"rest": [2], "ctx": None}
+
+
+def test_generator_left_disabled_inside_another_call_keeps_that_calls_context():
+    # Entered inside one optimized call, left inside another: leaving must not bring back
+    # the first call's context, nor take away the second's.
+    first, second = Recorder(), Recorder()
+    seen = {}
+
+    def start():
+        gen = _disabled_generator()
+        next(gen)
+        seen["inside first"] = _C.current_context()
+        return gen
+
+    def finish(gen):
+        seen["rest"] = list(gen)
+        seen["inside second"] = _C.current_context()
+
+    def scenario():
+        gen = _C.Region(start, first)()
+        seen["between"] = _C.current_context()
+        _C.Region(finish, second)(gen)
+        seen["after"] = _C.current_context()
+
+    worker = threading.Thread(target=scenario)
+    worker.start()
+    worker.join(10)
+    assert seen == {"inside first": None, "between": None, "rest": [2],
+                    "inside second": second, "after": None}
+    assert _C._eval_frame_owner() == "default"
+
+
+def test_scopes_left_out_of_order_bring_back_no_context():
+    # Two generators' `with` blocks, the older left first: when the newer one leaves, the
+    # older one's context must not reappear.  Contexts are held only while their slot is.
+    ctx = Recorder()
+    before = sys.getrefcount(ctx)
+    older, newer = _C.Scope(ctx), _C.Scope(None)
+    older.__enter__()
+    newer.__enter__()
+    older.__exit__(None, None, None)
+    assert _C.current_context() is None and _C._eval_frame_owner() == "default"
+    assert sys.getrefcount(ctx) == before + 1  # the Scope's own reference only
+    newer.__exit__(None, None, None)
+    assert _C.current_context() is None and _C._eval_frame_owner() == "default"
+    add(1, 2)
+    assert ctx.asked == []
+    with older:  # a Scope left out of order can be entered again
+        assert _C.current_context() is ctx
+    del older
+    assert sys.getrefcount(ctx) == before
+
+
+def test_scope_destroyed_while_entered_takes_its_context_with_it():
+    ctx = Recorder()
+    before = sys.getrefcount(ctx)
+    scope = _C.Scope(ctx)
+    scope.__enter__()
+    assert _C.current_context() is ctx and _C._eval_frame_owner() == "agspeed"
+    del scope
+    assert _C.current_context() is None and _C._eval_frame_owner() == "default"
+    assert sys.getrefcount(ctx) == before
+
+
+def test_scope_left_on_another_thread_changes_no_context_there_or_here():
+    # The other thread cannot reach this thread's stack: leaving there changes nothing on
+    # either thread, and the Region the Scope was entered in takes its push away on return.
+    ctx = Recorder()
+    seen = {}
+
+    def leave(scope):
+        scope.__exit__(None, None, None)
+        seen["leaver"] = _C.current_context()
+
+    def body():
+        scope = _C.Scope(None)
+        scope.__enter__()
+        worker = threading.Thread(target=leave, args=(scope,))
+        worker.start()
+        worker.join(10)
+        seen["entering, inside"] = _C.current_context()
+
+    def scenario():
+        _C.Region(body, ctx)()
+        seen["entering, after"] = _C.current_context()
+
+    worker = threading.Thread(target=scenario)
+    worker.start()
+    worker.join(10)
+    assert seen == {"leaver": None, "entering, inside": None, "entering, after": None}
+    assert _C._eval_frame_owner() == "default"
+
+
+def test_deep_stack_survives_a_scope_left_from_its_bottom():
+    # Deeper than the slots kept without allocation, with the bottom push (a generator's
+    # disable block) removed from under twenty optimized calls.
+    ctx = Recorder()
+    before = sys.getrefcount(ctx)
+    gen = _disabled_generator()
+    assert next(gen) == 1
+    seen = []
+
+    def count_down(n):
+        if n == 0:
+            seen.append(list(gen))
+        result = 0 if n == 0 else 1 + region(n - 1)
+        seen.append(_C.current_context() is ctx)
+        return result
+
+    region = _C.Region(count_down, ctx)
+    assert region(20) == 20
+    assert seen == [[2]] + [True] * 21
+    assert _C.current_context() is None and _C._eval_frame_owner() == "default"
+    del region, count_down
+    assert sys.getrefcount(ctx) == before
