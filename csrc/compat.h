@@ -59,6 +59,7 @@ per-code caches rely on the GIL."
 
 /* Opcode numbers of this version, and its jump lists. */
 #include <opcode.h>
+#include "opcodes_common.h"
 #if defined(AGS_PY311)
 #  include "opcodes_311.h"
 #elif defined(AGS_PY312)

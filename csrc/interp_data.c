@@ -735,26 +735,12 @@ op_format_with_spec(ags_interp *it, ags_frame *f, const ags_instr *ins)
 }
 
 /* CONVERT_VALUE (3.13): 1 str, 2 repr, 3 ascii; the same numbers as
- * FORMAT_VALUE's conversion bits. */
+ * FORMAT_VALUE's conversion bits.  Converting with no spec is formatting
+ * the converted string, so it shares format_top. */
 AGS_HANDLER
 op_convert_value(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
-    ags_value v = ags_pop(f);
-    PyObject *out;
-
-    if (v.kind != AGS_VK_CONST) {
-        int rc = ags_stopf(it, "unsupported_value", "formatting a %s",
-                           AGS_DESCRIBE(&v));
-        ags_value_clear(&v);
-        return rc;
-    }
-    out = ags_call_builder(it, "format", "(OiO)", v.obj, (int)ins->arg,
-                           Py_None);
-    ags_value_clear(&v);
-    if (out == NULL) {
-        return ags_take_break(it);
-    }
-    return ags_push(f, ags_value_make(AGS_VK_CONST, out, NULL));
+    return format_top(it, f, (int)ins->arg, 0);
 }
 
 AGS_HANDLER
