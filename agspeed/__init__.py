@@ -11,6 +11,7 @@ import torch.  Knobs: ``agspeed.config`` and the ``AGSPEED_*`` environment varia
 
 from agspeed import _C, config, log
 from agspeed.api import counters, disable, optimize, reset
+from agspeed._explain import explain
 from agspeed.backends import list_backends, register_backend
 from agspeed.errors import (
     AgspeedError,
@@ -26,6 +27,7 @@ __all__ = [
     "optimize",
     "disable",
     "reset",
+    "explain",
     "counters",
     "config",
     "log",

@@ -46,6 +46,7 @@ class CaptureBreak(NamedTuple):
     instruction: str
     reason: str
     detail: str
+    function: str = ""  # the function (maybe inlined) whose instruction stopped capture
 
     def __str__(self) -> str:
         where = f"{os.path.basename(self.filename)}:{self.line}"
@@ -276,14 +277,14 @@ def capture(code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any
         where = out["code"]
         brk = CaptureBreak(where.co_filename, _line_of(where, out["offset"]),
                            dis.opname[out["opcode"]] if out["opcode"] >= 0 else "(start)",
-                           out["reason"], out["detail"])
+                           out["reason"], out["detail"], where.co_name)
         return brk, Guard(torch, builder, f_locals)
     result = out["result"]
     try:
         builder.check_output(result)
     except GraphBreak as exc:
         brk = CaptureBreak(code.co_filename, code.co_firstlineno, "RETURN_VALUE",
-                           exc.reason, exc.detail)
+                           exc.reason, exc.detail, code.co_name)
         return brk, Guard(torch, builder, f_locals)
     if not any(n.op in ("call_function", "call_method") for n in builder.graph.nodes):
         return None, ArgumentTypes(f_locals)

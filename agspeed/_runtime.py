@@ -139,12 +139,16 @@ _RUN_EAGER = _C.ACTION_RUN_EAGER
 class Context:
     """The capture context of optimized objects sharing one backend and option set."""
 
-    __slots__ = ("backend_name", "backend", "options", "__weakref__")
+    __slots__ = ("backend_name", "backend", "options", "observer", "__weakref__")
 
-    def __init__(self, backend_name: str, backend: Any, options: dict[str, Any]):
+    def __init__(self, backend_name: str, backend: Any, options: dict[str, Any],
+                 observer: Any = None):
         self.backend_name = backend_name
         self.backend = backend
         self.options = dict(options)
+        # Called as observer(kind, code, payload) for every decision about a user frame:
+        # ("graph", code, Capture), ("break", code, CaptureBreak), ("eager", code, why).
+        self.observer = observer
 
     def __repr__(self) -> str:
         opts = "".join(f", {k}={v!r}" for k, v in sorted(self.options.items()))
@@ -187,11 +191,14 @@ class Context:
         from agspeed._capture import Capture, capture, make_entry
 
         where = f"{code.co_name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
-        entries = _C.code_cache(code)["entries"]
-        cached = [e for e in entries if e.action == _C.ACTION_CALL]
+        # Each context counts its own entries: another optimized object's recompiles of
+        # this code are not this one's.
+        entries = [e for e in _C.code_cache(code)["entries"] if e.context is self]
+        observe = self.observer or _ignore
         if len(entries) >= config.recompile_limit:
             _recompiles_log.info("%s hit the recompile limit (%d): it runs eager from now "
                                  "on", where, config.recompile_limit)
+            observe("eager", code, "recompile limit")
             return _C.CacheEntry(_RUN_EAGER, context=self), "run eager (recompile limit)"
         keep_dynamo_out()
         result = capture(code, f_locals, f_globals, f_builtins)
@@ -201,7 +208,9 @@ class Context:
             # function is captured again for others.
             entry = _C.CacheEntry(_RUN_EAGER, guard=guard, context=self)
             if brk is None:
+                observe("eager", code, "no tensor work")
                 return entry, "run eager (no tensor work)"
+            observe("break", code, brk)
             if log.enabled("graph_breaks"):
                 _graph_breaks_log.info("%s: %s", where, brk)
             return entry, f"run eager (graph break: {brk})"
@@ -213,12 +222,14 @@ class Context:
             _internal_log.warning("agspeed: backend %s failed to compile the graph of %s "
                                   "(%s: %s); it runs eager", self.backend_name, where,
                                   type(exc).__name__, exc)
+            observe("eager", code, f"backend {self.backend_name} failed")
             return (_C.CacheEntry(_RUN_EAGER, guard=result.guard, context=self),
                     f"run eager (backend {self.backend_name} failed)")
         if log.enabled("guards"):
             _guards_log.info("%s guards:\n  %s", where, "\n  ".join(result.guard.lines()))
         if log.enabled("graphs"):
             _graphs_log.info("%s captured:\n%s", where, result.graph_module.code)
+        observe("graph", code, result)
         return make_entry(result, compiled, self), "captured"
 
     @staticmethod
@@ -230,6 +241,10 @@ class Context:
                 if hasattr(guard, "failures") else ["(no guard details)"]
             _recompiles_log.info("%s: recompiling: entry %d of %d failed: %s", where, n,
                                  len(entries), "; ".join(why) or "(passes now)")
+
+
+def _ignore(kind: str, code: Any, payload: Any) -> None:
+    pass
 
 
 _dynamo_told = False

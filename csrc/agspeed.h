@@ -182,7 +182,7 @@ PyCodeObject *ags_cache_return_code(ags_code_state *state,
 
 /* Empties every code cache (entries and flags).  Returns how many code
  * objects had a cache. */
-Py_ssize_t ags_cache_clear_all(void);
+Py_ssize_t ags_cache_clear(PyObject *ctx);
 
 /* New reference: a dict describing the cache of `code` for tests and
  * explain(): {"flags": int, "skip": bool, "entries": [CacheEntry...]}. */

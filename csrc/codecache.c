@@ -220,8 +220,11 @@ ags_cache_return_code(ags_code_state *state, PyCodeObject *code)
     return (PyCodeObject *)state->retcode;
 }
 
+/* Empties every code cache (ctx == NULL: entries and skip marks) or drops
+ * the entries of one context only (skip marks and other contexts' entries
+ * stay).  Returns how many code objects had a state, or -1. */
 Py_ssize_t
-ags_cache_clear_all(void)
+ags_cache_clear(PyObject *ctx)
 {
     Py_ssize_t n_states = 0, n_refs = 0, k = 0;
     ags_entry **doomed;
@@ -235,14 +238,25 @@ ags_cache_clear_all(void)
         PyErr_NoMemory();
         return -1;
     }
-    /* Empty every state first, release afterwards: releasing an entry may
+    /* Empty the states first, release afterwards: releasing an entry may
      * free a code object and unlink its state from the list. */
     for (ags_code_state *s = registry.next; s != &registry; s = s->next) {
+        Py_ssize_t kept = 0;
+
         for (Py_ssize_t i = 0; i < s->n_entries; i++) {
-            doomed[k++] = s->entries[i];
+            ags_entry *entry = s->entries[i];
+
+            if (ctx == NULL || entry->context == ctx) {
+                doomed[k++] = entry;
+            }
+            else {
+                s->entries[kept++] = entry;
+            }
         }
-        s->n_entries = 0;
-        s->flags = 0;
+        s->n_entries = kept;
+        if (ctx == NULL) {
+            s->flags = 0;
+        }
     }
     version++;
     for (Py_ssize_t i = 0; i < k; i++) {

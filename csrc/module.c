@@ -50,13 +50,18 @@ reset_counters(PyObject *module, PyObject *unused)
 }
 
 static PyObject *
-clear_caches(PyObject *module, PyObject *unused)
+clear_caches(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_ssize_t n;
 
     (void)module;
-    (void)unused;
-    n = ags_cache_clear_all();
+    if (nargs > 1) {
+        PyErr_Format(PyExc_TypeError,
+                     "clear_caches() takes at most 1 argument (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    n = ags_cache_clear(nargs == 1 && args[0] != Py_None ? args[0] : NULL);
     return n < 0 ? NULL : PyLong_FromSsize_t(n);
 }
 
@@ -185,9 +190,10 @@ static PyMethodDef module_methods[] = {
      "counters() -> dict: the runtime's counters (see COUNTER_DOCS)."},
     {"reset_counters", reset_counters, METH_NOARGS,
      "reset_counters(): set every counter to zero."},
-    {"clear_caches", clear_caches, METH_NOARGS,
-     "clear_caches() -> int: empty every code cache (entries and skip "
-     "marks); returns how many code objects had one."},
+    {"clear_caches", (PyCFunction)(void (*)(void))clear_caches, METH_FASTCALL,
+     "clear_caches(context=None) -> int: empty every code cache (entries "
+     "and skip marks), or drop only the entries of one context; returns how "
+     "many code objects had a cache."},
     {"set_enabled", set_enabled, METH_O,
      "set_enabled(flag): turn the runtime on or off for every region."},
     {"is_enabled", is_enabled, METH_NOARGS,
