@@ -32,7 +32,7 @@ import weakref
 from typing import Any, Callable, NamedTuple
 
 from agspeed import _C
-from agspeed._graph import GraphBreak, GraphBuilder
+from agspeed._graph import REASONS, GraphBreak, GraphBuilder
 from agspeed._sources import MISSING, describe, resolve
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
@@ -48,9 +48,15 @@ class CaptureBreak(NamedTuple):
     detail: str
     function: str = ""  # the function (maybe inlined) whose instruction stopped capture
 
+    @property
+    def hint(self) -> str:
+        """What the user can do about it (``_graph.REASONS``)."""
+        return REASONS.get(self.reason, ("", ""))[1]
+
     def __str__(self) -> str:
         where = f"{os.path.basename(self.filename)}:{self.line}"
-        return f"{where} {self.instruction}: {self.reason} ({self.detail})"
+        hint = f"; hint: {self.hint}" if self.hint else ""
+        return f"{where} {self.instruction}: {self.reason} ({self.detail}{hint})"
 
 
 def _line_of(code: Any, offset: int) -> int | None:

@@ -26,6 +26,7 @@ class BreakReason(NamedTuple):
     reason: str
     detail: str
     frame: str  # the frame that runs eager: "name (file:line)"
+    hint: str = ""  # what the user can do about it
 
     def __str__(self) -> str:
         where = f"{os.path.basename(self.filename)}:{self.line}"
@@ -90,6 +91,8 @@ class ExplainOutput:
                         f"    Instruction: {brk.instruction}",
                         f"    Location: {brk.filename}:{brk.line} in {brk.function}",
                         f"    Frame run eager: {brk.frame}"]
+                if brk.hint:
+                    out.append(f"    Hint: {brk.hint}")
         if self.eager_frames:
             out.append("Frames Run Eager Without A Break:")
             out += [f"  {frame}: {why}" for frame, why in self.eager_frames]
@@ -149,7 +152,8 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainOutput:
         elif kind == "break":
             report.break_reasons.append(BreakReason(
                 payload.filename, payload.line, payload.function or code.co_name,
-                payload.instruction, payload.reason, payload.detail, _where(code)))
+                payload.instruction, payload.reason, payload.detail, _where(code),
+                payload.hint))
         else:
             report.eager_frames.append((_where(code), payload))
 

@@ -37,7 +37,7 @@ import operator
 import types
 from typing import Any, Callable
 
-from agspeed._sources import MISSING, _class_lookup, name_of, static_attr
+from agspeed._sources import MISSING, _class_lookup, is_namedtuple_type, name_of, static_attr
 
 __all__ = ["GraphBreak", "GraphBuilder", "REASONS"]
 
@@ -73,6 +73,30 @@ REASONS: dict[str, tuple[str, str]] = {
         "the module has hooks (or a custom __call__), which run only in eager",
         "the module runs eager with its hooks; its forward is still captured",
     ),
+    # Reasons the C interpreter gives (csrc/interp*.c).
+    "side_effect": (
+        "a write to an object of the program (an attribute or an item)",
+        "return the value instead and store it outside the optimized code",
+    ),
+    "unsupported_instruction": (
+        "Python the capture does not model (try/except, with, del, yield...)",
+        "move it into a helper called from the optimized code; the helper runs eager",
+    ),
+    "generator": ("generators and coroutines run eager", "return a tensor or a tuple instead"),
+    "raise": ("the code raises an exception", "the frame runs eager and raises it"),
+    "too_long": ("too many instructions (a long or endless loop)",
+                 "loop over fewer items, or move the loop out of the optimized code"),
+    "too_deep": ("calls nested too deeply to inline", "flatten the recursion"),
+    "closure": ("a nested function with free variables",
+                "define the function at module level and pass values in"),
+    "missing_attribute": ("the attribute does not exist", "the frame runs eager and raises"),
+    "unbound_local": ("a local read before it is assigned",
+                      "the frame runs eager and raises"),
+    "unguardable_attribute": ("an attribute of an object with no source to guard it by",
+                              "pass the value in as an argument"),
+    "unguardable_global": ("a global the guard could not check", "pass the value in"),
+    "unknown_global": ("a name that is neither a global nor a builtin",
+                       "the frame runs eager and raises NameError"),
 }
 
 _TORCH_PY_LEAVES = ("torch.nn.functional", "torch.functional", "torch._jit_internal",
@@ -143,7 +167,7 @@ class GraphBuilder:
         self._inputs: dict[Any, tuple[Any, Any]] = {}  # source -> (node, real value)
         self._by_id: dict[int, tuple[Any, Any]] = {}  # id(tensor) -> (node, source)
         self._static = (torch.dtype, torch.device, torch.layout, torch.memory_format,
-                        torch.Size, *_PLAIN)
+                        torch.Size, torch.finfo, torch.iinfo, *_PLAIN)
         self._consts = self._constant_calls(torch)
 
     @staticmethod
@@ -297,7 +321,7 @@ class GraphBuilder:
             raise GraphBreak("unsupported_attribute",
                              f"{type(obj).__name__}.{name}: {value}")
         if how == "missing":
-            return "missing", None, None
+            return "missing", MISSING, None
         bound = obj.__self__ if isinstance(obj, super) else obj
         return how, value, bound if how == "method" else None
 
@@ -311,6 +335,8 @@ class GraphBuilder:
             return self._plan_module(fn, source)
         if fn is super:
             return ("super",)
+        if fn is getattr or fn is hasattr:
+            return (fn.__name__,)
         if type(fn) is types.MethodType:
             return ("inline", fn.__func__, fn.__self__, None)
         if self.can_record(fn) or type(fn) in (types.MethodDescriptorType,
@@ -318,7 +344,8 @@ class GraphBuilder:
                 getattr(fn, "__objclass__", None) is torch._C.TensorBase:
             return ("graph", fn)
         if fn in _STRUCTURAL_FOLDS or fn in _TYPE_FOLDS or fn in _VALUE_FOLDS or (
-                type(fn) is types.BuiltinFunctionType and fn.__module__ == "math"):
+                type(fn) is types.BuiltinFunctionType and fn.__module__ == "math") or \
+                is_namedtuple_type(fn) or fn is torch.finfo or fn is torch.iinfo:
             return ("fold", fn)
         if type(fn) is types.FunctionType:
             if getattr(fn, "__module__", "") in ("torch._dynamo.eval_frame",
@@ -406,6 +433,11 @@ class GraphBuilder:
 
     def fold(self, fn: Any, args: tuple, kwargs: dict) -> Any:
         """``fn(*args, **kwargs)`` evaluated now on known values."""
+        if is_namedtuple_type(fn):  # fields may be tensors: it holds their nodes
+            try:
+                return fn(*args, **kwargs)
+            except TypeError as exc:
+                raise GraphBreak("bad_call", f"{fn.__qualname__}(): {exc}") from exc
         if fn in _STRUCTURAL_FOLDS:
             if fn is not len:
                 args = tuple(self._materialize(a) for a in args)
@@ -510,7 +542,8 @@ class GraphBuilder:
                                   torch.nn.ModuleDict, torch.nn.ParameterList,
                                   torch.nn.ParameterDict)):
             return self._module_item(container, index, source)
-        if type(container) in (tuple, list, dict, str, torch.Size, range):
+        if type(container) in (tuple, list, dict, str, torch.Size, range) or \
+                is_namedtuple_type(type(container)):
             try:
                 out = container[index]
             except Exception as exc:
@@ -606,7 +639,7 @@ class GraphBuilder:
             store = object.__getattribute__(obj, "__dict__")["_modules"]
             self._guard_store(obj, source, store)
             return tuple((k, None) for k in store)
-        if type(obj) in (tuple, list, torch.Size):
+        if type(obj) in (tuple, list, torch.Size) or is_namedtuple_type(type(obj)):
             return tuple((v, ("item", source, i) if source is not None and not
                           self._is_static(v) else None) for i, v in enumerate(obj))
         if type(obj) is dict or type(obj) is str:
@@ -633,7 +666,7 @@ class GraphBuilder:
         tuples/lists/dicts of them (what a graph can return)."""
         if isinstance(result, self.node_type) or self._is_static(result):
             return
-        if type(result) in (tuple, list):
+        if type(result) in (tuple, list) or is_namedtuple_type(type(result)):
             for v in result:
                 self.check_output(v)
             return

@@ -20,6 +20,7 @@ calling descriptors other than plain functions and properties, or any ``__getatt
 from __future__ import annotations
 
 import builtins
+import collections
 import sys
 import types
 from typing import Any
@@ -47,6 +48,36 @@ def _class_lookup(cls: type, name: str) -> Any:
     return MISSING
 
 
+def _own_getattr(cls: type) -> Any:
+    """The ``__getattr__`` instances of ``cls`` fall back to, past optimized-module view
+    classes (whose ``__getattr__`` only forwards to the viewed class's)."""
+    for klass in cls.__mro__:
+        d = klass.__dict__
+        if "__getattr__" in d and "__agspeed_view__" not in d:
+            return d["__getattr__"]
+    return MISSING
+
+
+def is_namedtuple_type(cls: Any) -> bool:
+    """A ``collections.namedtuple``/``typing.NamedTuple`` class whose items and fields
+    are read the plain tuple way (no ``__getitem__`` or ``__new__`` of its own)."""
+    if not isinstance(cls, type) or not issubclass(cls, tuple) or cls is tuple:
+        return False
+    # The class that defines __new__ must be the generated one (which has _fields).
+    maker = next((k for k in cls.__mro__ if "__new__" in k.__dict__), tuple)
+    return (isinstance(maker.__dict__.get("_fields"), tuple)
+            and _class_lookup(cls, "__getitem__") is tuple.__getitem__)
+
+
+_TUPLEGETTER = type(collections.namedtuple("_Probe", "field").field)
+
+
+def _is_type_info(cls: type) -> bool:
+    """torch.finfo / torch.iinfo: immutable facts about a dtype, read by C getters."""
+    torch = sys.modules.get("torch")
+    return torch is not None and (cls is torch.finfo or cls is torch.iinfo)
+
+
 def _module_type() -> Any:
     torch = sys.modules.get("torch")
     return torch.nn.Module if torch is not None else None
@@ -71,9 +102,12 @@ def static_attr(obj: Any, name: str) -> tuple[str, Any]:
         kind = type(found)
         if kind is property:
             return "property", found
+        if kind is _TUPLEGETTER:  # a namedtuple field: an item of the tuple
+            return "value", found.__get__(obj, cls)
         if hasattr(kind, "__set__") or hasattr(kind, "__delete__"):
             if kind is types.MemberDescriptorType or kind is types.GetSetDescriptorType:
-                if cls.__module__ == "builtins" or kind is types.MemberDescriptorType:
+                if cls.__module__ == "builtins" or kind is types.MemberDescriptorType \
+                        or _is_type_info(cls):
                     return "value", found.__get__(obj, cls)
             return "unsupported", f"data descriptor {kind.__name__}"
     try:
@@ -101,7 +135,7 @@ def static_attr(obj: Any, name: str) -> tuple[str, Any]:
             s = d.get(store)
             if s is not None and name in s:
                 return "value", s[name]
-        if _class_lookup(cls, "__getattr__") is not module_type.__getattr__:
+        if _own_getattr(cls) is not module_type.__getattr__:
             return "unsupported", "a custom __getattr__"
         return "missing", MISSING
     if isinstance(obj, type):
@@ -165,7 +199,8 @@ def resolve(source: tuple, f_locals: dict, f_globals: dict, f_builtins: dict,
                 value = found if how in ("value", "method", "property") else MISSING
             elif kind == "item":
                 try:
-                    if type(base) in (tuple, list, dict) or _is_size(base):
+                    if type(base) in (tuple, list, dict) or _is_size(base) or \
+                            is_namedtuple_type(type(base)):
                         value = base[source[2]]
                 except (IndexError, KeyError, TypeError):
                     value = MISSING

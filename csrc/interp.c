@@ -119,7 +119,17 @@ ags_take_break(ags_interp *it)
         it->brk_reason = it->brk_reason_buf;
     }
     Py_DECREF(reason);
-    Py_XSETREF(it->brk_detail, PyObject_Str(exc));
+    /* The builder's GraphBreak carries its detail apart from the reason. */
+    {
+        PyObject *detail = PyObject_GetAttrString(exc, "detail");
+
+        if (detail == NULL) {
+            PyErr_Clear();
+        }
+        Py_XSETREF(it->brk_detail, detail && PyUnicode_Check(detail)
+                                       ? Py_NewRef(detail) : PyObject_Str(exc));
+        Py_XDECREF(detail);
+    }
     Py_DECREF(exc);
     return it->brk_detail ? AGS_BREAK : AGS_ERROR;
 }

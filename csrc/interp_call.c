@@ -16,7 +16,9 @@
  *           evaluated now, the result is a constant;
  *   const   a call whose answer is known (torch.compiler.is_compiling());
  *   super   super(...): a super object, whose attributes come from the
- *           classes after the given one.
+ *           classes after the given one;
+ *   getattr, hasattr  with a constant name: as LOAD_ATTR, a missing
+ *           attribute guarded absent.
  * Anything else breaks with the builder's reason.
  */
 #include "interp.h"
@@ -133,14 +135,24 @@ known_attr(ags_interp *it, ags_frame *f, ags_value *owner, PyObject *name,
         else {
             rc = ags_value_of(it, value, &v) < 0 ? AGS_ERROR : AGS_GO;
         }
-        if (rc == AGS_GO && strcmp(how, "method") == 0) {
-            ags_value self;
-            if (!method) {
-                ags_value_clear(&v);
-                rc = ags_stopf(it, "unsupported_attribute", "method %R used as "
-                               "a value", name);
+        if (rc == AGS_GO && strcmp(how, "method") == 0 && !method) {
+            /* A method used as a value (`f = self.step`, getattr): a bound
+             * method, whose self keeps its source through the known map
+             * when it is called. */
+            PyObject *bound = PyMethod_New(value, self_obj);
+
+            ags_value_clear(&v);
+            if (bound == NULL || ags_value_of(it, bound, &v) < 0) {
+                rc = AGS_ERROR;
             }
-            else if (ags_value_of(it, self_obj, &self) < 0) {
+            else {
+                rc = ags_push(f, v);
+            }
+            Py_XDECREF(bound);
+        }
+        else if (rc == AGS_GO && strcmp(how, "method") == 0) {
+            ags_value self;
+            if (ags_value_of(it, self_obj, &self) < 0) {
                 ags_value_clear(&v);
                 rc = AGS_ERROR;
             }
@@ -231,6 +243,88 @@ op_load_method(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     return ags_load_attr(it, f, PyTuple_GET_ITEM(f->code->co_names, ins->arg),
                          1);
+}
+
+/* getattr(obj, name[, default]) and hasattr(obj, name) with a constant
+ * name: the attribute is loaded as LOAD_ATTR would, under the same guard
+ * on its source; a missing one (with a default, or for hasattr) is guarded
+ * absent.  *result is set on AGS_GO. */
+static int
+call_getattr(ags_interp *it, ags_frame *f, int has, ags_value *args,
+             int nargs, PyObject *kwnames, ags_value *result)
+{
+    const char *fn = has ? "hasattr" : "getattr";
+    PyObject *name, *answer, *owner_src, *src = NULL;
+    int rc, missing;
+
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
+        return ags_stopf(it, "bad_call", "%s() takes no keyword arguments", fn);
+    }
+    if (nargs < 2 || nargs > (has ? 2 : 3)) {
+        return ags_stopf(it, "bad_call", "%s() with %d arguments", fn, nargs);
+    }
+    name = args[1].obj;
+    if (args[1].kind != AGS_VK_CONST || !PyUnicode_CheckExact(name)) {
+        return ags_stopf(it, "unsupported_call", "%s() with a name that is not "
+                         "a constant string", fn);
+    }
+    if (args[0].kind != AGS_VK_CONST) {
+        if (has) {
+            return ags_stopf(it, "unsupported_call", "hasattr() of a %s",
+                             AGS_DESCRIBE(&args[0]));
+        }
+        /* a tensor's metadata, or the load's own break */
+        rc = ags_push(f, ags_value_copy(&args[0]));
+        if (rc == AGS_GO) {
+            rc = ags_load_attr(it, f, name, 0);
+        }
+        if (rc == AGS_GO) {
+            *result = ags_pop(f);
+        }
+        return rc;
+    }
+    answer = ags_call_builder(it, "attr", "(OO)", args[0].obj, name);
+    if (answer == NULL) {
+        return ags_take_break(it);
+    }
+    missing = strcmp(PyUnicode_AsUTF8(PyTuple_GET_ITEM(answer, 0)),
+                     "missing") == 0;
+    owner_src = ags_source_of(it, &args[0]);
+    if (owner_src != NULL) {
+        src = Py_BuildValue("(sOO)", "attr", owner_src, name);
+        Py_DECREF(owner_src);
+        if (src == NULL) {
+            Py_DECREF(answer);
+            return AGS_ERROR;
+        }
+    }
+    if (missing || has) {
+        /* The answer's value is the builder's MISSING marker when absent:
+         * the guard checks the attribute stays absent (or present). */
+        rc = src ? ags_assume(it, src, PyTuple_GET_ITEM(answer, 1)) : AGS_GO;
+        if (rc == AGS_GO) {
+            if (has) {
+                rc = ags_value_of(it, missing ? Py_False : Py_True, result) < 0
+                         ? AGS_ERROR : AGS_GO;
+            }
+            else if (nargs == 3) {
+                *result = ags_value_copy(&args[2]);
+            }
+            else {
+                rc = ags_stopf(it, "missing_attribute", "%s has no attribute "
+                               "%R", Py_TYPE(args[0].obj)->tp_name, name);
+            }
+        }
+    }
+    else {
+        rc = known_attr(it, f, &args[0], name, 0);
+        if (rc == AGS_GO) {
+            *result = ags_pop(f);
+        }
+    }
+    Py_XDECREF(src);
+    Py_DECREF(answer);
+    return rc;
 }
 
 /* A real super object for (cls, self), pushed as a constant. */
@@ -464,6 +558,10 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
             rc = inline_with_self(it, f, func, fsrc == Py_None ? NULL : fsrc,
                                   self, args, nargs, kwnames, result);
         }
+    }
+    else if ((strcmp(kind, "getattr") == 0 || strcmp(kind, "hasattr") == 0)
+             && self == NULL) {
+        rc = call_getattr(it, f, kind[0] == 'h', args, nargs, kwnames, result);
     }
     else if (strcmp(kind, "const") == 0) {
         rc = ags_value_of(it, PyTuple_GET_ITEM(plan, 1), result) < 0

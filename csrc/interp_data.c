@@ -675,6 +675,22 @@ op_store_subscr(ags_interp *it, ags_frame *f, const ags_instr *ins)
     return rc;
 }
 
+/* obj.name = value: a write to the program's objects, which the graph
+ * cannot replay; the frame runs eager. */
+AGS_HANDLER
+op_store_attr(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    ags_value owner = ags_pop(f), value = ags_pop(f);
+    PyObject *name = PyTuple_GET_ITEM(f->code->co_names, ins->arg);
+    int rc = ags_stopf(it, "side_effect", "setting attribute %R of a %s", name,
+                       owner.kind == AGS_VK_CONST ? Py_TYPE(owner.obj)->tp_name
+                                                  : AGS_DESCRIBE(&owner));
+
+    ags_value_clear(&owner);
+    ags_value_clear(&value);
+    return rc;
+}
+
 AGS_HANDLER
 op_store_slice(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {

@@ -195,3 +195,135 @@ def test_autocast_state_is_read_on_torch_before_2_4():
     assert _autocast_state(old_api) == ((True, torch.bfloat16), (False, torch.float16))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert _autocast_state(torch)[0] == (True, torch.bfloat16)
+
+
+# -- getattr/hasattr, namedtuples, dtype facts, attribute writes ------------------------
+
+Pair = __import__("collections").namedtuple("Pair", "out aux")
+
+
+class Reflective(torch.nn.Module if torch else object):
+    """Reads its own attributes by name, as configurable models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+        self.act = "tanh"
+
+    def scale(self, h):
+        return h * 0.5
+
+    def forward(self, x):
+        h = getattr(torch, self.act)(getattr(self, "proj")(x))
+        if hasattr(self, "extra"):
+            h = self.extra(h)
+        if getattr(self, "norm", None) is not None:
+            h = self.norm(h)
+        step = getattr(self, "scale")  # a bound method as a value
+        return step(h)
+
+
+def graphs_of(fn, *args):
+    out = agspeed.explain(fn, *args)
+    return out.graph_count, out.graph_break_count
+
+
+def test_getattr_and_hasattr_on_modules_capture_and_guard_absence():
+    model = Reflective()
+    fast = agspeed.optimize(model)
+    x = torch.randn(3, 4)
+    assert graphs_of(model, x) == (1, 0)
+    torch.testing.assert_close(fast(x), model(x))
+    code = Reflective.forward.__code__
+    assert len(call_entries_of(code)) == 1
+    # The attributes were guarded absent: adding one recaptures, with the new layer used.
+    model.extra = torch.nn.Linear(4, 4)
+    torch.testing.assert_close(fast(x), model(x))
+    model.norm = torch.nn.LayerNorm(4)
+    torch.testing.assert_close(fast(x), model(x))
+    assert len(call_entries_of(code)) == 3
+    model.act = "relu"  # the name read through getattr(torch, ...) is a guarded constant
+    torch.testing.assert_close(fast(x), model(x))
+    assert len(call_entries_of(code)) == 4
+
+
+def call_entries_of(code):
+    return [e for e in _C.code_cache(code)["entries"] if e.action == _C.ACTION_CALL]
+
+
+def returns_pair(x):
+    return Pair(torch.sigmoid(x), x.shape[0])
+
+
+def reads_pair(p):
+    out, aux = p
+    return Pair(p.out * 2 + p[1], aux.sum())
+
+
+def test_namedtuples_are_built_returned_and_read():
+    fast = agspeed.optimize(returns_pair)
+    x = torch.randn(5, requires_grad=True)
+    got = fast(x)
+    assert type(got) is Pair and got.aux == 5
+    torch.testing.assert_close(got.out, torch.sigmoid(x))
+    got.out.sum().backward()
+    torch.testing.assert_close(x.grad, torch.sigmoid(x) * (1 - torch.sigmoid(x)))
+    assert len(call_entries(returns_pair)) == 1
+    p = Pair(torch.randn(3), torch.randn(3))
+    got = agspeed.optimize(reads_pair)(p)
+    assert type(got) is Pair
+    torch.testing.assert_close(got.out, p.out * 2 + p.aux)
+    torch.testing.assert_close(got.aux, p.aux.sum())
+    assert len(call_entries(reads_pair)) == 1
+    assert graphs_of(reads_pair, p) == (1, 0)
+
+
+def clamps_to_eps(x):
+    return x.clamp(min=torch.finfo(x.dtype).eps) * torch.iinfo(torch.int8).max
+
+
+def test_finfo_and_iinfo_are_constants_guarded_through_the_dtype():
+    fast = agspeed.optimize(clamps_to_eps)
+    for dtype in (torch.float32, torch.float64, torch.float32):
+        x = torch.rand(4, dtype=dtype) * 1e-7
+        torch.testing.assert_close(fast(x), clamps_to_eps(x))
+    assert len(call_entries(clamps_to_eps)) == 2
+    assert graphs_of(clamps_to_eps, torch.rand(2)) == (1, 0)
+
+
+class Counting(torch.nn.Module if torch else object):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x * 2
+
+
+def test_attribute_writes_break_and_run_eager_once_per_call():
+    model = Counting()
+    fast = agspeed.optimize(model)
+    for _ in range(3):
+        torch.testing.assert_close(fast(torch.ones(2)), torch.full((2,), 2.0))
+    assert model.calls == 3
+    out = agspeed.explain(model, torch.ones(2))
+    assert out.graph_break_count == 1
+    brk = out.break_reasons[0]
+    assert (brk.instruction, brk.reason) == ("STORE_ATTR", "side_effect")
+    assert "'calls'" in brk.detail and "Counting" in brk.detail
+    assert model.calls == 4
+
+
+def test_every_reason_the_interpreter_gives_is_explained():
+    import pathlib
+    import re
+
+    from agspeed._graph import REASONS
+
+    csrc = pathlib.Path(__file__).resolve().parent.parent / "csrc"
+    given = set()
+    for path in csrc.glob("interp*.c"):
+        given |= set(re.findall(r'ags_stopf\(it, "([a-z_]+)"', path.read_text()))
+    assert len(given) > 10
+    assert given - set(REASONS) == set()
