@@ -132,6 +132,14 @@ def is_runtime_code(filename: str) -> bool:
     return path.startswith(_STDLIB_PREFIXES) and not any(m in path for m in _THIRD_PARTY_MARKERS)
 
 
+def _is_namedtuple_new(code: Any, f_globals: dict) -> bool:
+    """The ``__new__`` that ``collections.namedtuple`` compiles for each class: library
+    code (it builds a tuple), though its file is ``<string>``."""
+    name = f_globals.get("__name__")
+    return code.co_filename == "<string>" and type(name) is str and \
+        name.startswith("namedtuple_")
+
+
 _SKIP = _C.ACTION_SKIP
 _RUN_EAGER = _C.ACTION_RUN_EAGER
 
@@ -165,7 +173,7 @@ class Context:
             return _C.CacheEntry(_SKIP)
 
     def _decide(self, code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
-        if is_runtime_code(code.co_filename):
+        if is_runtime_code(code.co_filename) or _is_namedtuple_new(code, f_globals):
             if log.enabled("frames"):
                 _frames_log.info("%s (%s:%s) -> skip (runtime code)", code.co_name,
                                  os.path.basename(code.co_filename), code.co_firstlineno)

@@ -327,3 +327,14 @@ def test_every_reason_the_interpreter_gives_is_explained():
         given |= set(re.findall(r'ags_stopf\(it, "([a-z_]+)"', path.read_text()))
     assert len(given) > 10
     assert given - set(REASONS) == set()
+
+
+def test_namedtuple_construction_in_an_eager_frame_is_not_a_second_break(capsys):
+    def builds_in_eager(x):
+        print("eager")
+        return Pair(x + 1, 1)
+
+    out = agspeed.explain(builds_in_eager, torch.ones(2))
+    assert out.graph_break_count == 1  # the print; not the namedtuple's generated __new__
+    assert out.break_reasons[0].function == "builds_in_eager"
+    assert type(out.result) is Pair
