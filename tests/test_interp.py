@@ -13,7 +13,7 @@ import types
 import pytest
 
 from agspeed import _C
-from agspeed._sources import static_attr
+from agspeed._sources import MISSING, static_attr
 
 
 class T:
@@ -59,10 +59,14 @@ class Recorder:
         if how == "unsupported":
             raise GraphBreakLike("unsupported_attribute", value)
         if how == "missing":
-            return "missing", None, None
+            return "missing", MISSING, None
         return how, value, obj if how == "method" else None
 
     def plan_call(self, fn, source):
+        if fn is getattr or fn is hasattr:
+            return (fn.__name__,)
+        if type(fn) is types.MethodType:
+            return ("inline", fn.__func__, fn.__self__, None)
         if fn in self.allowed or getattr(fn, "__module__", None) in ("operator", "_operator"):
             return ("graph", fn)
         if fn in self.FOLDS:
@@ -361,3 +365,57 @@ def test_capture_leaks_no_references():
     b.assumptions.clear()
     b.known.clear()
     assert [sys.getrefcount(o) for o in (x, y, tlib.relu, tlib)] == before
+
+
+class Configured:
+    scale = 3
+
+    def twice(self, x):
+        return x * 2
+
+
+def reflects(x, h):
+    y = x * getattr(h, "scale")
+    if hasattr(h, "bias"):
+        y = y + h.bias
+    step = getattr(h, "twice")  # a bound method used as a value
+    return step(y) * getattr(h, "missing", 5)
+
+
+def test_getattr_and_hasattr_read_guard_and_guard_absence():
+    out, b = capture(reflects, x=T(), h=Configured())
+    assert out["status"] == "graph", out
+    assert [op[0] for op in b.ops] == ["mul", "mul", "mul"]
+    assert [op[1][1] for op in b.ops] == [3, 2, 5]
+    h = ("local", "h")
+    assert (("attr", h, "scale"), 3) in out["assumptions"]
+    assert (("attr", h, "bias"), MISSING) in out["assumptions"]
+    assert (("attr", h, "missing"), MISSING) in out["assumptions"]
+
+
+def test_getattr_of_a_missing_attribute_without_default_breaks():
+    def no_default(x, h):
+        return x * getattr(h, "nothing")
+
+    def computed_name(x, h, name):
+        return x * getattr(h, name + "")
+
+    out, _ = capture(no_default, x=T(), h=Configured())
+    assert out["reason"] == "missing_attribute" and "nothing" in out["detail"]
+    out, _ = capture(computed_name, x=T(), h=Configured(), name="scale")
+    assert out["status"] == "graph"  # a name folded to a constant is fine
+    out, _ = capture(no_default, x=T(), h=Dynamic())
+    assert out["reason"] == "unsupported_attribute"
+
+
+def stores_attribute(x, h):
+    h.seen = 1
+    return x * 2
+
+
+def test_attribute_writes_stop_the_capture_as_side_effects():
+    h = Configured()
+    out, b = capture(stores_attribute, x=T(), h=h)
+    assert out["reason"] == "side_effect" and "'seen'" in out["detail"]
+    assert dis.opname[out["opcode"]] == "STORE_ATTR"
+    assert not hasattr(h, "seen") and b.ops == []
