@@ -278,6 +278,32 @@ def test_guard_that_calls_agspeed_reset_does_not_crash():
     assert len(_C.code_cache(leaf.__code__)["entries"]) == 1
 
 
+def test_clearing_one_context_keeps_other_entries_and_skip_marks():
+    fn = make_function("def o(x):\n    return x\n", "o")
+    skipped = make_function("def k(x):\n    return x\n", "k")
+    mine, theirs = Token(), Token()
+    _C.Region(fn, entry_ctx(context=mine))(1)
+    _C.Region(fn, entry_ctx(context=theirs))(1)
+    _C.Region(skipped, lambda code, f_locals, *frame: _C.CacheEntry(SKIP))(1)
+    assert [e.context for e in _C.code_cache(fn.__code__)["entries"]] == [theirs, mine]
+    mine_ref = weakref.ref(mine)
+    del mine
+    assert _C.clear_caches(mine_ref()) >= 2
+    gc.collect()
+    assert mine_ref() is None  # its entry was the last holder
+    assert [e.context for e in _C.code_cache(fn.__code__)["entries"]] == [theirs]
+    assert _C.code_cache(skipped.__code__)["skip"] is True
+    _C.clear_caches(None)  # None: everything, as with no argument
+    assert _C.code_cache(fn.__code__)["entries"] == []
+    assert _C.code_cache(skipped.__code__)["skip"] is False
+    try:
+        _C.clear_caches(1, 2)
+    except TypeError as exc:
+        assert "at most 1 argument" in str(exc)
+    else:
+        raise AssertionError("clear_caches(1, 2) did not raise")
+
+
 def test_reset_releases_the_context_an_entry_is_bound_to():
     fn = make_function("def b(x):\n    return x\n", "b")
     owner = Token()
