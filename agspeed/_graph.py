@@ -169,6 +169,8 @@ class GraphBuilder:
         self._static = (torch.dtype, torch.device, torch.layout, torch.memory_format,
                         torch.Size, torch.finfo, torch.iinfo, *_PLAIN)
         self._consts = self._constant_calls(torch)
+        md = torch.nn.ModuleDict
+        self._dict_views = {md.items: "items", md.keys: "keys", md.values: "values"}
 
     @staticmethod
     def _constant_calls(torch: Any) -> dict:
@@ -337,7 +339,11 @@ class GraphBuilder:
             return ("super",)
         if fn is getattr or fn is hasattr:
             return (fn.__name__,)
+        if type(fn) is types.FunctionType and fn in self._dict_views:  # self comes first
+            return ("fold", fn)
         if type(fn) is types.MethodType:
+            if fn.__func__ in self._dict_views:
+                return ("fold", fn)
             return ("inline", fn.__func__, fn.__self__, None)
         if self.can_record(fn) or type(fn) in (types.MethodDescriptorType,
                                                types.WrapperDescriptorType) and \
@@ -433,6 +439,13 @@ class GraphBuilder:
 
     def fold(self, fn: Any, args: tuple, kwargs: dict) -> Any:
         """``fn(*args, **kwargs)`` evaluated now on known values."""
+        if type(fn) is types.MethodType and fn.__func__ in self._dict_views:
+            args, fn = (fn.__self__, *args), fn.__func__
+        if type(fn) is types.FunctionType and fn in self._dict_views:
+            if len(args) != 1 or kwargs or type(args[0]) is not self._torch.nn.ModuleDict:
+                raise GraphBreak("bad_call", f"ModuleDict.{self._dict_views[fn]}() with "
+                                 f"these arguments")
+            return self._module_dict_view(args[0], self._dict_views[fn])
         if is_namedtuple_type(fn):  # fields may be tensors: it holds their nodes
             try:
                 return fn(*args, **kwargs)
@@ -440,7 +453,10 @@ class GraphBuilder:
                 raise GraphBreak("bad_call", f"{fn.__qualname__}(): {exc}") from exc
         if fn in _STRUCTURAL_FOLDS:
             if fn is not len:
-                args = tuple(self._materialize(a) for a in args)
+                args = tuple(self._unbind(a) if isinstance(a, self.node_type)
+                             else self._materialize(a) for a in args)
+            if fn is len and isinstance(args[0], self.node_type):
+                return self._tensor_len(args[0])
             out = fn(*args, **kwargs) if fn is not len else len(args[0])
             if fn is iter:
                 out = tuple(out)
@@ -490,6 +506,40 @@ class GraphBuilder:
                 self.known.setdefault(id(value), (value, src))
                 items.append(value)
         return tuple(items)
+
+    def _module_dict_view(self, container: Any, which: str) -> tuple:
+        """``ModuleDict.items()/keys()/values()`` as a tuple, each member loaded from its
+        source so that calling it inlines and guards it."""
+        known = self.known.get(id(container))
+        source = known[1] if known is not None and known[0] is container else None
+        if source is None:
+            raise GraphBreak("unsupported_value", "a ModuleDict reached by no source")
+        store = object.__getattribute__(container, "__dict__")["_modules"]
+        self._guard_store(container, source, store)
+        out = []
+        for key, member in store.items():
+            src = ("attr", source, key)
+            self.assumptions.append((src, member))
+            self.known.setdefault(id(member), (member, src))
+            out.append(key if which == "keys" else member if which == "values"
+                       else (key, member))
+        return tuple(out)
+
+    def _tensor_len(self, node: Any) -> int:
+        shape = node.meta["example_value"].shape
+        if len(shape) == 0:
+            raise GraphBreak("op_failed", "len() of a 0-d tensor")
+        return int(shape[0])
+
+    def _unbind(self, node: Any) -> tuple:
+        """Iterating a tensor: its rows, one ``getitem`` node each (the length is the
+        first dimension, a guarded shape)."""
+        shape = node.meta["example_value"].shape
+        if len(shape) == 0:
+            raise GraphBreak("op_failed", "iteration over a 0-d tensor")
+        if shape[0] > 1000:
+            raise GraphBreak("unsupported_value", "iterating over more than 1000 rows")
+        return tuple(self.call_function(operator.getitem, (node, i)) for i in range(shape[0]))
 
     def _real_type_view(self, value: Any) -> Any:
         """For type checks: a placeholder stands for its real input, another node for
@@ -650,6 +700,8 @@ class GraphBuilder:
             return tuple((i, None) for i in obj)
         if type(obj) in (enumerate, zip, reversed):
             return tuple((v, None) for v in obj)
+        if isinstance(obj, self.node_type):
+            return tuple((row, None) for row in self._unbind(obj))
         raise GraphBreak("unsupported_value", f"iterating over a {type(obj).__name__}")
 
     def format(self, value: Any, conversion: int, spec: Any) -> str:

@@ -73,9 +73,10 @@ _TUPLEGETTER = type(collections.namedtuple("_Probe", "field").field)
 
 
 def _is_type_info(cls: type) -> bool:
-    """torch.finfo / torch.iinfo: immutable facts about a dtype, read by C getters."""
+    """torch.finfo, iinfo, device, dtype: immutable values whose attributes are C getters
+    (``x.device.type``, ``dtype.is_floating_point``)."""
     torch = sys.modules.get("torch")
-    return torch is not None and (cls is torch.finfo or cls is torch.iinfo)
+    return torch is not None and cls in (torch.finfo, torch.iinfo, torch.device, torch.dtype)
 
 
 def _module_type() -> Any:

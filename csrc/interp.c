@@ -446,9 +446,54 @@ frame_release(ags_frame *f)
     }
     ags_drop(f, f->sp);
     ags_value_clear(&f->retval);
+    for (int i = 0; f->cells != NULL && i < f->nlocals; i++) {
+        Py_XDECREF(f->cells[i]);
+    }
+    PyMem_Free(f->cells);
     PyMem_Free(f->locals);
     PyMem_Free(f->stack);
     ags_bc_release(&f->bc);
+}
+
+/* The cell of local slot i (made on first use, holding the slot's value
+ * as a graph argument): *cell is borrowed from the frame. */
+int
+ags_frame_cell(ags_interp *it, ags_frame *f, int i, PyObject **cell)
+{
+    PyObject *contents = NULL;
+
+    if (f->cells == NULL) {
+        f->cells = PyMem_Calloc((size_t)f->nlocals, sizeof(PyObject *));
+        if (f->cells == NULL) {
+            PyErr_NoMemory();
+            return AGS_ERROR;
+        }
+    }
+    if (f->cells[i] == NULL) {
+        if (ags_materialize(it, &f->locals[i]) < 0) {
+            return AGS_ERROR;
+        }
+        if (f->locals[i].kind != AGS_VK_UNBOUND) {
+            contents = ags_graph_arg(it, &f->locals[i]);
+            if (contents == NULL) {
+                return PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
+            }
+        }
+        f->cells[i] = PyCell_New(contents);
+        Py_XDECREF(contents);
+        if (f->cells[i] == NULL) {
+            return AGS_ERROR;
+        }
+    }
+    *cell = f->cells[i];
+    return AGS_GO;
+}
+
+/* Is slot i one of the code's free variables (the last co_nfreevars)? */
+int
+ags_is_free_slot(const ags_frame *f, int i)
+{
+    return i >= f->nlocals - f->code->co_nfreevars;
 }
 
 static int
@@ -612,6 +657,26 @@ bind_closure(ags_interp *it, ags_frame *f, PyObject *func,
     int nfree = f->code->co_nfreevars;
 
     if (nfree == 0) {
+        return AGS_GO;
+    }
+    if (closure != NULL && is_owned(it, func) == 1) {
+        /* A function this capture made: its cells are the maker's, shared. */
+        f->cells = PyMem_Calloc((size_t)f->nlocals, sizeof(PyObject *));
+        if (f->cells == NULL) {
+            PyErr_NoMemory();
+            return AGS_ERROR;
+        }
+        for (int i = 0; i < nfree; i++) {
+            int slot = f->nlocals - nfree + i;
+            PyObject *cell = PyTuple_GET_ITEM(closure, i);
+            PyObject *contents = PyCell_GET(cell);
+
+            f->cells[slot] = Py_NewRef(cell);
+            if (contents != NULL
+                && ags_value_of(it, contents, &f->locals[slot]) < 0) {
+                return AGS_ERROR;
+            }
+        }
         return AGS_GO;
     }
     if (closure == NULL || fsource == NULL) {

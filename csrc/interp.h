@@ -77,6 +77,11 @@ typedef struct ags_frame {
     PyObject *builtins;         /* borrowed */
     ags_value *locals;
     int nlocals;
+    /* Per local slot, NULL or a real cell shared with a function this
+     * capture made (MAKE_FUNCTION with a closure): the slot's value lives
+     * in the cell, as a graph argument, so that writes on either side are
+     * seen on the other.  Strong; allocated on first use. */
+    PyObject **cells;
     ags_value *stack;
     int sp, stack_cap;
     PyObject *kwnames;          /* borrowed: pending KW_NAMES (3.11, 3.12) */
@@ -126,6 +131,8 @@ int ags_load_object(ags_interp *it, PyObject *source, PyObject *value,
 PyObject *ags_call_builder(ags_interp *it, const char *method,
                            const char *fmt, ...);
 int ags_own(ags_interp *it, PyObject *container);
+int ags_frame_cell(ags_interp *it, ags_frame *f, int i, PyObject **cell);
+int ags_is_free_slot(const ags_frame *f, int i);
 int ags_inline(ags_interp *it, ags_frame *caller, PyObject *func,
                PyObject *fsource, ags_value *args, int nargs,
                PyObject *kwnames, ags_value *result);

@@ -760,25 +760,152 @@ op_unary_invert(ags_interp *it, ags_frame *f, const ags_instr *ins)
 /* MAKE_FUNCTION with no defaults, annotations or closure: a real function
  * object (making one runs no code), so comprehensions (3.11) and lambdas
  * can be inlined.  Anything with cells or defaults to set breaks. */
+/* Slot k of code is a cell or a free variable (CPython's CO_FAST_CELL,
+ * CO_FAST_FREE kinds in co_localspluskinds, 3.11-3.13). */
+static int
+is_cell_slot(PyCodeObject *code, int k)
+{
+    const unsigned char kind =
+        (unsigned char)PyBytes_AS_STRING(code->co_localspluskinds)[k];
+    return (kind & (0x40 | 0x80)) != 0;
+}
+
+/* The closure of a function made from `code` in frame f: the frame's own
+ * cells of the variables the code names as free (shared, not copied). */
+static int
+closure_of(ags_interp *it, ags_frame *f, PyCodeObject *code, PyObject **out)
+{
+    PyObject *names = f->code->co_localsplusnames;
+    int nfree = code->co_nfreevars, first = code->co_nlocalsplus - nfree;
+    PyObject *closure = PyTuple_New(nfree);
+
+    if (closure == NULL) {
+        return AGS_ERROR;
+    }
+    for (int j = 0; j < nfree; j++) {
+        PyObject *name = PyTuple_GET_ITEM(code->co_localsplusnames, first + j);
+        PyObject *cell;
+        int slot = -1, rc;
+
+        for (int k = 0; k < f->nlocals && slot < 0; k++) {
+            int eq = PyUnicode_Compare(PyTuple_GET_ITEM(names, k), name) == 0;
+            if (eq && is_cell_slot(f->code, k)) {
+                slot = k;
+            }
+        }
+        if (slot < 0) {
+            Py_DECREF(closure);
+            return ags_stopf(it, "closure", "free variable %R of a nested "
+                             "function not found in its maker", name);
+        }
+        rc = ags_frame_cell(it, f, slot, &cell);
+        if (rc != AGS_GO) {
+            Py_DECREF(closure);
+            return rc;
+        }
+        PyTuple_SET_ITEM(closure, j, Py_NewRef(cell));
+    }
+    *out = closure;
+    return AGS_GO;
+}
+
+/* A function from a code constant: `def` and lambdas inside captured code,
+ * comprehensions on 3.11.  Its closure shares the maker's cells; defaults
+ * may hold graph values.  It is owned by the capture (interp.c binds its
+ * free variables from those cells when it is inlined). */
 AGS_HANDLER
 op_make_function(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
-    ags_value code;
-    PyObject *fn;
+    uint32_t flags = ins->arg;
+    ags_value code = ags_pop(f), extra[4];
+    PyObject *fn = NULL, *closure = NULL, *arg;
+    int rc = AGS_GO, n = 0;
 
-    if (ins->arg != 0) {
-        return ags_stopf(it, "unsupported_instruction", "MAKE_FUNCTION with "
-                         "defaults, annotations or a closure");
+    /* under the code: closure (8), annotations (4), kwdefaults (2),
+     * defaults (1), popped in that order (3.11, 3.12; 3.13 uses
+     * SET_FUNCTION_ATTRIBUTE instead) */
+    for (uint32_t bit = 8; bit; bit >>= 1) {
+        extra[n] = (flags & bit) ? ags_pop(f)
+                                 : ags_value_make(AGS_VK_UNBOUND, NULL, NULL);
+        n++;
     }
-    code = ags_pop(f);
     if (code.kind != AGS_VK_CONST || !PyCode_Check(code.obj)) {
-        ags_value_clear(&code);
-        return ags_stopf(it, "unsupported_value", "MAKE_FUNCTION of a non-code");
+        rc = ags_stopf(it, "unsupported_value", "MAKE_FUNCTION of a non-code");
+        goto done;
     }
     fn = PyFunction_New(code.obj, f->globals);
+    if (fn == NULL || ags_own(it, fn) < 0) {
+        rc = AGS_ERROR;
+        goto done;
+    }
+    if (((PyCodeObject *)code.obj)->co_nfreevars > 0) {
+        rc = closure_of(it, f, (PyCodeObject *)code.obj, &closure);
+        if (rc == AGS_GO && PyFunction_SetClosure(fn, closure) < 0) {
+            rc = AGS_ERROR;
+        }
+    }
+    for (int k = 2; rc == AGS_GO && k < 4; k++) {  /* kwdefaults, defaults */
+        if (extra[k].kind == AGS_VK_UNBOUND) {
+            continue;
+        }
+        arg = ags_graph_arg(it, &extra[k]);
+        if (arg == NULL) {
+            rc = PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
+            break;
+        }
+        if ((k == 2 ? PyFunction_SetKwDefaults(fn, arg)
+                    : PyFunction_SetDefaults(fn, arg)) < 0) {
+            rc = AGS_ERROR;
+        }
+        Py_DECREF(arg);
+    }
+done:
+    for (int k = 0; k < n; k++) {
+        ags_value_clear(&extra[k]);
+    }
     ags_value_clear(&code);
-    if (fn == NULL) {
-        return AGS_ERROR;
+    Py_XDECREF(closure);
+    if (rc != AGS_GO) {
+        Py_XDECREF(fn);
+        return rc;
     }
     return ags_push(f, ags_value_make(AGS_VK_CONST, fn, NULL));
+}
+
+/* 3.11: the closure tuple's items are not read (closure_of finds the
+ * frame's cells by name), so a placeholder does. */
+AGS_HANDLER
+op_load_closure(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    (void)it;
+    (void)ins;
+    return ags_push(f, ags_value_make(AGS_VK_CONST, Py_NewRef(Py_None), NULL));
+}
+
+/* 3.13: set one attribute of the function MAKE_FUNCTION made (on top,
+ * the value under it): the closure is already the maker's cells. */
+AGS_HANDLER
+op_set_function_attribute(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    ags_value fn = ags_pop(f), value = ags_pop(f);
+    PyObject *arg = NULL;
+    int rc = AGS_GO;
+
+    if (ins->arg == 1 || ins->arg == 2) {
+        arg = ags_graph_arg(it, &value);
+        if (arg == NULL) {
+            rc = PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
+        }
+        else if ((ins->arg == 2 ? PyFunction_SetKwDefaults(fn.obj, arg)
+                                : PyFunction_SetDefaults(fn.obj, arg)) < 0) {
+            rc = AGS_ERROR;
+        }
+        Py_XDECREF(arg);
+    }
+    ags_value_clear(&value);
+    if (rc != AGS_GO) {
+        ags_value_clear(&fn);
+        return rc;
+    }
+    return ags_push(f, fn);
 }

@@ -46,6 +46,16 @@ ags_materialize(ags_interp *it, ags_value *v)
 static int
 load_local(ags_interp *it, ags_frame *f, uint32_t i)
 {
+    if (f->cells != NULL && f->cells[i] != NULL) {
+        /* shared with a function this capture made, which may have set it */
+        PyObject *contents = PyCell_GET(f->cells[i]);
+
+        ags_value_clear(&f->locals[i]);
+        if (contents != NULL
+            && ags_value_of(it, contents, &f->locals[i]) < 0) {
+            return AGS_ERROR;
+        }
+    }
     if (ags_materialize(it, &f->locals[i]) < 0) {
         return AGS_ERROR;
     }
@@ -56,11 +66,29 @@ load_local(ags_interp *it, ags_frame *f, uint32_t i)
     return ags_push(f, ags_value_copy(&f->locals[i]));
 }
 
-static void
-store_local(ags_frame *f, uint32_t i)
+static int
+store_local(ags_interp *it, ags_frame *f, uint32_t i)
 {
+    int rc;
+
     ags_value_clear(&f->locals[i]);
     f->locals[i] = ags_pop(f);
+    if (f->cells != NULL && f->cells[i] != NULL) {
+        PyObject *contents = ags_graph_arg(it, &f->locals[i]);
+
+        if (contents == NULL) {
+            return PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
+        }
+        rc = PyCell_Set(f->cells[i], contents);
+        Py_DECREF(contents);
+        return rc < 0 ? AGS_ERROR : AGS_GO;
+    }
+    if (ags_is_free_slot(f, (int)i)) {
+        /* `nonlocal x; x = ...` into a real closure: the program's cell */
+        return ags_stopf(it, "side_effect", "assigning the nonlocal %R",
+                         PyTuple_GET_ITEM(f->code->co_localsplusnames, i));
+    }
+    return AGS_GO;
 }
 
 AGS_HANDLER
@@ -85,9 +113,7 @@ op_load_fast_and_clear(ags_interp *it, ags_frame *f, const ags_instr *ins)
 AGS_HANDLER
 op_store_fast(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
-    (void)it;
-    store_local(f, ins->arg);
-    return AGS_GO;
+    return store_local(it, f, ins->arg);
 }
 
 AGS_HANDLER
@@ -108,17 +134,15 @@ op_load_fast_load_fast(ags_interp *it, ags_frame *f, const ags_instr *ins)
 AGS_HANDLER
 op_store_fast_load_fast(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
-    store_local(f, ins->arg >> 4);
-    return load_local(it, f, ins->arg & 15);
+    int rc = store_local(it, f, ins->arg >> 4);
+    return rc < 0 ? rc : load_local(it, f, ins->arg & 15);
 }
 
 AGS_HANDLER
 op_store_fast_store_fast(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
-    (void)it;
-    store_local(f, ins->arg >> 4);
-    store_local(f, ins->arg & 15);
-    return AGS_GO;
+    int rc = store_local(it, f, ins->arg >> 4);
+    return rc < 0 ? rc : store_local(it, f, ins->arg & 15);
 }
 
 AGS_HANDLER

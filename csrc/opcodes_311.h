@@ -34,6 +34,8 @@
 #define AGS_INTERP_OPS(X) \
     AGS_INTERP_OPS_COMMON(X) \
     X(PRECALL, op_nop, "3.11 call preamble: nothing symbolic") \
+    X(LOAD_CLOSURE, op_load_closure, \
+      "a cell for a closure tuple: MAKE_FUNCTION uses the frame's own") \
     X(LOAD_METHOD, op_load_method, "replace the top with [method, self]") \
     X(KW_NAMES, op_kw_names, "name the keyword arguments of the next CALL") \
     X(LIST_TO_TUPLE, op_list_to_tuple, "tuple(list) for f(*args)") \

@@ -29,4 +29,6 @@
     AGS_INTERP_OPS_COMMON(X) \
     AGS_INTERP_OPS_SINCE_312(X) \
     X(KW_NAMES, op_kw_names, "name the keyword arguments of the next CALL") \
+    X(LOAD_CLOSURE, op_load_closure, \
+      "a cell for a closure tuple: MAKE_FUNCTION uses the frame's own") \
     X(FORMAT_VALUE, op_format_value, "format a known value (f-strings)")

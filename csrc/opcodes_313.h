@@ -30,6 +30,8 @@
     AGS_INTERP_OPS_COMMON(X) \
     AGS_INTERP_OPS_SINCE_312(X) \
     X(CALL_KW, op_call_kw, "call; the keyword names tuple is on top") \
+    X(SET_FUNCTION_ATTRIBUTE, op_set_function_attribute, \
+      "defaults or closure of the function just made") \
     X(LOAD_FAST_LOAD_FAST, op_load_fast_load_fast, \
       "push locals arg >> 4 and arg & 15") \
     X(STORE_FAST_LOAD_FAST, op_store_fast_load_fast, \

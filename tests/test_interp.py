@@ -419,3 +419,61 @@ def test_attribute_writes_stop_the_capture_as_side_effects():
     assert out["reason"] == "side_effect" and "'seen'" in out["detail"]
     assert dis.opname[out["opcode"]] == "STORE_ATTR"
     assert not hasattr(h, "seen") and b.ops == []
+
+
+def nested_functions(x, k):
+    scale = k * 2
+
+    def inner(y, bias=1):
+        return y * scale + bias
+
+    first = inner(x)
+    scale = 10  # rebinding after the def: the call below must see it
+    shift = lambda y, s=3: y - s  # noqa: E731
+    rows = [inner(x) * j for j in range(2)]
+    return first, inner(x, bias=0), shift(x), rows
+
+
+def test_nested_functions_share_their_makers_cells():
+    out, b = capture(nested_functions, x=T(), k=2)
+    assert out["status"] == "graph", out
+    consts = [op[1][1] for op in b.ops if op[0] in ("mul", "add", "sub")]
+    # first: *4 +1; rows: (*10 +1) * 0 and * 1; inner(x, bias=0): *10 +0; shift: -3
+    assert consts == [4, 1, 10, 1, 0, 10, 1, 1, 10, 0, 3]
+
+
+def counter(x):
+    n = 0
+
+    def bump():
+        nonlocal n
+        n += 1
+
+    bump()
+    bump()
+    return x * n
+
+
+def test_nonlocal_writes_from_a_made_function_are_seen_by_the_maker():
+    out, b = capture(counter, x=T())
+    assert out["status"] == "graph", out
+    assert b.ops[-1][0] == "mul" and b.ops[-1][1][1] == 2
+
+
+def make_writer():
+    total = 0
+
+    def write(x):
+        nonlocal total
+        total = total + 1
+        return x * total
+
+    return write
+
+
+def test_nonlocal_writes_into_the_programs_cells_stop_the_capture():
+    write = make_writer()
+    out = _C.capture(write.__code__, {"x": T(), "total": 0}, write.__globals__,
+                     builtins.__dict__, Recorder(), T)
+    assert out["reason"] == "side_effect" and "'total'" in out["detail"]
+    assert write.__closure__[0].cell_contents == 0
