@@ -160,7 +160,7 @@ def _got(kind: int, value: Any) -> str:
 class Guard:
     """The checks of one entry, callable as the hook's guard."""
 
-    __slots__ = ("checks", "aliases", "state", "torch")
+    __slots__ = ("checks", "aliases", "state", "torch", "break_at")
 
     def __init__(self, torch: Any, builder: GraphBuilder, f_locals: dict):
         seen: set = set()
@@ -180,6 +180,23 @@ class Guard:
         self.aliases = tuple(builder.aliases)
         self.torch = torch
         self.state = global_state(torch)
+        self.break_at: tuple | None = None  # (file, line, instruction, reason) of a break
+
+    def widened(self, other: "Guard") -> "Guard":
+        """This guard less the plain-value checks ``other`` expects differently.
+
+        For a graph break that recurs where only plain values changed (a counter in
+        ``self.step += 1``, a flag): the eager entry then serves every value of them,
+        instead of each call recapturing the same break.  Tensor checks always stay, so
+        an input that breaks for its shape never shadows the graph of other shapes.
+        """
+        theirs = {(c[0], c[1]): c[2] for c in other.checks}
+        out = object.__new__(Guard)
+        out.checks = tuple(c for c in self.checks
+                           if c[1] != _EQ or theirs.get((c[0], _EQ), c[2]) == c[2])
+        out.aliases, out.state, out.torch = self.aliases, self.state, self.torch
+        out.break_at = self.break_at
+        return out
 
     def __call__(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> bool:
         memo: dict = {}
@@ -284,7 +301,9 @@ def capture(code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any
         brk = CaptureBreak(where.co_filename, _line_of(where, out["offset"]),
                            dis.opname[out["opcode"]] if out["opcode"] >= 0 else "(start)",
                            out["reason"], out["detail"], where.co_name)
-        return brk, Guard(torch, builder, f_locals)
+        guard = Guard(torch, builder, f_locals)
+        guard.break_at = (brk.filename, brk.line, brk.instruction, brk.reason)
+        return brk, guard
     result = out["result"]
     try:
         builder.check_output(result)

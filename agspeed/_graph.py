@@ -82,6 +82,10 @@ REASONS: dict[str, tuple[str, str]] = {
         "Python the capture does not model (try/except, with, del, yield...)",
         "move it into a helper called from the optimized code; the helper runs eager",
     ),
+    "exception_handler": (
+        "code under try/except or with, whose handler the graph could not run",
+        "move the try block out of the optimized code, or the tensor work out of it",
+    ),
     "generator": ("generators and coroutines run eager", "return a tensor or a tuple instead"),
     "raise": ("the code raises an exception", "the frame runs eager and raises it"),
     "too_long": ("too many instructions (a long or endless loop)",
@@ -389,6 +393,12 @@ class GraphBuilder:
         fsource = ("attr", source, "forward")
         self.assumptions.append((fsource, forward))
         return ("module", forward, module if how == "method" else None, fsource)
+
+    @staticmethod
+    def handled_ranges(code: Any) -> list[tuple[int, int]]:
+        """Byte ranges of ``code`` whose exceptions a handler catches (see
+        csrc/interp.c mark_handled)."""
+        return handled_ranges(code)
 
     def bind(self, func: Any, nargs: int, kwnames: Any) -> tuple:
         """Parameter slots of ``func`` for a call with ``nargs`` arguments, the last
@@ -735,6 +745,42 @@ class GraphBuilder:
         self.graph.output(result)
         self.graph.lint()
         return torch.fx.GraphModule(self._torch.nn.Module(), self.graph)
+
+
+def _exception_table(code: Any) -> list[tuple[int, int, int]]:
+    """(start, end, handler) byte offsets from ``co_exceptiontable`` (3.11+): entries of
+    varints in 6-bit groups, 0x40 marking more groups and 0x80 an entry's first byte;
+    start, length and handler in code units, then depth and lasti."""
+    table, i, out = code.co_exceptiontable, 0, []
+
+    def varint() -> int:
+        nonlocal i
+        byte = table[i]
+        i += 1
+        value = byte & 63
+        while byte & 64:
+            byte = table[i]
+            i += 1
+            value = (value << 6) | (byte & 63)
+        return value
+
+    while i < len(table):
+        start = varint() * 2
+        length = varint() * 2
+        handler = varint() * 2
+        varint()  # depth and lasti
+        out.append((start, start + length, handler))
+    return out
+
+
+def handled_ranges(code: Any) -> list[tuple[int, int]]:
+    """The ranges whose handler catches: it starts with PUSH_EXC_INFO (except and with
+    blocks).  Cleanup handlers that only restore locals and re-raise do not count."""
+    import dis
+
+    opname_at = {ins.offset: ins.opname for ins in dis.get_instructions(code)}
+    return [(start, end) for start, end, handler in _exception_table(code)
+            if opname_at.get(handler) == "PUSH_EXC_INFO"]
 
 
 def _legacy_name(source: str) -> str:

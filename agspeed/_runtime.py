@@ -213,7 +213,12 @@ class Context:
         if not isinstance(result, Capture):
             brk, guard = result
             # Guarded like a graph: these inputs (and only these) run eager, and the
-            # function is captured again for others.
+            # function is captured again for others.  The same break again, with only
+            # plain values changed, widens the guard past those values.
+            at = getattr(guard, "break_at", None)
+            for old in entries:
+                if at is not None and getattr(old.guard, "break_at", None) == at:
+                    guard = guard.widened(old.guard)
             entry = _C.CacheEntry(_RUN_EAGER, guard=guard, context=self)
             if brk is None:
                 observe("eager", code, "no tensor work")

@@ -450,6 +450,7 @@ frame_release(ags_frame *f)
         Py_XDECREF(f->cells[i]);
     }
     PyMem_Free(f->cells);
+    PyMem_Free(f->handled);
     PyMem_Free(f->locals);
     PyMem_Free(f->stack);
     ags_bc_release(&f->bc);
@@ -496,6 +497,47 @@ ags_is_free_slot(const ags_frame *f, int i)
     return i >= f->nlocals - f->code->co_nfreevars;
 }
 
+/* f->handled[i]: instruction i is covered by an exception handler that
+ * catches (try/except, with), as the builder reads the exception table;
+ * handlers that only clean up and re-raise (inlined comprehensions) do not
+ * count, since the exception escapes either way. */
+static int
+mark_handled(ags_interp *it, ags_frame *f)
+{
+    PyObject *ranges = PyObject_CallMethod(it->builder, "handled_ranges", "O",
+                                           (PyObject *)f->code);
+    Py_ssize_t n;
+
+    if (ranges == NULL) {
+        return -1;
+    }
+    n = PyList_Check(ranges) ? PyList_GET_SIZE(ranges) : 0;
+    if (n > 0) {
+        f->handled = PyMem_Calloc((size_t)f->bc.n, 1);
+        if (f->handled == NULL) {
+            Py_DECREF(ranges);
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        long start, end;
+
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(ranges, k), "ll", &start, &end)) {
+            Py_DECREF(ranges);
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < f->bc.n; i++) {
+            int offset = f->bc.instrs[i].offset;
+            if (offset >= start && offset < end) {
+                f->handled[i] = 1;
+            }
+        }
+    }
+    Py_DECREF(ranges);
+    return 0;
+}
+
 static int
 frame_init(ags_frame *f, ags_frame *parent, PyCodeObject *code,
            PyObject *globals, PyObject *builtins)
@@ -534,11 +576,19 @@ frame_run(ags_interp *it, ags_frame *f)
         return ags_stopf(it, "generator",
                          "generators and coroutines are not captured");
     }
+    if (PyBytes_GET_SIZE(f->code->co_exceptiontable) > 0
+        && mark_handled(it, f) < 0) {
+        return AGS_ERROR;
+    }
     for (f->pc = 0; rc == AGS_GO && f->pc < f->bc.n;) {
         const ags_instr *ins = &f->bc.instrs[f->pc];
         ags_handler h = handlers[ins->opcode];
 
-        if (++it->steps > AGS_MAX_STEPS) {
+        if (f->handled != NULL && f->handled[f->pc]) {
+            rc = ags_stopf(it, "exception_handler", "code under try/except or "
+                           "with: its handler would not run if the graph raised");
+        }
+        else if (++it->steps > AGS_MAX_STEPS) {
             rc = ags_stopf(it, "too_long", "more than %d instructions "
                            "(a long or endless loop)", AGS_MAX_STEPS);
         }

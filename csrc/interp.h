@@ -82,6 +82,7 @@ typedef struct ags_frame {
      * in the cell, as a graph argument, so that writes on either side are
      * seen on the other.  Strong; allocated on first use. */
     PyObject **cells;
+    unsigned char *handled;     /* per instruction: under try/with, or NULL */
     ags_value *stack;
     int sp, stack_cap;
     PyObject *kwnames;          /* borrowed: pending KW_NAMES (3.11, 3.12) */

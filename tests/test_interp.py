@@ -75,6 +75,11 @@ class Recorder:
             return ("inline", fn, None, source)
         raise GraphBreakLike("unsupported_call", f"calling {fn!r}")
 
+    def handled_ranges(self, code):
+        from agspeed._graph import handled_ranges
+
+        return handled_ranges(code)
+
     def bind(self, func, nargs, kwnames):
         from agspeed._graph import GraphBuilder
 
@@ -477,3 +482,25 @@ def test_nonlocal_writes_into_the_programs_cells_stop_the_capture():
                      builtins.__dict__, Recorder(), T)
     assert out["reason"] == "side_effect" and "'total'" in out["detail"]
     assert write.__closure__[0].cell_contents == 0
+
+
+def guarded(x):
+    y = x * 2
+    try:
+        y = y + 1
+    except ValueError:
+        y = y - 1
+    return y
+
+
+def comprehension_only(x, n):
+    return [x * i for i in range(n)]
+
+
+def test_code_under_an_exception_handler_stops_the_capture():
+    out, b = capture(guarded, x=T())
+    assert out["reason"] == "exception_handler"
+    assert [op[0] for op in b.ops] == ["mul"]  # before the try block: fine
+    # cleanup-only handlers (3.12+ inlined comprehensions) do not stop it
+    out, b = capture(comprehension_only, x=T(), n=3)
+    assert out["status"] == "graph", out

@@ -1,0 +1,318 @@
+"""Each guard kind: change what it guards and see a second capture with the right result,
+the first entry still serving the first input, and the recompile log naming the failing
+guard with its old and new value.  Then each graph-break path: eager's result, callees
+still captured, and a graph_breaks log line with file:line, instruction and reason."""
+
+import contextlib
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn, F = torch.nn, torch.nn.functional
+
+import agspeed  # noqa: E402
+from agspeed import _C  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+FLAG = 1  # a global the captured code branches on
+
+
+@contextlib.contextmanager
+def logged(*names):
+    """Messages of the agspeed loggers ``names`` while the block runs."""
+    messages = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler = Collect()
+    loggers = [logging.getLogger(f"agspeed.{n}") for n in names]
+    for lg in loggers:
+        lg.addHandler(handler)
+    try:
+        with agspeed.config.override(log=",".join(names)):
+            yield messages
+    finally:
+        for lg in loggers:
+            lg.removeHandler(handler)
+
+
+class Counting:
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+def f_tensor(x):
+    return torch.tanh(x) * 2
+
+
+def f_constant(x, c):
+    if c is None:
+        return x + 1
+    return x * c
+
+
+def f_global(x):
+    if FLAG == 1:
+        return x + 1
+    return x - 1
+
+
+def make_closure(k):
+    def f_closure(x):
+        return x * k
+    return f_closure
+
+
+class Holder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.inner(x)
+        if self.training:
+            y = y * 2
+        return y
+
+
+@pytest.mark.parametrize("kind, second, old, new", [
+    ("dtype", lambda x: x.double(), "float32", "float64"),
+    ("shape", lambda x: torch.randn(5, 4), "[3, 4]", "[5, 4]"),
+    ("strides", lambda x: torch.randn(4, 3).t(), "stride=[4, 1]", "stride=[1, 3]"),
+    ("requires_grad", lambda x: x.detach().requires_grad_(), "requires_grad=False",
+     "requires_grad=True"),
+])
+def test_tensor_guards(kind, second, old, new):
+    backend = Counting()
+    fast = agspeed.optimize(f_tensor, backend=backend)
+    x = torch.randn(3, 4)
+    with logged("recompiles", "guards") as messages:
+        torch.testing.assert_close(fast(x), f_tensor(x))
+        y = second(x)
+        torch.testing.assert_close(fast(y), f_tensor(y))
+        torch.testing.assert_close(fast(x), f_tensor(x))
+        torch.testing.assert_close(fast(y), f_tensor(y))
+    assert backend.graphs == 2
+    recompile = [m for m in messages if "recompiling" in m]
+    assert len(recompile) == 1
+    assert "f_tensor" in recompile[0] and old in recompile[0] and new in recompile[0]
+    guards = [m for m in messages if "guards:" in m]
+    assert len(guards) == 2 and "x tensor Tensor(dtype=torch.float32" in guards[0]
+
+
+@pytest.mark.parametrize("first, second", [
+    (2, 3), (2.5, 0.5), (True, False), (None, 4), ("a", "b"),
+])
+def test_constant_argument_guards(first, second):
+    def plain(x, c):
+        return f_constant(x, c if not isinstance(c, str) else len(c))
+
+    def f(x, c):
+        return f_constant(x, c if not isinstance(c, str) else len(c))
+
+    backend = Counting()
+    fast = agspeed.optimize(f, backend=backend)
+    x = torch.randn(3)
+    with logged("recompiles") as messages:
+        for c in (first, second, first, second):
+            torch.testing.assert_close(fast(x, c), plain(x, c))
+    assert backend.graphs == 2
+    (line,) = [m for m in messages if "recompiling" in m]
+    assert f"expected {first!r}" in line or f"== {first!r}" in line or repr(first) in line
+    assert repr(second) in line
+
+
+def test_global_guard(monkeypatch):
+    backend = Counting()
+    fast = agspeed.optimize(f_global, backend=backend)
+    x = torch.randn(3)
+    with logged("recompiles") as messages:
+        torch.testing.assert_close(fast(x), x + 1)
+        monkeypatch.setitem(globals(), "FLAG", 2)
+        torch.testing.assert_close(fast(x), x - 1)
+        monkeypatch.setitem(globals(), "FLAG", 1)
+        torch.testing.assert_close(fast(x), x + 1)
+    assert backend.graphs == 2
+    (line,) = [m for m in messages if "recompiling" in m]
+    assert "FLAG" in line and "1" in line and "2" in line
+
+
+def test_closure_cell_guard():
+    f = make_closure(2.0)
+    backend = Counting()
+    fast = agspeed.optimize(f, backend=backend)
+    x = torch.randn(3)
+    with logged("recompiles") as messages:
+        torch.testing.assert_close(fast(x), x * 2)
+        f.__closure__[0].cell_contents = 5.0
+        torch.testing.assert_close(fast(x), x * 5)
+        f.__closure__[0].cell_contents = 2.0
+        torch.testing.assert_close(fast(x), x * 2)
+    assert backend.graphs == 2
+    (line,) = [m for m in messages if "recompiling" in m]
+    assert "2.0" in line and "5.0" in line
+
+
+def test_module_identity_and_training_guards():
+    torch.manual_seed(0)
+    model = Holder()
+    backend = Counting()
+    fast = agspeed.optimize(model, backend=backend)
+    x = torch.randn(2, 4)
+    with logged("recompiles") as messages:
+        torch.testing.assert_close(fast(x), model(x))
+        model.eval()
+        torch.testing.assert_close(fast(x), model(x))
+        model.train()
+        torch.testing.assert_close(fast(x), model(x))
+        assert backend.graphs == 2
+        old = model.inner
+        model.inner = nn.Linear(4, 4)  # another module in the same slot
+        torch.testing.assert_close(fast(x), model(x))
+        assert backend.graphs == 3
+        model.inner = old
+        torch.testing.assert_close(fast(x), model(x))
+        assert backend.graphs == 3
+    lines = [m for m in messages if "recompiling" in m]
+    assert any("training" in m and "True" in m and "False" in m for m in lines)
+    assert any("self.inner" in m for m in lines)
+
+
+@pytest.mark.parametrize("state", ["no_grad", "autocast", "default_dtype"])
+def test_global_state_guards(state):
+    backend = Counting()
+    fast = agspeed.optimize(f_tensor, backend=backend)
+    x = torch.randn(3, 4)
+    scopes = {
+        "no_grad": torch.no_grad,
+        "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+        "default_dtype": _default_double,
+    }
+    words = {"no_grad": "grad=off", "autocast": "cpu:on bfloat16",
+             "default_dtype": "default_dtype=float64"}
+    with logged("recompiles", "guards") as messages:
+        torch.testing.assert_close(fast(x), f_tensor(x))
+        with scopes[state]():
+            got, want = fast(x), f_tensor(x)
+            torch.testing.assert_close(got, want)
+            assert got.requires_grad == want.requires_grad and got.dtype == want.dtype
+        torch.testing.assert_close(fast(x), f_tensor(x))
+    assert backend.graphs == 2
+    (line,) = [m for m in messages if "recompiling" in m]
+    assert "global state" in line and words[state] in line
+    assert any("global state ==" in m for m in messages if "guards:" in m)
+
+
+@contextlib.contextmanager
+def _default_double():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+# -- graph-break paths --------------------------------------------------------------------
+
+
+def callee(x):
+    return torch.sigmoid(x) * 3
+
+
+def b_data_dependent(x):
+    if x.sum() > 0:
+        return callee(x)
+    return callee(-x)
+
+
+def b_print(x):
+    print("side")
+    return callee(x)
+
+
+def b_item(x):
+    n = x.abs().max().item()
+    if n > 100:
+        return x
+    return callee(x)
+
+
+def b_try(x):
+    try:
+        y = callee(x)
+    except ValueError:
+        y = x
+    return y
+
+
+def b_generator(x):
+    yield callee(x)
+
+
+class Stateful(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def forward(self, x):
+        self.count += 1
+        return callee(x)
+
+
+@pytest.mark.parametrize("name, fn, instruction, reason", [
+    ("data_dependent", b_data_dependent, "POP_JUMP", "data_dependent"),
+    ("print", b_print, "CALL", "unsupported_call"),
+    ("item", b_item, "CALL", "data_dependent"),
+    ("try", b_try, "", "exception_handler"),
+    ("attribute_write", None, "STORE_ATTR", "side_effect"),
+])
+def test_graph_break_paths(name, fn, instruction, reason, capsys):
+    model = Stateful() if fn is None else None
+    target = model if fn is None else fn
+    backend = Counting()
+    fast = agspeed.optimize(target, backend=backend)
+    x = torch.randn(3)
+    with logged("graph_breaks") as messages:
+        for _ in range(3):
+            torch.testing.assert_close(fast(x), target(x))
+    if name == "print":
+        assert capsys.readouterr().out == "side\n" * 6
+    if model is not None:
+        assert model.count == 6
+    assert backend.graphs == 1  # the callee, captured on its own
+    callee_entries = [e for e in _C.code_cache(callee.__code__)["entries"]
+                      if e.action == _C.ACTION_CALL]
+    assert len(callee_entries) == 1
+    # Logged once; an attribute counter changes what the first eager entry read, so
+    # the break is met once more, and then its guard no longer checks the counter.
+    assert len(messages) == (2 if name == "attribute_write" else 1)
+    line = messages[0]
+    code = (target.forward if fn is None else fn).__code__
+    assert "test_guard_kinds.py:" in line
+    assert f"{code.co_name} (" in line
+    assert reason in line and instruction in line
+
+
+def uses_generator(x):
+    return sum(b_generator(x))
+
+
+def test_generators_run_eager_and_their_callees_capture():
+    backend = Counting()
+    fast = agspeed.optimize(uses_generator, backend=backend)
+    x = torch.randn(3)
+    explained = agspeed.explain(uses_generator, x)
+    assert [b.reason for b in explained.break_reasons] == ["generator"]
+    for _ in range(2):
+        torch.testing.assert_close(fast(x), callee(x))
+    assert backend.graphs == 1  # callee, run from the eager generator's frame
+    assert _C.code_cache(b_generator.__code__)["entries"] == []  # generators: never decided
