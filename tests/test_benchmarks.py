@@ -1,0 +1,39 @@
+"""The benchmark scripts keep working: a quick run of the capture benchmark on one model
+writes its figures and confirms that model was captured as one graph."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_capture_benchmark_quick_run(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "capture.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "capture.py"), "--quick",
+         "--models", "mlp", "--out", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    assert data["benchmark"] == "capture" and data["quick"] is True
+    assert data["captured"] == {"mlp": {"graphs": 1, "breaks": 0, "one_graph": True}}
+    for section in ("capture_latency", "hit_overhead", "train_step"):
+        assert set(data[section]) == {"mlp"}
+    latency = data["capture_latency"]["mlp"]
+    assert latency["agspeed_ms"] > 0 and latency["dynamo_ms"] > 0
+    assert "cold capture" in proc.stdout and "hit overhead" in proc.stdout
+
+
+def test_capture_benchmark_refuses_unknown_models():
+    pytest.importorskip("torch")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "capture.py"), "--quick",
+         "--models", "nothing"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown models" in proc.stderr
