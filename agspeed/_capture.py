@@ -33,7 +33,7 @@ from typing import Any, Callable, NamedTuple
 
 from agspeed import _C
 from agspeed._graph import REASONS, GraphBreak, GraphBuilder
-from agspeed._sources import MISSING, describe, resolve
+from agspeed._sources import MISSING, describe, resolve, resolve_step
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -157,10 +157,15 @@ def _got(kind: int, value: Any) -> str:
         else type(value).__name__
 
 
-class Guard:
-    """The checks of one entry, callable as the hook's guard."""
+class Guard(_C.GuardProgram):
+    """The checks of one entry, callable as the hook's guard.
 
-    __slots__ = ("checks", "aliases", "state", "torch", "break_at")
+    The checks are kept here as data (for logs, ``failures`` and ``lines``) and compiled
+    into the C guard program this class extends (guards/program.c), which is what the
+    hook calls: no Python frame runs on a passing or failing call.
+    """
+
+    __slots__ = ("checks", "aliases", "state", "torch", "break_at", "inputs")
 
     def __init__(self, torch: Any, builder: GraphBuilder, f_locals: dict):
         seen: set = set()
@@ -181,6 +186,45 @@ class Guard:
         self.torch = torch
         self.state = global_state(torch)
         self.break_at: tuple | None = None  # (file, line, instruction, reason) of a break
+        self.inputs = tuple(builder.sources)  # what read() returns: the graph's inputs
+        self._compile()
+
+    def _compile(self) -> None:
+        """Turn checks, aliases and state into the C program (see guards/program.c)."""
+        slots: dict[tuple, int] = {}
+        loads: list[tuple] = []
+
+        def slot(source: tuple) -> int:
+            got = slots.get(source)
+            if got is None:
+                kind = source[0]
+                if kind in ("local", "global"):
+                    load = (_LOAD_OPS[kind], -1, source[1])
+                elif kind == "gmod":
+                    load = (_LOAD_OPS[kind], -1, (source[1], source[2]))
+                else:
+                    load = (_LOAD_OPS[kind], slot(source[1]),
+                            source[2] if len(source) > 2 else None)
+                got = slots[source] = len(loads)
+                loads.append(load)
+            return got
+
+        checks = []
+        for source, kind, expected in self.checks:
+            if kind == _TENSOR:
+                a, b = expected[0], expected[1:]
+            elif kind in (_EQ, _LEN):
+                a, b = expected
+            elif kind == _ID:
+                weak = isinstance(expected, weakref.ref)
+                a, b = (expected if weak else expected()), weak
+            else:
+                a = b = None
+            checks.append((slot(source), kind, a, b))
+        aliases = [(slot(a), slot(b)) for a, b in self.aliases]
+        outputs = [slot(s) for s in self.inputs]
+        self._set_program(loads, checks, aliases, _state_probes(self.torch, self.state),
+                          resolve_step, MISSING, self.torch.nn.Module, outputs)
 
     def widened(self, other: "Guard") -> "Guard":
         """This guard less the plain-value checks ``other`` expects differently.
@@ -191,14 +235,16 @@ class Guard:
         an input that breaks for its shape never shadows the graph of other shapes.
         """
         theirs = {(c[0], c[1]): c[2] for c in other.checks}
-        out = object.__new__(Guard)
+        out = Guard.__new__(Guard)
         out.checks = tuple(c for c in self.checks
                            if c[1] != _EQ or theirs.get((c[0], _EQ), c[2]) == c[2])
         out.aliases, out.state, out.torch = self.aliases, self.state, self.torch
-        out.break_at = self.break_at
+        out.break_at, out.inputs = self.break_at, self.inputs
+        out._compile()
         return out
 
-    def __call__(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> bool:
+    def check_in_python(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> bool:
+        """The same answer as calling the guard, computed in Python (for tests)."""
         memo: dict = {}
         for source, kind, expected in self.checks:
             value = resolve(source, f_locals, f_globals, f_builtins, memo)
@@ -235,6 +281,31 @@ class Guard:
         out += [f"{describe(a)} is {describe(b)}" for a, b in self.aliases]
         out.append(f"global state == {_state_text(self.state)}")
         return out
+
+
+_LOAD_OPS = {"local": 0, "global": 1, "gmod": 2, "attr": 3, "item": 4, "cell": 5,
+             "type": 6, "fget": 7}  # guards/program.c L_*
+
+
+def _state_probes(torch: Any, state: tuple) -> tuple:
+    """``global_state`` as (function, args, expected) triples the C program calls."""
+    grad, inference, cache, autocast, default = state
+    probes = [(torch.is_grad_enabled, (), grad),
+              (torch.is_inference_mode_enabled, (), inference),
+              (torch.is_autocast_cache_enabled, (), cache)]
+    try:
+        torch.is_autocast_enabled("cpu")
+        for device, (enabled, dtype) in zip(_AUTOCAST_DEVICES, autocast):
+            probes += [(torch.is_autocast_enabled, (device,), enabled),
+                       (torch.get_autocast_dtype, (device,), dtype)]
+    except TypeError:  # before 2.4 (see _autocast_state)
+        (cpu_on, cpu_dtype), (gpu_on, gpu_dtype) = autocast
+        probes += [(torch.is_autocast_cpu_enabled, (), cpu_on),
+                   (torch.get_autocast_cpu_dtype, (), cpu_dtype),
+                   (torch.is_autocast_enabled, (), gpu_on),
+                   (torch.get_autocast_gpu_dtype, (), gpu_dtype)]
+    probes.append((torch.get_default_dtype, (), default))
+    return tuple(probes)
 
 
 def _depth(source: tuple) -> int:
@@ -319,14 +390,14 @@ def capture(code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any
 
 
 def make_entry(cap: Capture, compiled: Any, context: Any) -> Any:
-    """The CALL entry running ``compiled`` on the inputs read by source."""
-    sources = tuple(cap.sources)
+    """The CALL entry running ``compiled`` on the inputs its guard program reads."""
+    guard = cap.guard
+    assert guard.inputs == tuple(cap.sources)
+    read = guard.read
 
     def run(f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
-        memo: dict = {}
-        return compiled(*[resolve(s, f_locals, f_globals, f_builtins, memo)
-                          for s in sources])
+        return compiled(*read(f_locals, f_globals, f_builtins))
 
     run.graph_module = cap.graph_module
-    run.guard = cap.guard
-    return _C.CacheEntry(_C.ACTION_CALL, guard=cap.guard, compiled=run, context=context)
+    run.guard = guard
+    return _C.CacheEntry(_C.ACTION_CALL, guard=guard, compiled=run, context=context)

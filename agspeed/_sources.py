@@ -193,30 +193,40 @@ def resolve(source: tuple, f_locals: dict, f_globals: dict, f_builtins: dict,
         value = MISSING if mod is None else _lookup_global(mod.__dict__, source[2])
     else:
         base = resolve(source[1], f_locals, f_globals, f_builtins, memo)
-        value = MISSING
-        if base is not MISSING:
-            if kind == "attr":
-                how, found = static_attr(base, source[2])
-                value = found if how in ("value", "method", "property") else MISSING
-            elif kind == "item":
-                try:
-                    if type(base) in (tuple, list, dict) or _is_size(base) or \
-                            is_namedtuple_type(type(base)):
-                        value = base[source[2]]
-                except (IndexError, KeyError, TypeError):
-                    value = MISSING
-            elif kind == "cell":
-                closure = getattr(base, "__closure__", None) or ()
-                try:
-                    value = closure[source[2]].cell_contents
-                except (IndexError, ValueError):
-                    value = MISSING
-            elif kind == "fget":
-                value = base.fget if type(base) is property else MISSING
-            elif kind == "type":
-                value = type(base)
+        key = source[2] if len(source) > 2 else None  # ("type", src), ("fget", src)
+        value = MISSING if base is MISSING else resolve_step(kind, base, key)
     memo[source] = value
     return value
+
+
+def resolve_step(kind: str, base: Any, key: Any) -> Any:
+    """What the source ``(kind, <base's source>, key)`` reaches from ``base`` (``MISSING``
+    if nothing).  Also the guard programs' way for what they do not do in C
+    (guards/program.c), so that both read sources alike."""
+    if kind == "attr":
+        how, found = static_attr(base, key)
+        return found if how in ("value", "method", "property") else MISSING
+    if kind == "item":
+        try:
+            if type(base) in (tuple, list, dict) or _is_size(base) or \
+                    is_namedtuple_type(type(base)):
+                return base[key]
+        except (IndexError, KeyError, TypeError):
+            pass
+        return MISSING
+    if kind == "cell":
+        closure = getattr(base, "__closure__", None) or ()
+        try:
+            return closure[key].cell_contents
+        except (IndexError, ValueError):
+            return MISSING
+    if kind == "fget":
+        return base.fget if type(base) is property else MISSING
+    if kind == "type":
+        return type(base)
+    if kind == "gmod":  # base: the module
+        return _lookup_global(base.__dict__, key)
+    return MISSING
 
 
 def _is_size(value: Any) -> bool:

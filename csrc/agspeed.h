@@ -277,4 +277,8 @@ PyObject *ags_probe_owner(PyObject *module, PyObject *unused);
 /* guards/signature.c */
 uint64_t ags_signature_hash(const void *data, size_t len, uint64_t seed);
 
+/* guards/program.c: guard programs (agspeed._C.GuardProgram). */
+extern PyType_Spec ags_guard_spec;
+int ags_guard_init(void);
+
 #endif /* AGS_AGSPEED_H */

@@ -14,6 +14,7 @@ typedef struct {
     PyTypeObject *region_type;
     PyTypeObject *scope_type;
     PyTypeObject *entry_type;
+    PyTypeObject *guard_type;
 } ags_module_state;
 
 static PyInterpreterState *owner_interp;
@@ -303,6 +304,8 @@ module_exec(PyObject *module)
         || add_type(module, &ags_region_spec, &st->region_type) < 0
         || add_type(module, &ags_scope_spec, &st->scope_type) < 0
         || add_type(module, &ags_entry_spec, &st->entry_type) < 0
+        || ags_guard_init() < 0
+        || add_type(module, &ags_guard_spec, &st->guard_type) < 0
         || add_tables(module) < 0) {
         return -1;
     }
@@ -320,6 +323,7 @@ module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->region_type);
     Py_VISIT(st->scope_type);
     Py_VISIT(st->entry_type);
+    Py_VISIT(st->guard_type);
     return 0;
 }
 
@@ -331,6 +335,7 @@ module_clear(PyObject *module)
     Py_CLEAR(st->region_type);
     Py_CLEAR(st->scope_type);
     Py_CLEAR(st->entry_type);
+    Py_CLEAR(st->guard_type);
     return 0;
 }
 

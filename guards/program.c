@@ -1,0 +1,853 @@
+/* program.c: guard programs, the checks of a cache entry evaluated in C.
+ *
+ * A GuardProgram is what agspeed._capture.Guard compiles its checks into:
+ *
+ *   loads   one per source, parents first: how to reach a value from the
+ *           frame (a local, a global, a global of a module, an attribute,
+ *           an item, a closure cell, a type).  Values are found on demand
+ *           and kept for the rest of the evaluation (children share the
+ *           parent's lookup).
+ *   checks  (load, kind, expected): a tensor's type, dtype, device, shape,
+ *           strides and requires_grad; a plain value's type and equality;
+ *           a container's type and length; an object's identity (held
+ *           weakly where it can be); an attribute's absence.
+ *   aliases pairs of loads that must reach one object (tied weights).
+ *   probes  (function, args, expected): torch's global state (grad mode,
+ *           autocast, default dtype) read by torch's own C functions.
+ *
+ * Calling the program with (f_locals, f_globals, f_builtins) answers True
+ * or False.  It runs no user code: attributes are found the way
+ * agspeed._sources.static_attr finds them, in C for the common cases (a
+ * Python module's dict; an object's class attribute, instance dict, or
+ * nn.Module store), and by calling that Python function for the rest
+ * (descriptors, classes, super objects, custom __getattr__), so both
+ * always agree.  The evaluation makes no Python object on the common path
+ * but a tensor's shape, device and strides.
+ *
+ * Which check failed, with old and new values, is the Python Guard's job
+ * (failures()): it runs only on a miss.
+ */
+#include "agspeed.h"
+#include <structmember.h>
+
+enum { L_LOCAL, L_GLOBAL, L_GMOD, L_ATTR, L_ITEM, L_CELL, L_TYPE, L_FGET };
+#define L_LAST L_FGET
+enum { C_TENSOR, C_EQ, C_LEN, C_ID, C_ABSENT };
+
+typedef struct {
+    int op;
+    int parent;          /* index of the parent load, or -1 */
+    PyObject *key;       /* name, index, (module, name) or the source */
+} g_load;
+
+typedef struct {
+    int slot;
+    int kind;
+    PyObject *a;         /* TENSOR/EQ/LEN: the type; ID: object or weakref */
+    PyObject *b;         /* TENSOR: (dtype, device, shape, stride, grad);
+                            EQ: the value; ID: True if a is a weakref */
+    Py_ssize_t n;        /* LEN: the length */
+} g_check;
+
+typedef struct {
+    PyObject_HEAD
+    g_load *loads;
+    Py_ssize_t n_loads;
+    g_check *checks;
+    Py_ssize_t n_checks;
+    int *aliases;        /* pairs */
+    Py_ssize_t n_aliases;
+    PyObject *probes;    /* tuple of (fn, args, expected) */
+    PyObject *step;      /* Python fallback: step(kind, base, key) */
+    PyObject *missing;   /* agspeed._sources.MISSING */
+    PyObject *module_type;   /* torch.nn.Module */
+    PyObject *module_getattr;    /* torch.nn.Module.__getattr__ */
+    int *outputs;        /* loads read() returns, in order */
+    Py_ssize_t n_outputs;
+    PyObject *weakreflist;
+    vectorcallfunc vectorcall;
+} g_program;
+
+/* The marker of a load that reached nothing (distinct from any object). */
+static PyObject missing_marker;
+#define G_MISSING (&missing_marker)
+
+static PyObject *s_dtype, *s_device, *s_shape, *s_stride, *s_requires_grad;
+static PyObject *s_getattr, *s_stores[3];
+static PyObject *s_kinds[L_LAST + 1];
+
+static void
+program_release(g_program *p)
+{
+    for (Py_ssize_t i = 0; i < p->n_loads; i++) {
+        Py_CLEAR(p->loads[i].key);
+    }
+    for (Py_ssize_t i = 0; i < p->n_checks; i++) {
+        Py_CLEAR(p->checks[i].a);
+        Py_CLEAR(p->checks[i].b);
+    }
+    PyMem_Free(p->loads);
+    PyMem_Free(p->checks);
+    PyMem_Free(p->aliases);
+    PyMem_Free(p->outputs);
+    p->outputs = NULL;
+    p->n_outputs = 0;
+    p->loads = NULL;
+    p->checks = NULL;
+    p->aliases = NULL;
+    p->n_loads = p->n_checks = p->n_aliases = 0;
+    Py_CLEAR(p->probes);
+    Py_CLEAR(p->step);
+    Py_CLEAR(p->missing);
+    Py_CLEAR(p->module_type);
+    Py_CLEAR(p->module_getattr);
+}
+
+/* ------------------------------------------------------------------ */
+/* Loads */
+
+/* step(kind, base, key) in Python: a new reference, G_MISSING, or NULL. */
+static PyObject *
+fallback(g_program *p, int op, PyObject *base, PyObject *key)
+{
+    PyObject *args[3] = {s_kinds[op], base, key};
+    PyObject *out = PyObject_Vectorcall(p->step, args, 3, NULL);
+
+    if (out == p->missing) {
+        Py_DECREF(out);
+        return G_MISSING;
+    }
+    return out;
+}
+
+/* New reference to base.<name> as static_attr finds it, or G_MISSING. */
+static PyObject *
+load_attr(g_program *p, PyObject *base, PyObject *name)
+{
+    PyTypeObject *cls = Py_TYPE(base);
+    PyObject *found, *dict = NULL, *value = NULL;
+    int is_module;
+
+    if (PyModule_Check(base)) {
+        value = PyDict_GetItemWithError(PyModule_GetDict(base), name);
+        if (value == NULL) {
+            return PyErr_Occurred() ? NULL : G_MISSING;
+        }
+        return Py_NewRef(value);
+    }
+    if (PyType_Check(base) || PyObject_TypeCheck(base, &PySuper_Type)
+        || !(cls->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+        return fallback(p, L_ATTR, base, name);
+    }
+    found = _PyType_Lookup(cls, name);     /* borrowed */
+    if (found != NULL) {
+        if (Py_IS_TYPE(found, &PyProperty_Type)) {
+            return Py_NewRef(found);
+        }
+        if (Py_TYPE(found)->tp_descr_set != NULL) {
+            return fallback(p, L_ATTR, base, name);
+        }
+        Py_INCREF(found);  /* the dict lookup below may run no code, but */
+    }                      /* hold it across the calls anyway */
+    dict = PyObject_GenericGetDict(base, NULL);
+    if (dict == NULL) {
+        PyErr_Clear();
+    }
+    else if (PyDict_CheckExact(dict)) {
+        value = PyDict_GetItemWithError(dict, name);
+        if (value != NULL) {
+            Py_XDECREF(found);
+            Py_INCREF(value);
+            Py_DECREF(dict);
+            return value;
+        }
+        if (PyErr_Occurred()) {
+            goto error;
+        }
+    }
+    if (found != NULL) {
+        PyTypeObject *kind = Py_TYPE(found);
+        Py_XDECREF(dict);
+        if (kind == &PyFunction_Type || kind->tp_descr_get == NULL
+            || kind == &PyCFunction_Type || kind == &PyType_Type) {
+            return found;   /* a method's function, or a class constant */
+        }
+        Py_DECREF(found);
+        return fallback(p, L_ATTR, base, name);
+    }
+    is_module = p->module_type != NULL
+                && PyObject_TypeCheck(base, (PyTypeObject *)p->module_type);
+    if (is_module && dict != NULL && PyDict_CheckExact(dict)) {
+        for (int s = 0; s < 3; s++) {
+            PyObject *store = PyDict_GetItemWithError(dict, s_stores[s]);
+            if (store != NULL && PyDict_CheckExact(store)) {
+                value = PyDict_GetItemWithError(store, name);
+                if (value != NULL) {
+                    Py_INCREF(value);
+                    Py_DECREF(dict);
+                    return value;
+                }
+            }
+            if (PyErr_Occurred()) {
+                goto error;
+            }
+        }
+        if (_PyType_Lookup(cls, s_getattr) == p->module_getattr) {
+            Py_DECREF(dict);
+            return G_MISSING;
+        }
+    }
+    Py_XDECREF(dict);
+    return fallback(p, L_ATTR, base, name);
+error:
+    Py_XDECREF(found);
+    Py_XDECREF(dict);
+    return NULL;
+}
+
+static PyObject *
+load_item(g_program *p, PyObject *base, PyObject *key)
+{
+    PyObject *value;
+
+    if ((PyTuple_CheckExact(base) || PyList_CheckExact(base))
+        && PyLong_CheckExact(key)) {
+        Py_ssize_t n = Py_SIZE(base), i = PyLong_AsSsize_t(key);
+        if (i == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (i < 0) {
+            i += n;
+        }
+        if (i < 0 || i >= n) {
+            return G_MISSING;
+        }
+        return Py_NewRef(PyTuple_CheckExact(base) ? PyTuple_GET_ITEM(base, i)
+                                                  : PyList_GET_ITEM(base, i));
+    }
+    if (PyDict_CheckExact(base)) {
+        value = PyDict_GetItemWithError(base, key);
+        if (value == NULL) {
+            return PyErr_Occurred() ? NULL : G_MISSING;
+        }
+        return Py_NewRef(value);
+    }
+    return fallback(p, L_ITEM, base, key);
+}
+
+static PyObject *
+load_global(PyObject *globals, PyObject *builtins, PyObject *name)
+{
+    PyObject *value = PyDict_GetItemWithError(globals, name);
+
+    if (value == NULL && !PyErr_Occurred() && builtins != NULL) {
+        value = PyDict_GetItemWithError(builtins, name);
+    }
+    if (value == NULL) {
+        return PyErr_Occurred() ? NULL : G_MISSING;
+    }
+    return Py_NewRef(value);
+}
+
+/* vals[i]: the value of load i (new reference or G_MISSING), found on
+ * first use.  NULL with an exception on error. */
+static PyObject *
+value_of(g_program *p, PyObject **vals, Py_ssize_t i, PyObject *const *frame)
+{
+    g_load *ld = &p->loads[i];
+    PyObject *base = NULL, *out;
+
+    if (vals[i] != NULL) {
+        return vals[i];
+    }
+    if (ld->parent >= 0) {
+        base = value_of(p, vals, ld->parent, frame);
+        if (base == NULL) {
+            return NULL;
+        }
+        if (base == G_MISSING) {
+            return vals[i] = G_MISSING;
+        }
+    }
+    switch (ld->op) {
+    case L_LOCAL:
+        out = PyDict_GetItemWithError(frame[0], ld->key);
+        out = out ? Py_NewRef(out) : PyErr_Occurred() ? NULL : G_MISSING;
+        break;
+    case L_GLOBAL:
+        out = load_global(frame[0 + 1], frame[2], ld->key);
+        break;
+    case L_GMOD: {
+        PyObject *mod = PyImport_GetModule(PyTuple_GET_ITEM(ld->key, 0));
+        PyObject *name = PyTuple_GET_ITEM(ld->key, 1), *hit = NULL;
+
+        if (mod == NULL) {
+            out = PyErr_Occurred() ? NULL : G_MISSING;
+            break;
+        }
+        if (PyModule_Check(mod)) {  /* the module's own global, in C */
+            hit = PyDict_GetItemWithError(PyModule_GetDict(mod), name);
+        }
+        out = hit ? Py_NewRef(hit) : PyErr_Occurred() ? NULL
+                                   : fallback(p, L_GMOD, mod, name);
+        Py_DECREF(mod);
+        break;
+    }
+    case L_ATTR:
+        out = load_attr(p, base, ld->key);
+        break;
+    case L_ITEM:
+        out = load_item(p, base, ld->key);
+        break;
+    case L_CELL: {
+        PyObject *closure = PyFunction_Check(base) ? PyFunction_GetClosure(base)
+                                                   : NULL;
+        Py_ssize_t k = PyLong_AsSsize_t(ld->key);
+        if (closure != NULL && k >= 0 && k < PyTuple_GET_SIZE(closure)) {
+            PyObject *c = PyCell_GET(PyTuple_GET_ITEM(closure, k));
+            out = c ? Py_NewRef(c) : G_MISSING;
+        }
+        else {
+            out = fallback(p, L_CELL, base, ld->key);
+        }
+        break;
+    }
+    case L_TYPE:
+        out = Py_NewRef((PyObject *)Py_TYPE(base));
+        break;
+    default:  /* L_FGET */
+        out = fallback(p, L_FGET, base, ld->key);
+        break;
+    }
+    return vals[i] = out;
+}
+
+/* ------------------------------------------------------------------ */
+/* Checks */
+
+/* 1 if the int sequence seq (a tuple or torch.Size) equals the tuple of
+ * ints want, 0 if not, -1 on error. */
+static int
+same_ints(PyObject *seq, PyObject *want)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(want);
+
+    if (!PyTuple_Check(seq) || PyTuple_GET_SIZE(seq) != n) {
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyTuple_GET_ITEM(seq, i), *b = PyTuple_GET_ITEM(want, i);
+        if (a != b) {
+            long long x = PyLong_AsLongLong(a), y = PyLong_AsLongLong(b);
+            if ((x == -1 || y == -1) && PyErr_Occurred()) {
+                return -1;
+            }
+            if (x != y) {
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+static int
+check_tensor(PyObject *v, const g_check *c)
+{
+    PyObject *spec = c->b, *got;
+    int ok;
+
+    if ((PyObject *)Py_TYPE(v) != c->a) {
+        return 0;
+    }
+    got = PyObject_GetAttr(v, s_dtype);
+    if (got == NULL) {
+        return -1;
+    }
+    ok = got == PyTuple_GET_ITEM(spec, 0);
+    Py_DECREF(got);
+    if (!ok) {
+        return 0;
+    }
+    got = PyObject_GetAttr(v, s_requires_grad);
+    if (got == NULL) {
+        return -1;
+    }
+    ok = got == PyTuple_GET_ITEM(spec, 4);
+    Py_DECREF(got);
+    if (!ok) {
+        return 0;
+    }
+    got = PyObject_GetAttr(v, s_shape);
+    if (got == NULL) {
+        return -1;
+    }
+    ok = same_ints(got, PyTuple_GET_ITEM(spec, 2));
+    Py_DECREF(got);
+    if (ok <= 0) {
+        return ok;
+    }
+    got = PyObject_CallMethodNoArgs(v, s_stride);
+    if (got == NULL) {
+        return -1;
+    }
+    ok = same_ints(got, PyTuple_GET_ITEM(spec, 3));
+    Py_DECREF(got);
+    if (ok <= 0) {
+        return ok;
+    }
+    got = PyObject_GetAttr(v, s_device);
+    if (got == NULL) {
+        return -1;
+    }
+    ok = PyObject_RichCompareBool(got, PyTuple_GET_ITEM(spec, 1), Py_EQ);
+    Py_DECREF(got);
+    return ok;
+}
+
+static int
+check_one(const g_check *c, PyObject *v)
+{
+    if (c->kind == C_ABSENT) {
+        return v == G_MISSING;
+    }
+    if (v == G_MISSING) {
+        return 0;
+    }
+    switch (c->kind) {
+    case C_TENSOR:
+        return check_tensor(v, c);
+    case C_EQ:
+        /* plain types only (ints, strings, dtypes, tuples of them): their
+         * equality runs no user code */
+        return (PyObject *)Py_TYPE(v) == c->a
+               && PyObject_RichCompareBool(v, c->b, Py_EQ);
+    case C_LEN: {
+        Py_ssize_t n;
+        if ((PyObject *)Py_TYPE(v) != c->a) {
+            return 0;
+        }
+        n = PyObject_Size(v);
+        return n < 0 ? -1 : n == c->n;
+    }
+    case C_ID: {
+        if (c->b == Py_True) {
+            /* only the address is compared: no reference needs keeping */
+#if PY_VERSION_HEX >= 0x030D0000
+            PyObject *held = NULL;
+            int alive = PyWeakref_GetRef(c->a, &held);
+            Py_XDECREF(held);
+            return alive < 0 ? -1 : alive == 1 && held == v;
+#else
+            PyObject *held = PyWeakref_GetObject(c->a);   /* borrowed */
+            return held != NULL && held != Py_None && held == v;
+#endif
+        }
+        return v == c->a;
+    }
+    }
+    return 0;
+}
+
+/* The per-call table of load values: on the stack for small programs. */
+typedef struct {
+    PyObject *small[64];
+    PyObject **vals;
+    Py_ssize_t n;
+} g_values;
+
+static int
+values_init(g_values *v, Py_ssize_t n)
+{
+    v->n = n;
+    if (n > 64) {
+        v->vals = PyMem_Calloc((size_t)n, sizeof(PyObject *));
+        if (v->vals == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    else {
+        memset(v->small, 0, sizeof(v->small));
+        v->vals = v->small;
+    }
+    return 0;
+}
+
+static void
+values_release(g_values *v)
+{
+    for (Py_ssize_t i = 0; i < v->n; i++) {
+        if (v->vals[i] != NULL && v->vals[i] != G_MISSING) {
+            Py_DECREF(v->vals[i]);
+        }
+    }
+    if (v->vals != v->small) {
+        PyMem_Free(v->vals);
+    }
+}
+
+static int
+evaluate(g_program *p, PyObject *const *frame)
+{
+    g_values table;
+    PyObject **vals;
+    int ok = 1;
+
+    if (values_init(&table, p->n_loads) < 0) {
+        return -1;
+    }
+    vals = table.vals;
+    for (Py_ssize_t i = 0; ok == 1 && i < p->n_checks; i++) {
+        PyObject *v = value_of(p, vals, p->checks[i].slot, frame);
+        ok = v == NULL ? -1 : check_one(&p->checks[i], v);
+    }
+    for (Py_ssize_t i = 0; ok == 1 && i < p->n_aliases; i++) {
+        PyObject *a = value_of(p, vals, p->aliases[2 * i], frame);
+        PyObject *b = a ? value_of(p, vals, p->aliases[2 * i + 1], frame) : NULL;
+        ok = b == NULL ? -1 : (a == b && a != G_MISSING);
+    }
+    for (Py_ssize_t i = 0; ok == 1 && i < PyTuple_GET_SIZE(p->probes); i++) {
+        PyObject *probe = PyTuple_GET_ITEM(p->probes, i);
+        PyObject *got = PyObject_Call(PyTuple_GET_ITEM(probe, 0),
+                                      PyTuple_GET_ITEM(probe, 1), NULL);
+        if (got == NULL) {
+            ok = -1;
+        }
+        else {
+            ok = PyObject_RichCompareBool(got, PyTuple_GET_ITEM(probe, 2), Py_EQ);
+            Py_DECREF(got);
+        }
+    }
+    values_release(&table);
+    return ok;
+}
+
+static int
+frame_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (nargs != 3 || (kwnames && PyTuple_GET_SIZE(kwnames))
+        || !PyDict_Check(args[0]) || !PyDict_Check(args[1])
+        || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "a guard program takes (f_locals, "
+                        "f_globals, f_builtins), three dicts");
+        return -1;
+    }
+    return 0;
+}
+
+/* read(f_locals, f_globals, f_builtins) -> tuple: the output loads' values
+ * (the graph's inputs), MISSING for any that reach nothing. */
+static PyObject *
+program_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    g_program *p = (g_program *)self;
+    g_values table;
+    PyObject *out;
+
+    if (frame_args(args, nargs, NULL) < 0 || values_init(&table, p->n_loads) < 0) {
+        return NULL;
+    }
+    out = PyTuple_New(p->n_outputs);
+    for (Py_ssize_t i = 0; out != NULL && i < p->n_outputs; i++) {
+        PyObject *v = value_of(p, table.vals, p->outputs[i], args);
+        if (v == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SET_ITEM(out, i, Py_NewRef(v == G_MISSING ? p->missing : v));
+    }
+    values_release(&table);
+    return out;
+}
+
+/* ------------------------------------------------------------------ */
+/* The type */
+
+static PyObject *
+program_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                   PyObject *kwnames)
+{
+    g_program *p = (g_program *)self;
+    int ok;
+
+    if (frame_args(args, PyVectorcall_NARGS(nargsf), kwnames) < 0) {
+        return NULL;
+    }
+    if (p->probes == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "guard program not compiled");
+        return NULL;
+    }
+    ok = evaluate(p, args);
+    return ok < 0 ? NULL : PyBool_FromLong(ok);
+}
+
+/* Subclasses (agspeed._capture.Guard) are called through tp_call on 3.11,
+ * which does not inherit vectorcall. */
+static PyObject *
+program_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) {
+        PyErr_SetString(PyExc_TypeError, "a guard program takes no keywords");
+        return NULL;
+    }
+    return program_vectorcall(self, &PyTuple_GET_ITEM(args, 0),
+                              (size_t)PyTuple_GET_SIZE(args), NULL);
+}
+
+static PyObject *
+program_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    g_program *p = (g_program *)type->tp_alloc(type, 0);
+
+    (void)args;
+    (void)kwargs;
+    if (p != NULL) {
+        p->vectorcall = program_vectorcall;
+    }
+    return (PyObject *)p;
+}
+
+/* _set_program(loads, checks, aliases, probes, step, missing, module_type)
+ *   loads:  [(op, parent, key)]    checks: [(slot, kind, a, b)]
+ *   aliases: [(slot, slot)]        probes: ((fn, args, expected), ...) */
+static PyObject *
+program_set(PyObject *self, PyObject *args)
+{
+    g_program *p = (g_program *)self;
+    PyObject *loads, *checks, *aliases, *probes, *step, *missing, *mtype, *outputs;
+
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OOOO!:_set_program", &PyList_Type, &loads,
+                          &PyList_Type, &checks, &PyList_Type, &aliases,
+                          &PyTuple_Type, &probes, &step, &missing, &mtype,
+                          &PyList_Type, &outputs)) {
+        return NULL;
+    }
+    program_release(p);
+    p->n_outputs = PyList_GET_SIZE(outputs);
+    p->outputs = PyMem_Calloc((size_t)p->n_outputs + 1, sizeof(int));
+    if (p->outputs == NULL) {
+        return PyErr_NoMemory();
+    }
+    p->n_loads = PyList_GET_SIZE(loads);
+    p->n_checks = PyList_GET_SIZE(checks);
+    p->n_aliases = PyList_GET_SIZE(aliases);
+    p->loads = PyMem_Calloc((size_t)p->n_loads + 1, sizeof(g_load));
+    p->checks = PyMem_Calloc((size_t)p->n_checks + 1, sizeof(g_check));
+    p->aliases = PyMem_Calloc(2 * (size_t)p->n_aliases + 1, sizeof(int));
+    if (!p->loads || !p->checks || !p->aliases) {
+        program_release(p);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < p->n_loads; i++) {
+        g_load *ld = &p->loads[i];
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(loads, i), "iiO", &ld->op,
+                              &ld->parent, &ld->key)) {
+            goto bad;
+        }
+        Py_INCREF(ld->key);
+        if (ld->op < 0 || ld->op > L_LAST || ld->parent >= i
+            || (ld->parent < 0) != (ld->op <= L_GMOD)
+            || (ld->op == L_GMOD && !(PyTuple_Check(ld->key)
+                                      && PyTuple_GET_SIZE(ld->key) == 2))
+            || (ld->op == L_CELL && !PyLong_Check(ld->key))) {
+            PyErr_Format(PyExc_ValueError, "bad guard load %zd", i);
+            goto bad;
+        }
+    }
+    for (Py_ssize_t i = 0; i < p->n_checks; i++) {
+        g_check *c = &p->checks[i];
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(checks, i), "iiOO", &c->slot,
+                              &c->kind, &c->a, &c->b)) {
+            goto bad;
+        }
+        Py_INCREF(c->a);
+        Py_INCREF(c->b);
+        if (c->slot < 0 || c->slot >= p->n_loads || c->kind < C_TENSOR
+            || c->kind > C_ABSENT
+            || (c->kind == C_TENSOR && !(PyTuple_Check(c->b)
+                && PyTuple_GET_SIZE(c->b) == 5
+                && PyTuple_Check(PyTuple_GET_ITEM(c->b, 2))
+                && PyTuple_Check(PyTuple_GET_ITEM(c->b, 3))))
+            || (c->kind == C_ID && c->b == Py_True && !PyWeakref_CheckRef(c->a))) {
+            PyErr_Format(PyExc_ValueError, "bad guard check %zd", i);
+            goto bad;
+        }
+        if (c->kind == C_LEN) {
+            c->n = PyLong_AsSsize_t(c->b);
+            if (c->n < 0 && PyErr_Occurred()) {
+                goto bad;
+            }
+        }
+    }
+    for (Py_ssize_t i = 0; i < p->n_aliases; i++) {
+        int *pair = &p->aliases[2 * i];
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(aliases, i), "ii", &pair[0], &pair[1])) {
+            goto bad;
+        }
+        if (pair[0] < 0 || pair[0] >= p->n_loads || pair[1] < 0
+            || pair[1] >= p->n_loads) {
+            PyErr_SetString(PyExc_ValueError, "bad guard alias");
+            goto bad;
+        }
+    }
+    for (Py_ssize_t i = 0; i < p->n_outputs; i++) {
+        int k = (int)PyLong_AsLong(PyList_GET_ITEM(outputs, i));
+        if (k < 0 || k >= p->n_loads) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "bad guard output");
+            }
+            goto bad;
+        }
+        p->outputs[i] = k;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(probes); i++) {
+        PyObject *probe = PyTuple_GET_ITEM(probes, i);
+        if (!PyTuple_Check(probe) || PyTuple_GET_SIZE(probe) != 3
+            || !PyTuple_Check(PyTuple_GET_ITEM(probe, 1))) {
+            PyErr_SetString(PyExc_ValueError, "bad guard probe");
+            goto bad;
+        }
+    }
+    p->probes = Py_NewRef(probes);
+    p->step = Py_NewRef(step);
+    p->missing = Py_NewRef(missing);
+    if (mtype != Py_None) {
+        p->module_type = Py_NewRef(mtype);
+        p->module_getattr = _PyType_Lookup((PyTypeObject *)mtype, s_getattr);
+        Py_XINCREF(p->module_getattr);
+        if (!PyType_Check(mtype)) {
+            PyErr_SetString(PyExc_TypeError, "module_type must be a type");
+            goto bad;
+        }
+    }
+    Py_RETURN_NONE;
+bad:
+    program_release(p);
+    return NULL;
+}
+
+static PyObject *
+program_size(PyObject *self, PyObject *unused)
+{
+    g_program *p = (g_program *)self;
+
+    (void)unused;
+    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n}", "loads", p->n_loads, "checks",
+                         p->n_checks, "aliases", p->n_aliases, "probes",
+                         p->probes ? PyTuple_GET_SIZE(p->probes) : 0,
+                         "outputs", p->n_outputs);
+}
+
+static int
+program_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    g_program *p = (g_program *)self;
+
+    Py_VISIT(Py_TYPE(self));
+    for (Py_ssize_t i = 0; i < p->n_loads; i++) {
+        Py_VISIT(p->loads[i].key);
+    }
+    for (Py_ssize_t i = 0; i < p->n_checks; i++) {
+        Py_VISIT(p->checks[i].a);
+        Py_VISIT(p->checks[i].b);
+    }
+    Py_VISIT(p->probes);
+    Py_VISIT(p->step);
+    Py_VISIT(p->missing);
+    Py_VISIT(p->module_type);
+    Py_VISIT(p->module_getattr);
+    return 0;
+}
+
+static int
+program_clear(PyObject *self)
+{
+    program_release((g_program *)self);
+    return 0;
+}
+
+static void
+program_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+
+    PyObject_GC_UnTrack(self);
+    if (((g_program *)self)->weakreflist != NULL) {
+        PyObject_ClearWeakRefs(self);
+    }
+    program_release((g_program *)self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef program_methods[] = {
+    {"_set_program", program_set, METH_VARARGS,
+     "_set_program(loads, checks, aliases, probes, step, missing, module_type, "
+     "outputs): compile the program (see guards/program.c)."},
+    {"read", (PyCFunction)(void (*)(void))program_read, METH_FASTCALL,
+     "read(f_locals, f_globals, f_builtins) -> tuple: the values of the "
+     "output loads (the graph's inputs), MISSING where none."},
+    {"_program_size", program_size, METH_NOARGS,
+     "_program_size() -> dict: how many loads, checks, aliases and probes."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef program_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(g_program, weakreflist), READONLY, NULL},
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(g_program, vectorcall), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot program_slots[] = {
+    {Py_tp_doc, "A cache entry's guard, compiled to C (guards/program.c).\n\n"
+                "Call it with (f_locals, f_globals, f_builtins): True if every "
+                "check passes."},
+    {Py_tp_new, program_new},
+    {Py_tp_call, program_call},
+    {Py_tp_dealloc, program_dealloc},
+    {Py_tp_traverse, program_traverse},
+    {Py_tp_clear, program_clear},
+    {Py_tp_methods, program_methods},
+    {Py_tp_members, program_members},
+    {0, NULL},
+};
+
+PyType_Spec ags_guard_spec = {
+    .name = "agspeed._C.GuardProgram",
+    .basicsize = sizeof(g_program),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC
+             | Py_TPFLAGS_HAVE_VECTORCALL,
+    .slots = program_slots,
+};
+
+int
+ags_guard_init(void)
+{
+    static const char *const kinds[] = {"local", "global", "gmod", "attr",
+                                        "item", "cell", "type", "fget"};
+    static const char *const stores[] = {"_parameters", "_buffers", "_modules"};
+
+    if (s_dtype != NULL) {
+        return 0;
+    }
+    s_dtype = PyUnicode_InternFromString("dtype");
+    s_device = PyUnicode_InternFromString("device");
+    s_shape = PyUnicode_InternFromString("shape");
+    s_stride = PyUnicode_InternFromString("stride");
+    s_requires_grad = PyUnicode_InternFromString("requires_grad");
+    s_getattr = PyUnicode_InternFromString("__getattr__");
+    for (int i = 0; i < 3; i++) {
+        s_stores[i] = PyUnicode_InternFromString(stores[i]);
+        if (s_stores[i] == NULL) {
+            return -1;
+        }
+    }
+    for (int i = 0; i <= L_LAST; i++) {
+        s_kinds[i] = PyUnicode_InternFromString(kinds[i]);
+        if (s_kinds[i] == NULL) {
+            return -1;
+        }
+    }
+    return (s_dtype && s_device && s_shape && s_stride && s_requires_grad
+            && s_getattr) ? 0 : -1;
+}
