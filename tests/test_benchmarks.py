@@ -28,7 +28,8 @@ def test_capture_benchmark_quick_run(tmp_path):
         assert set(data[section]) == {"mlp"}
     latency = data["capture_latency"]["mlp"]
     assert latency["agspeed_ms"] > 0 and latency["dynamo_ms"] > 0
-    assert "cold capture" in proc.stdout and "hit overhead" in proc.stdout
+    assert "cold capture" in proc.stdout and "cache hit" in proc.stdout
+    assert data["hit_overhead"]["mlp"]["time_ratio"] > 0
 
 
 def test_capture_benchmark_refuses_unknown_models():
