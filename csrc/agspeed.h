@@ -132,6 +132,8 @@ typedef struct {
     PyObject *context;     /* None: valid in every context; else the only
                               context (by identity) it is valid in */
     uint64_t hits;
+    uint64_t signature;    /* the frame signature it was made for ... */
+    int has_signature;     /* ... if set: lookups skip it for others */
     PyObject *weakrefs;
 } ags_entry;
 
@@ -276,6 +278,12 @@ PyObject *ags_probe_owner(PyObject *module, PyObject *unused);
 
 /* guards/signature.c */
 uint64_t ags_signature_hash(const void *data, size_t len, uint64_t seed);
+/* The signature of a frame about to run `code` with arguments `f_locals`:
+ * a hash of each argument's type and, for tensors, dtype, device, sizes,
+ * strides and requires_grad.  0 on success, -1 with an exception. */
+int ags_frame_signature(PyCodeObject *code, PyObject *f_locals, uint64_t *out);
+/* Test knob: keep only the low `bits` bits of signatures (64: all). */
+extern int ags_signature_bits;
 
 /* guards/program.c: guard programs (agspeed._C.GuardProgram). */
 extern PyType_Spec ags_guard_spec;

@@ -156,6 +156,9 @@ ags_cache_lookup(ags_code_state *state, PyObject *ctx,
                  struct _PyInterpreterFrame *frame, PyObject **f_locals,
                  ags_entry **found)
 {
+    uint64_t sig = 0;
+    int have_sig = 0;
+
     for (Py_ssize_t i = 0; i < state->n_entries; i++) {
         ags_entry *entry = state->entries[i];
         uint64_t seen = version;
@@ -163,6 +166,31 @@ ags_cache_lookup(ags_code_state *state, PyObject *ctx,
 
         if (entry->context != Py_None && entry->context != ctx) {
             continue;
+        }
+        if (entry->has_signature) {
+            /* Entries made for another signature (other tensor shapes,
+             * dtypes, argument types) are passed over without running
+             * their guards; the guard confirms a matching one (and a hash
+             * collision). */
+            if (!have_sig) {
+                if (*f_locals == NULL) {
+                    *f_locals = ags_frame_locals(frame);
+                    if (*f_locals == NULL) {
+                        return -1;
+                    }
+                }
+                if (ags_frame_signature(ags_frame_code(frame), *f_locals,
+                                        &sig) < 0) {
+                    return -1;
+                }
+                have_sig = 1;
+                if (version != seen) {
+                    return 0;   /* reading tensor metadata ran code */
+                }
+            }
+            if (entry->signature != sig) {
+                continue;
+            }
         }
         Py_INCREF(entry);
         ok = guard_holds(entry, frame, f_locals);
@@ -402,6 +430,10 @@ static PyMemberDef entry_members[] = {
      "how the compiled outputs become the return value, or None"},
     {"context", T_OBJECT, offsetof(ags_entry, context), READONLY,
      "None (any context) or the one context the entry is valid in"},
+    {"signature", T_ULONGLONG, offsetof(ags_entry, signature), READONLY,
+     "the frame signature the entry was made for (if has_signature)"},
+    {"has_signature", T_INT, offsetof(ags_entry, has_signature), READONLY,
+     "1 if lookups compare the frame's signature before the guard"},
     {"hits", T_ULONGLONG, offsetof(ags_entry, hits), READONLY,
      "frames this entry was used for"},
     {"__weaklistoffset__", T_PYSSIZET, offsetof(ags_entry, weakrefs),

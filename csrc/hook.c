@@ -439,6 +439,11 @@ decide(PyObject *ctx, PyCodeObject *code, struct _PyInterpreterFrame *frame,
     if (entry->action == AGS_ACTION_SKIP) {
         state->flags |= AGS_CODE_SKIP;
     }
+    else if (entry->guard != Py_None && !entry->has_signature
+             && (ags_frame_signature(code, f_locals, &entry->signature) < 0
+                 || !(entry->has_signature = 1))) {
+        goto error;
+    }
     else if (ags_cache_insert(state, entry) < 0) {
         goto error;
     }

@@ -67,6 +67,40 @@ clear_caches(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *
+frame_signature(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t sig;
+
+    (void)module;
+    if (nargs != 2 || !PyCode_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "frame_signature(code, f_locals): a code and a dict");
+        return NULL;
+    }
+    if (ags_frame_signature((PyCodeObject *)args[0], args[1], &sig) < 0) {
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(sig);
+}
+
+static PyObject *
+set_signature_bits(PyObject *module, PyObject *arg)
+{
+    long bits = PyLong_AsLong(arg);
+
+    (void)module;
+    if (bits == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (bits < 1 || bits > 64) {
+        PyErr_SetString(PyExc_ValueError, "signature bits must be 1..64");
+        return NULL;
+    }
+    ags_signature_bits = (int)bits;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
 set_enabled(PyObject *module, PyObject *flag)
 {
     int on = PyObject_IsTrue(flag);
@@ -195,6 +229,12 @@ static PyMethodDef module_methods[] = {
      "clear_caches(context=None) -> int: empty every code cache (entries "
      "and skip marks), or drop only the entries of one context; returns how "
      "many code objects had a cache."},
+    {"frame_signature", (PyCFunction)(void (*)(void))frame_signature, METH_FASTCALL,
+     "frame_signature(code, f_locals) -> int: the signature the code cache "
+     "keys entries by for a frame of code with these arguments."},
+    {"_set_signature_bits", set_signature_bits, METH_O,
+     "_set_signature_bits(n): keep n low bits of signatures (tests: force "
+     "collisions); 64 restores."},
     {"set_enabled", set_enabled, METH_O,
      "set_enabled(flag): turn the runtime on or off for every region."},
     {"is_enabled", is_enabled, METH_NOARGS,

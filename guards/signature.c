@@ -22,3 +22,177 @@ ags_signature_hash(const void *data, size_t len, uint64_t seed)
 {
     return (uint64_t)XXH3_64bits_withSeed(data, len, (XXH64_hash_t)seed);
 }
+
+/* ------------------------------------------------------------------ */
+/* Frame signatures */
+
+int ags_signature_bits = 64;
+
+static PyObject *tensor_type;   /* torch.Tensor, once torch is imported */
+static PyObject *s_torch, *s_tensor, *s_dtype, *s_device, *s_shape, *s_stride,
+                *s_requires_grad;
+
+typedef struct {
+    int64_t small[128];
+    int64_t *words;
+    Py_ssize_t n, cap;
+} sig_buf;
+
+static int
+put(sig_buf *b, int64_t w)
+{
+    if (b->n == b->cap) {
+        Py_ssize_t cap = 2 * b->cap;
+        int64_t *grown = PyMem_Malloc((size_t)cap * sizeof(int64_t));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(grown, b->words, (size_t)b->n * sizeof(int64_t));
+        if (b->words != b->small) {
+            PyMem_Free(b->words);
+        }
+        b->words = grown;
+        b->cap = cap;
+    }
+    b->words[b->n++] = w;
+    return 0;
+}
+
+static int
+names_init(void)
+{
+    if (s_torch != NULL) {
+        return 0;
+    }
+    s_torch = PyUnicode_InternFromString("torch");
+    s_tensor = PyUnicode_InternFromString("Tensor");
+    s_dtype = PyUnicode_InternFromString("dtype");
+    s_device = PyUnicode_InternFromString("device");
+    s_shape = PyUnicode_InternFromString("shape");
+    s_stride = PyUnicode_InternFromString("stride");
+    s_requires_grad = PyUnicode_InternFromString("requires_grad");
+    return (s_torch && s_tensor && s_dtype && s_device && s_shape && s_stride
+            && s_requires_grad) ? 0 : -1;
+}
+
+/* torch.Tensor (borrowed, kept), or NULL without an exception while torch
+ * is not imported: then no argument can be a tensor. */
+static PyObject *
+get_tensor_type(void)
+{
+    PyObject *torch;
+
+    if (tensor_type != NULL) {
+        return tensor_type;
+    }
+    torch = PyImport_GetModule(s_torch);
+    if (torch == NULL) {
+        return NULL;
+    }
+    tensor_type = PyObject_GetAttr(torch, s_tensor);
+    Py_DECREF(torch);
+    if (tensor_type != NULL && !PyType_Check(tensor_type)) {
+        Py_CLEAR(tensor_type);
+    }
+    PyErr_Clear();
+    return tensor_type;
+}
+
+/* The words of an int tuple (torch.Size or a stride tuple). */
+static int
+put_ints(sig_buf *b, PyObject *seq)
+{
+    if (seq == NULL) {
+        return -1;
+    }
+    if (!PyTuple_Check(seq)) {
+        Py_DECREF(seq);
+        return put(b, -2);
+    }
+    if (put(b, PyTuple_GET_SIZE(seq)) < 0) {
+        Py_DECREF(seq);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(seq); i++) {
+        long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(seq, i));
+        if ((v == -1 && PyErr_Occurred()) || put(b, v) < 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+static int
+put_tensor(sig_buf *b, PyObject *t)
+{
+    PyObject *got;
+    Py_hash_t h;
+
+    got = PyObject_GetAttr(t, s_dtype);   /* dtypes are singletons */
+    if (got == NULL || put(b, (int64_t)(intptr_t)got) < 0) {
+        Py_XDECREF(got);
+        return -1;
+    }
+    Py_DECREF(got);
+    got = PyObject_GetAttr(t, s_requires_grad);
+    if (got == NULL || put(b, got == Py_True) < 0) {
+        Py_XDECREF(got);
+        return -1;
+    }
+    Py_DECREF(got);
+    got = PyObject_GetAttr(t, s_device);
+    h = got ? PyObject_Hash(got) : -1;
+    Py_XDECREF(got);
+    if (h == -1 || put(b, (int64_t)h) < 0) {
+        return -1;
+    }
+    if (put_ints(b, PyObject_GetAttr(t, s_shape)) < 0) {
+        return -1;
+    }
+    return put_ints(b, PyObject_CallMethodNoArgs(t, s_stride));
+}
+
+int
+ags_frame_signature(PyCodeObject *code, PyObject *f_locals, uint64_t *out)
+{
+    sig_buf b;
+    PyObject *ttype;
+    int nargs = code->co_argcount + code->co_kwonlyargcount
+                + !!(code->co_flags & CO_VARARGS)
+                + !!(code->co_flags & CO_VARKEYWORDS);
+    int rc = 0;
+
+    if (names_init() < 0) {
+        return -1;
+    }
+    b.words = b.small;
+    b.n = 0;
+    b.cap = 128;
+    ttype = get_tensor_type();
+    for (int i = 0; rc == 0 && i < nargs; i++) {
+        PyObject *name = PyTuple_GET_ITEM(code->co_localsplusnames, i);
+        PyObject *value = PyDict_GetItemWithError(f_locals, name);
+
+        if (value == NULL) {
+            rc = PyErr_Occurred() ? -1 : put(&b, 0);
+            continue;
+        }
+        rc = put(&b, (int64_t)(intptr_t)Py_TYPE(value));
+        if (rc == 0 && ttype != NULL
+            && PyObject_TypeCheck(value, (PyTypeObject *)ttype)) {
+            rc = put_tensor(&b, value);
+        }
+    }
+    if (rc == 0) {
+        uint64_t h = ags_signature_hash(b.words, (size_t)b.n * sizeof(int64_t), 0);
+        *out = ags_signature_bits >= 64 ? h
+               : h & ((UINT64_C(1) << ags_signature_bits) - 1);
+    }
+    if (b.words != b.small) {
+        PyMem_Free(b.words);
+    }
+    return rc;
+}
