@@ -38,3 +38,15 @@ def test_capture_benchmark_refuses_unknown_models():
         [sys.executable, os.path.join(ROOT, "benchmarks", "capture.py"), "--quick",
          "--models", "nothing"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "unknown models" in proc.stderr
+
+
+def test_dispatch_benchmark_quick_run(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "dispatch.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "dispatch.py"), "--quick",
+         "--sizes", "1,4", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == {"1", "4"}
+    assert all(r["agspeed_us"] > 0 and r["dynamo_us"] > 0 for r in rows.values())

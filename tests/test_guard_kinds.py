@@ -316,3 +316,35 @@ def test_generators_run_eager_and_their_callees_capture():
         torch.testing.assert_close(fast(x), callee(x))
     assert backend.graphs == 1  # callee, run from the eager generator's frame
     assert _C.code_cache(b_generator.__code__)["entries"] == []  # generators: never decided
+
+
+# -- dispatch by signature -----------------------------------------------------------------
+
+
+def scaled(x):
+    return x * 2 + x.shape[0]
+
+
+@pytest.mark.parametrize("bits", [64, 1])
+def test_many_shapes_each_hit_their_own_entry_even_when_signatures_collide(bits):
+    backend = Counting()
+    fast = agspeed.optimize(scaled, backend=backend)
+    sizes = list(range(1, 13))
+    try:
+        _C._set_signature_bits(bits)  # 1 bit: every entry in one of two buckets
+        with agspeed.config.override(recompile_limit=64):
+            for _ in range(2):
+                for n in sizes + sizes[::-1]:
+                    x = torch.randn(n, 2)
+                    torch.testing.assert_close(fast(x), x * 2 + n)
+    finally:
+        _C._set_signature_bits(64)
+    assert backend.graphs == len(sizes)
+    entries = [e for e in _C.code_cache(scaled.__code__)["entries"]
+               if e.action == _C.ACTION_CALL]
+    assert len(entries) == len(sizes)
+    assert all(e.has_signature for e in entries)
+    assert sorted(e.hits for e in entries) == [3] * len(sizes)
+    distinct = {e.signature for e in entries}
+    assert len(distinct) == (len(sizes) if bits == 64 else len(distinct))
+    assert bits == 64 or distinct <= {0, 1}

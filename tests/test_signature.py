@@ -58,3 +58,37 @@ def test_matches_the_system_library_on_every_length_class(length):
     data = random.Random(length).randbytes(length)
     for seed in (0, 1, 2**63 + 12345):
         assert _C.signature_hash(data, seed=seed) == xxh3(data, length, seed)
+
+
+# -- frame signatures (guards/signature.c) -------------------------------------------------
+
+
+def two_args(a, b=1, *rest, key=None, **extra):
+    return a
+
+
+def test_frame_signature_follows_argument_types_only_for_non_tensors():
+    code = two_args.__code__
+    sig = _C.frame_signature
+    base = sig(code, {"a": 1, "b": 2, "rest": (), "key": None, "extra": {}})
+    assert base == sig(code, {"a": 5, "b": 7, "rest": (3,), "key": None, "extra": {}})
+    assert base != sig(code, {"a": 1.0, "b": 2, "rest": (), "key": None, "extra": {}})
+    assert base != sig(code, {"b": 2, "rest": (), "key": None, "extra": {}})  # a unbound
+    # locals beyond the arguments do not count
+    assert base == sig(code, {"a": 1, "b": 2, "rest": (), "key": None, "extra": {},
+                              "other": object()})
+    with pytest.raises(TypeError):
+        sig(code, [])
+
+
+def test_signature_bits_are_validated_and_mask_the_hash():
+    code = two_args.__code__
+    frame = {"a": 1.5, "b": 2, "rest": (), "key": None, "extra": {}}
+    try:
+        _C._set_signature_bits(3)
+        assert _C.frame_signature(code, frame) < 8
+    finally:
+        _C._set_signature_bits(64)
+    for bad in (0, 65):
+        with pytest.raises(ValueError):
+            _C._set_signature_bits(bad)
