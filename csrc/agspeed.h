@@ -145,10 +145,17 @@ typedef struct ags_code_state {
     uint32_t flags;                  /* AGS_CODE_* */
     Py_ssize_t n_entries;
     Py_ssize_t cap_entries;
-    ags_entry **entries;             /* strong references, most recently
-                                        used first */
+    ags_entry **entries;             /* strong references, newest first
+                                        (unsigned ones: most recently used) */
     PyObject *retcode;               /* strong, made on first CALL: see
                                         ags_frame_return */
+    /* Entries with a signature by signature: open addressing, linear
+     * probing, borrowed pointers into `entries`; rebuilt on the first
+     * lookup after `stamp` (bumped on every insert or removal) moved. */
+    ags_entry **table;
+    Py_ssize_t table_cap;            /* a power of two, or 0 */
+    uint64_t stamp, table_stamp;
+    Py_ssize_t n_unsigned;           /* entries without a signature */
 } ags_code_state;
 
 #define AGS_CODE_SKIP 0x1u           /* never hook this code again */

@@ -18,9 +18,12 @@
  * Python (a guard) can tell whether the array moved under it.  Every
  * mutation is done with the GIL held.
  *
- * The linear scan here is the placeholder for the signature hash table of
- * the guard system (guards/), which will key entries by a hash of tensor
- * metadata; the entry layout does not change with it.
+ * Lookup.  An entry made for a frame carries that frame's signature
+ * (guards/signature.c: argument types and tensor metadata, XXH3).  The
+ * state keeps a hash table from signature to entries, rebuilt after each
+ * insert or removal; a lookup computes the frame's signature once and runs
+ * only the guards of entries with it.  Entries without a signature (no
+ * guard) are tried first, most recently used first.
  */
 #include "agspeed.h"
 #include <stddef.h>
@@ -31,7 +34,8 @@ PyTypeObject *ags_entry_type;
 
 static Py_ssize_t extra_index = -1;
 static uint64_t version;
-static ags_code_state registry = {&registry, &registry, 0, 0, 0, NULL, NULL};
+static ags_code_state registry = {&registry, &registry, 0, 0, 0, NULL, NULL,
+                                   NULL, 0, 0, 0, 0};
 
 static void
 state_free(void *ptr)
@@ -49,6 +53,7 @@ state_free(void *ptr)
     entries = state->entries;
     n = state->n_entries;
     retcode = state->retcode;
+    PyMem_Free(state->table);
     PyMem_Free(state);
     version++;
     /* Release after unlinking: a finalizer may run arbitrary code. */
@@ -151,68 +156,131 @@ guard_holds(ags_entry *entry, struct _PyInterpreterFrame *frame,
     return ok;
 }
 
+/* (Re)builds the signature table of `state` for its current entries. */
+static int
+build_table(ags_code_state *state)
+{
+    Py_ssize_t signed_n = 0, cap = 8;
+
+    for (Py_ssize_t i = 0; i < state->n_entries; i++) {
+        signed_n += state->entries[i]->has_signature != 0;
+    }
+    while (cap < 2 * signed_n) {
+        cap *= 2;
+    }
+    if (cap != state->table_cap) {
+        ags_entry **table = PyMem_Calloc((size_t)cap, sizeof(ags_entry *));
+        if (table == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        PyMem_Free(state->table);
+        state->table = table;
+        state->table_cap = cap;
+    }
+    else {
+        memset(state->table, 0, (size_t)cap * sizeof(ags_entry *));
+    }
+    /* In the entries' order (most recent first), so that among entries of
+     * one signature the most recent is tried first. */
+    for (Py_ssize_t i = 0; i < state->n_entries; i++) {
+        ags_entry *entry = state->entries[i];
+        if (entry->has_signature) {
+            Py_ssize_t k = (Py_ssize_t)(entry->signature & (uint64_t)(cap - 1));
+            while (state->table[k] != NULL) {
+                k = (k + 1) & (cap - 1);
+            }
+            state->table[k] = entry;
+        }
+    }
+    state->n_unsigned = state->n_entries - signed_n;
+    state->table_stamp = state->stamp;
+    return 0;
+}
+
+/* Tries one entry: 1 (hit: *found is a new reference), 0 (go on),
+ * 2 (stop: the cache changed while its guard ran; a miss is always
+ * correct, only slower), -1 (error). */
+static int
+try_entry(ags_entry *entry, PyObject *ctx, struct _PyInterpreterFrame *frame,
+          PyObject **f_locals, ags_entry **found)
+{
+    uint64_t seen = version;
+    int ok;
+
+    if (entry->context != Py_None && entry->context != ctx) {
+        return 0;
+    }
+    Py_INCREF(entry);
+    ok = guard_holds(entry, frame, f_locals);
+    if (ok <= 0 || version != seen) {
+        Py_DECREF(entry);
+        return ok < 0 ? -1 : version != seen ? 2 : 0;
+    }
+    entry->hits++;
+    *found = entry;
+    return 1;
+}
+
 int
 ags_cache_lookup(ags_code_state *state, PyObject *ctx,
                  struct _PyInterpreterFrame *frame, PyObject **f_locals,
                  ags_entry **found)
 {
-    uint64_t sig = 0;
-    int have_sig = 0;
+    uint64_t seen = version, sig;
+    Py_ssize_t k, mask;
+    int rc;
 
-    for (Py_ssize_t i = 0; i < state->n_entries; i++) {
+    if (state->n_entries == 0) {
+        return 0;
+    }
+    if (state->table_stamp != state->stamp || state->table == NULL) {
+        if (build_table(state) < 0) {
+            return -1;
+        }
+    }
+    /* Entries without a signature (no guard, or made outside a frame):
+     * in most-recently-used order. */
+    for (Py_ssize_t i = 0; state->n_unsigned > 0 && i < state->n_entries; i++) {
         ags_entry *entry = state->entries[i];
-        uint64_t seen = version;
-        int ok;
-
-        if (entry->context != Py_None && entry->context != ctx) {
-            continue;
-        }
         if (entry->has_signature) {
-            /* Entries made for another signature (other tensor shapes,
-             * dtypes, argument types) are passed over without running
-             * their guards; the guard confirms a matching one (and a hash
-             * collision). */
-            if (!have_sig) {
-                if (*f_locals == NULL) {
-                    *f_locals = ags_frame_locals(frame);
-                    if (*f_locals == NULL) {
-                        return -1;
-                    }
-                }
-                if (ags_frame_signature(ags_frame_code(frame), *f_locals,
-                                        &sig) < 0) {
-                    return -1;
-                }
-                have_sig = 1;
-                if (version != seen) {
-                    return 0;   /* reading tensor metadata ran code */
-                }
-            }
-            if (entry->signature != sig) {
-                continue;
-            }
-        }
-        Py_INCREF(entry);
-        ok = guard_holds(entry, frame, f_locals);
-        if (ok <= 0 || version != seen) {
-            /* Failed, raised, or the cache changed while the guard ran:
-             * in the last case the scan is not resumed (a miss is always
-             * correct, only slower). */
-            Py_DECREF(entry);
-            if (ok < 0) {
-                return -1;
-            }
-            if (version != seen) {
-                return 0;
-            }
             continue;
         }
-        if (i > 0) {
+        rc = try_entry(entry, ctx, frame, f_locals, found);
+        if (rc == 1 && i > 0) {
             move_to_front(state, i);
         }
-        entry->hits++;
-        *found = entry;
-        return 1;
+        if (rc != 0) {
+            return rc == 2 ? 0 : rc;
+        }
+    }
+    if (state->n_unsigned == state->n_entries) {
+        return 0;
+    }
+    /* The rest by the frame's signature: only entries made for it run
+     * their guards, which also settle hash collisions. */
+    if (*f_locals == NULL) {
+        *f_locals = ags_frame_locals(frame);
+        if (*f_locals == NULL) {
+            return -1;
+        }
+    }
+    if (ags_frame_signature(ags_frame_code(frame), *f_locals, &sig) < 0) {
+        return -1;
+    }
+    if (version != seen) {
+        return 0;   /* reading tensor metadata ran code that changed caches */
+    }
+    mask = state->table_cap - 1;
+    for (k = (Py_ssize_t)(sig & (uint64_t)mask); state->table[k] != NULL;
+         k = (k + 1) & mask) {
+        if (state->table[k]->signature != sig) {
+            continue;
+        }
+        rc = try_entry(state->table[k], ctx, frame, f_locals, found);
+        if (rc != 0) {
+            return rc == 2 ? 0 : rc;
+        }
     }
     return 0;
 }
@@ -235,6 +303,7 @@ ags_cache_insert(ags_code_state *state, ags_entry *entry)
             (size_t)state->n_entries * sizeof(ags_entry *));
     state->entries[0] = (ags_entry *)Py_NewRef(entry);
     state->n_entries++;
+    state->stamp++;
     version++;
     return 0;
 }
@@ -280,6 +349,9 @@ ags_cache_clear(PyObject *ctx)
             else {
                 s->entries[kept++] = entry;
             }
+        }
+        if (kept != s->n_entries) {
+            s->stamp++;
         }
         s->n_entries = kept;
         if (ctx == NULL) {

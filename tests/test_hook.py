@@ -838,9 +838,32 @@ def test_entries_are_kept_most_recently_used_first():
     order = [e.guard.b for e in _C.code_cache(add.__code__)["entries"]]
     assert order == [3, 2, 1]  # newest first
     region(0, 1)
-    order = [e.guard.b for e in _C.code_cache(add.__code__)["entries"]]
-    assert order == [1, 3, 2]  # the hit moved to the front
-    assert [e.hits for e in _C.code_cache(add.__code__)["entries"]] == [1, 0, 0]
+    entries = _C.code_cache(add.__code__)["entries"]
+    # Guarded entries carry the frame's signature (int arguments: all alike) and are
+    # found through the signature table, most recent first, each guard in turn; a hit
+    # does not reorder them (order matters only among one signature's entries).
+    assert all(e.has_signature for e in entries)
+    assert len({e.signature for e in entries}) == 1
+    assert [e.guard.b for e in entries] == [3, 2, 1]
+    assert [e.hits for e in entries] == [0, 0, 1]
+
+
+def test_entries_without_a_signature_move_to_the_front_on_a_hit():
+    class Ctx:
+        def __call__(self, code, f_locals, *frame):
+            return _C.CacheEntry(RUN_EAGER, context=self)  # no guard: no signature
+
+    a, b = Ctx(), Ctx()
+    in_a, in_b = _C.Region(add, a), _C.Region(add, b)
+    in_a(0, 1)
+    in_b(0, 1)
+    entries = _C.code_cache(add.__code__)["entries"]
+    assert [e.context for e in entries] == [b, a]
+    assert [e.has_signature for e in entries] == [0, 0]
+    in_a(0, 1)
+    entries = _C.code_cache(add.__code__)["entries"]
+    assert [e.context for e in entries] == [a, b]  # the hit moved to the front
+    assert [e.hits for e in entries] == [1, 0]
 
 
 def test_skip_marked_code_is_counted_as_skipped_frames():
