@@ -428,3 +428,31 @@ def test_caches_changing_under_guards_in_other_threads_stay_consistent():
     assert errors == []
     assert checks  # the guards did run
     assert _C.current_context() is None and _C._eval_frame_owner() == "default"
+
+
+def test_signature_table_is_rebuilt_after_entries_go():
+    fn = make_function("def t(x):\n    return x\n", "t")
+    asked = []
+
+    class Ctx:
+        def __call__(self, code, f_locals, *frame):
+            asked.append(code.co_name)
+            return _C.CacheEntry(RUN_EAGER, guard=Guard(), context=self)
+
+    mine, theirs = Ctx(), Ctx()
+    in_mine, in_theirs = _C.Region(fn, mine), _C.Region(fn, theirs)
+    for value in (1, "s", 2.0, 3):  # three signatures: int, str, float
+        in_mine(value)
+        in_theirs(value)
+    entries = _C.code_cache(fn.__code__)["entries"]
+    assert len(entries) == 6 and all(e.has_signature for e in entries)
+    assert len(asked) == 6  # the second int hit the int entries
+    mine_ref = weakref.ref(mine)
+    del mine, in_mine, entries
+    _C.clear_caches(mine_ref())  # the table still points at mine's entries until rebuilt
+    gc.collect()
+    assert mine_ref() is None
+    for value in (1, "s", 2.0):
+        in_theirs(value)  # hits through a rebuilt table
+    assert len(asked) == 6
+    assert sorted(e.hits for e in _C.code_cache(fn.__code__)["entries"]) == [1, 1, 2]
