@@ -12,6 +12,7 @@ import torch.  Knobs: ``agspeed.config`` and the ``AGSPEED_*`` environment varia
 from agspeed import _C, config, log
 from agspeed.api import counters, disable, optimize, reset
 from agspeed._explain import explain
+from agspeed._runtime import recompiles
 from agspeed.backends import list_backends, register_backend
 from agspeed.errors import (
     AgspeedError,
@@ -28,6 +29,7 @@ __all__ = [
     "disable",
     "reset",
     "explain",
+    "recompiles",
     "counters",
     "config",
     "log",

@@ -34,12 +34,14 @@ from typing import Any, NamedTuple
 
 from agspeed import _C, log
 
-__all__ = ["Context", "context_for", "FrameRecord", "frame_records", "clear"]
+__all__ = ["Context", "context_for", "FrameRecord", "frame_records", "clear", "recompiles",
+           "RecompileRecord"]
 
 _frames_log = log.get("frames")
 _graph_breaks_log = log.get("graph_breaks")
 _graphs_log = log.get("graphs")
 _recompiles_log = log.get("recompiles")
+_recompiles_verbose_log = log.get("recompiles_verbose")
 _guards_log = log.get("guards")
 _internal_log = logging.getLogger("agspeed")
 
@@ -74,6 +76,7 @@ def clear() -> None:
     """Forget recorded frames and shared contexts (``agspeed.reset``)."""
     with _records_lock:
         _RECORDS.clear()
+        _RECOMPILES.clear()
     _CONTEXTS.clear()
 
 
@@ -227,8 +230,8 @@ class Context:
             if log.enabled("graph_breaks"):
                 _graph_breaks_log.info("%s: %s", where, brk)
             return entry, f"run eager (graph break: {brk})"
-        if entries and log.enabled("recompiles"):
-            self._log_recompile(where, entries, f_locals, f_globals, f_builtins)
+        if entries:
+            self._log_recompile(code, where, entries, f_locals, f_globals, f_builtins)
         try:
             compiled = self.backend(result.graph_module, result.example_inputs)
         except Exception as exc:  # the user's backend: its failure must not stop the program
@@ -246,14 +249,56 @@ class Context:
         return make_entry(result, compiled, self), "captured"
 
     @staticmethod
-    def _log_recompile(where: str, entries: list, f_locals: dict, f_globals: dict,
-                       f_builtins: dict) -> None:
-        for n, entry in enumerate(entries, 1):
+    def _log_recompile(code: Any, where: str, entries: list, f_locals: dict,
+                       f_globals: dict, f_builtins: dict) -> None:
+        """Record (and log) why none of ``entries`` served this frame."""
+        failures = []
+        for entry in entries:
             guard = entry.guard
-            why = guard.failures(f_locals, f_globals, f_builtins) \
-                if hasattr(guard, "failures") else ["(no guard details)"]
-            _recompiles_log.info("%s: recompiling: entry %d of %d failed: %s", where, n,
-                                 len(entries), "; ".join(why) or "(passes now)")
+            failures.append(guard.failures(f_locals, f_globals, f_builtins)
+                            if hasattr(guard, "failures") else ["(no guard details)"])
+        # The entry that failed the fewest checks is the one this call nearly was.
+        closest = min(failures, key=lambda f: len(f) if f else 1 << 30)
+        reason = closest[0] if closest else "(every guard passes now: a guard changed " \
+                                            "while it ran)"
+        _record_recompile(code, where, reason)
+        if log.enabled("recompiles"):
+            more = f" (+{len(closest) - 1} more)" if len(closest) > 1 else ""
+            _recompiles_log.info("%s: recompiling, %d entr%s cached; the closest failed: "
+                                 "%s%s", where, len(entries),
+                                 "y" if len(entries) == 1 else "ies", reason, more)
+        if log.enabled("recompiles_verbose"):
+            for n, why in enumerate(failures, 1):
+                _recompiles_verbose_log.info("%s: recompiling: entry %d of %d failed: %s",
+                                             where, n, len(entries),
+                                             "; ".join(why) or "(passes now)")
+
+
+class RecompileRecord(NamedTuple):
+    """Recompiles of one function: how many, and the guard that failed each time."""
+
+    function: str   # "name (file:line)"
+    count: int
+    reasons: tuple  # the closest entry's first failing guard, per recompile (last 16)
+
+
+_RECOMPILES: dict[Any, list] = {}   # weakref to code -> [where, count, reasons]
+
+
+def _record_recompile(code: Any, where: str, reason: str) -> None:
+    with _records_lock:
+        key = weakref.ref(code)
+        row = _RECOMPILES.setdefault(key, [where, 0, collections.deque(maxlen=16)])
+        row[1] += 1
+        row[2].append(reason)
+
+
+def recompiles() -> list[RecompileRecord]:
+    """Every function that was captured again since ``agspeed.reset()``, most first."""
+    with _records_lock:
+        rows = [RecompileRecord(w, n, tuple(r)) for key, (w, n, r) in _RECOMPILES.items()
+                if key() is not None]
+    return sorted(rows, key=lambda r: -r.count)
 
 
 def _ignore(kind: str, code: Any, payload: Any) -> None:

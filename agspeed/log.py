@@ -21,6 +21,7 @@ TOPICS = {
     "frames": "each frame the runtime decides about, and the decision",
     "guards": "the guards of every new cache entry",
     "recompiles": "each cache miss that compiles again, and the guard that failed",
+    "recompiles_verbose": "on each recompile, every failing guard of every cached entry",
     "graphs": "each captured graph",
     "graph_breaks": "where and why capture of a frame stopped",
     "autotune": "each backend the autotuner measured, and the winner",

@@ -348,3 +348,31 @@ def test_many_shapes_each_hit_their_own_entry_even_when_signatures_collide(bits)
     distinct = {e.signature for e in entries}
     assert len(distinct) == (len(sizes) if bits == 64 else len(distinct))
     assert bits == 64 or distinct <= {0, 1}
+
+
+def test_recompile_logs_closest_entry_and_verbose_lists_every_entry():
+    fast = agspeed.optimize(f_tensor, backend=Counting())
+    shapes = [(2, 4), (3, 4), (4, 4)]
+    with logged("recompiles", "recompiles_verbose") as messages:
+        for shape in shapes:
+            fast(torch.randn(*shape))
+        fast(torch.randn(3, 4, dtype=torch.float64))  # closest: the (3, 4) float32 one
+    short = [m for m in messages if "closest failed" in m]
+    verbose = [m for m in messages if "entry" in m and "of" in m and "closest" not in m]
+    assert len(short) == 3
+    assert "2 entries cached" in short[1] and "3 entries cached" in short[2]
+    assert "float32" in short[2] and "float64" in short[2] and "[3, 4]" in short[2]
+    assert len(verbose) == 1 + 2 + 3  # every entry on every recompile
+    assert all("f_tensor (test_guard_kinds.py:" in m for m in short + verbose)
+
+
+def test_recompiles_summary_counts_per_function():
+    fast = agspeed.optimize(f_tensor, backend=Counting())
+    for n in (1, 2, 3):
+        fast(torch.randn(n))
+    fast(torch.randn(1))  # a hit: not a recompile
+    (row,) = [r for r in agspeed.recompiles() if r.function.startswith("f_tensor (")]
+    assert row.count == 2
+    assert len(row.reasons) == 2 and all("shape=" in r for r in row.reasons)
+    agspeed.reset()
+    assert agspeed.recompiles() == []
