@@ -50,3 +50,17 @@ def test_dispatch_benchmark_quick_run(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert set(rows) == {"1", "4"}
     assert all(r["agspeed_us"] > 0 and r["dynamo_us"] > 0 for r in rows.values())
+
+
+def test_hit_scaling_benchmark_quick_run(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "hit_scaling.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "hit_scaling.py"), "--quick",
+         "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    assert set(data["cases"]) == {"inputs_1", "inputs_4", "inputs_16", "layers_1",
+                                  "layers_100"}
+    assert all(r["agspeed_guard_us"] > 0 for r in data["cases"].values())
+    assert data["summary"]["guard_100_vs_1_layers"] > 0

@@ -1,0 +1,147 @@
+"""Cache-hit cost as inputs and layers grow: agspeed next to torch.compile and eager.
+
+Cases (eval mode, no_grad, one thread, backend "eager" on both sides, tiny tensors so
+that runtime costs dominate):
+
+  inputs_K   a function of K tensor arguments (K = 1, 4, 16) adding them up;
+  layers_L   a model of L Linear(8, 8) layers in a ModuleList (L = 1, 100).
+
+For each: the time per call of eager, agspeed and torch.compile, cases interleaved within
+each round, median over rounds; and agspeed's guard alone (the entry's guard program
+called on the frame's arguments), to show how the guard scales apart from the graph.
+
+    python benchmarks/hit_scaling.py [--quick] [--out benchmarks/results/hit_scaling.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+import agspeed  # noqa: E402
+from agspeed import _C  # noqa: E402
+from hook_overhead import machine  # noqa: E402
+
+
+def add1(a):
+    return a + 1
+
+
+def add4(a, b, c, d):
+    return a + b + c + d
+
+
+def add16(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p):  # noqa: E741
+    return a + b + c + d + e + f + g + h + i + j + k + l + m + n + o + p
+
+
+class Layers(torch.nn.Module):
+    def __init__(self, n: int):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(n))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def cases() -> dict:
+    torch.manual_seed(0)
+    return {
+        "inputs_1": (add1, [torch.randn(4)]),
+        "inputs_4": (add4, [torch.randn(4) for _ in range(4)]),
+        "inputs_16": (add16, [torch.randn(4) for _ in range(16)]),
+        "layers_1": (Layers(1).eval(), [torch.randn(2, 8)]),
+        "layers_100": (Layers(100).eval(), [torch.randn(2, 8)]),
+    }
+
+
+def per_call_us(fn, args, calls: int) -> float:
+    start = time.perf_counter_ns()
+    for _ in range(calls):
+        fn(*args)
+    return (time.perf_counter_ns() - start) / calls / 1e3
+
+
+def guard_us(target, args, calls: int) -> float:
+    """The agspeed entry's guard alone, on the frame the call makes."""
+    fn = target.forward if isinstance(target, torch.nn.Module) else target
+    code = fn.__code__
+    names = code.co_varnames[:code.co_argcount]
+    values = ([optimized_views[id(target)]] if isinstance(target, torch.nn.Module) else []) \
+        + list(args)
+    frame = (dict(zip(names, values)), fn.__globals__, {})
+    # the entry serving this frame (layers_1 and layers_100 share forward's code)
+    (entry,) = [e for e in _C.code_cache(code)["entries"]
+                if e.action == _C.ACTION_CALL and e.guard(*frame)]
+    start = time.perf_counter_ns()
+    for _ in range(calls):
+        entry.guard(*frame)
+    return (time.perf_counter_ns() - start) / calls / 1e3
+
+
+optimized_views: dict[int, object] = {}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "hit_scaling.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rounds, calls = (2, 20) if args.quick else (9, 300)
+    agspeed.reset()
+    torch._dynamo.reset()
+    results = {}
+    with torch.no_grad():
+        for name, (target, inputs) in cases().items():
+            fns = {"eager": target,
+                   "agspeed": agspeed.optimize(target, backend="eager"),
+                   "dynamo": torch.compile(target, backend="eager")}
+            if isinstance(target, torch.nn.Module):
+                optimized_views[id(target)] = fns["agspeed"]
+            for fn in fns.values():
+                for _ in range(3):
+                    fn(*inputs)
+            samples: dict[str, list[float]] = {k: [] for k in fns}
+            keys = list(fns)
+            for r in range(rounds):
+                shift = r % len(keys)
+                for k in keys[shift:] + keys[:shift]:
+                    samples[k].append(per_call_us(fns[k], inputs, calls))
+            row = {f"{k}_us": statistics.median(v) for k, v in samples.items()}
+            row["agspeed_guard_us"] = guard_us(target, inputs, calls * 5)
+            row["agspeed_vs_eager"] = row["agspeed_us"] / row["eager_us"]
+            row["agspeed_vs_dynamo"] = row["agspeed_us"] / row["dynamo_us"]
+            results[name] = row
+    l1, l100 = results["layers_1"], results["layers_100"]
+    summary = {"guard_100_vs_1_layers": l100["agspeed_guard_us"] / l1["agspeed_guard_us"]}
+    print(f"cache-hit scaling on {machine()}, torch {torch.__version__}")
+    print(f"  {'case':11s} {'eager':>9s} {'agspeed':>9s} {'dynamo':>9s} {'guard':>8s} "
+          f"{'ag/eager':>8s} {'ag/dyn':>7s}   (us per call)")
+    for name, r in results.items():
+        print(f"  {name:11s} {r['eager_us']:9.1f} {r['agspeed_us']:9.1f} {r['dynamo_us']:9.1f} "
+              f"{r['agspeed_guard_us']:8.1f} {r['agspeed_vs_eager']:8.2f} "
+              f"{r['agspeed_vs_dynamo']:7.2f}")
+    print(f"  agspeed guard, 100 layers / 1 layer: {summary['guard_100_vs_1_layers']:.1f}x")
+    data = {"benchmark": "hit_scaling", "machine": machine(), "torch": torch.__version__,
+            "quick": args.quick, "cases": results, "summary": summary}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(data, f, indent=2)
+    print(f"  wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
