@@ -22,7 +22,6 @@ so, so that a silent fall back to eager cannot pass for a fast capture.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -35,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 import torch  # noqa: E402
 
 import agspeed  # noqa: E402
-from hook_overhead import machine  # noqa: E402
+from _report import machine, save  # noqa: E402
 from test_zoo import ZOO  # noqa: E402
 
 
@@ -216,10 +215,7 @@ def main() -> int:
     print(f"  train step, us      {'eager':>9s} {'agspeed':>9s} {'dynamo':>9s}")
     for n, r in data["train_step"].items():
         print(f"  {n:18s}  {r['eager_us']:9.1f} {r['agspeed_us']:9.1f} {r['dynamo_us']:9.1f}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(data, f, indent=2)
-    print(f"  wrote {args.out}")
+    save(data, args.out)
     return 0 if all(c["one_graph"] for c in checks.values()) else 1
 
 

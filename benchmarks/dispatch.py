@@ -16,7 +16,6 @@ N shapes is slow, so its largest N is smaller by default (--dynamo-max).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,7 +28,7 @@ import torch  # noqa: E402
 
 import agspeed  # noqa: E402
 from agspeed import _C  # noqa: E402
-from hook_overhead import machine  # noqa: E402
+from _report import machine, save  # noqa: E402
 
 
 def work(x):
@@ -106,10 +105,7 @@ def main() -> int:
               f"{r['agspeed_vs_first']:8.2f} {dyn_text}")
     data = {"benchmark": "dispatch", "machine": machine(), "torch": torch.__version__,
             "quick": args.quick, "rows": {str(n): r for n, r in rows.items()}}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(data, f, indent=2)
-    print(f"  wrote {args.out}")
+    save(data, args.out)
     return 0
 
 

@@ -16,7 +16,6 @@ called on the frame's arguments), to show how the guard scales apart from the gr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,7 +28,7 @@ import torch  # noqa: E402
 
 import agspeed  # noqa: E402
 from agspeed import _C  # noqa: E402
-from hook_overhead import machine  # noqa: E402
+from _report import machine, save  # noqa: E402
 
 
 def add1(a):
@@ -136,10 +135,7 @@ def main() -> int:
     print(f"  agspeed guard, 100 layers / 1 layer: {summary['guard_100_vs_1_layers']:.1f}x")
     data = {"benchmark": "hit_scaling", "machine": machine(), "torch": torch.__version__,
             "quick": args.quick, "cases": results, "summary": summary}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(data, f, indent=2)
-    print(f"  wrote {args.out}")
+    save(data, args.out)
     return 0
 
 

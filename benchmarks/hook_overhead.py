@@ -27,9 +27,7 @@ matplotlib is installed) next to the path given by --out.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import threading
@@ -37,6 +35,9 @@ import time
 
 import agspeed
 from agspeed import _C
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _report import machine, save  # noqa: E402
 
 
 def leaf(a, b):
@@ -63,19 +64,6 @@ def drive_skipped(n):
 
 def trivial(x):
     return x
-
-
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}"
 
 
 def ns_per_call(fn, arg, calls) -> float:
@@ -206,11 +194,8 @@ def main() -> int:
                                                       "hook_overhead.json"))
     args = parser.parse_args()
     data = report(run(args.calls, args.repeat), args)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(data, f, indent=2)
+    save(data, args.out)
     plot(data, os.path.splitext(args.out)[0] + ".png")
-    print(f"  wrote {args.out}")
     return 0
 
 

@@ -289,6 +289,12 @@ uint64_t ags_signature_hash(const void *data, size_t len, uint64_t seed);
  * a hash of each argument's type and, for tensors, dtype, device, sizes,
  * strides and requires_grad.  0 on success, -1 with an exception. */
 int ags_frame_signature(PyCodeObject *code, PyObject *f_locals, uint64_t *out);
+/* Interned names of the tensor attributes signatures and guards read. */
+typedef struct {
+    PyObject *dtype, *device, *shape, *stride, *requires_grad;
+} ags_tensor_names;
+extern ags_tensor_names ags_tnames;
+int ags_tensor_names_init(void);   /* 0, or -1 with an exception */
 /* Test knob: keep only the low `bits` bits of signatures (64: all). */
 extern int ags_signature_bits;
 

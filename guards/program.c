@@ -72,7 +72,6 @@ typedef struct {
 static PyObject missing_marker;
 #define G_MISSING (&missing_marker)
 
-static PyObject *s_dtype, *s_device, *s_shape, *s_stride, *s_requires_grad;
 static PyObject *s_getattr, *s_stores[3];
 static PyObject *s_kinds[L_LAST + 1];
 
@@ -359,7 +358,7 @@ check_tensor(PyObject *v, const g_check *c)
     if ((PyObject *)Py_TYPE(v) != c->a) {
         return 0;
     }
-    got = PyObject_GetAttr(v, s_dtype);
+    got = PyObject_GetAttr(v, ags_tnames.dtype);
     if (got == NULL) {
         return -1;
     }
@@ -368,7 +367,7 @@ check_tensor(PyObject *v, const g_check *c)
     if (!ok) {
         return 0;
     }
-    got = PyObject_GetAttr(v, s_requires_grad);
+    got = PyObject_GetAttr(v, ags_tnames.requires_grad);
     if (got == NULL) {
         return -1;
     }
@@ -377,7 +376,7 @@ check_tensor(PyObject *v, const g_check *c)
     if (!ok) {
         return 0;
     }
-    got = PyObject_GetAttr(v, s_shape);
+    got = PyObject_GetAttr(v, ags_tnames.shape);
     if (got == NULL) {
         return -1;
     }
@@ -386,7 +385,7 @@ check_tensor(PyObject *v, const g_check *c)
     if (ok <= 0) {
         return ok;
     }
-    got = PyObject_CallMethodNoArgs(v, s_stride);
+    got = PyObject_CallMethodNoArgs(v, ags_tnames.stride);
     if (got == NULL) {
         return -1;
     }
@@ -395,7 +394,7 @@ check_tensor(PyObject *v, const g_check *c)
     if (ok <= 0) {
         return ok;
     }
-    got = PyObject_GetAttr(v, s_device);
+    got = PyObject_GetAttr(v, ags_tnames.device);
     if (got == NULL) {
         return -1;
     }
@@ -827,15 +826,12 @@ ags_guard_init(void)
                                         "item", "cell", "type", "fget"};
     static const char *const stores[] = {"_parameters", "_buffers", "_modules"};
 
-    if (s_dtype != NULL) {
+    if (s_getattr != NULL) {
         return 0;
     }
-    s_dtype = PyUnicode_InternFromString("dtype");
-    s_device = PyUnicode_InternFromString("device");
-    s_shape = PyUnicode_InternFromString("shape");
-    s_stride = PyUnicode_InternFromString("stride");
-    s_requires_grad = PyUnicode_InternFromString("requires_grad");
-    s_getattr = PyUnicode_InternFromString("__getattr__");
+    if (ags_tensor_names_init() < 0) {
+        return -1;
+    }
     for (int i = 0; i < 3; i++) {
         s_stores[i] = PyUnicode_InternFromString(stores[i]);
         if (s_stores[i] == NULL) {
@@ -848,6 +844,7 @@ ags_guard_init(void)
             return -1;
         }
     }
-    return (s_dtype && s_device && s_shape && s_stride && s_requires_grad
-            && s_getattr) ? 0 : -1;
+    /* last: it marks the names complete */
+    s_getattr = PyUnicode_InternFromString("__getattr__");
+    return s_getattr != NULL ? 0 : -1;
 }

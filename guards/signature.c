@@ -29,8 +29,8 @@ ags_signature_hash(const void *data, size_t len, uint64_t seed)
 int ags_signature_bits = 64;
 
 static PyObject *tensor_type;   /* torch.Tensor, once torch is imported */
-static PyObject *s_torch, *s_tensor, *s_dtype, *s_device, *s_shape, *s_stride,
-                *s_requires_grad;
+static PyObject *s_torch, *s_tensor;
+ags_tensor_names ags_tnames;
 
 typedef struct {
     int64_t small[128];
@@ -59,21 +59,25 @@ put(sig_buf *b, int64_t w)
     return 0;
 }
 
-static int
-names_init(void)
+int
+ags_tensor_names_init(void)
 {
-    if (s_torch != NULL) {
+    if (ags_tnames.requires_grad != NULL) {
         return 0;
     }
     s_torch = PyUnicode_InternFromString("torch");
     s_tensor = PyUnicode_InternFromString("Tensor");
-    s_dtype = PyUnicode_InternFromString("dtype");
-    s_device = PyUnicode_InternFromString("device");
-    s_shape = PyUnicode_InternFromString("shape");
-    s_stride = PyUnicode_InternFromString("stride");
-    s_requires_grad = PyUnicode_InternFromString("requires_grad");
-    return (s_torch && s_tensor && s_dtype && s_device && s_shape && s_stride
-            && s_requires_grad) ? 0 : -1;
+    ags_tnames.dtype = PyUnicode_InternFromString("dtype");
+    ags_tnames.device = PyUnicode_InternFromString("device");
+    ags_tnames.shape = PyUnicode_InternFromString("shape");
+    ags_tnames.stride = PyUnicode_InternFromString("stride");
+    ags_tnames.requires_grad = PyUnicode_InternFromString("requires_grad");
+    if (!(s_torch && s_tensor && ags_tnames.dtype && ags_tnames.device
+          && ags_tnames.shape && ags_tnames.stride && ags_tnames.requires_grad)) {
+        ags_tnames.requires_grad = NULL;   /* try again next time */
+        return -1;
+    }
+    return 0;
 }
 
 /* torch.Tensor (borrowed, kept), or NULL without an exception while torch
@@ -131,28 +135,28 @@ put_tensor(sig_buf *b, PyObject *t)
     PyObject *got;
     Py_hash_t h;
 
-    got = PyObject_GetAttr(t, s_dtype);   /* dtypes are singletons */
+    got = PyObject_GetAttr(t, ags_tnames.dtype);   /* dtypes are singletons */
     if (got == NULL || put(b, (int64_t)(intptr_t)got) < 0) {
         Py_XDECREF(got);
         return -1;
     }
     Py_DECREF(got);
-    got = PyObject_GetAttr(t, s_requires_grad);
+    got = PyObject_GetAttr(t, ags_tnames.requires_grad);
     if (got == NULL || put(b, got == Py_True) < 0) {
         Py_XDECREF(got);
         return -1;
     }
     Py_DECREF(got);
-    got = PyObject_GetAttr(t, s_device);
+    got = PyObject_GetAttr(t, ags_tnames.device);
     h = got ? PyObject_Hash(got) : -1;
     Py_XDECREF(got);
     if (h == -1 || put(b, (int64_t)h) < 0) {
         return -1;
     }
-    if (put_ints(b, PyObject_GetAttr(t, s_shape)) < 0) {
+    if (put_ints(b, PyObject_GetAttr(t, ags_tnames.shape)) < 0) {
         return -1;
     }
-    return put_ints(b, PyObject_CallMethodNoArgs(t, s_stride));
+    return put_ints(b, PyObject_CallMethodNoArgs(t, ags_tnames.stride));
 }
 
 int
@@ -165,7 +169,7 @@ ags_frame_signature(PyCodeObject *code, PyObject *f_locals, uint64_t *out)
                 + !!(code->co_flags & CO_VARKEYWORDS);
     int rc = 0;
 
-    if (names_init() < 0) {
+    if (ags_tensor_names_init() < 0) {
         return -1;
     }
     b.words = b.small;

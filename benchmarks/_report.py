@@ -1,0 +1,29 @@
+"""What every benchmark script shares: the machine's description and writing results."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+
+
+def machine() -> str:
+    """CPU model, core count, OS and Python version, for the figures' caption."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}"
+
+
+def save(data: dict, path: str) -> None:
+    """Write ``data`` as indented JSON to ``path`` (its folder made if missing) and say so."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+    print(f"  wrote {path}")
