@@ -14,7 +14,11 @@ is measured, not a compiler):
 
 Ratios are agspeed / torch.compile: below 1 means agspeed costs less.  Before measuring,
 ``agspeed.explain`` checks that each model is one graph with no break, and the report says
-so, so that a silent fall back to eager cannot pass for a fast capture.
+so, so that a silent fall back to eager cannot pass for a fast capture.  The measured calls
+are checked too: every timed cold call must have been a capture of one graph (agspeed's
+frame records, Dynamo's graph counter), and the timed hit rounds must have been cache hits
+only (agspeed's counters: no miss; Dynamo: no new graph).  The "verified" section of the
+JSON holds these counts, and the exit status is 1 if any check failed.
 
     python benchmarks/capture.py [--quick] [--models mlp,gpt] [--out benchmarks/results/capture.json]
 """
@@ -33,8 +37,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import torch  # noqa: E402
 
+from torch._dynamo.utils import counters as dynamo_counters  # noqa: E402
+
 import agspeed  # noqa: E402
 from _report import machine, save  # noqa: E402
+from agspeed._runtime import frame_records  # noqa: E402
 from test_zoo import ZOO  # noqa: E402
 
 
@@ -50,9 +57,16 @@ def reset_all() -> None:
     torch._dynamo.reset()
 
 
-def first_call_ms(name: str, runtime: str) -> float:
+def dynamo_graphs() -> int:
+    """Graphs Dynamo has made in this process (its reset does not clear the counter)."""
+    return dynamo_counters["stats"]["unique_graphs"]
+
+
+def first_call_ms(name: str, runtime: str) -> tuple[float, bool]:
+    """The cold first call's time, and whether it was a capture of exactly one graph."""
     model, inputs = fresh(name)
     reset_all()
+    graphs_before = dynamo_graphs()
     with torch.no_grad():
         start = time.perf_counter()
         if runtime == "agspeed":
@@ -60,7 +74,12 @@ def first_call_ms(name: str, runtime: str) -> float:
         else:
             fast = torch.compile(model, backend="eager")
         fast(*inputs)
-        return (time.perf_counter() - start) * 1e3
+        elapsed = (time.perf_counter() - start) * 1e3
+    if runtime == "agspeed":
+        one_graph = [r.decision for r in frame_records()] == ["captured"]
+    else:
+        one_graph = dynamo_graphs() - graphs_before == 1
+    return elapsed, one_graph
 
 
 def eager_ms(name: str, calls: int = 20) -> float:
@@ -91,18 +110,33 @@ def checked(name: str) -> dict:
 
 def capture_latency(names: list[str], rounds: int) -> dict:
     samples = {n: {"agspeed": [], "dynamo": []} for n in names}
+    captured = {n: {"agspeed": 0, "dynamo": 0} for n in names}
     for r in range(rounds):
         for name in names:
             order = ("agspeed", "dynamo") if r % 2 == 0 else ("dynamo", "agspeed")
             for runtime in order:
-                samples[name][runtime].append(first_call_ms(name, runtime))
+                ms, one_graph = first_call_ms(name, runtime)
+                samples[name][runtime].append(ms)
+                captured[name][runtime] += one_graph
     out = {}
     for name in names:
         a = statistics.median(samples[name]["agspeed"])
         d = statistics.median(samples[name]["dynamo"])
         out[name] = {"agspeed_ms": a, "dynamo_ms": d, "ratio": a / d,
-                     "eager_forward_ms": eager_ms(name)}
+                     "eager_forward_ms": eager_ms(name), "rounds": rounds,
+                     "agspeed_one_graph_rounds": captured[name]["agspeed"],
+                     "dynamo_one_graph_rounds": captured[name]["dynamo"]}
     return out
+
+
+def hits_only(rounds_fn) -> dict:
+    """Run ``rounds_fn`` and count agspeed's hits and misses and Dynamo's new graphs in it."""
+    before, graphs_before = agspeed.counters(), dynamo_graphs()
+    rounds_fn()
+    after = agspeed.counters()
+    return {"agspeed_hits": after["cache_hits"] - before["cache_hits"],
+            "agspeed_misses": after["cache_misses"] - before["cache_misses"],
+            "dynamo_new_graphs": dynamo_graphs() - graphs_before}
 
 
 def hit_overhead(names: list[str], rounds: int, calls: int) -> dict:
@@ -121,10 +155,14 @@ def hit_overhead(names: list[str], rounds: int, calls: int) -> dict:
                 for _ in range(3):
                     fn(*inputs)
             keys = list(fns)
-            for r in range(rounds):
-                shift = r % len(keys)
-                for k in keys[shift:] + keys[:shift]:
-                    samples[k].append(per_call_us(fns[k], inputs, calls))
+
+            def timed_rounds():
+                for r in range(rounds):
+                    shift = r % len(keys)
+                    for k in keys[shift:] + keys[:shift]:
+                        samples[k].append(per_call_us(fns[k], inputs, calls))
+
+            counts = hits_only(timed_rounds)
         med = {k: statistics.median(v) for k, v in samples.items()}
         a, d = med["agspeed"] - med["eager"], med["dynamo"] - med["eager"]
         out[name] = {"eager_us": med["eager"], "agspeed_us": med["agspeed"],
@@ -132,7 +170,8 @@ def hit_overhead(names: list[str], rounds: int, calls: int) -> dict:
                      "dynamo_overhead_us": d,
                      # of overheads only where both are costs; of call times always
                      "ratio": a / d if a > 0 and d > 0 else None,
-                     "time_ratio": med["agspeed"] / med["dynamo"]}
+                     "time_ratio": med["agspeed"] / med["dynamo"], "calls": rounds * calls,
+                     **counts}
     return out
 
 
@@ -155,18 +194,41 @@ def train_step(names: list[str], rounds: int, steps: int) -> dict:
             for _ in range(3):
                 step(fn)
         keys = list(fns)
-        for r in range(rounds):
-            shift = r % len(keys)
-            for k in keys[shift:] + keys[:shift]:
-                start = time.perf_counter_ns()
-                for _ in range(steps):
-                    step(fns[k])
-                samples[k].append((time.perf_counter_ns() - start) / steps / 1e3)
+
+        def timed_rounds():
+            for r in range(rounds):
+                shift = r % len(keys)
+                for k in keys[shift:] + keys[:shift]:
+                    start = time.perf_counter_ns()
+                    for _ in range(steps):
+                        step(fns[k])
+                    samples[k].append((time.perf_counter_ns() - start) / steps / 1e3)
+
+        counts = hits_only(timed_rounds)
         model.zero_grad(set_to_none=True)
         med = {k: statistics.median(v) for k, v in samples.items()}
         out[name] = {f"{k}_us": v for k, v in med.items()}
         out[name]["agspeed_vs_eager"] = med["agspeed"] / med["eager"]
         out[name]["dynamo_vs_eager"] = med["dynamo"] / med["eager"]
+        out[name].update(calls=rounds * steps, **counts)
+    return out
+
+
+def verify(data: dict) -> dict:
+    """Per model, whether every measured agspeed and Dynamo call was what it claims to be."""
+    out = {}
+    for name, check in data["captured"].items():
+        cap = data["capture_latency"][name]
+        ok = {"explain_one_graph": check["one_graph"],
+              "cold_calls_captured": cap["agspeed_one_graph_rounds"] == cap["rounds"]
+              and cap["dynamo_one_graph_rounds"] == cap["rounds"]}
+        for section in ("hit_overhead", "train_step"):
+            if name in data[section]:
+                r = data[section][name]
+                ok[f"{section}_hits_only"] = (r["agspeed_misses"] == 0
+                                              and r["agspeed_hits"] == r["calls"]
+                                              and r["dynamo_new_graphs"] == 0)
+        out[name] = ok
     return out
 
 
@@ -198,10 +260,13 @@ def main() -> int:
         "hit_overhead": hit_overhead(names, rounds, calls),
         "train_step": train_step(train_names, rounds, max(calls // 10, 2)),
     }
+    data["verified"] = verify(data)
     print(f"capture benchmark on {data['machine']}, torch {data['torch']}")
-    print(f"  {'model':8s} {'graphs':>6s} {'breaks':>6s}")
+    print(f"  {'model':8s} {'graphs':>6s} {'breaks':>6s}  measured calls as claimed")
     for n, c in checks.items():
-        print(f"  {n:8s} {c['graphs']:6d} {c['breaks']:6d}")
+        bad = [k for k, ok in data["verified"][n].items() if not ok]
+        print(f"  {n:8s} {c['graphs']:6d} {c['breaks']:6d}  "
+              f"{'yes' if not bad else 'NO: ' + ', '.join(bad)}")
     print(f"  cold capture, ms    {'agspeed':>9s} {'dynamo':>9s} {'ratio':>6s} {'eager fwd':>9s}")
     for n, r in data["capture_latency"].items():
         print(f"  {n:18s}  {r['agspeed_ms']:9.1f} {r['dynamo_ms']:9.1f} {r['ratio']:6.2f} "
@@ -216,7 +281,7 @@ def main() -> int:
     for n, r in data["train_step"].items():
         print(f"  {n:18s}  {r['eager_us']:9.1f} {r['agspeed_us']:9.1f} {r['dynamo_us']:9.1f}")
     save(data, args.out)
-    return 0 if all(c["one_graph"] for c in checks.values()) else 1
+    return 0 if all(all(v.values()) for v in data["verified"].values()) else 1
 
 
 if __name__ == "__main__":

@@ -30,6 +30,29 @@ def test_capture_benchmark_quick_run(tmp_path):
     assert latency["agspeed_ms"] > 0 and latency["dynamo_ms"] > 0
     assert "cold capture" in proc.stdout and "cache hit" in proc.stdout
     assert data["hit_overhead"]["mlp"]["time_ratio"] > 0
+    # the measured calls themselves: cold calls were captures, hit rounds were hits only
+    assert data["verified"] == {"mlp": {"explain_one_graph": True, "cold_calls_captured": True,
+                                        "hit_overhead_hits_only": True,
+                                        "train_step_hits_only": True}}
+    hits = data["hit_overhead"]["mlp"]
+    assert hits["agspeed_misses"] == 0 and hits["agspeed_hits"] == hits["calls"] > 0
+    assert "measured calls as claimed" in proc.stdout
+
+
+def test_capture_benchmark_reports_a_fallback_to_eager(tmp_path):
+    """With the runtime switched off nothing is captured: the report says so and the run
+    fails, so eager timings cannot pass for agspeed's."""
+    pytest.importorskip("torch")
+    out = tmp_path / "capture.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "capture.py"), "--quick",
+         "--models", "mlp", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "AGSPEED_DISABLE": "1"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    verified = json.loads(out.read_text())["verified"]["mlp"]
+    assert not any(verified.values())
+    assert "NO: explain_one_graph" in proc.stdout
 
 
 def test_capture_benchmark_refuses_unknown_models():
