@@ -742,9 +742,23 @@ class GraphBuilder:
         """Finish the graph returning ``result`` (nodes, constants, tuples/lists/dicts)."""
         import torch.fx
 
-        self.graph.output(result)
+        self.graph.output(self._build_namedtuples(result))
         self.graph.lint()
         return torch.fx.GraphModule(self._torch.nn.Module(), self.graph)
+
+
+    def _build_namedtuples(self, value: Any) -> Any:
+        """``value`` with each namedtuple in it made by a call node of its class: fx
+        writes an output literal by its repr, and a namedtuple's repr names a class that
+        the generated code does not see (torch before 2.12)."""
+        if is_namedtuple_type(type(value)):
+            return self.graph.call_function(
+                type(value), tuple(self._build_namedtuples(v) for v in value))
+        if type(value) in (tuple, list):
+            return type(value)(self._build_namedtuples(v) for v in value)
+        if type(value) is dict:
+            return {k: self._build_namedtuples(v) for k, v in value.items()}
+        return value
 
 
 def _exception_table(code: Any) -> list[tuple[int, int, int]]:

@@ -7,8 +7,9 @@ import os
 import platform
 
 
-def machine() -> str:
-    """CPU model, core count, OS and Python version, for the figures' caption."""
+def machine(device: str = "cpu") -> str:
+    """CPU model, core count, OS and Python version (and the GPU's name when ``device``
+    is a CUDA device), for the figures' caption."""
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -18,7 +19,20 @@ def machine() -> str:
                     break
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}"
+    text = f"{model}, {os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}"
+    if device.startswith("cuda"):
+        import torch
+
+        text += f", GPU {torch.cuda.get_device_name(device)}"
+    return text
+
+
+def sync(device: str) -> None:
+    """Wait for queued device work, so that a host clock read after it is fair."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
 
 
 def save(data: dict, path: str) -> None:

@@ -11,6 +11,7 @@ torch.compile's cache is measured with its recompile limits raised to N; its cap
 N shapes is slow, so its largest N is smaller by default (--dynamo-max).
 
     python benchmarks/dispatch.py [--quick] [--sizes 1,10,100,1000] [--dynamo-max 100]
+                                  [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -28,24 +29,29 @@ import torch  # noqa: E402
 
 import agspeed  # noqa: E402
 from agspeed import _C  # noqa: E402
-from _report import machine, save  # noqa: E402
+from _report import machine, save, sync  # noqa: E402
 
 
 def work(x):
     return x * 2 + 1
 
 
+DEVICE = "cpu"
+
+
 def inputs_for(n: int) -> list:
-    return [torch.randn(k + 1) for k in range(n)]
+    return [torch.randn(k + 1, device=DEVICE) for k in range(n)]
 
 
 def timed_cycle(fn, xs: list, rounds: int) -> float:
     """Median over rounds of the time per call of one pass over ``xs``, in us."""
     samples = []
     for _ in range(rounds):
+        sync(DEVICE)
         start = time.perf_counter_ns()
         for x in xs:
             fn(x)
+        sync(DEVICE)
         samples.append((time.perf_counter_ns() - start) / len(xs) / 1e3)
     return statistics.median(samples)
 
@@ -74,8 +80,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sizes", default="1,10,100,1000")
     parser.add_argument("--dynamo-max", type=int, default=100)
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "dispatch.json"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    suffix = "" if args.device == "cpu" else "_" + args.device.split(":")[0]
+    args.out = args.out or os.path.join(HERE, "results", f"dispatch{suffix}.json")
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.quick:
         sizes = [s for s in sizes if s <= 10] or [1]
@@ -93,7 +104,7 @@ def main() -> int:
         row["dynamo_us"] = measure("dynamo", n, rounds) if n <= args.dynamo_max else None
         rows[n] = row
     base = rows[sizes[0]]
-    print(f"dispatch among cached shapes on {machine()}, torch {torch.__version__}")
+    print(f"dispatch among cached shapes ({DEVICE}) on {machine(DEVICE)}, torch {torch.__version__}")
     print(f"  {'shapes':>7s} {'eager':>8s} {'agspeed':>8s} {'x first':>8s} "
           f"{'dynamo':>8s} {'x first':>8s}")
     for n, r in rows.items():
@@ -103,7 +114,8 @@ def main() -> int:
         dyn_text = f"{dyn:8.1f} {r['dynamo_vs_first']:8.2f}" if dyn else f"{'-':>8s} {'-':>8s}"
         print(f"  {n:7d} {r['eager_us']:8.1f} {r['agspeed_us']:8.1f} "
               f"{r['agspeed_vs_first']:8.2f} {dyn_text}")
-    data = {"benchmark": "dispatch", "machine": machine(), "torch": torch.__version__,
+    data = {"benchmark": "dispatch", "machine": machine(DEVICE), "device": DEVICE,
+            "torch": torch.__version__,
             "quick": args.quick, "rows": {str(n): r for n, r in rows.items()}}
     save(data, args.out)
     return 0

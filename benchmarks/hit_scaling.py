@@ -10,7 +10,7 @@ For each: the time per call of eager, agspeed and torch.compile, cases interleav
 each round, median over rounds; and agspeed's guard alone (the entry's guard program
 called on the frame's arguments), to show how the guard scales apart from the graph.
 
-    python benchmarks/hit_scaling.py [--quick] [--out benchmarks/results/hit_scaling.json]
+    python benchmarks/hit_scaling.py [--quick] [--device cpu|cuda] [--out FILE]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 import agspeed  # noqa: E402
 from agspeed import _C  # noqa: E402
-from _report import machine, save  # noqa: E402
+from _report import machine, save, sync  # noqa: E402
 
 
 def add1(a):
@@ -54,21 +54,30 @@ class Layers(torch.nn.Module):
         return x
 
 
+DEVICE = "cpu"
+
+
 def cases() -> dict:
     torch.manual_seed(0)
+
+    def t(*shape):
+        return torch.randn(*shape, device=DEVICE)
+
     return {
-        "inputs_1": (add1, [torch.randn(4)]),
-        "inputs_4": (add4, [torch.randn(4) for _ in range(4)]),
-        "inputs_16": (add16, [torch.randn(4) for _ in range(16)]),
-        "layers_1": (Layers(1).eval(), [torch.randn(2, 8)]),
-        "layers_100": (Layers(100).eval(), [torch.randn(2, 8)]),
+        "inputs_1": (add1, [t(4)]),
+        "inputs_4": (add4, [t(4) for _ in range(4)]),
+        "inputs_16": (add16, [t(4) for _ in range(16)]),
+        "layers_1": (Layers(1).to(DEVICE).eval(), [t(2, 8)]),
+        "layers_100": (Layers(100).to(DEVICE).eval(), [t(2, 8)]),
     }
 
 
 def per_call_us(fn, args, calls: int) -> float:
+    sync(DEVICE)
     start = time.perf_counter_ns()
     for _ in range(calls):
         fn(*args)
+    sync(DEVICE)
     return (time.perf_counter_ns() - start) / calls / 1e3
 
 
@@ -92,11 +101,20 @@ def guard_us(target, args, calls: int) -> float:
 optimized_views: dict[int, object] = {}
 
 
+def _ratio(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "hit_scaling.json"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    suffix = "" if args.device == "cpu" else "_" + args.device.split(":")[0]
+    args.out = args.out or os.path.join(HERE, "results", f"hit_scaling{suffix}.json")
     torch.set_num_threads(1)
     rounds, calls = (2, 20) if args.quick else (9, 300)
     agspeed.reset()
@@ -122,18 +140,24 @@ def main() -> int:
             row["agspeed_guard_us"] = guard_us(target, inputs, calls * 5)
             row["agspeed_vs_eager"] = row["agspeed_us"] / row["eager_us"]
             row["agspeed_vs_dynamo"] = row["agspeed_us"] / row["dynamo_us"]
+            # what each runtime adds to the same eager work, and agspeed's share of dynamo's
+            row["agspeed_overhead_us"] = row["agspeed_us"] - row["eager_us"]
+            row["dynamo_overhead_us"] = row["dynamo_us"] - row["eager_us"]
+            row["overhead_vs_dynamo"] = (row["agspeed_overhead_us"] / row["dynamo_overhead_us"]
+                                         if row["dynamo_overhead_us"] > 0 else None)
             results[name] = row
     l1, l100 = results["layers_1"], results["layers_100"]
     summary = {"guard_100_vs_1_layers": l100["agspeed_guard_us"] / l1["agspeed_guard_us"]}
-    print(f"cache-hit scaling on {machine()}, torch {torch.__version__}")
+    print(f"cache-hit scaling ({DEVICE}) on {machine(DEVICE)}, torch {torch.__version__}")
     print(f"  {'case':11s} {'eager':>9s} {'agspeed':>9s} {'dynamo':>9s} {'guard':>8s} "
-          f"{'ag/eager':>8s} {'ag/dyn':>7s}   (us per call)")
+          f"{'ag/eager':>8s} {'ag/dyn':>7s} {'ovh/dyn':>7s}   (us per call)")
     for name, r in results.items():
         print(f"  {name:11s} {r['eager_us']:9.1f} {r['agspeed_us']:9.1f} {r['dynamo_us']:9.1f} "
               f"{r['agspeed_guard_us']:8.1f} {r['agspeed_vs_eager']:8.2f} "
-              f"{r['agspeed_vs_dynamo']:7.2f}")
+              f"{r['agspeed_vs_dynamo']:7.2f} {_ratio(r['overhead_vs_dynamo']):>7s}")
     print(f"  agspeed guard, 100 layers / 1 layer: {summary['guard_100_vs_1_layers']:.1f}x")
-    data = {"benchmark": "hit_scaling", "machine": machine(), "torch": torch.__version__,
+    data = {"benchmark": "hit_scaling", "machine": machine(DEVICE), "device": DEVICE,
+            "torch": torch.__version__,
             "quick": args.quick, "cases": results, "summary": summary}
     save(data, args.out)
     return 0

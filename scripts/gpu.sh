@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Build agspeed and run the GPU checks on a machine with CUDA and torch but no network:
+# the full test suite (tests/test_cuda.py included), the demo on CUDA and the CUDA
+# benchmarks.  xxHash comes from the Debian packages in .deb/ (apt-get download
+# libxxhash-dev libxxhash0), unpacked under /tmp/xx.  Logs and results go to $OUT
+# (default: gpu-out/).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT" /tmp/xx
+PY=${PY:-python3}
+for f in .deb/*.deb; do dpkg -x "$f" /tmp/xx; done
+export XXHASH_PREFIX=/tmp/xx/usr
+ln -sf /tmp/xx/usr/lib/x86_64-linux-gnu/libxxhash.so.0 /tmp/xx/usr/lib/libxxhash.so
+export LD_LIBRARY_PATH=/tmp/xx/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+export LIBRARY_PATH=/tmp/xx/usr/lib/x86_64-linux-gnu:${LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+"$PY" -c "import torch,sys; print(sys.version, torch.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"
+# a complete package (agspeed, agspeed.guards, agspeed.backends, _C) outside the tree,
+# imported through PYTHONPATH; tests run from /tmp so the source folder cannot shadow it
+"$PY" setup.py -q build --build-base /tmp/agsbuild --build-lib /tmp/agslib 2>&1 | tail -5 || exit 1
+export PYTHONPATH=/tmp/agslib
+ROOT=$PWD
+rc=0
+(cd /tmp && "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests/test_cuda.py") 2>&1 | tee "$OUT/test_cuda.log" || rc=1
+[ "${GPU_QUICK:-0}" = 1 ] && exit $rc
+(cd /tmp && "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests") 2>&1 | tee "$OUT/tests.log" | tail -15 || rc=1
+"$PY" scripts/demo.py --device cuda 2>&1 | tee "$OUT/demo.log" | tail -30 || rc=1
+"$PY" benchmarks/hit_scaling.py --device cuda --out "$OUT/hit_scaling_cuda.json" 2>&1 | tail -12 || rc=1
+"$PY" benchmarks/dispatch.py --device cuda --out "$OUT/dispatch_cuda.json" 2>&1 | tail -10 || rc=1
+exit $rc
