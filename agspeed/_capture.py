@@ -32,6 +32,7 @@ import weakref
 from typing import Any, Callable, NamedTuple
 
 from agspeed import _C
+from agspeed import config as _config
 from agspeed._graph import REASONS, GraphBreak, GraphBuilder
 from agspeed._sources import MISSING, describe, resolve, resolve_step
 
@@ -223,8 +224,9 @@ class Guard(_C.GuardProgram):
             checks.append((slot(source), kind, a, b))
         aliases = [(slot(a), slot(b)) for a, b in self.aliases]
         outputs = [slot(s) for s in self.inputs]
+        flags = _CHECK_KNOWN_TENSORS if _config.guard_parameters else 0
         self._set_program(loads, checks, aliases, _state_probes(self.torch, self.state),
-                          resolve_step, MISSING, self.torch.nn.Module, outputs)
+                          resolve_step, MISSING, self.torch.nn.Module, outputs, flags)
 
     def widened(self, other: "Guard") -> "Guard":
         """This guard less the plain-value checks ``other`` expects differently.
@@ -389,6 +391,9 @@ def capture(code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any
     return Capture(gm, builder.sources, guard, builder.example_inputs())
 
 
+_CHECK_KNOWN_TENSORS = 1  # guards/program.c P_CHECK_KNOWN_TENSORS
+
+
 def make_entry(cap: Capture, compiled: Any, context: Any) -> Any:
     """The CALL entry running ``compiled`` on the inputs its guard program reads."""
     guard = cap.guard
@@ -400,4 +405,7 @@ def make_entry(cap: Capture, compiled: Any, context: Any) -> Any:
 
     run.graph_module = cap.graph_module
     run.guard = guard
-    return _C.CacheEntry(_C.ACTION_CALL, guard=guard, compiled=run, context=context)
+    # the hook calls compiled(*inputs) with the inputs the guard program gathered while
+    # checking; `run` serves the first call, made before the entry is in the cache
+    return _C.CacheEntry(_C.ACTION_CALL, guard=guard, compiled=run, context=context,
+                         graph=compiled)

@@ -168,6 +168,12 @@ KNOBS: dict[str, Knob] = {
         Knob("recompile_limit", "AGSPEED_RECOMPILE_LIMIT", lambda: 8, _parse_positive_int,
              (int,), _check_positive_int,
              "most cache entries compiled for one function before it runs eager"),
+        Knob("guard_parameters", "AGSPEED_GUARD_PARAMETERS", lambda: False, _parse_bool,
+             (bool,), _same,
+             "check parameters' and buffers' dtype, device, shape, strides and "
+             "requires_grad on every call, also while the model's structure is "
+             "unchanged (sees `p.data = other`); off: an unchanged model costs a "
+             "constant number of checks"),
     )
 }
 

@@ -134,6 +134,12 @@ typedef struct {
     uint64_t hits;
     uint64_t signature;    /* the frame signature it was made for ... */
     int has_signature;     /* ... if set: lookups skip it for others */
+    int64_t *sig_words;    /* what the signature hashed (PyMem), compared
+                              exactly on a hash match */
+    Py_ssize_t sig_n;
+    PyObject *graph;       /* None, or the graph callable: the hook calls
+                              graph(*inputs) with the inputs the guard
+                              program gathered */
     PyObject *weakrefs;
 } ags_entry;
 
@@ -175,10 +181,12 @@ ags_code_state *ags_cache_ensure(PyCodeObject *code);
 /* Finds the first entry of `state` valid for `ctx` whose guard holds.
  * `*f_locals` is a lazily built dict of the frame's locals (NULL on entry;
  * the caller releases it).  Returns 1 and a new reference in `*found` on a
- * hit, 0 on a miss, -1 with an exception set if a guard raised. */
+ * hit, 0 on a miss, -1 with an exception set if a guard raised.  On a
+ * hit of an entry with a graph, `*inputs` is a new tuple of its inputs
+ * (else NULL). */
 int ags_cache_lookup(ags_code_state *state, PyObject *ctx,
                      struct _PyInterpreterFrame *frame, PyObject **f_locals,
-                     ags_entry **found);
+                     ags_entry **found, PyObject **inputs);
 
 /* Adds `entry` (borrowed; the state takes its own reference) in front.
  * Returns 0, or -1 with an exception set. */
@@ -289,17 +297,38 @@ uint64_t ags_signature_hash(const void *data, size_t len, uint64_t seed);
  * a hash of each argument's type and, for tensors, dtype, device, sizes,
  * strides and requires_grad.  0 on success, -1 with an exception. */
 int ags_frame_signature(PyCodeObject *code, PyObject *f_locals, uint64_t *out);
+/* The words a signature hashes, kept to compare exactly: a hash match
+ * between different frames then never reaches an entry's guard. */
+typedef struct {
+    int64_t small[128];
+    int64_t *words;
+    Py_ssize_t n, cap;
+} ags_sig;
+int ags_sig_compute(PyCodeObject *code, PyObject *f_locals, ags_sig *sig,
+                    uint64_t *hash);    /* release with ags_sig_release */
+void ags_sig_release(ags_sig *sig);
 /* Interned names of the tensor attributes signatures and guards read. */
 typedef struct {
     PyObject *dtype, *device, *shape, *stride, *requires_grad;
 } ags_tensor_names;
 extern ags_tensor_names ags_tnames;
 int ags_tensor_names_init(void);   /* 0, or -1 with an exception */
+int ags_entry_set_signature(ags_entry *entry, const ags_sig *sig, uint64_t hash);
+int ags_entry_sig_equal(const ags_entry *entry, const ags_sig *sig);
 /* Test knob: keep only the low `bits` bits of signatures (64: all). */
 extern int ags_signature_bits;
 
 /* guards/program.c: guard programs (agspeed._C.GuardProgram). */
 extern PyType_Spec ags_guard_spec;
+extern PyTypeObject *ags_guard_type;   /* set when the module is made */
 int ags_guard_init(void);
+/* 1 if obj is a compiled guard program. */
+int ags_is_guard_program(PyObject *obj);
+/* Evaluates `program` on frame = (f_locals, f_globals, f_builtins): 1 with
+ * *inputs a new tuple of the graph's inputs, 0 if a check failed, -1 on
+ * error.  signed_frame: the frame's signature matched the entry's exactly
+ * (its arguments' tensor checks are settled). */
+int ags_guard_run(PyObject *program, PyObject *const *frame, int signed_frame,
+                  PyObject **inputs);
 
 #endif /* AGS_AGSPEED_H */

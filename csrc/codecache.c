@@ -126,10 +126,13 @@ move_to_front(ags_code_state *state, Py_ssize_t i)
     state->entries[0] = hit;
 }
 
-/* Returns 1 if `entry`'s guard holds, 0 if not, -1 on error. */
+/* Returns 1 if `entry`'s guard holds, 0 if not, -1 on error.  For an
+ * entry with a graph, *inputs is set to the graph's inputs the guard
+ * program gathered on the way (a new tuple).  signed_frame: the frame's
+ * signature matched the entry's exactly. */
 static int
 guard_holds(ags_entry *entry, struct _PyInterpreterFrame *frame,
-            PyObject **f_locals)
+            PyObject **f_locals, int signed_frame, PyObject **inputs)
 {
     PyObject *verdict;
     int ok;
@@ -146,6 +149,9 @@ guard_holds(ags_entry *entry, struct _PyInterpreterFrame *frame,
     {
         PyObject *args[3] = {*f_locals, ags_frame_globals(frame),
                              ags_frame_builtins(frame)};
+        if (entry->graph != NULL && entry->graph != Py_None) {
+            return ags_guard_run(entry->guard, args, signed_frame, inputs);
+        }
         verdict = PyObject_Vectorcall(entry->guard, args, 3, NULL);
     }
     if (verdict == NULL) {
@@ -203,7 +209,8 @@ build_table(ags_code_state *state)
  * correct, only slower), -1 (error). */
 static int
 try_entry(ags_entry *entry, PyObject *ctx, struct _PyInterpreterFrame *frame,
-          PyObject **f_locals, ags_entry **found)
+          PyObject **f_locals, int signed_frame, ags_entry **found,
+          PyObject **inputs)
 {
     uint64_t seen = version;
     int ok;
@@ -212,8 +219,9 @@ try_entry(ags_entry *entry, PyObject *ctx, struct _PyInterpreterFrame *frame,
         return 0;
     }
     Py_INCREF(entry);
-    ok = guard_holds(entry, frame, f_locals);
+    ok = guard_holds(entry, frame, f_locals, signed_frame, inputs);
     if (ok <= 0 || version != seen) {
+        Py_CLEAR(*inputs);
         Py_DECREF(entry);
         return ok < 0 ? -1 : version != seen ? 2 : 0;
     }
@@ -225,10 +233,11 @@ try_entry(ags_entry *entry, PyObject *ctx, struct _PyInterpreterFrame *frame,
 int
 ags_cache_lookup(ags_code_state *state, PyObject *ctx,
                  struct _PyInterpreterFrame *frame, PyObject **f_locals,
-                 ags_entry **found)
+                 ags_entry **found, PyObject **inputs)
 {
     uint64_t seen = version, sig;
     Py_ssize_t k, mask;
+    ags_sig words;
     int rc;
 
     if (state->n_entries == 0) {
@@ -246,7 +255,7 @@ ags_cache_lookup(ags_code_state *state, PyObject *ctx,
         if (entry->has_signature) {
             continue;
         }
-        rc = try_entry(entry, ctx, frame, f_locals, found);
+        rc = try_entry(entry, ctx, frame, f_locals, 0, found, inputs);
         if (rc == 1 && i > 0) {
             move_to_front(state, i);
         }
@@ -265,24 +274,30 @@ ags_cache_lookup(ags_code_state *state, PyObject *ctx,
             return -1;
         }
     }
-    if (ags_frame_signature(ags_frame_code(frame), *f_locals, &sig) < 0) {
+    if (ags_sig_compute(ags_frame_code(frame), *f_locals, &words, &sig) < 0) {
         return -1;
     }
+    rc = 0;
     if (version != seen) {
-        return 0;   /* reading tensor metadata ran code that changed caches */
+        goto done;   /* reading tensor metadata ran code that changed caches */
     }
     mask = state->table_cap - 1;
     for (k = (Py_ssize_t)(sig & (uint64_t)mask); state->table[k] != NULL;
          k = (k + 1) & mask) {
-        if (state->table[k]->signature != sig) {
+        ags_entry *entry = state->table[k];
+        /* an equal hash of different words is a collision: not this one */
+        if (entry->signature != sig || !ags_entry_sig_equal(entry, &words)) {
             continue;
         }
-        rc = try_entry(state->table[k], ctx, frame, f_locals, found);
+        rc = try_entry(entry, ctx, frame, f_locals, 1, found, inputs);
         if (rc != 0) {
-            return rc == 2 ? 0 : rc;
+            rc = rc == 2 ? 0 : rc;
+            goto done;
         }
     }
-    return 0;
+done:
+    ags_sig_release(&words);
+    return rc;
 }
 
 int
@@ -405,15 +420,20 @@ static PyObject *
 entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"action", "guard", "compiled", "rebuild",
-                             "context", NULL};
+                             "context", "graph", NULL};
     int action;
     PyObject *guard = Py_None, *compiled = Py_None, *rebuild = Py_None;
-    PyObject *context = Py_None;
+    PyObject *context = Py_None, *graph = Py_None;
     ags_entry *self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|OOOO:CacheEntry", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|OOOOO:CacheEntry", kwlist,
                                      &action, &guard, &compiled, &rebuild,
-                                     &context)) {
+                                     &context, &graph)) {
+        return NULL;
+    }
+    if (graph != Py_None && !(PyCallable_Check(graph) && ags_is_guard_program(guard))) {
+        PyErr_SetString(PyExc_TypeError, "CacheEntry: graph must be None, or a "
+                        "callable with a compiled guard program as guard");
         return NULL;
     }
     if (action < 0 || action >= AGS_ACTION_COUNT) {
@@ -437,6 +457,7 @@ entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->compiled = Py_NewRef(compiled);
     self->rebuild = Py_NewRef(rebuild);
     self->context = Py_NewRef(context);
+    self->graph = Py_NewRef(graph);
     return (PyObject *)self;
 }
 
@@ -448,6 +469,7 @@ entry_traverse(ags_entry *self, visitproc visit, void *arg)
     Py_VISIT(self->compiled);
     Py_VISIT(self->rebuild);
     Py_VISIT(self->context);
+    Py_VISIT(self->graph);
     return 0;
 }
 
@@ -458,6 +480,7 @@ entry_clear(ags_entry *self)
     Py_CLEAR(self->compiled);
     Py_CLEAR(self->rebuild);
     Py_CLEAR(self->context);
+    Py_CLEAR(self->graph);
     return 0;
 }
 
@@ -471,6 +494,7 @@ entry_dealloc(ags_entry *self)
         PyObject_ClearWeakRefs((PyObject *)self);
     }
     entry_clear(self);
+    PyMem_Free(self->sig_words);
     tp->tp_free(self);
     Py_DECREF(tp);
 }
@@ -502,6 +526,9 @@ static PyMemberDef entry_members[] = {
      "how the compiled outputs become the return value, or None"},
     {"context", T_OBJECT, offsetof(ags_entry, context), READONLY,
      "None (any context) or the one context the entry is valid in"},
+    {"graph", T_OBJECT, offsetof(ags_entry, graph), READONLY,
+     "None, or the graph the hook calls with the inputs its guard program "
+     "gathers"},
     {"signature", T_ULONGLONG, offsetof(ags_entry, signature), READONLY,
      "the frame signature the entry was made for (if has_signature)"},
     {"has_signature", T_INT, offsetof(ags_entry, has_signature), READONLY,
@@ -529,7 +556,7 @@ static PyType_Slot entry_slots[] = {
     {Py_tp_getset, entry_getset},
     {Py_tp_doc,
      "CacheEntry(action, guard=None, compiled=None, rebuild=None, "
-     "context=None)\n\n"
+     "context=None, graph=None)\n\n"
      "One decision of a capture context for a code object, kept in the "
      "code's cache and used for every later frame of it whose guard holds."},
     {0, NULL}

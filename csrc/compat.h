@@ -149,6 +149,50 @@ ags_compat_put_exc(PyObject *exc)
 #endif
 }
 
+/* A dict's version tag: CPython gives every dict a new one on each change
+ * (insert, update, delete, clear) on 3.11 to 3.13.  3.12 deprecated the
+ * field for extensions (it keeps watcher bits in its low byte) but still
+ * maintains it, so comparing two readings of one live dict says whether it
+ * changed in between. */
+static inline uint64_t
+ags_compat_dict_version(PyObject *dict)
+{
+#if defined(__GNUC__)
+#  pragma GCC diagnostic push
+#  pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+    return ((PyDictObject *)dict)->ma_version_tag;
+#if defined(__GNUC__)
+#  pragma GCC diagnostic pop
+#endif
+}
+
+/* Borrowed: the object `ref` (a weak reference) refers to, or NULL if it
+ * is dead.  The caller must not run code that could drop the last other
+ * reference while it uses the result. */
+static inline PyObject *
+ags_compat_weak_target(PyObject *ref)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *held = NULL;
+    if (PyWeakref_GetRef(ref, &held) != 1) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_DECREF(held);   /* still referenced by whoever owned it before */
+    return held;
+#else
+    PyObject *held = PyWeakref_GetObject(ref);
+    return held == Py_None ? NULL : held;
+#endif
+}
+
+/* Dict and type watchers (3.12+): a callback on every change of a watched
+ * dict or type.  3.11 has none; callers fall back on version tags. */
+#ifndef AGS_PY311
+#  define AGS_HAVE_WATCHERS 1
+#endif
+
 /* The frame hook and the code caches live in process-wide state (the
  * eval-frame function has no module argument), so the module refuses to be
  * loaded into more than one interpreter.  3.11 has no slot to say so and

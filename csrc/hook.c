@@ -409,14 +409,15 @@ ask_context(PyObject *ctx, PyCodeObject *code,
  * entry to run, or NULL with an exception set. */
 static ags_entry *
 decide(PyObject *ctx, PyCodeObject *code, struct _PyInterpreterFrame *frame,
-       ags_code_state *state)
+       ags_code_state *state, PyObject **inputs)
 {
     PyObject *f_locals = NULL;
     ags_entry *entry = NULL;
     int found = 0;
 
+    *inputs = NULL;
     if (state != NULL) {
-        found = ags_cache_lookup(state, ctx, frame, &f_locals, &entry);
+        found = ags_cache_lookup(state, ctx, frame, &f_locals, &entry, inputs);
         if (found < 0) {
             goto error;
         }
@@ -439,10 +440,17 @@ decide(PyObject *ctx, PyCodeObject *code, struct _PyInterpreterFrame *frame,
     if (entry->action == AGS_ACTION_SKIP) {
         state->flags |= AGS_CODE_SKIP;
     }
-    else if (entry->guard != Py_None && !entry->has_signature
-             && (ags_frame_signature(code, f_locals, &entry->signature) < 0
-                 || !(entry->has_signature = 1))) {
-        goto error;
+    else if (entry->guard != Py_None && !entry->has_signature) {
+        ags_sig sig;
+        uint64_t hash;
+        int rc = ags_sig_compute(code, f_locals, &sig, &hash);
+        if (rc == 0) {
+            rc = ags_entry_set_signature(entry, &sig, hash);
+            ags_sig_release(&sig);
+        }
+        if (rc < 0 || ags_cache_insert(state, entry) < 0) {
+            goto error;
+        }
     }
     else if (ags_cache_insert(state, entry) < 0) {
         goto error;
@@ -451,41 +459,49 @@ done:
     Py_XDECREF(f_locals);
     return entry;
 error:
+    Py_CLEAR(*inputs);
     Py_XDECREF(entry);
     Py_XDECREF(f_locals);
     return NULL;
 }
 
-/* Runs a CALL entry: the frame returns compiled(f_locals, f_globals,
- * f_builtins) without running
- * its bytecode.  Returns 0 with the frame set up to return the value, 1 if
- * the frame cannot be made to return (it then runs its own bytecode), or
- * -1 with an exception set. */
+/* Runs a CALL entry: the frame returns graph(*inputs) when the guard
+ * program gathered the inputs, else compiled(f_locals, f_globals,
+ * f_builtins), without running its bytecode.  Returns 0 with the frame set
+ * up to return the value, 1 if the frame cannot be made to return (it then
+ * runs its own bytecode), or -1 with an exception set.  Steals `inputs`. */
 static int
 call_compiled(ags_entry *entry, PyCodeObject *code,
-              struct _PyInterpreterFrame *frame)
+              struct _PyInterpreterFrame *frame, PyObject *inputs)
 {
     ags_code_state *state = ags_cache_get(code);
     PyCodeObject *retcode;
     PyObject *f_locals, *result;
 
     if (!ags_frame_can_return(frame)) {
+        Py_XDECREF(inputs);
         return 1;
     }
     retcode = ags_cache_return_code(state, code);
     if (retcode == NULL) {
+        Py_XDECREF(inputs);
         return -1;
     }
-    f_locals = ags_frame_locals(frame);
-    if (f_locals == NULL) {
-        return -1;
+    if (inputs != NULL) {
+        result = PyObject_Vectorcall(entry->graph, &PyTuple_GET_ITEM(inputs, 0),
+                                     (size_t)PyTuple_GET_SIZE(inputs), NULL);
+        Py_DECREF(inputs);
     }
-    {
+    else {
+        f_locals = ags_frame_locals(frame);
+        if (f_locals == NULL) {
+            return -1;
+        }
         PyObject *args[3] = {f_locals, ags_frame_globals(frame),
                              ags_frame_builtins(frame)};
         result = PyObject_Vectorcall(entry->compiled, args, 3, NULL);
+        Py_DECREF(f_locals);
     }
-    Py_DECREF(f_locals);
     if (result == NULL) {
         return -1;
     }
@@ -530,11 +546,17 @@ ags_eval(PyThreadState *ts, struct _PyInterpreterFrame *frame, int throwflag)
 
     Py_INCREF(ctx);
     me->busy++;
-    entry = decide(ctx, code, frame, state);
-    if (entry != NULL && entry->action == AGS_ACTION_CALL) {
-        /* The compiled callable is the runtime's own code: frames it
-         * starts run untouched. */
-        rc = call_compiled(entry, code, frame);
+    {
+        PyObject *inputs = NULL;
+        entry = decide(ctx, code, frame, state, &inputs);
+        if (entry != NULL && entry->action == AGS_ACTION_CALL) {
+            /* The compiled callable is the runtime's own code: frames it
+             * starts run untouched. */
+            rc = call_compiled(entry, code, frame, inputs);
+        }
+        else {
+            Py_XDECREF(inputs);
+        }
     }
     me->busy--;
     Py_DECREF(ctx);

@@ -352,6 +352,7 @@ module_exec(PyObject *module)
     /* The hook checks decisions against the CacheEntry type of the module
      * loaded last; entries of an earlier load stay valid as they are. */
     Py_XSETREF(ags_entry_type, (PyTypeObject *)Py_NewRef(st->entry_type));
+    Py_XSETREF(ags_guard_type, (PyTypeObject *)Py_NewRef(st->guard_type));
     return 0;
 }
 

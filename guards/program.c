@@ -49,6 +49,39 @@ typedef struct {
     Py_ssize_t n;        /* LEN: the length */
 } g_check;
 
+/* A fact the structure memo relies on (see "The structure memo" below). */
+enum { W_TYPEOF, W_DICTPTR, W_DICT };
+
+typedef struct {
+    int kind;
+    PyObject *obj;       /* borrowed: TYPEOF/DICTPTR: the object; DICT: the dict */
+    PyObject *dict;      /* borrowed: DICTPTR: the object's __dict__ */
+    PyTypeObject *type;  /* borrowed: TYPEOF: the object's type */
+    uint64_t version;    /* TYPEOF: the type's version tag; DICTPTR/DICT: the
+                            dict's version tag */
+} g_witness;
+
+typedef struct {
+    int valid;
+    int slot;            /* the root: a local holding an nn.Module */
+    PyObject *root_ref;  /* a weak reference to it (owned) */
+    char *frozen;        /* per load: its value is remembered */
+    PyObject **values;   /* per load: the remembered value (borrowed) */
+    char *skip;          /* per check: implied while the memo holds */
+    char *skip_alias;    /* per alias */
+    g_witness *w;
+    Py_ssize_t n_w, cap_w;
+    uint64_t epoch;      /* watchers: ags_watch_epoch when last confirmed */
+    int watched;         /* every dict and type of `w` is watched */
+    uint64_t fast, full; /* evaluations through the memo, and without */
+    uint64_t builds;
+} g_memo;
+
+/* Program flags (_set_program's last argument). */
+#define P_CHECK_KNOWN_TENSORS 1   /* tensor checks run even on remembered
+                                     parameters and buffers */
+#define P_NO_MEMO 2               /* never remember structure */
+
 typedef struct {
     PyObject_HEAD
     g_load *loads;
@@ -64,6 +97,8 @@ typedef struct {
     PyObject *module_getattr;    /* torch.nn.Module.__getattr__ */
     int *outputs;        /* loads read() returns, in order */
     Py_ssize_t n_outputs;
+    int flags;           /* P_* */
+    g_memo memo;
     PyObject *weakreflist;
     vectorcallfunc vectorcall;
 } g_program;
@@ -75,9 +110,12 @@ static PyObject missing_marker;
 static PyObject *s_getattr, *s_stores[3];
 static PyObject *s_kinds[L_LAST + 1];
 
+static void memo_release(g_memo *m);
+
 static void
 program_release(g_program *p)
 {
+    memo_release(&p->memo);
     for (Py_ssize_t i = 0; i < p->n_loads; i++) {
         Py_CLEAR(p->loads[i].key);
     }
@@ -119,13 +157,18 @@ fallback(g_program *p, int op, PyObject *base, PyObject *key)
     return out;
 }
 
-/* New reference to base.<name> as static_attr finds it, or G_MISSING. */
+/* New reference to base.<name> as static_attr finds it, or G_MISSING.
+ * *via is set to 1 when the answer came from base's class (a function, a
+ * constant or a property), its instance dict or an nn.Module store, all
+ * of which the structure memo can watch; 0 when Python found it. */
 static PyObject *
-load_attr(g_program *p, PyObject *base, PyObject *name)
+load_attr(g_program *p, PyObject *base, PyObject *name, int *via)
 {
     PyTypeObject *cls = Py_TYPE(base);
     PyObject *found, *dict = NULL, *value = NULL;
     int is_module;
+
+    *via = 0;
 
     if (PyModule_Check(base)) {
         value = PyDict_GetItemWithError(PyModule_GetDict(base), name);
@@ -141,6 +184,7 @@ load_attr(g_program *p, PyObject *base, PyObject *name)
     found = _PyType_Lookup(cls, name);     /* borrowed */
     if (found != NULL) {
         if (Py_IS_TYPE(found, &PyProperty_Type)) {
+            *via = 1;
             return Py_NewRef(found);
         }
         if (Py_TYPE(found)->tp_descr_set != NULL) {
@@ -158,6 +202,7 @@ load_attr(g_program *p, PyObject *base, PyObject *name)
             Py_XDECREF(found);
             Py_INCREF(value);
             Py_DECREF(dict);
+            *via = 1;
             return value;
         }
         if (PyErr_Occurred()) {
@@ -169,6 +214,7 @@ load_attr(g_program *p, PyObject *base, PyObject *name)
         Py_XDECREF(dict);
         if (kind == &PyFunction_Type || kind->tp_descr_get == NULL
             || kind == &PyCFunction_Type || kind == &PyType_Type) {
+            *via = 1;
             return found;   /* a method's function, or a class constant */
         }
         Py_DECREF(found);
@@ -184,6 +230,7 @@ load_attr(g_program *p, PyObject *base, PyObject *name)
                 if (value != NULL) {
                     Py_INCREF(value);
                     Py_DECREF(dict);
+                    *via = 1;
                     return value;
                 }
             }
@@ -193,6 +240,7 @@ load_attr(g_program *p, PyObject *base, PyObject *name)
         }
         if (_PyType_Lookup(cls, s_getattr) == p->module_getattr) {
             Py_DECREF(dict);
+            *via = 1;
             return G_MISSING;
         }
     }
@@ -248,19 +296,35 @@ load_global(PyObject *globals, PyObject *builtins, PyObject *name)
     return Py_NewRef(value);
 }
 
+/* The per-call table of load values: on the stack for small programs.
+ * via[i]: load i was answered in C from a place the memo can watch. */
+typedef struct {
+    PyObject *small[64];
+    char small_via[64];
+    PyObject **vals;
+    char *via;
+    Py_ssize_t n;
+    const char *frozen;      /* while the memo holds: its remembered loads, */
+    PyObject *const *known;  /* answered from it without a reference */
+} g_values;
+
 /* vals[i]: the value of load i (new reference or G_MISSING), found on
  * first use.  NULL with an exception on error. */
 static PyObject *
-value_of(g_program *p, PyObject **vals, Py_ssize_t i, PyObject *const *frame)
+value_of(g_program *p, g_values *t, Py_ssize_t i, PyObject *const *frame)
 {
+    PyObject **vals = t->vals;
     g_load *ld = &p->loads[i];
     PyObject *base = NULL, *out;
 
     if (vals[i] != NULL) {
         return vals[i];
     }
+    if (t->frozen != NULL && t->frozen[i]) {
+        return t->known[i];
+    }
     if (ld->parent >= 0) {
-        base = value_of(p, vals, ld->parent, frame);
+        base = value_of(p, t, ld->parent, frame);
         if (base == NULL) {
             return NULL;
         }
@@ -292,9 +356,12 @@ value_of(g_program *p, PyObject **vals, Py_ssize_t i, PyObject *const *frame)
         Py_DECREF(mod);
         break;
     }
-    case L_ATTR:
-        out = load_attr(p, base, ld->key);
+    case L_ATTR: {
+        int via;
+        out = load_attr(p, base, ld->key, &via);
+        t->via[i] = (char)via;
         break;
+    }
     case L_ITEM:
         out = load_item(p, base, ld->key);
         break;
@@ -431,15 +498,8 @@ check_one(const g_check *c, PyObject *v)
     case C_ID: {
         if (c->b == Py_True) {
             /* only the address is compared: no reference needs keeping */
-#if PY_VERSION_HEX >= 0x030D0000
-            PyObject *held = NULL;
-            int alive = PyWeakref_GetRef(c->a, &held);
-            Py_XDECREF(held);
-            return alive < 0 ? -1 : alive == 1 && held == v;
-#else
-            PyObject *held = PyWeakref_GetObject(c->a);   /* borrowed */
-            return held != NULL && held != Py_None && held == v;
-#endif
+            PyObject *held = ags_compat_weak_target(c->a);
+            return held != NULL && held == v;
         }
         return v == c->a;
     }
@@ -447,28 +507,26 @@ check_one(const g_check *c, PyObject *v)
     return 0;
 }
 
-/* The per-call table of load values: on the stack for small programs. */
-typedef struct {
-    PyObject *small[64];
-    PyObject **vals;
-    Py_ssize_t n;
-} g_values;
-
 static int
 values_init(g_values *v, Py_ssize_t n)
 {
     v->n = n;
     if (n > 64) {
-        v->vals = PyMem_Calloc((size_t)n, sizeof(PyObject *));
+        v->vals = PyMem_Calloc((size_t)n, sizeof(PyObject *) + 1);
         if (v->vals == NULL) {
             PyErr_NoMemory();
             return -1;
         }
+        v->via = (char *)(v->vals + n);
     }
     else {
         memset(v->small, 0, sizeof(v->small));
+        memset(v->small_via, 0, sizeof(v->small_via));
         v->vals = v->small;
+        v->via = v->small_via;
     }
+    v->frozen = NULL;
+    v->known = NULL;
     return 0;
 }
 
@@ -485,24 +543,391 @@ values_release(g_values *v)
     }
 }
 
+/* ------------------------------------------------------------------ */
+/* The structure memo
+ *
+ * Most of a model's guard is about its structure: each submodule is the
+ * same object, has no hooks, is in the same training mode, and each
+ * parameter is the same tensor.  Checking all of it costs time in
+ * proportion to the model.  After an evaluation that passed, the memo
+ * remembers the values of the loads below the frame's nn.Module argument
+ * (the root, `self`) that were answered in C from places it can watch, and
+ * the facts that keep those answers valid (witnesses):
+ *
+ *   TYPEOF   an object still has its type, and the type's version tag is
+ *            unchanged (no attribute of it or of its bases was set since);
+ *   DICTPTR  an object's __dict__ is the same dict, with the same version;
+ *   DICT     a dict reached from there (an nn.Module store, a hook dict, a
+ *            dict indexed by the program) has the same version.
+ *
+ * CPython gives a dict a new version tag on every change, so while the
+ * root is the same object and the witnesses hold, every remembered load
+ * would find the same object again and the checks on them (identity,
+ * equality of immutable values, absence, lengths of remembered dicts and
+ * tuples) would answer as before: they are skipped.  So are tensor checks
+ * on remembered tensors (parameters and buffers): a tensor's metadata
+ * changed in place (`p.data = other`) without any dict changing is not
+ * seen, unless the program has P_CHECK_KNOWN_TENSORS.
+ *
+ * Witnesses are kept in load order, parents first, and checked in that
+ * order: an object is looked at only after the facts that keep it alive
+ * held, so no pointer is followed to a freed object.
+ *
+ * With watchers (3.12+) every witnessed dict and type is watched, and any
+ * change to any of them bumps ags_watch_epoch.  While the epoch has not
+ * moved since the memo was last confirmed no version needs reading: a
+ * confirmed memo costs the root's identity and one type comparison per
+ * object, whatever the model's size.
+ */
+
+static uint64_t ags_watch_epoch;
+#ifdef AGS_HAVE_WATCHERS
+static int dict_watcher = -1, type_watcher = -1;
+
 static int
-evaluate(g_program *p, PyObject *const *frame)
+on_dict_event(PyDict_WatchEvent event, PyObject *dict, PyObject *key,
+              PyObject *new_value)
+{
+    (void)event;
+    (void)dict;
+    (void)key;
+    (void)new_value;
+    ags_watch_epoch++;
+    return 0;
+}
+
+static int
+on_type_event(PyTypeObject *type)
+{
+    (void)type;
+    ags_watch_epoch++;
+    return 0;
+}
+#endif
+
+static void
+memo_release(g_memo *m)
+{
+    Py_CLEAR(m->root_ref);
+    PyMem_Free(m->frozen);
+    PyMem_Free(m->values);
+    PyMem_Free(m->skip);
+    PyMem_Free(m->skip_alias);
+    PyMem_Free(m->w);
+    memset(m, 0, sizeof(*m));
+}
+
+static int
+add_witness(g_memo *m, int kind, PyObject *obj, PyObject *dict)
+{
+    g_witness *w;
+
+    if (m->n_w == m->cap_w) {
+        Py_ssize_t cap = m->cap_w ? 2 * m->cap_w : 16;
+        g_witness *grown = PyMem_Realloc(m->w, (size_t)cap * sizeof(g_witness));
+        if (grown == NULL) {
+            return -1;
+        }
+        m->w = grown;
+        m->cap_w = cap;
+    }
+    w = &m->w[m->n_w++];
+    w->kind = kind;
+    w->obj = obj;
+    w->dict = dict;
+    w->type = Py_TYPE(obj);
+    w->version = 0;
+    return 0;
+}
+
+/* The witnesses of the loads answered in C on `obj`: its type, its
+ * __dict__ and, for an nn.Module, its three stores. */
+static int
+witness_object(g_program *p, PyObject *obj)
+{
+    g_memo *m = &p->memo;
+    PyObject **dp, *dict;
+
+    if (add_witness(m, W_TYPEOF, obj, NULL) < 0) {
+        return -1;
+    }
+    dp = _PyObject_GetDictPtr(obj);
+    if (dp == NULL || *dp == NULL) {
+        PyErr_Clear();
+        return 0;        /* no instance dict: attributes come from the type */
+    }
+    dict = *dp;
+    if (!PyDict_Check(dict) || add_witness(m, W_DICTPTR, obj, dict) < 0) {
+        return -1;
+    }
+    if (PyObject_TypeCheck(obj, (PyTypeObject *)p->module_type)) {
+        for (int s = 0; s < 3; s++) {
+            PyObject *store = PyDict_GetItemWithError(dict, s_stores[s]);
+            if (store == NULL && PyErr_Occurred()) {
+                return -1;
+            }
+            if (store != NULL && PyDict_Check(store)
+                && add_witness(m, W_DICT, store, store) < 0) {
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Builds the memo from a passing evaluation's values (t).  Failures leave
+ * no memo: it is an optimization only. */
+static void
+memo_build(g_program *p, g_values *t)
+{
+    g_memo *m = &p->memo;
+    Py_ssize_t n = p->n_loads;
+    char *seen;
+    int root = -1;
+
+    m->valid = 0;
+    Py_CLEAR(m->root_ref);
+    m->n_w = 0;
+    if ((p->flags & P_NO_MEMO) || p->module_type == NULL) {
+        return;
+    }
+    for (Py_ssize_t i = 0; i < n && root < 0; i++) {
+        PyObject *v = t->vals[i];
+        if (p->loads[i].op == L_LOCAL && v != NULL && v != G_MISSING
+            && PyObject_TypeCheck(v, (PyTypeObject *)p->module_type)
+            && Py_TYPE(v)->tp_weaklistoffset != 0) {
+            root = (int)i;
+        }
+    }
+    if (root < 0) {
+        return;
+    }
+    if (m->frozen == NULL) {
+        m->frozen = PyMem_Calloc((size_t)n + 1, 2);  /* frozen, seen */
+        m->values = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
+        m->skip = PyMem_Calloc((size_t)p->n_checks + 1, 1);
+        m->skip_alias = PyMem_Calloc((size_t)p->n_aliases + 1, 1);
+        if (!m->frozen || !m->values || !m->skip || !m->skip_alias) {
+            memo_release(m);
+            PyErr_Clear();
+            return;
+        }
+    }
+    seen = m->frozen + n;     /* objects already witnessed, by load */
+    memset(m->frozen, 0, 2 * (size_t)n);
+    m->slot = root;
+    m->frozen[root] = 1;
+    for (Py_ssize_t i = root + 1; i < n; i++) {
+        g_load *ld = &p->loads[i];
+        PyObject *v = t->vals[i], *base;
+        int ok = 0;
+
+        if (v == NULL || ld->parent < 0 || !m->frozen[ld->parent]) {
+            continue;
+        }
+        base = t->vals[ld->parent];
+        if (base == G_MISSING) {
+            continue;
+        }
+        if ((ld->op == L_ATTR && t->via[i]) || ld->op == L_TYPE) {
+            ok = 1;
+            if (!seen[ld->parent]) {
+                seen[ld->parent] = 1;
+                if (witness_object(p, base) < 0) {
+                    goto fail;
+                }
+            }
+        }
+        else if (ld->op == L_ITEM && PyTuple_CheckExact(base)) {
+            ok = 1;
+        }
+        else if (ld->op == L_ITEM && PyDict_CheckExact(base)) {
+            ok = 1;
+            if (!seen[ld->parent]) {
+                seen[ld->parent] = 1;
+                if (add_witness(m, W_DICT, base, base) < 0) {
+                    goto fail;
+                }
+            }
+        }
+        m->frozen[i] = (char)ok;
+    }
+    for (Py_ssize_t c = 0; c < p->n_checks; c++) {
+        g_check *ck = &p->checks[c];
+        PyObject *v = t->vals[ck->slot];
+        int skip = 0;
+
+        if (m->frozen[ck->slot] && v != NULL) {
+            switch (ck->kind) {
+            case C_ID:
+            case C_EQ:
+            case C_ABSENT:
+                skip = 1;
+                break;
+            case C_TENSOR:
+                skip = !(p->flags & P_CHECK_KNOWN_TENSORS);
+                break;
+            case C_LEN:
+                if (v != G_MISSING && PyTuple_CheckExact(v)) {
+                    skip = 1;
+                }
+                else if (v != G_MISSING && PyDict_Check(v)) {
+                    skip = 1;
+                    if (!seen[ck->slot]) {
+                        seen[ck->slot] = 1;
+                        if (add_witness(m, W_DICT, v, v) < 0) {
+                            goto fail;
+                        }
+                    }
+                }
+                break;
+            }
+        }
+        m->skip[c] = (char)skip;
+    }
+    for (Py_ssize_t a = 0; a < p->n_aliases; a++) {
+        m->skip_alias[a] = m->frozen[p->aliases[2 * a]]
+                           && m->frozen[p->aliases[2 * a + 1]];
+    }
+    /* Watch first: watching a dict changes its version tag's low bits. */
+    m->watched = 0;
+#ifdef AGS_HAVE_WATCHERS
+    m->watched = dict_watcher >= 0 && type_watcher >= 0;
+    for (Py_ssize_t k = 0; m->watched && k < m->n_w; k++) {
+        g_witness *w = &m->w[k];
+        int rc = w->kind == W_TYPEOF ? PyType_Watch(type_watcher, (PyObject *)w->type)
+                                     : PyDict_Watch(dict_watcher, w->dict);
+        if (rc < 0) {
+            PyErr_Clear();
+            m->watched = 0;
+        }
+    }
+#endif
+    for (Py_ssize_t k = 0; k < m->n_w; k++) {
+        g_witness *w = &m->w[k];
+        if (w->kind == W_TYPEOF) {
+            w->version = w->type->tp_version_tag;
+            if (w->version == 0) {
+                goto fail;     /* no valid tag: a change would go unseen */
+            }
+        }
+        else {
+            w->version = ags_compat_dict_version(w->dict);
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        m->values[i] = m->frozen[i] ? t->vals[i] : NULL;
+    }
+    m->root_ref = PyWeakref_NewRef(t->vals[root], NULL);
+    if (m->root_ref == NULL) {
+        goto fail;
+    }
+    m->epoch = ags_watch_epoch;
+    m->valid = 1;
+    return;
+fail:
+    PyErr_Clear();
+    m->valid = 0;
+    m->n_w = 0;
+}
+
+/* 1 if the memo holds for this frame: same root object, witnesses true. */
+static int
+memo_holds(g_program *p, PyObject *const *frame)
+{
+    g_memo *m = &p->memo;
+    PyObject *cur, *root;
+
+    if (!m->valid) {
+        return 0;
+    }
+    cur = PyDict_GetItemWithError(frame[0], p->loads[m->slot].key);
+    root = ags_compat_weak_target(m->root_ref);
+    if (cur == NULL || cur != root) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (m->watched && m->epoch == ags_watch_epoch) {
+        for (Py_ssize_t k = 0; k < m->n_w; k++) {
+            if (m->w[k].kind == W_TYPEOF && Py_TYPE(m->w[k].obj) != m->w[k].type) {
+                return 0;
+            }
+        }
+        return 1;
+    }
+    for (Py_ssize_t k = 0; k < m->n_w; k++) {
+        g_witness *w = &m->w[k];
+        PyObject **dp;
+
+        switch (w->kind) {
+        case W_TYPEOF:
+            if (Py_TYPE(w->obj) != w->type || w->type->tp_version_tag != w->version) {
+                return 0;
+            }
+            break;
+        case W_DICTPTR:
+            dp = _PyObject_GetDictPtr(w->obj);
+            if (dp == NULL || *dp != w->dict
+                || ags_compat_dict_version(w->dict) != w->version) {
+                PyErr_Clear();
+                return 0;
+            }
+            break;
+        default:
+            if (ags_compat_dict_version(w->dict) != w->version) {
+                return 0;
+            }
+        }
+    }
+    m->epoch = ags_watch_epoch;   /* confirmed: the moves were elsewhere */
+    return 1;
+}
+
+/* Evaluates the program on frame (f_locals, f_globals, f_builtins).
+ * E_SIGNED: the frame's signature matched the entry's exactly, which
+ * already settles the tensor checks of its arguments.  With `outputs`, a
+ * passing evaluation also returns the output loads' values (MISSING for
+ * those that reach nothing), the graph's inputs.  Returns 1, 0 or -1. */
+#define E_SIGNED 1
+
+static int
+run_program(g_program *p, PyObject *const *frame, int eflags, PyObject **outputs)
 {
     g_values table;
-    PyObject **vals;
-    int ok = 1;
+    g_memo *m = &p->memo;
+    int ok = 1, fast;
 
     if (values_init(&table, p->n_loads) < 0) {
         return -1;
     }
-    vals = table.vals;
+    fast = memo_holds(p, frame);
+    if (fast) {
+        m->fast++;
+        table.frozen = m->frozen;
+        table.known = m->values;
+    }
+    else {
+        m->full++;
+    }
     for (Py_ssize_t i = 0; ok == 1 && i < p->n_checks; i++) {
-        PyObject *v = value_of(p, vals, p->checks[i].slot, frame);
-        ok = v == NULL ? -1 : check_one(&p->checks[i], v);
+        g_check *c = &p->checks[i];
+        PyObject *v;
+
+        if ((fast && m->skip[i])
+            || ((eflags & E_SIGNED) && c->kind == C_TENSOR
+                && p->loads[c->slot].op == L_LOCAL)) {
+            continue;
+        }
+        v = value_of(p, &table, c->slot, frame);
+        ok = v == NULL ? -1 : check_one(c, v);
     }
     for (Py_ssize_t i = 0; ok == 1 && i < p->n_aliases; i++) {
-        PyObject *a = value_of(p, vals, p->aliases[2 * i], frame);
-        PyObject *b = a ? value_of(p, vals, p->aliases[2 * i + 1], frame) : NULL;
+        PyObject *a, *b;
+        if (fast && m->skip_alias[i]) {
+            continue;
+        }
+        a = value_of(p, &table, p->aliases[2 * i], frame);
+        b = a ? value_of(p, &table, p->aliases[2 * i + 1], frame) : NULL;
         ok = b == NULL ? -1 : (a == b && a != G_MISSING);
     }
     for (Py_ssize_t i = 0; ok == 1 && i < PyTuple_GET_SIZE(p->probes); i++) {
@@ -517,8 +942,37 @@ evaluate(g_program *p, PyObject *const *frame)
             Py_DECREF(got);
         }
     }
+    /* The outputs' loads, also on a full evaluation without `outputs`, so
+     * that the memo remembers the graph's parameters. */
+    for (Py_ssize_t i = 0; ok == 1 && i < p->n_outputs; i++) {
+        if (value_of(p, &table, p->outputs[i], frame) == NULL) {
+            ok = -1;
+        }
+    }
+    if (ok == 1 && !fast && m->builds < 16 + m->fast) {
+        /* (a memo rebuilt over and over without paying off is given up) */
+        m->builds++;
+        memo_build(p, &table);
+    }
+    if (ok == 1 && outputs != NULL) {
+        PyObject *out = PyTuple_New(p->n_outputs);
+        for (Py_ssize_t i = 0; out != NULL && i < p->n_outputs; i++) {
+            PyObject *v = value_of(p, &table, p->outputs[i], frame);
+            PyTuple_SET_ITEM(out, i, Py_NewRef(v == G_MISSING ? p->missing : v));
+        }
+        if (out == NULL) {
+            ok = -1;
+        }
+        *outputs = out;
+    }
     values_release(&table);
     return ok;
+}
+
+static int
+evaluate(g_program *p, PyObject *const *frame)
+{
+    return run_program(p, frame, 0, NULL);
 }
 
 static int
@@ -548,7 +1002,7 @@ program_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     out = PyTuple_New(p->n_outputs);
     for (Py_ssize_t i = 0; out != NULL && i < p->n_outputs; i++) {
-        PyObject *v = value_of(p, table.vals, p->outputs[i], args);
+        PyObject *v = value_of(p, &table, p->outputs[i], args);
         if (v == NULL) {
             Py_CLEAR(out);
             break;
@@ -557,6 +1011,27 @@ program_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     values_release(&table);
     return out;
+}
+
+/* ------------------------------------------------------------------ */
+/* For the frame hook */
+
+PyTypeObject *ags_guard_type;
+
+int
+ags_is_guard_program(PyObject *obj)
+{
+    return ags_guard_type != NULL && PyObject_TypeCheck(obj, ags_guard_type)
+           && ((g_program *)obj)->probes != NULL;
+}
+
+int
+ags_guard_run(PyObject *program, PyObject *const *frame, int signed_frame,
+              PyObject **inputs)
+{
+    *inputs = NULL;
+    return run_program((g_program *)program, frame, signed_frame ? E_SIGNED : 0,
+                       inputs);
 }
 
 /* ------------------------------------------------------------------ */
@@ -606,22 +1081,26 @@ program_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     return (PyObject *)p;
 }
 
-/* _set_program(loads, checks, aliases, probes, step, missing, module_type)
+/* _set_program(loads, checks, aliases, probes, step, missing, module_type,
+ *              outputs, flags=0)
  *   loads:  [(op, parent, key)]    checks: [(slot, kind, a, b)]
- *   aliases: [(slot, slot)]        probes: ((fn, args, expected), ...) */
+ *   aliases: [(slot, slot)]        probes: ((fn, args, expected), ...)
+ *   outputs: [slot]                flags: P_CHECK_KNOWN_TENSORS | P_NO_MEMO */
 static PyObject *
 program_set(PyObject *self, PyObject *args)
 {
     g_program *p = (g_program *)self;
     PyObject *loads, *checks, *aliases, *probes, *step, *missing, *mtype, *outputs;
+    int flags = 0;
 
-    if (!PyArg_ParseTuple(args, "O!O!O!O!OOOO!:_set_program", &PyList_Type, &loads,
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OOOO!|i:_set_program", &PyList_Type, &loads,
                           &PyList_Type, &checks, &PyList_Type, &aliases,
                           &PyTuple_Type, &probes, &step, &missing, &mtype,
-                          &PyList_Type, &outputs)) {
+                          &PyList_Type, &outputs, &flags)) {
         return NULL;
     }
     program_release(p);
+    p->flags = flags;
     p->n_outputs = PyList_GET_SIZE(outputs);
     p->outputs = PyMem_Calloc((size_t)p->n_outputs + 1, sizeof(int));
     if (p->outputs == NULL) {
@@ -725,6 +1204,62 @@ bad:
     return NULL;
 }
 
+/* run(f_locals, f_globals, f_builtins, signed=False) -> tuple or None:
+ * the graph's inputs if every check passes, as the hook gets them. */
+static PyObject *
+program_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    g_program *p = (g_program *)self;
+    PyObject *inputs = NULL;
+    int signed_frame = 0, ok;
+
+    if (nargs == 4) {
+        signed_frame = PyObject_IsTrue(args[3]);
+        if (signed_frame < 0) {
+            return NULL;
+        }
+        nargs = 3;
+    }
+    if (frame_args(args, nargs, NULL) < 0) {
+        return NULL;
+    }
+    if (p->probes == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "guard program not compiled");
+        return NULL;
+    }
+    ok = run_program(p, args, signed_frame ? E_SIGNED : 0, &inputs);
+    if (ok < 0) {
+        return NULL;
+    }
+    if (ok == 0) {
+        Py_RETURN_NONE;
+    }
+    return inputs;
+}
+
+/* _memo() -> dict: the structure memo's state, for tests and reports. */
+static PyObject *
+program_memo(PyObject *self, PyObject *unused)
+{
+    g_memo *m = &((g_program *)self)->memo;
+    Py_ssize_t frozen = 0, skipped = 0;
+
+    (void)unused;
+    for (Py_ssize_t i = 0; m->valid && i < ((g_program *)self)->n_loads; i++) {
+        frozen += m->frozen[i] != 0;
+    }
+    for (Py_ssize_t i = 0; m->valid && i < ((g_program *)self)->n_checks; i++) {
+        skipped += m->skip[i] != 0;
+    }
+    return Py_BuildValue("{s:O,s:n,s:n,s:n,s:O,s:K,s:K,s:K}", "valid",
+                         m->valid ? Py_True : Py_False, "remembered_loads", frozen,
+                         "skipped_checks", skipped, "witnesses", m->valid ? m->n_w : 0,
+                         "watched", m->valid && m->watched ? Py_True : Py_False,
+                         "fast", (unsigned long long)m->fast,
+                         "full", (unsigned long long)m->full,
+                         "builds", (unsigned long long)m->builds);
+}
+
 static PyObject *
 program_size(PyObject *self, PyObject *unused)
 {
@@ -750,6 +1285,7 @@ program_traverse(PyObject *self, visitproc visit, void *arg)
         Py_VISIT(p->checks[i].a);
         Py_VISIT(p->checks[i].b);
     }
+    Py_VISIT(p->memo.root_ref);
     Py_VISIT(p->probes);
     Py_VISIT(p->step);
     Py_VISIT(p->missing);
@@ -782,10 +1318,17 @@ program_dealloc(PyObject *self)
 static PyMethodDef program_methods[] = {
     {"_set_program", program_set, METH_VARARGS,
      "_set_program(loads, checks, aliases, probes, step, missing, module_type, "
-     "outputs): compile the program (see guards/program.c)."},
+     "outputs, flags=0): compile the program (see guards/program.c)."},
     {"read", (PyCFunction)(void (*)(void))program_read, METH_FASTCALL,
      "read(f_locals, f_globals, f_builtins) -> tuple: the values of the "
      "output loads (the graph's inputs), MISSING where none."},
+    {"run", (PyCFunction)(void (*)(void))program_run, METH_FASTCALL,
+     "run(f_locals, f_globals, f_builtins, signed=False) -> tuple or None: the "
+     "graph's inputs if every check passes (signed: the frame's signature "
+     "matched, so its arguments' tensor checks are settled)."},
+    {"_memo", program_memo, METH_NOARGS,
+     "_memo() -> dict: the structure memo (valid, remembered loads, skipped "
+     "checks, witnesses, watched, and evaluations with and without it)."},
     {"_program_size", program_size, METH_NOARGS,
      "_program_size() -> dict: how many loads, checks, aliases and probes."},
     {NULL, NULL, 0, NULL},
@@ -844,6 +1387,16 @@ ags_guard_init(void)
             return -1;
         }
     }
+#ifdef AGS_HAVE_WATCHERS
+    /* None free (another extension holds them all): versions alone. */
+    if (dict_watcher < 0) {
+        dict_watcher = PyDict_AddWatcher(on_dict_event);
+    }
+    if (type_watcher < 0) {
+        type_watcher = PyType_AddWatcher(on_type_event);
+    }
+    PyErr_Clear();
+#endif
     /* last: it marks the names complete */
     s_getattr = PyUnicode_InternFromString("__getattr__");
     return s_getattr != NULL ? 0 : -1;

@@ -32,11 +32,7 @@ static PyObject *tensor_type;   /* torch.Tensor, once torch is imported */
 static PyObject *s_torch, *s_tensor;
 ags_tensor_names ags_tnames;
 
-typedef struct {
-    int64_t small[128];
-    int64_t *words;
-    Py_ssize_t n, cap;
-} sig_buf;
+typedef ags_sig sig_buf;
 
 static int
 put(sig_buf *b, int64_t w)
@@ -159,44 +155,89 @@ put_tensor(sig_buf *b, PyObject *t)
     return put_ints(b, PyObject_CallMethodNoArgs(t, ags_tnames.stride));
 }
 
-int
-ags_frame_signature(PyCodeObject *code, PyObject *f_locals, uint64_t *out)
+void
+ags_sig_release(ags_sig *b)
 {
-    sig_buf b;
+    if (b->words != b->small) {
+        PyMem_Free(b->words);
+    }
+    b->words = b->small;
+    b->n = 0;
+}
+
+int
+ags_sig_compute(PyCodeObject *code, PyObject *f_locals, ags_sig *b, uint64_t *out)
+{
     PyObject *ttype;
     int nargs = code->co_argcount + code->co_kwonlyargcount
                 + !!(code->co_flags & CO_VARARGS)
                 + !!(code->co_flags & CO_VARKEYWORDS);
     int rc = 0;
 
+    b->words = b->small;
+    b->n = 0;
+    b->cap = (Py_ssize_t)(sizeof(b->small) / sizeof(b->small[0]));
     if (ags_tensor_names_init() < 0) {
         return -1;
     }
-    b.words = b.small;
-    b.n = 0;
-    b.cap = 128;
     ttype = get_tensor_type();
     for (int i = 0; rc == 0 && i < nargs; i++) {
         PyObject *name = PyTuple_GET_ITEM(code->co_localsplusnames, i);
         PyObject *value = PyDict_GetItemWithError(f_locals, name);
 
         if (value == NULL) {
-            rc = PyErr_Occurred() ? -1 : put(&b, 0);
+            rc = PyErr_Occurred() ? -1 : put(b, 0);
             continue;
         }
-        rc = put(&b, (int64_t)(intptr_t)Py_TYPE(value));
+        rc = put(b, (int64_t)(intptr_t)Py_TYPE(value));
         if (rc == 0 && ttype != NULL
             && PyObject_TypeCheck(value, (PyTypeObject *)ttype)) {
-            rc = put_tensor(&b, value);
+            rc = put_tensor(b, value);
         }
     }
     if (rc == 0) {
-        uint64_t h = ags_signature_hash(b.words, (size_t)b.n * sizeof(int64_t), 0);
+        uint64_t h = ags_signature_hash(b->words, (size_t)b->n * sizeof(int64_t), 0);
         *out = ags_signature_bits >= 64 ? h
                : h & ((UINT64_C(1) << ags_signature_bits) - 1);
     }
-    if (b.words != b.small) {
-        PyMem_Free(b.words);
+    else {
+        ags_sig_release(b);
     }
     return rc;
+}
+
+int
+ags_frame_signature(PyCodeObject *code, PyObject *f_locals, uint64_t *out)
+{
+    ags_sig b;
+    int rc = ags_sig_compute(code, f_locals, &b, out);
+
+    ags_sig_release(&b);
+    return rc;
+}
+
+int
+ags_entry_set_signature(ags_entry *entry, const ags_sig *sig, uint64_t hash)
+{
+    int64_t *words = PyMem_Malloc((size_t)(sig->n + 1) * sizeof(int64_t));
+
+    if (words == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(words, sig->words, (size_t)sig->n * sizeof(int64_t));
+    PyMem_Free(entry->sig_words);
+    entry->sig_words = words;
+    entry->sig_n = sig->n;
+    entry->signature = hash;
+    entry->has_signature = 1;
+    return 0;
+}
+
+int
+ags_entry_sig_equal(const ags_entry *entry, const ags_sig *sig)
+{
+    return entry->sig_words != NULL && entry->sig_n == sig->n
+           && memcmp(entry->sig_words, sig->words,
+                     (size_t)sig->n * sizeof(int64_t)) == 0;
 }

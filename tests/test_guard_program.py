@@ -296,3 +296,128 @@ def test_read_gives_the_graph_inputs_the_python_resolution_gives():
     assert len(got) == 3 and all(a is b for a, b in zip(got, want))
     assert guard(*frame) is True
     assert guard({"x": x.double(), "m": lin}, f.__globals__, {}) is False
+
+
+# -- the structure memo, torch-free: a stand-in for nn.Module's layout ----------------
+
+class FakeModule:
+    """nn.Module's layout: three stores in the instance dict, a __getattr__ over them."""
+
+    def __init__(self, **children):
+        self.__dict__.update(_parameters={}, _buffers={}, _modules=dict(children),
+                             _hooks={}, training=True)
+
+    def __getattr__(self, name):
+        for store in ("_parameters", "_buffers", "_modules"):
+            if name in self.__dict__[store]:
+                return self.__dict__[store][name]
+        raise AttributeError(name)
+
+
+def memo_program(flags=0):
+    """self.child.w (a store value), self.child.training, len(self.child._hooks),
+    type(self.child), self.child.__getattr__ (a class function), self.nothing (absent),
+    with the checks a capture would make; read() returns self.child.w."""
+    loads = [(LOCAL, -1, "self"), (ATTR, 0, "child"), (ATTR, 1, "w"),
+             (ATTR, 1, "training"), (ATTR, 1, "_hooks"), (TYPE, 1, None),
+             (ATTR, 1, "__getattr__"), (ATTR, 0, "nothing")]
+    root, child = FRAME_OBJECTS["self"], FRAME_OBJECTS["self"].child
+    checks = [(0, ID, weakref.ref(root), True), (1, ID, weakref.ref(child), True),
+              (2, EQ, int, 3), (3, EQ, bool, True), (4, LEN, dict, 0),
+              (5, ID, FakeModule, False), (6, ID, FakeModule.__getattr__, False),
+              (7, ABSENT, None, None)]
+    p = _C.GuardProgram()
+    p._set_program(loads, checks, [], (), resolve_step, MISSING, FakeModule, [2], flags)
+    return p
+
+
+FRAME_OBJECTS = {}
+
+
+def memo_frame():
+    return FRAME_OBJECTS, globals(), {}
+
+
+@pytest.fixture
+def fake_model():
+    child = FakeModule()
+    child._parameters["w"] = 3
+    FRAME_OBJECTS["self"] = FakeModule(child=child)
+    yield FRAME_OBJECTS["self"]
+    FRAME_OBJECTS.clear()
+
+
+def _restore(model):
+    child = FakeModule()
+    child._parameters["w"] = 3
+    model._modules["child"] = child
+
+
+MUTATIONS = {
+    "store value": lambda m: m.child._parameters.__setitem__("w", 4),
+    "store entry moved": lambda m: m.child._buffers.__setitem__(
+        "w", m.child._parameters.pop("w")) or m.child._buffers.__setitem__("w", 5),
+    "instance attribute": lambda m: m.child.__dict__.__setitem__("training", False),
+    "hook added": lambda m: m.child._hooks.__setitem__(1, print),
+    "child replaced": lambda m: m._modules.__setitem__("child", FakeModule()),
+    "class swapped": lambda m: setattr(m.child, "__class__", type("Other", (FakeModule,), {})),
+    "class attribute": lambda m: setattr(FakeModule, "nothing", 1),
+    "instance dict replaced": lambda m: setattr(m.child, "__dict__", dict(
+        m.child.__dict__, training=False)),
+}
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=str)
+def test_the_memo_sees_every_change_that_would_fail_a_check(fake_model, mutation):
+    p = memo_program()
+    for _ in range(3):
+        assert p.run(*memo_frame()) == (3,)
+    memo = p._memo()
+    assert memo["valid"] and memo["fast"] == 2 and memo["full"] == 1
+    assert memo["skipped_checks"] == 8
+    assert memo["watched"] == (sys.version_info >= (3, 12))
+    try:
+        MUTATIONS[mutation](fake_model)
+        assert p.run(*memo_frame()) is None
+        assert p(*memo_frame()) is False
+    finally:
+        if "nothing" in FakeModule.__dict__:
+            del FakeModule.nothing
+
+
+def test_the_memo_comes_back_after_a_change_is_undone(fake_model):
+    p = memo_program()
+    for _ in range(2):
+        assert p.run(*memo_frame()) == (3,)
+    fake_model.child._parameters["w"] = 4
+    assert p.run(*memo_frame()) is None
+    fake_model.child._parameters["w"] = 3
+    for _ in range(3):
+        assert p.run(*memo_frame()) == (3,)
+    assert p._memo()["valid"] and p._memo()["fast"] >= 3
+
+
+def test_the_memo_holds_no_reference_and_survives_its_root():
+    child = FakeModule()
+    child._parameters["w"] = 3
+    root = FRAME_OBJECTS["self"] = FakeModule(child=child)
+    p = memo_program()
+    counts = sys.getrefcount(root), sys.getrefcount(child)
+    for _ in range(5):
+        assert p.run(*memo_frame()) == (3,)
+    assert (sys.getrefcount(root), sys.getrefcount(child)) == counts
+    ref = weakref.ref(root)
+    del root, child
+    FRAME_OBJECTS["self"] = FakeModule(child=FakeModule())
+    gc.collect()
+    assert ref() is None
+    assert p.run(*memo_frame()) is None   # a new root: the identity check fails
+    FRAME_OBJECTS.clear()
+
+
+def test_no_memo_without_a_module_root_or_with_the_flag(fake_model):
+    assert not memo_program(flags=2)._memo()["valid"]
+    p = memo_program(flags=2)
+    for _ in range(3):
+        assert p.run(*memo_frame()) == (3,)
+    assert not p._memo()["valid"] and p._memo()["full"] == 3
