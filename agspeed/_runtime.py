@@ -77,6 +77,8 @@ def clear() -> None:
     with _records_lock:
         _RECORDS.clear()
         _RECOMPILES.clear()
+    for ctx in list(_CONTEXTS.values()):
+        ctx._evicted.clear()
     _CONTEXTS.clear()
 
 
@@ -150,7 +152,8 @@ _RUN_EAGER = _C.ACTION_RUN_EAGER
 class Context:
     """The capture context of optimized objects sharing one backend and option set."""
 
-    __slots__ = ("backend_name", "backend", "options", "observer", "__weakref__")
+    __slots__ = ("backend_name", "backend", "options", "observer", "_evicted",
+                 "__weakref__")
 
     def __init__(self, backend_name: str, backend: Any, options: dict[str, Any],
                  observer: Any = None):
@@ -160,6 +163,9 @@ class Context:
         # Called as observer(kind, code, payload) for every decision about a user frame:
         # ("graph", code, Capture), ("break", code, CaptureBreak), ("eager", code, why).
         self.observer = observer
+        # code -> entries of it evicted under the cache size limit (they still count
+        # toward the recompile limit, so a cycle of shapes cannot recompile forever)
+        self._evicted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         opts = "".join(f", {k}={v!r}" for k, v in sorted(self.options.items()))
@@ -206,11 +212,14 @@ class Context:
         # this code are not this one's.
         entries = [e for e in _C.code_cache(code)["entries"] if e.context is self]
         observe = self.observer or _ignore
-        if len(entries) >= config.recompile_limit:
+        evicted = self._evicted.get(code, 0)
+        if len(entries) + evicted >= config.recompile_limit:
             _recompiles_log.info("%s hit the recompile limit (%d): it runs eager from now "
                                  "on", where, config.recompile_limit)
             observe("eager", code, "recompile limit")
             return _C.CacheEntry(_RUN_EAGER, context=self), "run eager (recompile limit)"
+        if len(entries) >= config.cache_size_limit:
+            self._evict_lru(code, where, entries)
         keep_dynamo_out()
         result = capture(code, f_locals, f_globals, f_builtins)
         if not isinstance(result, Capture):
@@ -248,6 +257,24 @@ class Context:
         observe("graph", code, result)
         return make_entry(result, compiled, self), "captured"
 
+    def _evict_lru(self, code: Any, where: str, entries: list) -> None:
+        """Drop this context's least recently used entries of ``code`` down to one under
+        the cache size limit, and say so."""
+        from agspeed import config
+
+        while len(entries) >= config.cache_size_limit:
+            lru = min(entries, key=lambda e: e.last_used)
+            entries.remove(lru)
+            if not _C.evict(code, lru):
+                continue
+            self._evicted[code] = self._evicted.get(code, 0) + 1
+            _record_eviction(code, where)
+            first = lru.guard.lines()[0] if hasattr(lru.guard, "lines") and \
+                lru.guard.lines() else "(no guard)"
+            _recompiles_log.info("%s: cache size limit (%d) reached: evicted the least "
+                                 "recently used entry (%d hits; %s)", where,
+                                 config.cache_size_limit, lru.hits, first)
+
     @staticmethod
     def _log_recompile(code: Any, where: str, entries: list, f_locals: dict,
                        f_globals: dict, f_builtins: dict) -> None:
@@ -275,29 +302,40 @@ class Context:
 
 
 class RecompileRecord(NamedTuple):
-    """Recompiles of one function: how many, and the guard that failed each time."""
+    """Recompiles of one function: how many, the guard that failed each time, and how
+    many entries the cache size limit evicted."""
 
     function: str   # "name (file:line)"
     count: int
     reasons: tuple  # the closest entry's first failing guard, per recompile (last 16)
+    evictions: int = 0
 
 
 _RECOMPILES: dict[Any, list] = {}   # weakref to code -> [where, count, reasons]
 
 
+def _recompile_row(code: Any, where: str) -> list:
+    return _RECOMPILES.setdefault(weakref.ref(code),
+                                  [where, 0, collections.deque(maxlen=16), 0])
+
+
 def _record_recompile(code: Any, where: str, reason: str) -> None:
     with _records_lock:
-        key = weakref.ref(code)
-        row = _RECOMPILES.setdefault(key, [where, 0, collections.deque(maxlen=16)])
+        row = _recompile_row(code, where)
         row[1] += 1
         row[2].append(reason)
+
+
+def _record_eviction(code: Any, where: str) -> None:
+    with _records_lock:
+        _recompile_row(code, where)[3] += 1
 
 
 def recompiles() -> list[RecompileRecord]:
     """Every function that was captured again since ``agspeed.reset()``, most first."""
     with _records_lock:
-        rows = [RecompileRecord(w, n, tuple(r)) for key, (w, n, r) in _RECOMPILES.items()
-                if key() is not None]
+        rows = [RecompileRecord(w, n, tuple(r), ev) for key, (w, n, r, ev)
+                in _RECOMPILES.items() if key() is not None]
     return sorted(rows, key=lambda r: -r.count)
 
 

@@ -167,7 +167,13 @@ KNOBS: dict[str, Knob] = {
              _parse_path, "directory of the persistent cache (tuning results)"),
         Knob("recompile_limit", "AGSPEED_RECOMPILE_LIMIT", lambda: 8, _parse_positive_int,
              (int,), _check_positive_int,
-             "most cache entries compiled for one function before it runs eager"),
+             "most entries captured for one function (evicted ones included) before "
+             "it runs eager"),
+        Knob("cache_size_limit", "AGSPEED_CACHE_SIZE_LIMIT", lambda: 64, _parse_positive_int,
+             (int,), _check_positive_int,
+             "most cache entries kept for one function: a new one beyond it evicts the "
+             "least recently used (logged under 'recompiles'); evicted entries still "
+             "count toward recompile_limit"),
         Knob("guard_parameters", "AGSPEED_GUARD_PARAMETERS", lambda: False, _parse_bool,
              (bool,), _same,
              "check parameters' and buffers' dtype, device, shape, strides and "

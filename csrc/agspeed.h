@@ -132,6 +132,7 @@ typedef struct {
     PyObject *context;     /* None: valid in every context; else the only
                               context (by identity) it is valid in */
     uint64_t hits;
+    uint64_t last_used;    /* use clock at its last hit or insert */
     uint64_t signature;    /* the frame signature it was made for ... */
     int has_signature;     /* ... if set: lookups skip it for others */
     int64_t *sig_words;    /* what the signature hashed (PyMem), compared
@@ -200,6 +201,8 @@ PyCodeObject *ags_cache_return_code(ags_code_state *state,
 /* Empties every code cache (entries and flags).  Returns how many code
  * objects had a cache. */
 Py_ssize_t ags_cache_clear(PyObject *ctx);
+/* Drops `entry` from `code`'s cache: 1 if it was there, else 0. */
+int ags_cache_evict(PyCodeObject *code, PyObject *entry);
 
 /* New reference: a dict describing the cache of `code` for tests and
  * explain(): {"flags": int, "skip": bool, "entries": [CacheEntry...]}. */

@@ -34,6 +34,7 @@ PyTypeObject *ags_entry_type;
 
 static Py_ssize_t extra_index = -1;
 static uint64_t version;
+static uint64_t use_clock;   /* ticks on every insert and hit: LRU order */
 static ags_code_state registry = {&registry, &registry, 0, 0, 0, NULL, NULL,
                                    NULL, 0, 0, 0, 0};
 
@@ -226,6 +227,7 @@ try_entry(ags_entry *entry, PyObject *ctx, struct _PyInterpreterFrame *frame,
         return ok < 0 ? -1 : version != seen ? 2 : 0;
     }
     entry->hits++;
+    entry->last_used = ++use_clock;
     *found = entry;
     return 1;
 }
@@ -317,6 +319,7 @@ ags_cache_insert(ags_code_state *state, ags_entry *entry)
     memmove(&state->entries[1], &state->entries[0],
             (size_t)state->n_entries * sizeof(ags_entry *));
     state->entries[0] = (ags_entry *)Py_NewRef(entry);
+    entry->last_used = ++use_clock;
     state->n_entries++;
     state->stamp++;
     version++;
@@ -335,6 +338,26 @@ ags_cache_return_code(ags_code_state *state, PyCodeObject *code)
 /* Empties every code cache (ctx == NULL: entries and skip marks) or drops
  * the entries of one context only (skip marks and other contexts' entries
  * stay).  Returns how many code objects had a state, or -1. */
+int
+ags_cache_evict(PyCodeObject *code, PyObject *entry)
+{
+    ags_code_state *state = ags_cache_get(code);
+
+    for (Py_ssize_t i = 0; state != NULL && i < state->n_entries; i++) {
+        if ((PyObject *)state->entries[i] == entry) {
+            memmove(&state->entries[i], &state->entries[i + 1],
+                    (size_t)(state->n_entries - i - 1) * sizeof(ags_entry *));
+            state->n_entries--;
+            state->n_unsigned -= !((ags_entry *)entry)->has_signature;
+            state->stamp++;
+            version++;
+            Py_DECREF(entry);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 Py_ssize_t
 ags_cache_clear(PyObject *ctx)
 {
@@ -535,6 +558,9 @@ static PyMemberDef entry_members[] = {
      "1 if lookups compare the frame's signature before the guard"},
     {"hits", T_ULONGLONG, offsetof(ags_entry, hits), READONLY,
      "frames this entry was used for"},
+    {"last_used", T_ULONGLONG, offsetof(ags_entry, last_used), READONLY,
+     "when it was last used or inserted, on a clock of all entries: the "
+     "smallest in a cache is its least recently used entry"},
     {"__weaklistoffset__", T_PYSSIZET, offsetof(ags_entry, weakrefs),
      READONLY, NULL},
     {NULL}

@@ -203,6 +203,19 @@ capture(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *
+evict(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2 || !is_code(args[0])) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "evict(code, entry)");
+        }
+        return NULL;
+    }
+    return PyBool_FromLong(ags_cache_evict((PyCodeObject *)args[0], args[1]));
+}
+
+static PyObject *
 signature_hash(PyObject *module, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"data", "seed", NULL};
@@ -225,6 +238,9 @@ static PyMethodDef module_methods[] = {
      "counters() -> dict: the runtime's counters (see COUNTER_DOCS)."},
     {"reset_counters", reset_counters, METH_NOARGS,
      "reset_counters(): set every counter to zero."},
+    {"evict", (PyCFunction)(void (*)(void))evict, METH_FASTCALL,
+     "evict(code, entry) -> bool: drop the entry from the code's cache (False if "
+     "it was not there)."},
     {"clear_caches", (PyCFunction)(void (*)(void))clear_caches, METH_FASTCALL,
      "clear_caches(context=None) -> int: empty every code cache (entries "
      "and skip marks), or drop only the entries of one context; returns how "

@@ -97,6 +97,7 @@ def test_signature_tells_devices_apart():
     assert gpu == gpu2
 
 
+@pytest.mark.cxx_exceptions
 def test_mixed_device_error_is_eager_error():
     def f(x, y):
         return x + y

@@ -178,6 +178,7 @@ def test_a_replaced_instance_dict_is_seen():
     torch.testing.assert_close(opt(model, x), model(x))
 
 
+@pytest.mark.cxx_exceptions
 def test_data_replaced_in_place_is_seen_with_guard_parameters():
     model, opt = _stack()
     _warm(model, opt)
