@@ -66,7 +66,7 @@ def measure(runtime: str, n: int, rounds: int) -> float:
         fn = torch.compile(work, backend="eager", dynamic=False)
     else:
         fn = work
-    with agspeed.config.override(recompile_limit=max(n + 8, 8)):
+    with agspeed.config.override(recompile_limit=max(n + 8, 8), cache_size_limit=max(n + 8, 64)):
         for x in xs:  # one capture per shape
             fn(x)
         if runtime == "agspeed":

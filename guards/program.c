@@ -68,6 +68,10 @@ typedef struct {
     char *frozen;        /* per load: its value is remembered */
     PyObject **values;   /* per load: the remembered value (borrowed) */
     char *skip;          /* per check: implied while the memo holds */
+    int *live;           /* the other checks' indices, in order */
+    Py_ssize_t n_live;
+    int *typeof_w;       /* indices of the TYPEOF witnesses */
+    Py_ssize_t n_typeof;
     char *skip_alias;    /* per alias */
     g_witness *w;
     Py_ssize_t n_w, cap_w;
@@ -612,6 +616,8 @@ memo_release(g_memo *m)
     PyMem_Free(m->frozen);
     PyMem_Free(m->values);
     PyMem_Free(m->skip);
+    PyMem_Free(m->live);
+    PyMem_Free(m->typeof_w);
     PyMem_Free(m->skip_alias);
     PyMem_Free(m->w);
     memset(m, 0, sizeof(*m));
@@ -706,8 +712,9 @@ memo_build(g_program *p, g_values *t)
         m->frozen = PyMem_Calloc((size_t)n + 1, 2);  /* frozen, seen */
         m->values = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
         m->skip = PyMem_Calloc((size_t)p->n_checks + 1, 1);
+        m->live = PyMem_Calloc((size_t)p->n_checks + 1, sizeof(int));
         m->skip_alias = PyMem_Calloc((size_t)p->n_aliases + 1, 1);
-        if (!m->frozen || !m->values || !m->skip || !m->skip_alias) {
+        if (!m->frozen || !m->values || !m->skip || !m->live || !m->skip_alias) {
             memo_release(m);
             PyErr_Clear();
             return;
@@ -785,9 +792,26 @@ memo_build(g_program *p, g_values *t)
         }
         m->skip[c] = (char)skip;
     }
+    m->n_live = 0;
+    for (Py_ssize_t c = 0; c < p->n_checks; c++) {
+        if (!m->skip[c]) {
+            m->live[m->n_live++] = (int)c;
+        }
+    }
     for (Py_ssize_t a = 0; a < p->n_aliases; a++) {
         m->skip_alias[a] = m->frozen[p->aliases[2 * a]]
                            && m->frozen[p->aliases[2 * a + 1]];
+    }
+    PyMem_Free(m->typeof_w);
+    m->typeof_w = PyMem_Calloc((size_t)m->n_w + 1, sizeof(int));
+    if (m->typeof_w == NULL) {
+        goto fail;
+    }
+    m->n_typeof = 0;
+    for (Py_ssize_t k = 0; k < m->n_w; k++) {
+        if (m->w[k].kind == W_TYPEOF) {
+            m->typeof_w[m->n_typeof++] = (int)k;
+        }
     }
     /* Watch first: watching a dict changes its version tag's low bits. */
     m->watched = 0;
@@ -848,8 +872,9 @@ memo_holds(g_program *p, PyObject *const *frame)
         return 0;
     }
     if (m->watched && m->epoch == ags_watch_epoch) {
-        for (Py_ssize_t k = 0; k < m->n_w; k++) {
-            if (m->w[k].kind == W_TYPEOF && Py_TYPE(m->w[k].obj) != m->w[k].type) {
+        for (Py_ssize_t k = 0; k < m->n_typeof; k++) {
+            g_witness *w = &m->w[m->typeof_w[k]];
+            if (Py_TYPE(w->obj) != w->type) {
                 return 0;
             }
         }
@@ -909,12 +934,12 @@ run_program(g_program *p, PyObject *const *frame, int eflags, PyObject **outputs
     else {
         m->full++;
     }
-    for (Py_ssize_t i = 0; ok == 1 && i < p->n_checks; i++) {
-        g_check *c = &p->checks[i];
+    Py_ssize_t n_run = fast ? m->n_live : p->n_checks;
+    for (Py_ssize_t k = 0; ok == 1 && k < n_run; k++) {
+        g_check *c = &p->checks[fast ? m->live[k] : k];
         PyObject *v;
 
-        if ((fast && m->skip[i])
-            || ((eflags & E_SIGNED) && c->kind == C_TENSOR
+        if (((eflags & E_SIGNED) && c->kind == C_TENSOR
                 && p->loads[c->slot].op == L_LOCAL)) {
             continue;
         }
@@ -944,7 +969,7 @@ run_program(g_program *p, PyObject *const *frame, int eflags, PyObject **outputs
     }
     /* The outputs' loads, also on a full evaluation without `outputs`, so
      * that the memo remembers the graph's parameters. */
-    for (Py_ssize_t i = 0; ok == 1 && i < p->n_outputs; i++) {
+    for (Py_ssize_t i = 0; ok == 1 && !fast && i < p->n_outputs; i++) {
         if (value_of(p, &table, p->outputs[i], frame) == NULL) {
             ok = -1;
         }

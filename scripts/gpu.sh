@@ -29,4 +29,6 @@ rc=0
 "$PY" scripts/demo.py --device cuda 2>&1 | tee "$OUT/demo.log" | tail -30 || rc=1
 "$PY" benchmarks/hit_scaling.py --device cuda --out "$OUT/hit_scaling_cuda.json" 2>&1 | tail -12 || rc=1
 "$PY" benchmarks/dispatch.py --device cuda --out "$OUT/dispatch_cuda.json" 2>&1 | tail -10 || rc=1
+# the same on the CPU: Python 3.12 here, so the guard's structure memo runs on watchers
+"$PY" benchmarks/hit_scaling.py --out "$OUT/hit_scaling_py312.json" 2>&1 | tail -12 || rc=1
 exit $rc

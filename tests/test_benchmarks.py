@@ -87,3 +87,18 @@ def test_hit_scaling_benchmark_quick_run(tmp_path):
                                   "layers_100"}
     assert all(r["agspeed_guard_us"] > 0 for r in data["cases"].values())
     assert data["summary"]["guard_100_vs_1_layers"] > 0
+
+
+def test_plot_writes_svg_from_the_results(tmp_path):
+    import xml.dom.minidom
+
+    subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "plot.py"), "--out-dir",
+         str(tmp_path), "--suffix", "_t"], check=True, capture_output=True, text=True)
+    lines = xml.dom.minidom.parse(str(tmp_path / "dispatch_t.svg"))
+    assert lines.documentElement.tagName == "svg"
+    assert lines.getElementsByTagName("polyline").length >= 2   # agspeed, eager, dynamo
+    bars = xml.dom.minidom.parse(str(tmp_path / "hit_scaling_t.svg"))
+    labels = [t.firstChild.data for t in bars.getElementsByTagName("text") if t.firstChild]
+    assert "layers 100" in labels and "agspeed guard alone" in labels
+    assert bars.getElementsByTagName("rect").length > 5 * 4
