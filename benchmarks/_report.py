@@ -35,6 +35,22 @@ def sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
+def add_device_args(parser) -> None:
+    """--device (cpu or cuda[:i]) and --out for a benchmark's argument parser."""
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=None, help="results file (default: "
+                        "benchmarks/results/<name>[_cuda].json)")
+
+
+def default_out(args, name: str) -> str:
+    """``args.out``, or the results file of benchmark ``name`` on ``args.device``."""
+    if args.out:
+        return args.out
+    suffix = "" if args.device == "cpu" else "_" + args.device.split(":")[0]
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                        f"{name}{suffix}.json")
+
+
 def save(data: dict, path: str) -> None:
     """Write ``data`` as indented JSON to ``path`` (its folder made if missing) and say so."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 import agspeed  # noqa: E402
 from agspeed import _C  # noqa: E402
-from _report import machine, save, sync  # noqa: E402
+from _report import add_device_args, default_out, machine, save, sync  # noqa: E402
 
 
 def work(x):
@@ -80,13 +80,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sizes", default="1,10,100,1000")
     parser.add_argument("--dynamo-max", type=int, default=100)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default=None)
+    add_device_args(parser)
     args = parser.parse_args()
     global DEVICE
     DEVICE = args.device
-    suffix = "" if args.device == "cpu" else "_" + args.device.split(":")[0]
-    args.out = args.out or os.path.join(HERE, "results", f"dispatch{suffix}.json")
+    args.out = default_out(args, "dispatch")
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.quick:
         sizes = [s for s in sizes if s <= 10] or [1]

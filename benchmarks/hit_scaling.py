@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 import agspeed  # noqa: E402
 from agspeed import _C  # noqa: E402
-from _report import machine, save, sync  # noqa: E402
+from _report import add_device_args, default_out, machine, save, sync  # noqa: E402
 
 
 def add1(a):
@@ -108,13 +108,11 @@ def _ratio(value) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default=None)
+    add_device_args(parser)
     args = parser.parse_args()
     global DEVICE
     DEVICE = args.device
-    suffix = "" if args.device == "cpu" else "_" + args.device.split(":")[0]
-    args.out = args.out or os.path.join(HERE, "results", f"hit_scaling{suffix}.json")
+    args.out = default_out(args, "hit_scaling")
     torch.set_num_threads(1)
     rounds, calls = (2, 20) if args.quick else (9, 300)
     agspeed.reset()

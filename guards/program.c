@@ -681,6 +681,18 @@ witness_object(g_program *p, PyObject *obj)
     return 0;
 }
 
+/* The witnesses of load `slot`'s value, once per evaluation (seen[slot]):
+ * an object's (whole) or a dict's version alone. */
+static int
+witness_once(g_program *p, char *seen, Py_ssize_t slot, PyObject *obj, int whole)
+{
+    if (seen[slot]) {
+        return 0;
+    }
+    seen[slot] = 1;
+    return whole ? witness_object(p, obj) : add_witness(&p->memo, W_DICT, obj, obj);
+}
+
 /* Builds the memo from a passing evaluation's values (t).  Failures leave
  * no memo: it is an optimization only. */
 static void
@@ -738,11 +750,8 @@ memo_build(g_program *p, g_values *t)
         }
         if ((ld->op == L_ATTR && t->via[i]) || ld->op == L_TYPE) {
             ok = 1;
-            if (!seen[ld->parent]) {
-                seen[ld->parent] = 1;
-                if (witness_object(p, base) < 0) {
-                    goto fail;
-                }
+            if (witness_once(p, seen, ld->parent, base, 1) < 0) {
+                goto fail;
             }
         }
         else if (ld->op == L_ITEM && PyTuple_CheckExact(base)) {
@@ -750,11 +759,8 @@ memo_build(g_program *p, g_values *t)
         }
         else if (ld->op == L_ITEM && PyDict_CheckExact(base)) {
             ok = 1;
-            if (!seen[ld->parent]) {
-                seen[ld->parent] = 1;
-                if (add_witness(m, W_DICT, base, base) < 0) {
-                    goto fail;
-                }
+            if (witness_once(p, seen, ld->parent, base, 0) < 0) {
+                goto fail;
             }
         }
         m->frozen[i] = (char)ok;
@@ -780,11 +786,8 @@ memo_build(g_program *p, g_values *t)
                 }
                 else if (v != G_MISSING && PyDict_Check(v)) {
                     skip = 1;
-                    if (!seen[ck->slot]) {
-                        seen[ck->slot] = 1;
-                        if (add_witness(m, W_DICT, v, v) < 0) {
-                            goto fail;
-                        }
+                    if (witness_once(p, seen, ck->slot, v, 0) < 0) {
+                        goto fail;
                     }
                 }
                 break;
