@@ -269,8 +269,8 @@ class Context:
                 continue
             self._evicted[code] = self._evicted.get(code, 0) + 1
             _record_eviction(code, where)
-            first = lru.guard.lines()[0] if hasattr(lru.guard, "lines") and \
-                lru.guard.lines() else "(no guard)"
+            lines = lru.guard.lines() if hasattr(lru.guard, "lines") else ()
+            first = lines[0] if lines else "(no guard)"
             _recompiles_log.info("%s: cache size limit (%d) reached: evicted the least "
                                  "recently used entry (%d hits; %s)", where,
                                  config.cache_size_limit, lru.hits, first)

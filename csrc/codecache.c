@@ -335,9 +335,6 @@ ags_cache_return_code(ags_code_state *state, PyCodeObject *code)
     return (PyCodeObject *)state->retcode;
 }
 
-/* Empties every code cache (ctx == NULL: entries and skip marks) or drops
- * the entries of one context only (skip marks and other contexts' entries
- * stay).  Returns how many code objects had a state, or -1. */
 int
 ags_cache_evict(PyCodeObject *code, PyObject *entry)
 {
@@ -348,7 +345,6 @@ ags_cache_evict(PyCodeObject *code, PyObject *entry)
             memmove(&state->entries[i], &state->entries[i + 1],
                     (size_t)(state->n_entries - i - 1) * sizeof(ags_entry *));
             state->n_entries--;
-            state->n_unsigned -= !((ags_entry *)entry)->has_signature;
             state->stamp++;
             version++;
             Py_DECREF(entry);
@@ -358,6 +354,9 @@ ags_cache_evict(PyCodeObject *code, PyObject *entry)
     return 0;
 }
 
+/* Empties every code cache (ctx == NULL: entries and skip marks) or drops
+ * the entries of one context only (skip marks and other contexts' entries
+ * stay).  Returns how many code objects had a state, or -1. */
 Py_ssize_t
 ags_cache_clear(PyObject *ctx)
 {

@@ -404,6 +404,22 @@ ask_context(PyObject *ctx, PyCodeObject *code,
     return (ags_entry *)decision;
 }
 
+/* Gives a guarded entry the signature of the frame it was made for, so
+ * that lookups find it by that signature.  0, or -1 with an exception. */
+static int
+sign_entry(ags_entry *entry, PyCodeObject *code, PyObject *f_locals)
+{
+    ags_sig sig;
+    uint64_t hash;
+    int rc = ags_sig_compute(code, f_locals, &sig, &hash);
+
+    if (rc == 0) {
+        rc = ags_entry_set_signature(entry, &sig, hash);
+        ags_sig_release(&sig);
+    }
+    return rc;
+}
+
 /* Finds or makes the decision for a frame.  `state` is the code's cache as
  * the caller found it (NULL: none yet).  Returns a new reference to the
  * entry to run, or NULL with an exception set. */
@@ -440,19 +456,9 @@ decide(PyObject *ctx, PyCodeObject *code, struct _PyInterpreterFrame *frame,
     if (entry->action == AGS_ACTION_SKIP) {
         state->flags |= AGS_CODE_SKIP;
     }
-    else if (entry->guard != Py_None && !entry->has_signature) {
-        ags_sig sig;
-        uint64_t hash;
-        int rc = ags_sig_compute(code, f_locals, &sig, &hash);
-        if (rc == 0) {
-            rc = ags_entry_set_signature(entry, &sig, hash);
-            ags_sig_release(&sig);
-        }
-        if (rc < 0 || ags_cache_insert(state, entry) < 0) {
-            goto error;
-        }
-    }
-    else if (ags_cache_insert(state, entry) < 0) {
+    else if ((entry->guard != Py_None && !entry->has_signature
+              && sign_entry(entry, code, f_locals) < 0)
+             || ags_cache_insert(state, entry) < 0) {
         goto error;
     }
 done:

@@ -95,6 +95,22 @@ push_result(ags_interp *it, ags_frame *f, PyObject *out)
 /* ------------------------------------------------------------------ */
 /* Attributes */
 
+/* *src: the source ("attr", owner's source, name), or NULL when the owner
+ * has no source.  0, or -1 with an exception. */
+static int
+attr_source(ags_interp *it, ags_value *owner, PyObject *name, PyObject **src)
+{
+    PyObject *owner_src = ags_source_of(it, owner);
+
+    *src = NULL;
+    if (owner_src == NULL) {
+        return 0;
+    }
+    *src = Py_BuildValue("(sOO)", "attr", owner_src, name);
+    Py_DECREF(owner_src);
+    return *src == NULL ? -1 : 0;
+}
+
 /* A known object's attribute, by the builder's answer (how, value, self):
  * "value" a plain attribute, "method" a function to call with `self`,
  * "property" a property whose getter is inlined. */
@@ -102,7 +118,7 @@ static int
 known_attr(ags_interp *it, ags_frame *f, ags_value *owner, PyObject *name,
            int method)
 {
-    PyObject *answer, *how_obj, *value, *self_obj, *owner_src, *src = NULL;
+    PyObject *answer, *how_obj, *value, *self_obj, *src = NULL;
     const char *how;
     ags_value v;
     int rc;
@@ -115,14 +131,9 @@ known_attr(ags_interp *it, ags_frame *f, ags_value *owner, PyObject *name,
     value = PyTuple_GET_ITEM(answer, 1);
     self_obj = PyTuple_GET_ITEM(answer, 2);
     how = PyUnicode_AsUTF8(how_obj);
-    owner_src = ags_source_of(it, owner);
-    if (owner_src != NULL) {
-        src = Py_BuildValue("(sOO)", "attr", owner_src, name);
-        Py_DECREF(owner_src);
-        if (src == NULL) {
-            Py_DECREF(answer);
-            return AGS_ERROR;
-        }
+    if (attr_source(it, owner, name, &src) < 0) {
+        Py_DECREF(answer);
+        return AGS_ERROR;
     }
     if (strcmp(how, "value") == 0 || strcmp(how, "method") == 0) {
         if (src != NULL) {
@@ -254,7 +265,7 @@ call_getattr(ags_interp *it, ags_frame *f, int has, ags_value *args,
              int nargs, PyObject *kwnames, ags_value *result)
 {
     const char *fn = has ? "hasattr" : "getattr";
-    PyObject *name, *answer, *owner_src, *src = NULL;
+    PyObject *name, *answer, *src = NULL;
     int rc, missing;
 
     if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
@@ -289,14 +300,9 @@ call_getattr(ags_interp *it, ags_frame *f, int has, ags_value *args,
     }
     missing = strcmp(PyUnicode_AsUTF8(PyTuple_GET_ITEM(answer, 0)),
                      "missing") == 0;
-    owner_src = ags_source_of(it, &args[0]);
-    if (owner_src != NULL) {
-        src = Py_BuildValue("(sOO)", "attr", owner_src, name);
-        Py_DECREF(owner_src);
-        if (src == NULL) {
-            Py_DECREF(answer);
-            return AGS_ERROR;
-        }
+    if (attr_source(it, &args[0], name, &src) < 0) {
+        Py_DECREF(answer);
+        return AGS_ERROR;
     }
     if (missing || has) {
         /* The answer's value is the builder's MISSING marker when absent:

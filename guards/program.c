@@ -420,57 +420,60 @@ same_ints(PyObject *seq, PyObject *want)
     return 1;
 }
 
+/* 1 if v.<name> is `want` (dtypes and bools are singletons), 0 if not,
+ * -1 on error. */
+static int
+attr_is(PyObject *v, PyObject *name, PyObject *want)
+{
+    PyObject *got = PyObject_GetAttr(v, name);
+
+    if (got == NULL) {
+        return -1;
+    }
+    Py_DECREF(got);   /* only its address is compared */
+    return got == want;
+}
+
+/* same_ints on `seq`, a new reference (NULL: making it failed). */
+static int
+ints_are(PyObject *seq, PyObject *want)
+{
+    int ok;
+
+    if (seq == NULL) {
+        return -1;
+    }
+    ok = same_ints(seq, want);
+    Py_DECREF(seq);
+    return ok;
+}
+
 static int
 check_tensor(PyObject *v, const g_check *c)
 {
-    PyObject *spec = c->b, *got;
+    PyObject *spec = c->b, *device;
     int ok;
 
     if ((PyObject *)Py_TYPE(v) != c->a) {
         return 0;
     }
-    got = PyObject_GetAttr(v, ags_tnames.dtype);
-    if (got == NULL) {
-        return -1;
+    ok = attr_is(v, ags_tnames.dtype, PyTuple_GET_ITEM(spec, 0));
+    if (ok == 1) {
+        ok = attr_is(v, ags_tnames.requires_grad, PyTuple_GET_ITEM(spec, 4));
     }
-    ok = got == PyTuple_GET_ITEM(spec, 0);
-    Py_DECREF(got);
-    if (!ok) {
-        return 0;
+    if (ok == 1) {
+        ok = ints_are(PyObject_GetAttr(v, ags_tnames.shape), PyTuple_GET_ITEM(spec, 2));
     }
-    got = PyObject_GetAttr(v, ags_tnames.requires_grad);
-    if (got == NULL) {
-        return -1;
+    if (ok == 1) {
+        ok = ints_are(PyObject_CallMethodNoArgs(v, ags_tnames.stride),
+                      PyTuple_GET_ITEM(spec, 3));
     }
-    ok = got == PyTuple_GET_ITEM(spec, 4);
-    Py_DECREF(got);
-    if (!ok) {
-        return 0;
+    if (ok == 1) {
+        device = PyObject_GetAttr(v, ags_tnames.device);
+        ok = device == NULL ? -1 : PyObject_RichCompareBool(device, PyTuple_GET_ITEM(spec, 1),
+                                                           Py_EQ);
+        Py_XDECREF(device);
     }
-    got = PyObject_GetAttr(v, ags_tnames.shape);
-    if (got == NULL) {
-        return -1;
-    }
-    ok = same_ints(got, PyTuple_GET_ITEM(spec, 2));
-    Py_DECREF(got);
-    if (ok <= 0) {
-        return ok;
-    }
-    got = PyObject_CallMethodNoArgs(v, ags_tnames.stride);
-    if (got == NULL) {
-        return -1;
-    }
-    ok = same_ints(got, PyTuple_GET_ITEM(spec, 3));
-    Py_DECREF(got);
-    if (ok <= 0) {
-        return ok;
-    }
-    got = PyObject_GetAttr(v, ags_tnames.device);
-    if (got == NULL) {
-        return -1;
-    }
-    ok = PyObject_RichCompareBool(got, PyTuple_GET_ITEM(spec, 1), Py_EQ);
-    Py_DECREF(got);
     return ok;
 }
 
