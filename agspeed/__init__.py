@@ -13,6 +13,7 @@ from agspeed import _C, config, log
 from agspeed.api import counters, disable, optimize, reset
 from agspeed._explain import explain
 from agspeed._runtime import recompiles
+from agspeed._shapes import mark_dynamic, mark_static
 from agspeed.backends import list_backends, register_backend
 from agspeed.errors import (
     AgspeedError,
@@ -30,6 +31,8 @@ __all__ = [
     "reset",
     "explain",
     "recompiles",
+    "mark_dynamic",
+    "mark_static",
     "counters",
     "config",
     "log",

@@ -16,7 +16,12 @@ the entry is used only where it computes what eager would:
 * every other object (modules, functions, Python modules): identity, held weakly where
   possible (see ``_holder``);
 * global state: grad mode, inference mode, autocast (per device type: enabled, dtype,
-  cache) and the default dtype.
+  cache) and the default dtype;
+* for a capture with dynamic dimensions (``agspeed._shapes``): each such input's
+  static sizes, its symbolic sizes bound to symbols and its strides as expressions of
+  them, and every fact the capture relied on about the symbols (``x.size(0) >= 2``,
+  ``Eq(x.size(1), y.size(1))``).  Such an entry serves many signatures, so it is not
+  signed: lookups try it by its guard.
 
 When capture stops at an instruction, the result is a ``CaptureBreak`` saying where and
 why; the caller runs the frame eager (under a guard built from what was assumed until
@@ -34,6 +39,7 @@ from typing import Any, Callable, NamedTuple
 from agspeed import _C
 from agspeed import config as _config
 from agspeed._graph import REASONS, GraphBreak, GraphBuilder
+from agspeed._shapes import NeedsSymbolic, SymbolicGuards
 from agspeed._sources import MISSING, describe, resolve, resolve_step
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
@@ -101,9 +107,10 @@ def _tensor_spec(t: Any) -> tuple:
     return (type(t), t.dtype, t.device, tuple(t.shape), t.stride(), t.requires_grad)
 
 
-# Check kinds: what a guard compares for one source.
-_TENSOR, _EQ, _LEN, _ID, _ABSENT = range(5)
-_CHECK_NAMES = {_TENSOR: "tensor", _EQ: "==", _LEN: "len", _ID: "is", _ABSENT: "absent"}
+# Check kinds: what a guard compares for one source (guards/program.c C_*).
+_TENSOR, _EQ, _LEN, _ID, _ABSENT, _DYN = range(6)
+_CHECK_NAMES = {_TENSOR: "tensor", _EQ: "==", _LEN: "len", _ID: "is", _ABSENT: "absent",
+                _DYN: "tensor"}
 
 
 def _check_for(builder: GraphBuilder, value: Any) -> tuple:
@@ -116,9 +123,37 @@ def _check_for(builder: GraphBuilder, value: Any) -> tuple:
     return (_ID, _holder(value))
 
 
-def _passes(kind: int, expected: Any, value: Any) -> bool:
+def _binds(expected: tuple, spec: tuple, sym: Any, bound: dict) -> bool:
+    """Whether a tensor with ``spec`` (type, dtype, device, shape, stride, grad) passes
+    the dynamic tensor check ``expected`` (sizes may be symbols, strides expressions of
+    them), binding symbols in ``bound`` as the C check does."""
+    kind, dtype, device, sizes, strides, grad = expected
+    if (spec[0], spec[1], spec[2], spec[5]) != (kind, dtype, device, grad) or \
+            len(spec[3]) != len(sizes) or len(spec[4]) != len(strides):
+        return False
+    for want, got in zip(sizes, spec[3]):
+        if isinstance(want, int):
+            if want != got:
+                return False
+        elif bound.setdefault(want, got) != got:
+            return False
+    for want, got in zip(strides, spec[4]):
+        if isinstance(want, int):
+            if want != got:
+                return False
+        elif not set(want.free_symbols) <= set(bound) or \
+                sym.value(want, bound) != got:
+            return False
+    return True
+
+
+def _passes(kind: int, expected: Any, value: Any, sym: Any = None,
+            bound: dict | None = None) -> bool:
     if kind == _TENSOR:
         return type(value) is expected[0] and _tensor_spec(value) == expected
+    if kind == _DYN:
+        return hasattr(value, "stride") and _binds(expected, _tensor_spec(value), sym,
+                                                   bound if bound is not None else {})
     if kind == _EQ:
         return type(value) is expected[0] and value == expected[1]
     if kind == _LEN:
@@ -129,7 +164,13 @@ def _passes(kind: int, expected: Any, value: Any) -> bool:
     return value is MISSING
 
 
-def _shown(kind: int, expected: Any) -> str:
+def _shown(kind: int, expected: Any, sym: Any = None) -> str:
+    if kind == _DYN:
+        kind_, dtype, device, sizes, strides, grad = expected
+        shown = [sym.readable(d) if sym is not None else str(d) for d in sizes]
+        strides_ = [sym.readable(d) if sym is not None else str(d) for d in strides]
+        return (f"{kind_.__name__}(dtype={dtype}, device={device}, shape=[{', '.join(shown)}], "
+                f"stride=[{', '.join(strides_)}], requires_grad={grad})")
     if kind == _TENSOR:
         kind_, dtype, device, shape, stride, grad = expected
         return (f"{kind_.__name__}(dtype={dtype}, device={device}, shape={list(shape)}, "
@@ -148,7 +189,7 @@ def _shown(kind: int, expected: Any) -> str:
 def _got(kind: int, value: Any) -> str:
     if value is MISSING:
         return "nothing"
-    if kind == _TENSOR and hasattr(value, "stride"):
+    if kind in (_TENSOR, _DYN) and hasattr(value, "stride"):
         return _shown(_TENSOR, _tensor_spec(value))
     if kind == _LEN and isinstance(value, (dict, list, tuple)):
         return f"{type(value).__name__} of length {len(value)}"
@@ -163,16 +204,27 @@ class Guard(_C.GuardProgram):
 
     The checks are kept here as data (for logs, ``failures`` and ``lines``) and compiled
     into the C guard program this class extends (guards/program.c), which is what the
-    hook calls: no Python frame runs on a passing or failing call.
+    hook calls: no Python frame runs on a passing or failing call.  ``sym`` holds the
+    symbolic part of a capture with dynamic dimensions (a ``SymbolicGuards``), or None.
     """
 
-    __slots__ = ("checks", "aliases", "state", "torch", "break_at", "inputs")
+    __slots__ = ("checks", "aliases", "state", "torch", "break_at", "inputs", "sym")
 
     def __init__(self, torch: Any, builder: GraphBuilder, f_locals: dict):
         seen: set = set()
         checks = []
+        self.sym = SymbolicGuards(builder) if builder.symbolic else None
+        if self.sym is not None and not self.sym.symbols:
+            self.sym = None   # every dimension turned out static (sizes 0 and 1)
+        specs = self.sym.specs if self.sym is not None else {}
         for source, (node, value) in zip(builder.sources, builder._inputs.values()):
-            checks.append((source, _TENSOR, _tensor_spec(value)))
+            spec = _tensor_spec(value)
+            if source in specs:
+                sizes, strides = specs[source]
+                checks.append((source, _DYN, (spec[0], spec[1], spec[2], sizes, strides,
+                                              spec[5])))
+            else:
+                checks.append((source, _TENSOR, spec))
             seen.add(source)
         for source, value in builder.assumptions:
             if source in seen:
@@ -210,10 +262,19 @@ class Guard(_C.GuardProgram):
                 loads.append(load)
             return got
 
+        symbolic, strides = (None, {}) if self.sym is None else self.sym.program()
+        index = {} if self.sym is None else {s: k for k, s in enumerate(self.sym.symbols)}
         checks = []
         for source, kind, expected in self.checks:
             if kind == _TENSOR:
                 a, b = expected[0], expected[1:]
+            elif kind == _DYN:
+                kind_, dtype, device, sizes, strides_, grad = expected
+                a = kind_
+                b = (dtype, device,
+                     tuple(d if isinstance(d, int) else -index[d] - 1 for d in sizes),
+                     tuple(d if isinstance(d, int) else -strides[d] - 1 for d in strides_),
+                     grad)
             elif kind in (_EQ, _LEN):
                 a, b = expected
             elif kind == _ID:
@@ -226,7 +287,8 @@ class Guard(_C.GuardProgram):
         outputs = [slot(s) for s in self.inputs]
         flags = _CHECK_KNOWN_TENSORS if _config.guard_parameters else 0
         self._set_program(loads, checks, aliases, _state_probes(self.torch, self.state),
-                          resolve_step, MISSING, self.torch.nn.Module, outputs, flags)
+                          resolve_step, MISSING, self.torch.nn.Module, outputs, flags,
+                          symbolic)
 
     def widened(self, other: "Guard") -> "Guard":
         """This guard less the plain-value checks ``other`` expects differently.
@@ -241,46 +303,79 @@ class Guard(_C.GuardProgram):
         out.checks = tuple(c for c in self.checks
                            if c[1] != _EQ or theirs.get((c[0], _EQ), c[2]) == c[2])
         out.aliases, out.state, out.torch = self.aliases, self.state, self.torch
-        out.break_at, out.inputs = self.break_at, self.inputs
+        out.break_at, out.inputs, out.sym = self.break_at, self.inputs, self.sym
         out._compile()
         return out
 
-    def check_in_python(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> bool:
-        """The same answer as calling the guard, computed in Python (for tests)."""
-        memo: dict = {}
+    def covers(self, other: Any) -> bool:
+        """Whether this guard passes for every frame ``other`` (a Guard) passes for, as
+        far as ``other``'s checks tell: a dynamic entry then replaces ``other``'s
+        static one.  Read from the expectations alone; nothing of the frame is needed."""
+        if not isinstance(other, Guard) or other.state != self.state or \
+                set(other.aliases) != set(self.aliases):
+            return False
+        theirs = {c[0]: (c[1], c[2]) for c in other.checks}
+        bound: dict = {}
         for source, kind, expected in self.checks:
-            value = resolve(source, f_locals, f_globals, f_builtins, memo)
-            if not _passes(kind, expected, value):
+            got = theirs.get(source)
+            if got is None:
                 return False
-        for a, b in self.aliases:
-            if resolve(a, f_locals, f_globals, f_builtins, memo) is not \
-                    resolve(b, f_locals, f_globals, f_builtins, memo):
+            okind, oexp = got
+            if kind == _DYN:
+                if okind not in (_TENSOR, _DYN) or okind == _DYN and oexp != expected or \
+                        okind == _TENSOR and not _binds(expected, oexp, self.sym, bound):
+                    return False
+            elif kind == _ID:
+                if okind != _ID or oexp() is None or oexp() is not expected():
+                    return False
+            elif (okind, oexp) != (kind, expected):
                 return False
-        return global_state(self.torch) == self.state
+        if self.sym is None:
+            return True
+        return len(bound) == len(self.sym.symbols) and \
+            all(self.sym.holds(g, bound) for g in self.sym.guards)
 
-    def failures(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> list[str]:
-        """Every failing check, as "source: expected X, got Y" (for recompile logs)."""
+    def _walk(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> list[str]:
+        """Every failing check (the Python reading of the program, for logs and tests)."""
         memo: dict = {}
+        bound: dict = {}
         out = []
         for source, kind, expected in self.checks:
             value = resolve(source, f_locals, f_globals, f_builtins, memo)
-            if not _passes(kind, expected, value):
-                out.append(f"{describe(source)}: expected {_shown(kind, expected)}, "
+            if not _passes(kind, expected, value, self.sym, bound):
+                out.append(f"{describe(source)}: expected {_shown(kind, expected, self.sym)}, "
                            f"got {_got(kind, value)}")
         for a, b in self.aliases:
             if resolve(a, f_locals, f_globals, f_builtins, memo) is not \
                     resolve(b, f_locals, f_globals, f_builtins, memo):
                 out.append(f"{describe(a)} is {describe(b)}: no longer the same tensor")
+        if self.sym is not None and not out:
+            values = ", ".join(f"{n}={bound[s]}" for s, n in
+                               zip(self.sym.symbols, self.sym.names) if s in bound)
+            for g in self.sym.guards:
+                if not self.sym.holds(g, bound):
+                    out.append(f"size guard {self.sym.readable(g)}: false for {values}")
         state = global_state(self.torch)
         if state != self.state:
             out.append(f"global state: expected {_state_text(self.state)}, "
                        f"got {_state_text(state)}")
         return out
 
+    def check_in_python(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> bool:
+        """The same answer as calling the guard, computed in Python (for tests)."""
+        return not self._walk(f_locals, f_globals, f_builtins)
+
+    def failures(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> list[str]:
+        """Every failing check, as "source: expected X, got Y" (for recompile logs)."""
+        return self._walk(f_locals, f_globals, f_builtins)
+
     def lines(self) -> list[str]:
         """The checks, readable (for AGSPEED_LOG=guards and explain)."""
-        out = [f"{describe(s)} {_CHECK_NAMES[k]} {_shown(k, e)}" for s, k, e in self.checks]
+        out = [f"{describe(s)} {_CHECK_NAMES[k]} {_shown(k, e, self.sym)}"
+               for s, k, e in self.checks]
         out += [f"{describe(a)} is {describe(b)}" for a, b in self.aliases]
+        if self.sym is not None:
+            out += [f"size: {self.sym.readable(g)}" for g in self.sym.guards]
         out.append(f"global state == {_state_text(self.state)}")
         return out
 
@@ -362,19 +457,48 @@ class Capture(NamedTuple):
     example_inputs: list
 
 
-def capture(code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
+def capture(code: Any, f_locals: dict, f_globals: dict, f_builtins: dict,
+            shapes: Any = None) -> Any:
     """A ``Capture``, a ``(CaptureBreak, Guard)`` pair, or ``(None, Guard)`` when the
-    function does no tensor work."""
+    function does no tensor work.  ``shapes``: the ``_shapes.DimPolicy`` saying which
+    dimensions are dynamic (None: all static)."""
     import torch
 
-    builder = GraphBuilder()
-    out = _C.capture(code, f_locals, f_globals, f_builtins, builder, torch.Tensor)
+    symbolic = False
+    while True:
+        builder = GraphBuilder(shapes, symbolic)
+        try:
+            out = _C.capture(code, f_locals, f_globals, f_builtins, builder, torch.Tensor)
+            return _finish(torch, code, f_locals, builder, out)
+        except NeedsSymbolic:   # a dynamic input turned up: again, under a ShapeEnv
+            symbolic = True
+        except _Unguardable:    # a size fact the guard cannot check: capture static
+            if shapes is None:
+                raise
+            shapes, symbolic = None, False
+
+
+class _Unguardable(Exception):
+    """A dynamic capture assumed something of its sizes no guard can check (a size that
+    no input gives): it is done again with static shapes."""
+
+
+def _guard(torch: Any, builder: GraphBuilder, f_locals: dict) -> Guard:
+    try:
+        return Guard(torch, builder, f_locals)
+    except ValueError as exc:
+        if builder.symbolic:
+            raise _Unguardable(str(exc)) from exc
+        raise
+
+
+def _finish(torch: Any, code: Any, f_locals: dict, builder: GraphBuilder, out: dict) -> Any:
     if out["status"] == "break":
         where = out["code"]
         brk = CaptureBreak(where.co_filename, _line_of(where, out["offset"]),
                            dis.opname[out["opcode"]] if out["opcode"] >= 0 else "(start)",
                            out["reason"], out["detail"], where.co_name)
-        guard = Guard(torch, builder, f_locals)
+        guard = _guard(torch, builder, f_locals)
         guard.break_at = (brk.filename, brk.line, brk.instruction, brk.reason)
         return brk, guard
     result = out["result"]
@@ -383,11 +507,11 @@ def capture(code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any
     except GraphBreak as exc:
         brk = CaptureBreak(code.co_filename, code.co_firstlineno, "RETURN_VALUE",
                            exc.reason, exc.detail, code.co_name)
-        return brk, Guard(torch, builder, f_locals)
+        return brk, _guard(torch, builder, f_locals)
     if not any(n.op in ("call_function", "call_method") for n in builder.graph.nodes):
         return None, ArgumentTypes(f_locals)
-    guard = Guard(torch, builder, f_locals)
     gm = builder.output(result)
+    guard = _guard(torch, builder, f_locals)
     return Capture(gm, builder.sources, guard, builder.example_inputs())
 
 
@@ -408,4 +532,4 @@ def make_entry(cap: Capture, compiled: Any, context: Any) -> Any:
     # the hook calls compiled(*inputs) with the inputs the guard program gathered while
     # checking; `run` serves the first call, made before the entry is in the cache
     return _C.CacheEntry(_C.ACTION_CALL, guard=guard, compiled=run, context=context,
-                         graph=compiled)
+                         graph=compiled, signed=guard.sym is None)

@@ -27,6 +27,14 @@ node, an inlined module or function, a fold, a known constant), ``bind`` matches
 arguments to parameters, and ``iterate``/``getitem``/``compare``/``truth`` evaluate
 what is known while capturing.  Every source it reads is appended to ``assumptions``.
 
+Dynamic shapes (``agspeed/_shapes.py``): a builder given a ``DimPolicy`` makes the
+dimensions it names symbolic, under a ``ShapeEnv``.  A size the code reads from such a
+dimension (``x.shape[0]``, ``x.size(1)``, ``len(x)``, arithmetic on them) is then a graph
+node whose example value is a ``SymInt``, so the graph computes it for every size; a
+branch on it, or a use that needs a plain int (``range(n)``, a format), evaluates it for
+the example's size and the ShapeEnv records the guard that makes that answer hold.
+``x.shape`` of such a tensor is a ``SymShape``: a tuple of size nodes and ints.
+
 torch is imported when a builder is made, never when agspeed is imported.
 """
 
@@ -39,7 +47,7 @@ from typing import Any, Callable
 
 from agspeed._sources import MISSING, _class_lookup, is_namedtuple_type, name_of, static_attr
 
-__all__ = ["GraphBreak", "GraphBuilder", "REASONS"]
+__all__ = ["GraphBreak", "GraphBuilder", "REASONS", "SymShape"]
 
 #: Stable graph-break reason ids: (what happened, what the user can do).
 REASONS: dict[str, tuple[str, str]] = {
@@ -128,6 +136,13 @@ _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",
 _PLAIN = (int, float, bool, str, type(None), complex, bytes)
 
 
+class SymShape(tuple):
+    """``tensor.shape`` with symbolic sizes: size nodes and ints (``torch.Size`` cannot
+    hold graph nodes).  A graph that returns one builds a ``torch.Size`` of it."""
+
+    __slots__ = ()
+
+
 class GraphBreak(Exception):
     """Capture of a frame must stop here; ``reason`` is a key of ``REASONS``."""
 
@@ -151,7 +166,7 @@ def _target_name(kind: str, target: Any) -> str:
 class GraphBuilder:
     """One graph being captured: inputs by source, nodes with fake example values."""
 
-    def __init__(self) -> None:
+    def __init__(self, shapes: Any = None, symbolic: bool = False) -> None:
         import torch
         import torch.fx
         from torch._subclasses.fake_tensor import (
@@ -161,9 +176,28 @@ class GraphBuilder:
         )
 
         self._torch = torch
-        self._data_dependent = (DataDependentOutputException, DynamicOutputShapeException)
+        self._data_dependent: tuple = (DataDependentOutputException,
+                                       DynamicOutputShapeException)
         self.graph = torch.fx.Graph()
-        self.fake_mode = FakeTensorMode()
+        # shapes: the _shapes.DimPolicy of this capture (None: every input static);
+        # symbolic: fake tensors run under a ShapeEnv, so dimensions can be symbols
+        self.shapes = shapes
+        self.symbolic = symbolic
+        if symbolic:
+            from torch.fx.experimental.symbolic_shapes import (
+                GuardOnDataDependentSymNode,
+                ShapeEnv,
+            )
+
+            self._data_dependent += (GuardOnDataDependentSymNode,)
+            self.fake_mode = FakeTensorMode(shape_env=ShapeEnv(
+                duck_shape=False, allow_dynamic_output_shape_ops=False,
+                allow_scalar_outputs=False))
+            self._sym_types: tuple = (torch.SymInt, torch.SymFloat, torch.SymBool)
+        else:
+            self.fake_mode = FakeTensorMode()
+            self._sym_types = ()
+        self._size_nodes: dict[tuple, Any] = {}  # (node, dim) -> its size node
         self.node_type = torch.fx.Node
         self.assumptions: list[tuple[tuple, Any]] = []
         self.aliases: list[tuple[tuple, tuple]] = []  # (source, first source of the tensor)
@@ -203,9 +237,21 @@ class GraphBuilder:
         if same is not None:
             self.aliases.append((source, same[1]))
             return same[0]
+        dims = self.shapes.decide(source, value) if self.shapes is not None else {}
+        if dims and not self.symbolic:
+            from agspeed._shapes import NeedsSymbolic
+
+            raise NeedsSymbolic(source)
         name = name_of(source) if isinstance(source, tuple) else _legacy_name(source)
         node = self.graph.placeholder(name)
-        node.meta["example_value"] = self.fake_mode.from_tensor(value, static_shapes=True)
+        if dims:
+            from agspeed._sources import describe
+            from agspeed._shapes import fake_input
+
+            node.meta["example_value"] = fake_input(self.fake_mode, source, describe(source),
+                                                    value, dims)
+        else:
+            node.meta["example_value"] = self.fake_mode.from_tensor(value, static_shapes=True)
         node.meta["source"] = source
         self._inputs[source] = (node, value)
         self._by_id[id(value)] = (node, source)
@@ -270,6 +316,12 @@ class GraphBuilder:
         node.meta["example_value"] = out
         if isinstance(out, torch.Tensor):
             return node
+        if self._sym_types and isinstance(out, self._sym_types):
+            concrete = _concrete(out)
+            if concrete is None:
+                return node   # a size (or a test on sizes) the graph computes
+            self.graph.erase_node(node)
+            return concrete
         mutates = (kind == "call_method" and str(target).endswith("_")) or target in (
             operator.setitem, operator.delitem)
         if out is None:
@@ -278,19 +330,69 @@ class GraphBuilder:
             self.graph.erase_node(node)
             return out
         if isinstance(out, (tuple, list)) and all(
-                isinstance(v, torch.Tensor) or self._is_static(v) for v in out):
+                isinstance(v, torch.Tensor) or self._is_static(v) or self._is_sym(v)
+                for v in out):
             items = []
             for i, v in enumerate(out):
-                if isinstance(v, torch.Tensor):
+                if isinstance(v, torch.Tensor) or self._is_sym(v):
                     item = self.graph.create_node("call_function", operator.getitem, (node, i))
                     item.meta["example_value"] = v
                     items.append(item)
                 else:
                     items.append(v)
-            return tuple(items)
+            return SymShape(items) if isinstance(out, torch.Size) else tuple(items)
         self.graph.erase_node(node)
         raise GraphBreak("non_tensor_result",
                          f"{_target_name(kind, target)} returned a {type(out).__name__}")
+
+    # -- symbolic sizes ----------------------------------------------------------------
+
+    def _is_sym(self, value: Any) -> bool:
+        """A SymInt/SymFloat/SymBool that is not a known constant."""
+        return bool(self._sym_types) and isinstance(value, self._sym_types) and \
+            _concrete(value) is None
+
+    def is_size(self, value: Any) -> bool:
+        """A graph node computing a size (or a test on sizes), not a tensor."""
+        return isinstance(value, self.node_type) and \
+            self._is_sym(value.meta.get("example_value"))
+
+    def _size_node(self, node: Any, dim: int) -> Any:
+        """``node.size(dim)`` as a node, one per tensor and dimension."""
+        got = self._size_nodes.get((node, dim))
+        if got is None:
+            got = self._size_nodes[(node, dim)] = self._record("call_method", "size",
+                                                                (node, dim), {})
+        return got
+
+    def _shape_of(self, node: Any) -> Any:
+        """``node.shape``: a torch.Size when every size is known, else a SymShape."""
+        shape = node.meta["example_value"].shape
+        if not self._sym_types or all(_concrete(d) is not None for d in shape):
+            return shape if not self._sym_types else \
+                self._torch.Size(int(_concrete(d)) for d in shape)
+        return SymShape(self._size_node(node, i) if _concrete(d) is None else _concrete(d)
+                        for i, d in enumerate(shape))
+
+    def _specialize(self, value: Any) -> Any:
+        """A size node as the plain value it has now (the ShapeEnv guards it stays so);
+        tuples of them likewise.  Anything else unchanged."""
+        if self.is_size(value):
+            ev = value.meta["example_value"]
+            torch = self._torch
+            kind = int if isinstance(ev, torch.SymInt) else \
+                float if isinstance(ev, torch.SymFloat) else bool
+            return kind(ev)
+        if type(value) in (tuple, list, SymShape) and self._sym_types:
+            out = [self._specialize(v) for v in value]
+            return self._torch.Size(out) if type(value) is SymShape else type(value)(out)
+        return value
+
+    def _has_size_node(self, value: Any) -> bool:
+        if self.is_size(value):
+            return True
+        return type(value) in (tuple, list, SymShape) and any(
+            self._has_size_node(v) for v in value)
 
     def can_record(self, fn: Any) -> bool:
         """Whether a call of ``fn`` on graph values may be recorded (and run on fakes).
@@ -448,7 +550,11 @@ class GraphBuilder:
         return tuple(slots)
 
     def fold(self, fn: Any, args: tuple, kwargs: dict) -> Any:
-        """``fn(*args, **kwargs)`` evaluated now on known values."""
+        """``fn(*args, **kwargs)`` evaluated now on known values (sizes the graph would
+        compute taken at their current, guarded, values)."""
+        if self._sym_types and fn is not len:
+            args = tuple(self._specialize(a) for a in args)
+            kwargs = {k: self._specialize(v) for k, v in kwargs.items()}
         if type(fn) is types.MethodType and fn.__func__ in self._dict_views:
             args, fn = (fn.__self__, *args), fn.__func__
         if type(fn) is types.FunctionType and fn in self._dict_views:
@@ -535,10 +641,12 @@ class GraphBuilder:
                        else (key, member))
         return tuple(out)
 
-    def _tensor_len(self, node: Any) -> int:
+    def _tensor_len(self, node: Any) -> Any:
         shape = node.meta["example_value"].shape
         if len(shape) == 0:
             raise GraphBreak("op_failed", "len() of a 0-d tensor")
+        if self._sym_types and _concrete(shape[0]) is None:
+            return self._size_node(node, 0)
         return int(shape[0])
 
     def _unbind(self, node: Any) -> tuple:
@@ -549,7 +657,8 @@ class GraphBuilder:
             raise GraphBreak("op_failed", "iteration over a 0-d tensor")
         if shape[0] > 1000:
             raise GraphBreak("unsupported_value", "iterating over more than 1000 rows")
-        return tuple(self.call_function(operator.getitem, (node, i)) for i in range(shape[0]))
+        return tuple(self.call_function(operator.getitem, (node, i))
+                     for i in range(int(shape[0])))
 
     def _real_type_view(self, value: Any) -> Any:
         """For type checks: a placeholder stands for its real input, another node for
@@ -581,6 +690,8 @@ class GraphBuilder:
     def tensor_attr(self, node: Any, name: str) -> Any:
         """``tensor.name``: metadata as a constant, a view as a node."""
         fake = node.meta["example_value"]
+        if name == "shape" and self._sym_types:
+            return self._shape_of(node)
         if name in _TENSOR_META:
             if name == "is_leaf" and node.op != "placeholder":
                 raise GraphBreak("unsupported_attribute", "Tensor.is_leaf of a computed tensor")
@@ -648,6 +759,9 @@ class GraphBuilder:
         nodes = isinstance(a, self.node_type) or isinstance(b, self.node_type)
         if op in _COMPARE and nodes:
             return self.call_function(_COMPARE[op], (a, b))
+        if self._sym_types and (self._has_size_node(a) or self._has_size_node(b)):
+            # shapes compared as tuples: decided now, the ShapeEnv guards the answer
+            a, b = self._specialize(a), self._specialize(b)
         if nodes:
             raise GraphBreak("unsupported_value", f"`{op}` with a tensor")
         if op in ("in", "not in"):
@@ -667,8 +781,14 @@ class GraphBuilder:
         return type(value).__eq__ is object.__eq__  # identity comparison, no user code
 
     def truth(self, obj: Any) -> bool:
-        """The truth of a known object, decided without running user code."""
+        """The truth of a known object, decided without running user code; of a size
+        node, its truth for the example's sizes (guarded)."""
         torch = self._torch
+        if isinstance(obj, self.node_type):
+            if self.is_size(obj):
+                return bool(self._specialize(obj))
+            raise GraphBreak("data_dependent", "the truth of a tensor (Python branches on "
+                             "its value)")
         if self._is_static(obj) or type(obj) in (tuple, list, dict, set, frozenset, range):
             return bool(obj)
         if isinstance(obj, torch.nn.Module):
@@ -728,7 +848,7 @@ class GraphBuilder:
         tuples/lists/dicts of them (what a graph can return)."""
         if isinstance(result, self.node_type) or self._is_static(result):
             return
-        if type(result) in (tuple, list) or is_namedtuple_type(type(result)):
+        if type(result) in (tuple, list, SymShape) or is_namedtuple_type(type(result)):
             for v in result:
                 self.check_output(v)
             return
@@ -743,9 +863,18 @@ class GraphBuilder:
         import torch.fx
 
         self.graph.output(self._build_namedtuples(result))
+        self._drop_unused_sizes()
         self.graph.lint()
         return torch.fx.GraphModule(self._torch.nn.Module(), self.graph)
 
+
+    def _drop_unused_sizes(self) -> None:
+        """Erase size computations nothing uses (the tests behind resolved branches)."""
+        for node in reversed(list(self.graph.nodes)):
+            if not node.users and node.op in ("call_method", "call_function") and \
+                    (self.is_size(node) or isinstance(node.meta.get("example_value"),
+                                                      self._torch.Size)):
+                self.graph.erase_node(node)
 
     def _build_namedtuples(self, value: Any) -> Any:
         """``value`` with each namedtuple in it made by a call node of its class: fx
@@ -754,11 +883,28 @@ class GraphBuilder:
         if is_namedtuple_type(type(value)):
             return self.graph.call_function(
                 type(value), tuple(self._build_namedtuples(v) for v in value))
+        if type(value) in (SymShape, self._torch.Size):
+            # fx would write a torch.Size constant as a plain tuple
+            return self.graph.call_function(self._torch.Size, (tuple(value),))
         if type(value) in (tuple, list):
             return type(value)(self._build_namedtuples(v) for v in value)
         if type(value) is dict:
             return {k: self._build_namedtuples(v) for k, v in value.items()}
         return value
+
+
+def _concrete(value: Any) -> Any:
+    """The plain value of an int/float/bool, or of a SymInt/SymFloat/SymBool the ShapeEnv
+    knows to be constant; None for a symbolic one."""
+    if isinstance(value, (int, float, bool)):
+        return value
+    node = getattr(value, "node", None)
+    if node is None:
+        return None
+    kind = type(value).__name__   # SymInt, SymFloat, SymBool
+    fn = getattr(node, {"SymInt": "maybe_as_int", "SymFloat": "maybe_as_float"}.get(
+        kind, "maybe_as_bool"), None)
+    return fn() if fn is not None else None
 
 
 def _exception_table(code: Any) -> list[tuple[int, int, int]]:

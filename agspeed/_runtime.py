@@ -153,7 +153,7 @@ class Context:
     """The capture context of optimized objects sharing one backend and option set."""
 
     __slots__ = ("backend_name", "backend", "options", "observer", "_evicted",
-                 "__weakref__")
+                 "_history", "__weakref__")
 
     def __init__(self, backend_name: str, backend: Any, options: dict[str, Any],
                  observer: Any = None):
@@ -166,6 +166,9 @@ class Context:
         # code -> entries of it evicted under the cache size limit (they still count
         # toward the recompile limit, so a cycle of shapes cannot recompile forever)
         self._evicted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # code -> _shapes.ShapeHistory: the sizes its data inputs showed at captures,
+        # which decide when a dimension that keeps changing becomes dynamic
+        self._history: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         opts = "".join(f", {k}={v!r}" for k, v in sorted(self.options.items()))
@@ -206,6 +209,8 @@ class Context:
             return _C.CacheEntry(_RUN_EAGER), "run eager"
         from agspeed import config
         from agspeed._capture import Capture, capture, make_entry
+        from agspeed._shapes import DimPolicy, history_of
+        from agspeed.backends import supports_dynamic
 
         where = f"{code.co_name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
         # Each context counts its own entries: another optimized object's recompiles of
@@ -221,7 +226,16 @@ class Context:
         if len(entries) >= config.cache_size_limit:
             self._evict_lru(code, where, entries)
         keep_dynamo_out()
-        result = capture(code, f_locals, f_globals, f_builtins)
+        history = history_of(self._history, code)
+        shapes = DimPolicy(self.options.get("dynamic"), config.dynamic_after, history,
+                           f_locals, supports_dynamic(self.backend))
+        result = capture(code, f_locals, f_globals, f_builtins, shapes)
+        guard = result.guard if isinstance(result, Capture) else result[1]
+        _record_sizes(history, guard, f_locals)
+        if entries and isinstance(result, Capture):
+            self._log_recompile(code, where, entries, f_locals, f_globals, f_builtins)
+        if getattr(guard, "sym", None) is not None:
+            self._went_dynamic(code, where, guard, shapes, entries)
         if not isinstance(result, Capture):
             brk, guard = result
             # Guarded like a graph: these inputs (and only these) run eager, and the
@@ -231,7 +245,8 @@ class Context:
             for old in entries:
                 if at is not None and getattr(old.guard, "break_at", None) == at:
                     guard = guard.widened(old.guard)
-            entry = _C.CacheEntry(_RUN_EAGER, guard=guard, context=self)
+            entry = _C.CacheEntry(_RUN_EAGER, guard=guard, context=self,
+                                  signed=getattr(guard, "sym", None) is None)
             if brk is None:
                 observe("eager", code, "no tensor work")
                 return entry, "run eager (no tensor work)"
@@ -239,8 +254,6 @@ class Context:
             if log.enabled("graph_breaks"):
                 _graph_breaks_log.info("%s: %s", where, brk)
             return entry, f"run eager (graph break: {brk})"
-        if entries:
-            self._log_recompile(code, where, entries, f_locals, f_globals, f_builtins)
         try:
             compiled = self.backend(result.graph_module, result.example_inputs)
         except Exception as exc:  # the user's backend: its failure must not stop the program
@@ -248,7 +261,8 @@ class Context:
                                   "(%s: %s); it runs eager", self.backend_name, where,
                                   type(exc).__name__, exc)
             observe("eager", code, f"backend {self.backend_name} failed")
-            return (_C.CacheEntry(_RUN_EAGER, guard=result.guard, context=self),
+            return (_C.CacheEntry(_RUN_EAGER, guard=result.guard, context=self,
+                                  signed=result.guard.sym is None),
                     f"run eager (backend {self.backend_name} failed)")
         if log.enabled("guards"):
             _guards_log.info("%s guards:\n  %s", where, "\n  ".join(result.guard.lines()))
@@ -256,6 +270,31 @@ class Context:
             _graphs_log.info("%s captured:\n%s", where, result.graph_module.code)
         observe("graph", code, result)
         return make_entry(result, compiled, self), "captured"
+
+    def _went_dynamic(self, code: Any, where: str, guard: Any, shapes: Any,
+                      entries: list) -> None:
+        """Say which dimensions a capture made dynamic and why, and drop this context's
+        entries of ``code`` that the new one serves as well (the static graphs of sizes
+        seen before the dimension went dynamic).  Those drops are replacements, not
+        evictions: they do not count toward the recompile limit."""
+        sym = guard.sym
+        new = _record_dynamic(code, where, sym.names)
+        for (source, d), name in zip(sym.dims, sym.names):
+            why = shapes.decided.get(source, {}).get(d, "dynamic")
+            if name in new and log.enabled("recompiles"):
+                _recompiles_log.info("%s: %s is dynamic from now on (%s): one graph "
+                                     "serves every size of it", where, name, why)
+        for name in sym.specialized:
+            _recompiles_log.info("%s: %s was made dynamic but the code fixes it to one "
+                                 "value (a size guard pins it): it recompiles per size",
+                                 where, name)
+        replaced = 0
+        for old in entries:
+            if guard.covers(old.guard) and _C.evict(code, old):
+                replaced += 1
+        if replaced and log.enabled("recompiles"):
+            _recompiles_log.info("%s: the dynamic graph replaces %d static entr%s",
+                                 where, replaced, "y" if replaced == 1 else "ies")
 
     def _evict_lru(self, code: Any, where: str, entries: list) -> None:
         """Drop this context's least recently used entries of ``code`` down to one under
@@ -302,21 +341,41 @@ class Context:
 
 
 class RecompileRecord(NamedTuple):
-    """Recompiles of one function: how many, the guard that failed each time, and how
-    many entries the cache size limit evicted."""
+    """Recompiles of one function: how many, the guard that failed each time, how many
+    entries the cache size limit evicted, and which dimensions went dynamic."""
 
     function: str   # "name (file:line)"
     count: int
     reasons: tuple  # the closest entry's first failing guard, per recompile (last 16)
     evictions: int = 0
+    dynamic: tuple = ()  # dimensions made dynamic ("x.size(0)"), in order
 
 
-_RECOMPILES: dict[Any, list] = {}   # weakref to code -> [where, count, reasons]
+_RECOMPILES: dict[Any, list] = {}   # weakref to code -> [where, count, reasons, ev, dyn]
 
 
 def _recompile_row(code: Any, where: str) -> list:
     return _RECOMPILES.setdefault(weakref.ref(code),
-                                  [where, 0, collections.deque(maxlen=16), 0])
+                                  [where, 0, collections.deque(maxlen=16), 0, {}])
+
+
+def _record_dynamic(code: Any, where: str, dims: list) -> list:
+    """Note dimensions made dynamic; returns those that were not before."""
+    with _records_lock:
+        row = _recompile_row(code, where)[4]
+        new = [name for name in dims if name not in row]
+        for name in new:
+            row[name] = None
+    return new
+
+
+def _record_sizes(history: Any, guard: Any, f_locals: dict) -> None:
+    """Remember the sizes of the data inputs a capture's guard checks."""
+    from agspeed._shapes import is_data_source
+
+    for source, kind, expected in getattr(guard, "checks", ()):
+        if kind in (0, 5) and is_data_source(source, f_locals):  # _TENSOR, _DYN
+            history.record(source, expected[3])
 
 
 def _record_recompile(code: Any, where: str, reason: str) -> None:
@@ -334,7 +393,7 @@ def _record_eviction(code: Any, where: str) -> None:
 def recompiles() -> list[RecompileRecord]:
     """Every function that was captured again since ``agspeed.reset()``, most first."""
     with _records_lock:
-        rows = [RecompileRecord(w, n, tuple(r), ev) for key, (w, n, r, ev)
+        rows = [RecompileRecord(w, n, tuple(r), ev, tuple(dyn)) for key, (w, n, r, ev, dyn)
                 in _RECOMPILES.items() if key() is not None]
     return sorted(rows, key=lambda r: -r.count)
 

@@ -174,6 +174,11 @@ KNOBS: dict[str, Knob] = {
              "most cache entries kept for one function: a new one beyond it evicts the "
              "least recently used (logged under 'recompiles'); evicted entries still "
              "count toward recompile_limit"),
+        Knob("dynamic_after", "AGSPEED_DYNAMIC_AFTER", lambda: 3, _parse_positive_int,
+             (int,), _check_positive_int,
+             "distinct sizes a data input's dimension shows across one function's "
+             "captures before it becomes dynamic (one graph with a symbolic size serves "
+             "every later size); optimize(dynamic=False) turns this off"),
         Knob("guard_parameters", "AGSPEED_GUARD_PARAMETERS", lambda: False, _parse_bool,
              (bool,), _same,
              "check parameters' and buffers' dtype, device, shape, strides and "

@@ -21,7 +21,8 @@ from typing import Any, Callable
 
 from agspeed.errors import InvalidArgumentError, UnknownBackendError
 
-__all__ = ["Backend", "register_backend", "get_backend", "list_backends", "resolve"]
+__all__ = ["Backend", "register_backend", "get_backend", "list_backends", "resolve",
+           "supports_dynamic"]
 
 Backend = Callable[[Any, list], Callable[..., Any]]
 
@@ -61,6 +62,17 @@ def get_backend(name: str) -> Backend:
     if name in _builtin_names():
         return importlib.import_module(f"{__name__}.{name}").backend
     raise UnknownBackendError(f"no backend named {name!r}; known backends: {', '.join(list_backends())}")
+
+
+def supports_dynamic(backend: Backend) -> bool:
+    """Whether ``backend`` takes graphs with symbolic sizes (dynamic shapes).
+
+    A backend says no with an attribute ``supports_dynamic = False``; it then gets one
+    static graph per size.  Without the attribute the answer is yes: a GraphModule with
+    symbolic sizes runs like any other, and backends with torch.compile's signature
+    read the symbols from the placeholders' ``example_value`` metadata.
+    """
+    return bool(getattr(backend, "supports_dynamic", True))
 
 
 def resolve(backend: str | Backend) -> tuple[str, Backend]:

@@ -1,7 +1,7 @@
 """Dispatch among many cached shapes of one function: agspeed next to torch.compile.
 
 A small function is called with N different input shapes until each has its own cache
-entry (static shapes, backend "eager" on both sides), then timed on a cycle through all N
+entry (static shapes: dynamic=False and backend "eager" on both sides), then timed on a cycle through all N
 shapes, so that no recency ordering helps.  Reported per call in microseconds, and as a
 ratio to N = 1: a flat cost means dispatch does not grow with the number of entries.
 
@@ -61,7 +61,7 @@ def measure(runtime: str, n: int, rounds: int) -> float:
     torch._dynamo.reset()
     xs = inputs_for(n)
     if runtime == "agspeed":
-        fn = agspeed.optimize(work, backend="eager")
+        fn = agspeed.optimize(work, backend="eager", dynamic=False)
     elif runtime == "dynamo":
         fn = torch.compile(work, backend="eager", dynamic=False)
     else:

@@ -135,6 +135,9 @@ typedef struct {
     uint64_t last_used;    /* use clock at its last hit or insert */
     uint64_t signature;    /* the frame signature it was made for ... */
     int has_signature;     /* ... if set: lookups skip it for others */
+    int unsigned_only;     /* never signed: tried by its guard before the
+                              signature table (a dynamic-shape entry,
+                              made for many signatures) */
     int64_t *sig_words;    /* what the signature hashed (PyMem), compared
                               exactly on a hash match */
     Py_ssize_t sig_n;
@@ -333,5 +336,39 @@ int ags_is_guard_program(PyObject *obj);
  * (its arguments' tensor checks are settled). */
 int ags_guard_run(PyObject *program, PyObject *const *frame, int signed_frame,
                   PyObject **inputs);
+
+/* guards/symbolic.c: symbolic sizes in guard programs (dynamic shapes). */
+#define AGS_SYM_MAX 64          /* symbols one program may bind */
+typedef struct {
+    int active;                 /* set: the program has symbolic parts */
+    Py_ssize_t n_syms, n_exprs, n_guards;
+    int64_t **exprs;            /* postfix programs (PyMem) */
+    Py_ssize_t *expr_len;
+    Py_ssize_t *guards;         /* indices of exprs that must be non-zero */
+    PyObject *fallback;         /* NULL, or callable(values) -> bool */
+} ags_symtab;
+/* The symbols' values during one evaluation (on the C stack). */
+typedef struct {
+    int64_t v[AGS_SYM_MAX];
+    char bound[AGS_SYM_MAX];
+} ags_symvals;
+/* spec: None, or (n_syms, exprs, guard indices, fallback).  0 or -1. */
+int ags_symtab_set(ags_symtab *t, PyObject *spec);
+void ags_symtab_release(ags_symtab *t);
+void ags_symvals_init(ags_symvals *s, const ags_symtab *t);
+/* 0 with *out the value of the postfix program, -1 if it has none. */
+int ags_sym_eval(const int64_t *code, Py_ssize_t n, const ags_symvals *s,
+                 int64_t *out);
+/* A tensor against (dtype, device, sizes, strides, requires_grad) whose
+ * sizes may name symbols (< 0) and strides expressions (< 0): 1, 0, -1. */
+int ags_sym_check_tensor(const ags_symtab *t, ags_symvals *s, PyObject *v,
+                         PyObject *type, PyObject *spec);
+/* 1 if such a spec refers only to existing symbols and expressions. */
+int ags_sym_spec_ok(PyObject *spec, Py_ssize_t n_syms, Py_ssize_t n_exprs);
+/* 1 if every guard expression holds (then the fallback), 0, or -1. */
+int ags_sym_check_guards(const ags_symtab *t, ags_symvals *s);
+PyObject *ags_sym_eval_py(PyObject *module, PyObject *const *args,
+                          Py_ssize_t nargs);
+PyObject *ags_sym_ops(void);
 
 #endif /* AGS_AGSPEED_H */

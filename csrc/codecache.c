@@ -23,7 +23,8 @@
  * state keeps a hash table from signature to entries, rebuilt after each
  * insert or removal; a lookup computes the frame's signature once and runs
  * only the guards of entries with it.  Entries without a signature (no
- * guard) are tried first, most recently used first.
+ * guard, or made with signed=False: a graph with dynamic dimensions serves
+ * many signatures) are tried first, most recently used first.
  */
 #include "agspeed.h"
 #include <stddef.h>
@@ -442,15 +443,15 @@ static PyObject *
 entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"action", "guard", "compiled", "rebuild",
-                             "context", "graph", NULL};
-    int action;
+                             "context", "graph", "signed", NULL};
+    int action, sign = 1;
     PyObject *guard = Py_None, *compiled = Py_None, *rebuild = Py_None;
     PyObject *context = Py_None, *graph = Py_None;
     ags_entry *self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|OOOOO:CacheEntry", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|OOOOOp:CacheEntry", kwlist,
                                      &action, &guard, &compiled, &rebuild,
-                                     &context, &graph)) {
+                                     &context, &graph, &sign)) {
         return NULL;
     }
     if (graph != Py_None && !(PyCallable_Check(graph) && ags_is_guard_program(guard))) {
@@ -480,6 +481,7 @@ entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->rebuild = Py_NewRef(rebuild);
     self->context = Py_NewRef(context);
     self->graph = Py_NewRef(graph);
+    self->unsigned_only = !sign;
     return (PyObject *)self;
 }
 
@@ -565,9 +567,19 @@ static PyMemberDef entry_members[] = {
     {NULL}
 };
 
+static PyObject *
+entry_get_signed(ags_entry *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(!self->unsigned_only);
+}
+
 static PyGetSetDef entry_getset[] = {
     {"action_name", (getter)entry_get_action_name, NULL,
      "the action's name", NULL},
+    {"signed", (getter)entry_get_signed, NULL,
+     "False if the entry is never given a frame signature (it serves many: "
+     "a graph with dynamic dimensions) and lookups try it by its guard", NULL},
     {NULL}
 };
 
@@ -581,7 +593,7 @@ static PyType_Slot entry_slots[] = {
     {Py_tp_getset, entry_getset},
     {Py_tp_doc,
      "CacheEntry(action, guard=None, compiled=None, rebuild=None, "
-     "context=None, graph=None)\n\n"
+     "context=None, graph=None, signed=True)\n\n"
      "One decision of a capture context for a code object, kept in the "
      "code's cache and used for every later frame of it whose guard holds."},
     {0, NULL}

@@ -457,7 +457,7 @@ decide(PyObject *ctx, PyCodeObject *code, struct _PyInterpreterFrame *frame,
         state->flags |= AGS_CODE_SKIP;
     }
     else if ((entry->guard != Py_None && !entry->has_signature
-              && sign_entry(entry, code, f_locals) < 0)
+              && !entry->unsigned_only && sign_entry(entry, code, f_locals) < 0)
              || ags_cache_insert(state, entry) < 0) {
         goto error;
     }

@@ -31,8 +31,8 @@ ags_truth(ags_interp *it, const ags_value *v, int *truth)
         *truth = 1;
         return AGS_GO;
     case AGS_VK_TENSOR:
-        return ags_stopf(it, "data_dependent", "the truth of a tensor "
-                         "(Python branches on its value)");
+        /* a size node (dynamic shapes) has a guarded truth; a tensor's
+         * truth depends on its data: the builder breaks with data_dependent */
     case AGS_VK_CONST:
         out = ags_call_builder(it, "truth", "(O)", v->obj);
         if (out == NULL) {

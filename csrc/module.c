@@ -275,6 +275,10 @@ static PyMethodDef module_methods[] = {
      METH_VARARGS | METH_KEYWORDS,
      "signature_hash(data, seed=0) -> int: XXH3-64 of a bytes-like "
      "object."},
+    {"sym_eval", (PyCFunction)(void (*)(void))ags_sym_eval_py, METH_FASTCALL,
+     "sym_eval(code, values) -> int or None: a symbolic size expression "
+     "(postfix ints, see SYM_OPS) over symbol values (None: unbound); None "
+     "where it has no value (unbound symbol, overflow, division by zero)."},
     {"_probe_install", ags_probe_install, METH_NOARGS,
      "Install the test probe, a foreign evaluation function."},
     {"_probe_remove", ags_probe_remove, METH_NOARGS,
@@ -333,6 +337,11 @@ add_tables(PyObject *module)
     if (names == NULL || docs == NULL
         || PyModule_AddObjectRef(module, "ACTION_NAMES", names) < 0
         || PyModule_AddObjectRef(module, "COUNTER_DOCS", docs) < 0) {
+        goto done;
+    }
+    Py_CLEAR(docs);
+    docs = ags_sym_ops();   /* SYM_OPS: name -> (op, immediates, meaning) */
+    if (docs == NULL || PyModule_AddObjectRef(module, "SYM_OPS", docs) < 0) {
         goto done;
     }
     rc = 0;

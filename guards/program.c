@@ -14,6 +14,10 @@
  *   aliases pairs of loads that must reach one object (tied weights).
  *   probes  (function, args, expected): torch's global state (grad mode,
  *           autocast, default dtype) read by torch's own C functions.
+ *   symbols for a graph with dynamic dimensions: a DYNTENSOR check is a
+ *           tensor check whose sizes may be symbols and whose strides may
+ *           be expressions of them, and guard expressions over the
+ *           symbols must hold (guards/symbolic.c).
  *
  * Calling the program with (f_locals, f_globals, f_builtins) answers True
  * or False.  It runs no user code: attributes are found the way
@@ -32,7 +36,8 @@
 
 enum { L_LOCAL, L_GLOBAL, L_GMOD, L_ATTR, L_ITEM, L_CELL, L_TYPE, L_FGET };
 #define L_LAST L_FGET
-enum { C_TENSOR, C_EQ, C_LEN, C_ID, C_ABSENT };
+enum { C_TENSOR, C_EQ, C_LEN, C_ID, C_ABSENT, C_DYNTENSOR };
+#define C_LAST C_DYNTENSOR
 
 typedef struct {
     int op;
@@ -45,6 +50,8 @@ typedef struct {
     int kind;
     PyObject *a;         /* TENSOR/EQ/LEN: the type; ID: object or weakref */
     PyObject *b;         /* TENSOR: (dtype, device, shape, stride, grad);
+                            DYNTENSOR: the same, sizes < 0 naming symbols
+                            and strides < 0 expressions (symbolic.c);
                             EQ: the value; ID: True if a is a weakref */
     Py_ssize_t n;        /* LEN: the length */
 } g_check;
@@ -102,6 +109,7 @@ typedef struct {
     int *outputs;        /* loads read() returns, in order */
     Py_ssize_t n_outputs;
     int flags;           /* P_* */
+    ags_symtab sym;      /* symbols, expressions, guards (dynamic shapes) */
     g_memo memo;
     PyObject *weakreflist;
     vectorcallfunc vectorcall;
@@ -142,6 +150,7 @@ program_release(g_program *p)
     Py_CLEAR(p->missing);
     Py_CLEAR(p->module_type);
     Py_CLEAR(p->module_getattr);
+    ags_symtab_release(&p->sym);
 }
 
 /* ------------------------------------------------------------------ */
@@ -478,7 +487,7 @@ check_tensor(PyObject *v, const g_check *c)
 }
 
 static int
-check_one(const g_check *c, PyObject *v)
+check_one(g_program *p, ags_symvals *sv, const g_check *c, PyObject *v)
 {
     if (c->kind == C_ABSENT) {
         return v == G_MISSING;
@@ -489,6 +498,8 @@ check_one(const g_check *c, PyObject *v)
     switch (c->kind) {
     case C_TENSOR:
         return check_tensor(v, c);
+    case C_DYNTENSOR:
+        return ags_sym_check_tensor(&p->sym, sv, v, c->a, c->b);
     case C_EQ:
         /* plain types only (ints, strings, dtypes, tuples of them): their
          * equality runs no user code */
@@ -926,11 +937,13 @@ run_program(g_program *p, PyObject *const *frame, int eflags, PyObject **outputs
 {
     g_values table;
     g_memo *m = &p->memo;
+    ags_symvals sv;
     int ok = 1, fast;
 
     if (values_init(&table, p->n_loads) < 0) {
         return -1;
     }
+    ags_symvals_init(&sv, &p->sym);
     fast = memo_holds(p, frame);
     if (fast) {
         m->fast++;
@@ -950,7 +963,7 @@ run_program(g_program *p, PyObject *const *frame, int eflags, PyObject **outputs
             continue;
         }
         v = value_of(p, &table, c->slot, frame);
-        ok = v == NULL ? -1 : check_one(c, v);
+        ok = v == NULL ? -1 : check_one(p, &sv, c, v);
     }
     for (Py_ssize_t i = 0; ok == 1 && i < p->n_aliases; i++) {
         PyObject *a, *b;
@@ -960,6 +973,9 @@ run_program(g_program *p, PyObject *const *frame, int eflags, PyObject **outputs
         a = value_of(p, &table, p->aliases[2 * i], frame);
         b = a ? value_of(p, &table, p->aliases[2 * i + 1], frame) : NULL;
         ok = b == NULL ? -1 : (a == b && a != G_MISSING);
+    }
+    if (ok == 1 && p->sym.active) {
+        ok = ags_sym_check_guards(&p->sym, &sv);
     }
     for (Py_ssize_t i = 0; ok == 1 && i < PyTuple_GET_SIZE(p->probes); i++) {
         PyObject *probe = PyTuple_GET_ITEM(p->probes, i);
@@ -1113,25 +1129,31 @@ program_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 }
 
 /* _set_program(loads, checks, aliases, probes, step, missing, module_type,
- *              outputs, flags=0)
+ *              outputs, flags=0, symbolic=None)
  *   loads:  [(op, parent, key)]    checks: [(slot, kind, a, b)]
  *   aliases: [(slot, slot)]        probes: ((fn, args, expected), ...)
- *   outputs: [slot]                flags: P_CHECK_KNOWN_TENSORS | P_NO_MEMO */
+ *   outputs: [slot]                flags: P_CHECK_KNOWN_TENSORS | P_NO_MEMO
+ *   symbolic: None or (n_syms, exprs, guard indices, fallback), see
+ *             guards/symbolic.c */
 static PyObject *
 program_set(PyObject *self, PyObject *args)
 {
     g_program *p = (g_program *)self;
     PyObject *loads, *checks, *aliases, *probes, *step, *missing, *mtype, *outputs;
+    PyObject *symbolic = Py_None;
     int flags = 0;
 
-    if (!PyArg_ParseTuple(args, "O!O!O!O!OOOO!|i:_set_program", &PyList_Type, &loads,
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OOOO!|iO:_set_program", &PyList_Type, &loads,
                           &PyList_Type, &checks, &PyList_Type, &aliases,
                           &PyTuple_Type, &probes, &step, &missing, &mtype,
-                          &PyList_Type, &outputs, &flags)) {
+                          &PyList_Type, &outputs, &flags, &symbolic)) {
         return NULL;
     }
     program_release(p);
     p->flags = flags;
+    if (ags_symtab_set(&p->sym, symbolic) < 0) {
+        return NULL;
+    }
     p->n_outputs = PyList_GET_SIZE(outputs);
     p->outputs = PyMem_Calloc((size_t)p->n_outputs + 1, sizeof(int));
     if (p->outputs == NULL) {
@@ -1172,11 +1194,13 @@ program_set(PyObject *self, PyObject *args)
         Py_INCREF(c->a);
         Py_INCREF(c->b);
         if (c->slot < 0 || c->slot >= p->n_loads || c->kind < C_TENSOR
-            || c->kind > C_ABSENT
+            || c->kind > C_LAST
             || (c->kind == C_TENSOR && !(PyTuple_Check(c->b)
                 && PyTuple_GET_SIZE(c->b) == 5
                 && PyTuple_Check(PyTuple_GET_ITEM(c->b, 2))
                 && PyTuple_Check(PyTuple_GET_ITEM(c->b, 3))))
+            || (c->kind == C_DYNTENSOR
+                && !ags_sym_spec_ok(c->b, p->sym.n_syms, p->sym.n_exprs))
             || (c->kind == C_ID && c->b == Py_True && !PyWeakref_CheckRef(c->a))) {
             PyErr_Format(PyExc_ValueError, "bad guard check %zd", i);
             goto bad;
@@ -1297,10 +1321,11 @@ program_size(PyObject *self, PyObject *unused)
     g_program *p = (g_program *)self;
 
     (void)unused;
-    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n}", "loads", p->n_loads, "checks",
-                         p->n_checks, "aliases", p->n_aliases, "probes",
+    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "loads", p->n_loads,
+                         "checks", p->n_checks, "aliases", p->n_aliases, "probes",
                          p->probes ? PyTuple_GET_SIZE(p->probes) : 0,
-                         "outputs", p->n_outputs);
+                         "outputs", p->n_outputs, "symbols", p->sym.n_syms,
+                         "symbolic_guards", p->sym.n_guards);
 }
 
 static int
@@ -1322,6 +1347,7 @@ program_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(p->missing);
     Py_VISIT(p->module_type);
     Py_VISIT(p->module_getattr);
+    Py_VISIT(p->sym.fallback);
     return 0;
 }
 
@@ -1349,7 +1375,8 @@ program_dealloc(PyObject *self)
 static PyMethodDef program_methods[] = {
     {"_set_program", program_set, METH_VARARGS,
      "_set_program(loads, checks, aliases, probes, step, missing, module_type, "
-     "outputs, flags=0): compile the program (see guards/program.c)."},
+     "outputs, flags=0, symbolic=None): compile the program (see "
+     "guards/program.c)."},
     {"read", (PyCFunction)(void (*)(void))program_read, METH_FASTCALL,
      "read(f_locals, f_globals, f_builtins) -> tuple: the values of the "
      "output loads (the graph's inputs), MISSING where none."},

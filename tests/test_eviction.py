@@ -29,7 +29,7 @@ def _sizes(n):
 
 
 def test_the_least_recently_used_entry_is_evicted_and_logged():
-    opt = agspeed.optimize(work, backend="eager")
+    opt = agspeed.optimize(work, backend="eager", dynamic=False)
     a, b, c, d = _sizes(4)
     with agspeed.config.override(cache_size_limit=3, recompile_limit=100), \
             logged("recompiles") as messages:
@@ -51,7 +51,7 @@ def test_the_least_recently_used_entry_is_evicted_and_logged():
 
 
 def test_an_evicted_shape_is_captured_again_and_correct():
-    opt = agspeed.optimize(work, backend="eager")
+    opt = agspeed.optimize(work, backend="eager", dynamic=False)
     xs = _sizes(5)
     with agspeed.config.override(cache_size_limit=2, recompile_limit=100):
         for _ in range(3):
@@ -61,7 +61,7 @@ def test_an_evicted_shape_is_captured_again_and_correct():
 
 
 def test_evictions_count_toward_the_recompile_limit():
-    opt = agspeed.optimize(work, backend="eager")
+    opt = agspeed.optimize(work, backend="eager", dynamic=False)
     xs = _sizes(4)
     with agspeed.config.override(cache_size_limit=2, recompile_limit=5):
         for _ in range(4):     # a cycle of 4 shapes over 2 places
@@ -74,7 +74,7 @@ def test_evictions_count_toward_the_recompile_limit():
 
 
 def test_an_evicted_entry_and_its_graph_are_freed():
-    opt = agspeed.optimize(work, backend="eager")
+    opt = agspeed.optimize(work, backend="eager", dynamic=False)
     x, y = _sizes(2)
     with agspeed.config.override(cache_size_limit=1, recompile_limit=100):
         opt(x)

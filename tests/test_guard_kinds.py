@@ -328,7 +328,7 @@ def scaled(x):
 @pytest.mark.parametrize("bits", [64, 1])
 def test_many_shapes_each_hit_their_own_entry_even_when_signatures_collide(bits):
     backend = Counting()
-    fast = agspeed.optimize(scaled, backend=backend)
+    fast = agspeed.optimize(scaled, backend=backend, dynamic=False)  # one entry per size
     sizes = list(range(1, 13))
     try:
         _C._set_signature_bits(bits)  # 1 bit: every entry in one of two buckets
@@ -351,7 +351,7 @@ def test_many_shapes_each_hit_their_own_entry_even_when_signatures_collide(bits)
 
 
 def test_recompile_logs_closest_entry_and_verbose_lists_every_entry():
-    fast = agspeed.optimize(f_tensor, backend=Counting())
+    fast = agspeed.optimize(f_tensor, backend=Counting(), dynamic=False)
     shapes = [(2, 4), (3, 4), (4, 4)]
     with logged("recompiles", "recompiles_verbose") as messages:
         for shape in shapes:

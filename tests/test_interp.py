@@ -127,6 +127,8 @@ class Recorder:
         return fns[op](a, b)
 
     def truth(self, obj):
+        if isinstance(obj, Node):  # as GraphBuilder: only a size node has a truth
+            raise GraphBreakLike("data_dependent", "the truth of a tensor")
         return bool(obj)
 
     def iterate(self, obj, source):

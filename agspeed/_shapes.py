@@ -1,0 +1,403 @@
+"""Dynamic shapes: which dimensions a capture treats as symbolic, and what it assumed.
+
+A dimension is *static* by default: the graph is captured for its size, and guarded on it,
+so each size compiles once and is then found by the signature table.  A dimension becomes
+*dynamic* (one graph with a symbolic size serves every size of it) when:
+
+* the user asked: ``agspeed.mark_dynamic(t, dim)`` on the tensor, or
+  ``optimize(..., dynamic=True)`` for every dimension of the data inputs (tensors reached
+  from the frame's arguments other than through a module: not parameters or buffers);
+* or it kept changing: with ``dynamic`` unset (None), a data input's dimension that has
+  shown ``config.dynamic_after`` distinct sizes across the captures of one function (in
+  one context) is made dynamic at the capture that sees the last of them.
+
+``mark_static`` and ``optimize(..., dynamic=False)`` keep dimensions static; a mark is
+the more specific request and wins over the option.  A backend that declares
+``supports_dynamic = False`` gets static graphs only.
+
+Sizes 0 and 1 are always static (torch's ShapeEnv specializes them: broadcasting and
+contiguity depend on them), so a dynamic entry never serves them and they compile apart.
+
+Mechanics.  A dynamic capture runs its fake tensors under a ``ShapeEnv``: each dynamic
+dimension of an input is a fresh symbol (no "duck sizing": equal sizes do not share a
+symbol unless the code makes them equal), operations propagate symbolic sizes, and every
+decision the capture takes on a size (a branch, a slice bound, two sizes that must match)
+is recorded by the ShapeEnv as a guard.  ``SymbolicGuards`` turns those guards, and each
+symbol's value range, into postfix programs over the symbols that the C guard program
+evaluates (guards/symbolic.c), with a Python fallback for the few expressions the postfix
+language cannot say.
+
+Static captures use no ShapeEnv at all (it costs capture time); when a capture finds a
+dynamic input only after it started, it is restarted once with one (``NeedsSymbolic``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Iterable
+
+__all__ = ["mark_dynamic", "mark_static", "DimPolicy", "NeedsSymbolic", "SymbolicGuards",
+           "ShapeHistory", "is_data_source", "to_postfix"]
+
+_DYNAMIC_MARK = "_agspeed_dynamic_dims"
+_STATIC_MARK = "_agspeed_static_dims"
+# torch._dynamo's marks, honoured the same way: code written for torch.compile keeps
+# meaning what it says.
+_DYNAMO_DYNAMIC = ("_dynamo_dynamic_indices", "_dynamo_weak_dynamic_indices")
+_DYNAMO_STATIC = ("_dynamo_static_indices",)
+
+
+class NeedsSymbolic(Exception):
+    """A capture without a ShapeEnv reached an input with a dynamic dimension: capture
+    again with one (internal; never reaches the user)."""
+
+
+def _dims_of(t: Any, dim: int | Iterable[int], verb: str) -> set[int]:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"agspeed.{verb}() takes a tensor, not {type(t).__name__}")
+    dims = [dim] if isinstance(dim, int) and not isinstance(dim, bool) else list(dim)
+    out = set()
+    for d in dims:
+        if not isinstance(d, int) or isinstance(d, bool):
+            raise TypeError(f"agspeed.{verb}(): dimensions are ints, not {type(d).__name__}")
+        if not -t.dim() <= d < max(t.dim(), 1):
+            raise IndexError(f"agspeed.{verb}(): dimension {d} is out of range for a tensor "
+                             f"of {t.dim()} dimensions")
+        out.add(d % t.dim() if t.dim() else 0)
+    return out
+
+
+def _marks(t: Any, name: str) -> set[int]:
+    try:
+        found = object.__getattribute__(t, "__dict__").get(name)
+    except AttributeError:
+        return set()
+    return set(found) if found else set()
+
+
+def mark_dynamic(t: Any, dim: int | Iterable[int]) -> None:
+    """Make dimension ``dim`` (an int or several) of tensor ``t`` dynamic wherever ``t``
+    is captured: the graph serves every size of it, with no recompile per size."""
+    dims = _dims_of(t, dim, "mark_dynamic")
+    setattr(t, _DYNAMIC_MARK, _marks(t, _DYNAMIC_MARK) | dims)
+    setattr(t, _STATIC_MARK, _marks(t, _STATIC_MARK) - dims)
+
+
+def mark_static(t: Any, dim: int | Iterable[int]) -> None:
+    """Keep dimension ``dim`` of tensor ``t`` static: never made dynamic, whatever sizes
+    it shows (one graph per size)."""
+    dims = _dims_of(t, dim, "mark_static")
+    setattr(t, _STATIC_MARK, _marks(t, _STATIC_MARK) | dims)
+    setattr(t, _DYNAMIC_MARK, _marks(t, _DYNAMIC_MARK) - dims)
+
+
+def _marked(t: Any, names: tuple) -> set[int]:
+    out: set[int] = set()
+    for name in names:
+        out |= _marks(t, name)
+    return out
+
+
+def is_data_source(source: tuple, f_locals: dict) -> bool:
+    """Whether ``source`` reaches a data input: from an argument of the frame that is not
+    an nn.Module, through items and attributes only (``x``, ``batch["ids"]``,
+    ``batch.ids``).  Parameters, buffers and globals are not data."""
+    kind = source[0]
+    if kind in ("item", "attr"):
+        return is_data_source(source[1], f_locals)
+    if kind != "local":
+        return False
+    import torch
+
+    return not isinstance(f_locals.get(source[1]), torch.nn.Module)
+
+
+class ShapeHistory:
+    """The sizes each data input of one function showed at its captures (in one context):
+    source -> one set of sizes per dimension."""
+
+    __slots__ = ("sizes",)
+
+    def __init__(self) -> None:
+        self.sizes: dict[tuple, list[set[int]]] = {}
+
+    def seen(self, source: tuple, ndim: int) -> list[set[int]] | None:
+        got = self.sizes.get(source)
+        return got if got is not None and len(got) == ndim else None
+
+    def record(self, source: tuple, shape: tuple) -> None:
+        """Add the sizes of ``shape``; symbolic ones (already dynamic) are skipped."""
+        got = self.seen(source, len(shape))
+        if got is None:
+            got = self.sizes[source] = [set() for _ in shape]
+        for d, size in enumerate(shape):
+            if isinstance(size, int) and len(got[d]) < 64:   # bounded memory
+                got[d].add(size)
+
+
+class DimPolicy:
+    """Which dimensions of each input one capture makes dynamic, and why.
+
+    ``mode`` is ``optimize(dynamic=...)``: None (automatic), True or False.
+    """
+
+    def __init__(self, mode: bool | None, after: int, history: ShapeHistory | None,
+                 f_locals: dict, supported: bool = True):
+        self.mode = mode
+        self.after = after
+        self.history = history
+        self.f_locals = f_locals
+        self.supported = supported
+        self.decided: dict[tuple, dict[int, str]] = {}   # source -> dim -> why
+
+    def decide(self, source: Any, value: Any) -> dict[int, str]:
+        """``{dim: why}`` for the dimensions of ``value`` (reached by ``source``) that this
+        capture makes dynamic (sizes 0 and 1 included: the ShapeEnv keeps them static)."""
+        if not self.supported or not isinstance(source, tuple):
+            return {}
+        shape = tuple(value.shape)
+        static = _marked(value, (_STATIC_MARK, *_DYNAMO_STATIC))
+        marked = _marked(value, (_DYNAMIC_MARK, *_DYNAMO_DYNAMIC)) - static
+        out = {d: "marked dynamic" for d in marked if d < len(shape)}
+        data = None
+        if self.mode is not False:
+            data = is_data_source(source, self.f_locals)
+        if self.mode is True and data:
+            out.update({d: "optimize(dynamic=True)" for d in range(len(shape))
+                        if d not in static and d not in out})
+        elif self.mode is None and data and self.history is not None:
+            seen = self.history.seen(source, len(shape)) or [set() for _ in shape]
+            for d in range(len(shape)):
+                if d in static or d in out:
+                    continue
+                sizes = seen[d] | {shape[d]}
+                if len(sizes) >= self.after:
+                    shown = ", ".join(map(str, sorted(sizes)[:8]))
+                    out[d] = (f"{len(sizes)} distinct sizes ({shown}) reached "
+                              f"dynamic_after={self.after}")
+        if out:
+            self.decided[source] = out
+        return out
+
+
+def fake_input(fake_mode: Any, source: tuple, name: str, value: Any,
+               dims: dict[int, str]) -> Any:
+    """A fake tensor for ``value`` whose dimensions ``dims`` are fresh symbols."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC
+             for d in range(value.dim())]
+    return fake_mode.from_tensor(value, symbolic_context=StatelessSymbolicContext(
+        dynamic_sizes=sizes), source=ConstantSource(name))
+
+
+# -- the postfix language of guards/symbolic.c --------------------------------------------
+
+def _ops() -> dict[str, int]:
+    from agspeed import _C
+
+    return {name: row[0] for name, row in _C.SYM_OPS.items()}
+
+
+# sympy class names (torch's own functions included) -> (postfix op, n-ary fold)
+_FOLDS = {"Add": "ADD", "Mul": "MUL", "Max": "MAX", "Min": "MIN", "And": "AND", "Or": "OR"}
+_BINARY = {"FloorDiv": "FLOORDIV", "CleanDiv": "FLOORDIV", "IntTrueDiv": None,
+           "Mod": "MOD", "PythonMod": "MOD", "Pow": "POW", "PowByNatural": "POW",
+           "Equality": "EQ", "Unequality": "NE", "StrictLessThan": "LT", "LessThan": "LE",
+           "StrictGreaterThan": "GT", "GreaterThan": "GE"}
+
+
+def to_postfix(expr: Any, index: dict) -> tuple | None:
+    """``expr`` (a sympy integer or boolean expression over the symbols of ``index``,
+    symbol -> slot) as a postfix program of guards/symbolic.c, or None where the language
+    cannot say it (fractions, unknown functions, symbols outside ``index``)."""
+    ops = _ops()
+    out: list[int] = []
+
+    def emit(e: Any) -> bool:
+        if e is True or getattr(e, "is_Boolean", False) and e.__class__.__name__ in (
+                "BooleanTrue", "BooleanFalse"):
+            out.extend((ops["CONST"], 1 if bool(e) else 0))
+            return True
+        if getattr(e, "is_Integer", False):
+            value = int(e)
+            if not -(1 << 63) <= value < (1 << 63):
+                return False
+            out.extend((ops["CONST"], value))
+            return True
+        if getattr(e, "is_Symbol", False):
+            k = index.get(e)
+            if k is None:
+                return False
+            out.extend((ops["SYM"], k))
+            return True
+        name = type(e).__name__
+        args = getattr(e, "args", ())
+        if name in _FOLDS and args:
+            if not emit(args[0]):
+                return False
+            for a in args[1:]:
+                if not emit(a):
+                    return False
+                out.append(ops[_FOLDS[name]])
+            return True
+        if name == "Not" and len(args) == 1:
+            if not emit(args[0]):
+                return False
+            out.append(ops["NOT"])
+            return True
+        op = _BINARY.get(name)
+        if op is not None and len(args) == 2:
+            if op == "POW" and not (getattr(args[1], "is_Integer", False) and int(args[1]) >= 0):
+                return False
+            if not (emit(args[0]) and emit(args[1])):
+                return False
+            out.append(ops[op])
+            return True
+        return False
+
+    return tuple(out) if emit(expr) else None
+
+
+class SymbolicGuards:
+    """What a dynamic capture assumed about its symbols, ready for the guard program.
+
+    ``symbols``: the input symbols in slot order, with ``names`` ("x.size(0)");
+    ``specs``: input source -> (sizes, strides) with symbols and sympy expressions;
+    ``guards``: sympy booleans that must hold (the ShapeEnv's guards and each symbol's
+    value range); ``specialized``: names of dimensions asked dynamic that the capture
+    pinned to one value anyway.
+    """
+
+    def __init__(self, builder: Any):
+        import sympy
+
+        env = builder.fake_mode.shape_env
+        self.symbols: list = []
+        self.names: list[str] = []
+        self.dims: list[tuple] = []       # (source, dim) per symbol
+        self.specs: dict[tuple, tuple] = {}
+        for source, (node, _value) in builder._inputs.items():
+            fake = node.meta["example_value"]
+            sizes = tuple(_raw(s) for s in fake.size())
+            strides = tuple(_raw(s) for s in fake.stride())
+            if all(isinstance(s, int) for s in sizes + strides):
+                continue
+            self.specs[source] = (sizes, strides)
+            for d, s in enumerate(sizes):
+                if not isinstance(s, int) and s not in self.symbols:
+                    from agspeed._sources import describe
+
+                    self.symbols.append(s)
+                    self.names.append(f"{describe(source)}.size({d})")
+                    self.dims.append((source, d))
+        index = set(self.symbols)
+        guards: list = []
+        for g in env.guards:
+            expr = g.expr
+            if not expr.free_symbols <= index:
+                raise ValueError(f"a guard on a size no input gives: {expr}")
+            guards.append(expr)
+        for s in self.symbols:
+            vr = env.var_to_range.get(s)
+            if vr is None:
+                continue
+            if getattr(vr.lower, "is_Integer", False):
+                guards.append(sympy.Ge(s, int(vr.lower)))
+            if getattr(vr.upper, "is_Integer", False):
+                guards.append(sympy.Le(s, int(vr.upper)))
+        seen: set = set()
+        self.guards = []
+        for g in guards:
+            if g is sympy.true or g in seen:
+                continue
+            seen.add(g)
+            self.guards.append(g)
+        self.specialized = [n for s, n in zip(self.symbols, self.names)
+                            if _pinned(env, s)]
+        self._readable = {s: sympy.Symbol(n, integer=True)
+                          for s, n in zip(self.symbols, self.names)}
+
+    def readable(self, expr: Any) -> str:
+        """``expr`` with each symbol named by its input's dimension."""
+        try:
+            return str(expr.xreplace(self._readable))
+        except AttributeError:
+            return str(expr)
+
+    def holds(self, expr: Any, values: dict) -> bool:
+        """``expr`` evaluated by sympy for symbol values ``values`` (the slow path)."""
+        import sympy
+
+        got = expr.xreplace({s: sympy.Integer(v) for s, v in values.items()})
+        return bool(got) if got in (sympy.true, sympy.false) or isinstance(got, bool) \
+            else bool(got != 0)
+
+    def value(self, expr: Any, values: dict) -> int:
+        """The integer value of ``expr`` for symbol values ``values``."""
+        import sympy
+
+        return int(expr.xreplace({s: sympy.Integer(v) for s, v in values.items()}))
+
+    def program(self) -> tuple[tuple, dict]:
+        """``(symbolic, stride_slots)`` for the C program: symbolic is (n_syms, exprs,
+        guard indices, fallback); stride_slots maps each symbolic stride expression to
+        its index among exprs."""
+        index = {s: k for k, s in enumerate(self.symbols)}
+        exprs: list[tuple] = []
+        slots: dict = {}
+        for sizes, strides in self.specs.values():
+            for st in strides:
+                if not isinstance(st, int) and st not in slots:
+                    code = to_postfix(st, index)
+                    if code is None:
+                        raise ValueError(f"a stride the guard cannot compute: {st}")
+                    slots[st] = len(exprs)
+                    exprs.append(code)
+        guard_slots, slow = [], []
+        for g in self.guards:
+            code = to_postfix(g, index)
+            if code is None:
+                slow.append(g)
+            else:
+                guard_slots.append(len(exprs))
+                exprs.append(code)
+        fallback = None
+        if slow:
+            symbols = list(self.symbols)
+
+            def fallback(values: tuple) -> bool:
+                bound = {s: v for s, v in zip(symbols, values) if v is not None}
+                return all(self.holds(g, bound) for g in slow)
+        return (len(self.symbols), tuple(exprs), tuple(guard_slots), fallback), slots
+
+
+def _raw(size: Any) -> Any:
+    """An int, or the sympy expression of a SymInt as the capture made it."""
+    if isinstance(size, int):
+        return size
+    node = size.node
+    concrete = node.maybe_as_int() if hasattr(node, "maybe_as_int") else None
+    if concrete is not None:
+        return int(concrete)
+    return getattr(node, "_expr", node.expr)
+
+
+def _pinned(env: Any, symbol: Any) -> bool:
+    """Whether the capture fixed ``symbol`` to one value (a guard made it a constant)."""
+    replaced = env.replacements.get(symbol)
+    if replaced is not None and getattr(replaced, "is_Integer", False):
+        return True
+    vr = env.var_to_range.get(symbol)
+    return vr is not None and getattr(vr.lower, "is_Integer", False) and vr.lower == vr.upper
+
+
+def history_of(table: weakref.WeakKeyDictionary, code: Any) -> ShapeHistory:
+    """The ShapeHistory of ``code`` in ``table``, made on first use."""
+    got = table.get(code)
+    if got is None:
+        got = table[code] = ShapeHistory()
+    return got

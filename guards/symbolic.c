@@ -1,0 +1,620 @@
+/* symbolic.c: symbolic sizes in guard programs (dynamic shapes).
+ *
+ * A graph captured with a dynamic dimension serves every size of it for
+ * which the assumptions the capture made about that size still hold.  The
+ * guard program that decides this keeps, besides its ordinary checks:
+ *
+ *   symbols   n_syms integer slots, one per dynamic dimension of an input
+ *             (s0 = x.size(0), ...).  A DYNTENSOR check binds a slot to the
+ *             size it reads the first time, and compares it after that (two
+ *             dimensions the capture found equal share a slot).
+ *   exprs     integer expressions over the symbols, each a little postfix
+ *             program of int64 words (AGS_SYM_OPS below).  A dynamic
+ *             tensor's symbolic strides refer to them (a contiguous
+ *             x[s0, 16, s1] has strides 16*s1, s1, 1), and so do the guards.
+ *   guards    the expressions that must be non-zero: the facts the capture
+ *             relied on (s0 >= 2, Eq(s0, s1), s1 <= 64), harvested from
+ *             torch's ShapeEnv by agspeed/_shapes.py.
+ *   fallback  None, or a Python callable given the tuple of symbol values
+ *             for guards the postfix language cannot say (rare: division
+ *             to a fraction, say).  It runs only after everything else
+ *             passed.
+ *
+ * Evaluation never raises for a value: an unbound symbol, a division by
+ * zero or an int64 overflow makes the guard fail, so the call is captured
+ * again, which is always correct.
+ *
+ * Rejected: evaluating the guards as sympy expressions (a Python call and
+ * several allocations per hit), or as Python code compiled from them (one
+ * Python frame per hit, and the hook runs guards with frames off).
+ */
+#include "agspeed.h"
+
+/* The postfix operations: name, immediate words, meaning.  A program is a
+ * sequence of words: an op, then its immediates. */
+#define AGS_SYM_OPS(X) \
+    X(CONST, 1, "push the immediate") \
+    X(SYM, 1, "push the value of symbol <immediate>; fails if unbound") \
+    X(ADD, 0, "a + b") \
+    X(MUL, 0, "a * b") \
+    X(NEG, 0, "-a") \
+    X(FLOORDIV, 0, "floor(a / b), as Python's //; b == 0 fails") \
+    X(MOD, 0, "a % b with the sign of b, as Python's %; b == 0 fails") \
+    X(POW, 0, "a ** b for b >= 0; b < 0 fails") \
+    X(MIN, 0, "min(a, b)") \
+    X(MAX, 0, "max(a, b)") \
+    X(EQ, 0, "a == b (1 or 0)") \
+    X(NE, 0, "a != b") \
+    X(LT, 0, "a < b") \
+    X(LE, 0, "a <= b") \
+    X(GT, 0, "a > b") \
+    X(GE, 0, "a >= b") \
+    X(AND, 0, "a and b, as 1 or 0") \
+    X(OR, 0, "a or b, as 1 or 0") \
+    X(NOT, 0, "not a")
+
+enum {
+#define AGS_X(name, imm, doc) SYM_##name,
+    AGS_SYM_OPS(AGS_X)
+#undef AGS_X
+    SYM_N_OPS
+};
+
+static const int op_immediates[] = {
+#define AGS_X(name, imm, doc) imm,
+    AGS_SYM_OPS(AGS_X)
+#undef AGS_X
+};
+
+/* Operands each op pops (CONST and SYM pop none, NEG and NOT one). */
+static int
+op_pops(int64_t op)
+{
+    return op == SYM_CONST || op == SYM_SYM ? 0
+           : op == SYM_NEG || op == SYM_NOT ? 1 : 2;
+}
+
+/* The deepest stack a program may need: more is refused when it is set. */
+#define SYM_STACK 64
+
+/* ------------------------------------------------------------------ */
+/* Evaluation */
+
+static int
+floordiv(int64_t a, int64_t b, int64_t *out)
+{
+    int64_t q;
+
+    if (b == 0 || (a == INT64_MIN && b == -1)) {
+        return -1;
+    }
+    q = a / b;
+    if ((a % b != 0) && ((a < 0) != (b < 0))) {
+        q--;
+    }
+    *out = q;
+    return 0;
+}
+
+static int
+pymod(int64_t a, int64_t b, int64_t *out)
+{
+    int64_t r;
+
+    if (b == 0) {
+        return -1;
+    }
+    if (b == -1) {
+        *out = 0;
+        return 0;
+    }
+    r = a % b;
+    if (r != 0 && ((r < 0) != (b < 0))) {
+        r += b;
+    }
+    *out = r;
+    return 0;
+}
+
+static int
+ipow(int64_t a, int64_t b, int64_t *out)
+{
+    int64_t r = 1;
+
+    if (b < 0) {
+        return -1;
+    }
+    while (b-- > 0) {
+        if (__builtin_mul_overflow(r, a, &r)) {
+            return -1;
+        }
+    }
+    *out = r;
+    return 0;
+}
+
+/* The value of one operation on a and b (b unused for one-operand ops).
+ * 0, or -1 if it has none (overflow, division by zero). */
+static int
+apply(int64_t op, int64_t a, int64_t b, int64_t *out)
+{
+    switch (op) {
+    case SYM_ADD:
+        return __builtin_add_overflow(a, b, out) ? -1 : 0;
+    case SYM_MUL:
+        return __builtin_mul_overflow(a, b, out) ? -1 : 0;
+    case SYM_NEG:
+        return __builtin_sub_overflow((int64_t)0, a, out) ? -1 : 0;
+    case SYM_FLOORDIV:
+        return floordiv(a, b, out);
+    case SYM_MOD:
+        return pymod(a, b, out);
+    case SYM_POW:
+        return ipow(a, b, out);
+    case SYM_MIN:
+        *out = a < b ? a : b;
+        return 0;
+    case SYM_MAX:
+        *out = a > b ? a : b;
+        return 0;
+    case SYM_EQ:
+        *out = a == b;
+        return 0;
+    case SYM_NE:
+        *out = a != b;
+        return 0;
+    case SYM_LT:
+        *out = a < b;
+        return 0;
+    case SYM_LE:
+        *out = a <= b;
+        return 0;
+    case SYM_GT:
+        *out = a > b;
+        return 0;
+    case SYM_GE:
+        *out = a >= b;
+        return 0;
+    case SYM_AND:
+        *out = a != 0 && b != 0;
+        return 0;
+    case SYM_OR:
+        *out = a != 0 || b != 0;
+        return 0;
+    case SYM_NOT:
+        *out = a == 0;
+        return 0;
+    }
+    return -1;
+}
+
+int
+ags_sym_eval(const int64_t *code, Py_ssize_t n, const ags_symvals *s,
+             int64_t *out)
+{
+    int64_t stack[SYM_STACK];
+    int sp = 0;
+
+    for (Py_ssize_t pc = 0; pc < n; pc++) {
+        int64_t op = code[pc];
+
+        if (op == SYM_CONST) {
+            stack[sp++] = code[++pc];
+        }
+        else if (op == SYM_SYM) {
+            int64_t k = code[++pc];
+            if (!s->bound[k]) {
+                return -1;
+            }
+            stack[sp++] = s->v[k];
+        }
+        else if (op_pops(op) == 1) {
+            if (apply(op, stack[sp - 1], 0, &stack[sp - 1]) < 0) {
+                return -1;
+            }
+        }
+        else {
+            sp--;
+            if (apply(op, stack[sp - 1], stack[sp], &stack[sp - 1]) < 0) {
+                return -1;
+            }
+        }
+    }
+    *out = stack[0];
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Tables */
+
+/* 0 if `code` (n words) is a well-formed program over n_syms symbols that
+ * leaves exactly one value; -1 with ValueError if not.  Evaluation relies
+ * on this and checks nothing of the shape again. */
+static int
+validate(const int64_t *code, Py_ssize_t n, Py_ssize_t n_syms)
+{
+    int depth = 0;
+
+    for (Py_ssize_t pc = 0; pc < n; pc++) {
+        int64_t op = code[pc];
+
+        if (op < 0 || op >= SYM_N_OPS) {
+            goto bad;
+        }
+        if (op_immediates[op] && ++pc >= n) {
+            goto bad;
+        }
+        if (op == SYM_SYM && (code[pc] < 0 || code[pc] >= n_syms)) {
+            goto bad;
+        }
+        if (depth < op_pops(op)) {
+            goto bad;
+        }
+        depth += 1 - op_pops(op);   /* every op pushes one value */
+        if (depth > SYM_STACK) {
+            goto bad;
+        }
+    }
+    if (depth == 1) {
+        return 0;
+    }
+bad:
+    PyErr_SetString(PyExc_ValueError, "bad symbolic size expression");
+    return -1;
+}
+
+/* A new PyMem array of the ints of the tuple `words`, validated. */
+static int64_t *
+read_program(PyObject *words, Py_ssize_t n_syms, Py_ssize_t *n)
+{
+    int64_t *code;
+
+    if (!PyTuple_Check(words)) {
+        PyErr_SetString(PyExc_TypeError, "a symbolic expression is a tuple of ints");
+        return NULL;
+    }
+    *n = PyTuple_GET_SIZE(words);
+    code = PyMem_Calloc((size_t)*n + 1, sizeof(int64_t));
+    if (code == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        code[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(words, i));
+        if (code[i] == -1 && PyErr_Occurred()) {
+            PyMem_Free(code);
+            return NULL;
+        }
+    }
+    if (validate(code, *n, n_syms) < 0) {
+        PyMem_Free(code);
+        return NULL;
+    }
+    return code;
+}
+
+void
+ags_symtab_release(ags_symtab *t)
+{
+    for (Py_ssize_t i = 0; i < t->n_exprs; i++) {
+        PyMem_Free(t->exprs[i]);
+    }
+    PyMem_Free(t->exprs);
+    PyMem_Free(t->expr_len);
+    PyMem_Free(t->guards);
+    Py_CLEAR(t->fallback);
+    memset(t, 0, sizeof(*t));
+}
+
+int
+ags_symtab_set(ags_symtab *t, PyObject *spec)
+{
+    PyObject *exprs, *guards, *fallback;
+    Py_ssize_t n_syms;
+
+    ags_symtab_release(t);
+    if (spec == Py_None) {
+        return 0;
+    }
+    if (!PyArg_ParseTuple(spec, "nO!O!O:symbolic", &n_syms, &PyTuple_Type,
+                          &exprs, &PyTuple_Type, &guards, &fallback)) {
+        return -1;
+    }
+    if (n_syms < 0 || n_syms > AGS_SYM_MAX) {
+        PyErr_Format(PyExc_ValueError, "a guard program has 0 to %d symbols",
+                     AGS_SYM_MAX);
+        return -1;
+    }
+    t->n_syms = n_syms;
+    t->n_exprs = PyTuple_GET_SIZE(exprs);
+    t->n_guards = PyTuple_GET_SIZE(guards);
+    t->exprs = PyMem_Calloc((size_t)t->n_exprs + 1, sizeof(int64_t *));
+    t->expr_len = PyMem_Calloc((size_t)t->n_exprs + 1, sizeof(Py_ssize_t));
+    t->guards = PyMem_Calloc((size_t)t->n_guards + 1, sizeof(Py_ssize_t));
+    if (!t->exprs || !t->expr_len || !t->guards) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (Py_ssize_t i = 0; i < t->n_exprs; i++) {
+        t->exprs[i] = read_program(PyTuple_GET_ITEM(exprs, i), n_syms,
+                                   &t->expr_len[i]);
+        if (t->exprs[i] == NULL) {
+            t->n_exprs = i;   /* release only what was made */
+            goto error;
+        }
+    }
+    for (Py_ssize_t i = 0; i < t->n_guards; i++) {
+        Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(guards, i));
+        if (k < 0 || k >= t->n_exprs) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "a symbolic guard names no expression");
+            }
+            goto error;
+        }
+        t->guards[i] = k;
+    }
+    if (fallback != Py_None && !PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "the symbolic fallback must be None or callable");
+        goto error;
+    }
+    t->fallback = fallback == Py_None ? NULL : Py_NewRef(fallback);
+    t->active = 1;
+    return 0;
+error:
+    ags_symtab_release(t);
+    return -1;
+}
+
+void
+ags_symvals_init(ags_symvals *s, const ags_symtab *t)
+{
+    memset(s->bound, 0, (size_t)t->n_syms);
+}
+
+/* ------------------------------------------------------------------ */
+/* Checks */
+
+/* Compares one size or stride `got` with its spec word: >= 0 a constant,
+ * < 0 a symbol (sizes) or an expression (strides). */
+static int
+match_size(ags_symvals *s, int64_t want, int64_t got)
+{
+    int64_t k;
+
+    if (want >= 0) {
+        return got == want;
+    }
+    k = -want - 1;
+    if (!s->bound[k]) {
+        s->bound[k] = 1;
+        s->v[k] = got;
+        return 1;
+    }
+    return s->v[k] == got;
+}
+
+static int
+match_stride(const ags_symtab *t, ags_symvals *s, int64_t want, int64_t got)
+{
+    int64_t k, value;
+
+    if (want >= 0) {
+        return got == want;
+    }
+    k = -want - 1;
+    if (k >= t->n_exprs
+        || ags_sym_eval(t->exprs[k], t->expr_len[k], s, &value) < 0) {
+        return 0;
+    }
+    return value == got;
+}
+
+/* 1 if the int sequence `seq` (a new reference, or NULL after an error)
+ * matches `spec` word by word through `match`, 0 if not, -1 on error. */
+static int
+match_ints(const ags_symtab *t, ags_symvals *s, PyObject *seq, PyObject *spec,
+           int strides)
+{
+    Py_ssize_t n;
+    int ok = 1;
+
+    if (seq == NULL) {
+        return -1;
+    }
+    n = PyTuple_GET_SIZE(spec);
+    if (!PyTuple_Check(seq) || PyTuple_GET_SIZE(seq) != n) {
+        Py_DECREF(seq);
+        return 0;
+    }
+    for (Py_ssize_t i = 0; ok == 1 && i < n; i++) {
+        long long got = PyLong_AsLongLong(PyTuple_GET_ITEM(seq, i));
+        long long want = PyLong_AsLongLong(PyTuple_GET_ITEM(spec, i));
+        if ((got == -1 || want == -1) && PyErr_Occurred()) {
+            ok = -1;
+        }
+        else {
+            ok = strides ? match_stride(t, s, want, got) : match_size(s, want, got);
+        }
+    }
+    Py_DECREF(seq);
+    return ok;
+}
+
+/* 1 if v.<name> is `want` (dtypes and bools are singletons). */
+static int
+attr_is(PyObject *v, PyObject *name, PyObject *want)
+{
+    PyObject *got = PyObject_GetAttr(v, name);
+
+    if (got == NULL) {
+        return -1;
+    }
+    Py_DECREF(got);
+    return got == want;
+}
+
+int
+ags_sym_check_tensor(const ags_symtab *t, ags_symvals *s, PyObject *v,
+                     PyObject *type, PyObject *spec)
+{
+    PyObject *device;
+    int ok;
+
+    if ((PyObject *)Py_TYPE(v) != type) {
+        return 0;
+    }
+    ok = attr_is(v, ags_tnames.dtype, PyTuple_GET_ITEM(spec, 0));
+    if (ok == 1) {
+        ok = attr_is(v, ags_tnames.requires_grad, PyTuple_GET_ITEM(spec, 4));
+    }
+    if (ok == 1) {
+        ok = match_ints(t, s, PyObject_GetAttr(v, ags_tnames.shape),
+                        PyTuple_GET_ITEM(spec, 2), 0);
+    }
+    if (ok == 1) {
+        ok = match_ints(t, s, PyObject_CallMethodNoArgs(v, ags_tnames.stride),
+                        PyTuple_GET_ITEM(spec, 3), 1);
+    }
+    if (ok == 1) {
+        device = PyObject_GetAttr(v, ags_tnames.device);
+        ok = device == NULL ? -1
+             : PyObject_RichCompareBool(device, PyTuple_GET_ITEM(spec, 1), Py_EQ);
+        Py_XDECREF(device);
+    }
+    return ok;
+}
+
+int
+ags_sym_spec_ok(PyObject *spec, Py_ssize_t n_syms, Py_ssize_t n_exprs)
+{
+    PyObject *sizes, *strides;
+
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) {
+        return 0;
+    }
+    sizes = PyTuple_GET_ITEM(spec, 2);
+    strides = PyTuple_GET_ITEM(spec, 3);
+    if (!PyTuple_Check(sizes) || !PyTuple_Check(strides)
+        || PyTuple_GET_SIZE(sizes) != PyTuple_GET_SIZE(strides)) {
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(sizes); i++) {
+        long long a = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, i));
+        long long b = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, i));
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        if ((a < 0 && -a - 1 >= n_syms) || (b < 0 && -b - 1 >= n_exprs)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int
+ags_sym_check_guards(const ags_symtab *t, ags_symvals *s)
+{
+    PyObject *values, *verdict;
+    int ok;
+
+    for (Py_ssize_t i = 0; i < t->n_guards; i++) {
+        Py_ssize_t k = t->guards[i];
+        int64_t value;
+        if (ags_sym_eval(t->exprs[k], t->expr_len[k], s, &value) < 0 || value == 0) {
+            return 0;
+        }
+    }
+    if (t->fallback == NULL) {
+        return 1;
+    }
+    values = PyTuple_New(t->n_syms);
+    for (Py_ssize_t k = 0; values != NULL && k < t->n_syms; k++) {
+        PyObject *item = s->bound[k] ? PyLong_FromLongLong(s->v[k])
+                                     : Py_NewRef(Py_None);
+        if (item == NULL) {
+            Py_CLEAR(values);
+            break;
+        }
+        PyTuple_SET_ITEM(values, k, item);
+    }
+    if (values == NULL) {
+        return -1;
+    }
+    verdict = PyObject_CallOneArg(t->fallback, values);
+    Py_DECREF(values);
+    if (verdict == NULL) {
+        return -1;
+    }
+    ok = PyObject_IsTrue(verdict);
+    Py_DECREF(verdict);
+    return ok;
+}
+
+/* ------------------------------------------------------------------ */
+/* For Python: the op table and an evaluator, for agspeed/_shapes.py and
+ * tests. */
+
+/* sym_eval(code, values) -> int or None: `code` (a tuple of ints) over the
+ * symbols `values` (a tuple of ints, None for unbound); None where the
+ * expression has no value. */
+PyObject *
+ags_sym_eval_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    ags_symvals s;
+    int64_t *code, out = 0;
+    Py_ssize_t n, n_syms;
+    int rc;
+
+    (void)module;
+    if (nargs != 2 || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "sym_eval(code, values): two tuples");
+        return NULL;
+    }
+    n_syms = PyTuple_GET_SIZE(args[1]);
+    if (n_syms > AGS_SYM_MAX) {
+        PyErr_Format(PyExc_ValueError, "at most %d symbols", AGS_SYM_MAX);
+        return NULL;
+    }
+    memset(s.bound, 0, sizeof(s.bound));
+    for (Py_ssize_t k = 0; k < n_syms; k++) {
+        PyObject *item = PyTuple_GET_ITEM(args[1], k);
+        if (item == Py_None) {
+            continue;
+        }
+        s.v[k] = PyLong_AsLongLong(item);
+        if (s.v[k] == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        s.bound[k] = 1;
+    }
+    code = read_program(args[0], n_syms, &n);
+    if (code == NULL) {
+        return NULL;
+    }
+    rc = ags_sym_eval(code, n, &s, &out);
+    PyMem_Free(code);
+    if (rc < 0) {
+        Py_RETURN_NONE;
+    }
+    return PyLong_FromLongLong(out);
+}
+
+/* {"ADD": (op, immediates, meaning), ...} */
+PyObject *
+ags_sym_ops(void)
+{
+    PyObject *out = PyDict_New();
+
+#define AGS_X(name, imm, doc) \
+    if (out != NULL) { \
+        PyObject *row = Py_BuildValue("(iis)", SYM_##name, imm, doc); \
+        if (row == NULL || PyDict_SetItemString(out, #name, row) < 0) { \
+            Py_CLEAR(out); \
+        } \
+        Py_XDECREF(row); \
+    }
+    AGS_SYM_OPS(AGS_X)
+#undef AGS_X
+    return out;
+}
