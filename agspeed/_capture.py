@@ -137,6 +137,9 @@ def _binds(expected: tuple, spec: tuple, sym: Any, bound: dict) -> bool:
                 return False
         elif bound.setdefault(want, got) != got:
             return False
+    for want, got in zip(strides, spec[4]):   # a stride of its own first (non-dense)
+        if getattr(want, "is_Symbol", False) and bound.setdefault(want, got) != got:
+            return False
     for want, got in zip(strides, spec[4]):
         if isinstance(want, int):
             if want != got:

@@ -707,13 +707,18 @@ class GraphBuilder:
         torch = self._torch
         if isinstance(container, self.node_type):
             return self.call_function(operator.getitem, (container, index)), None
+        if self._sym_types:   # sizes as the indices of a known sequence: taken now
+            index = self._specialize(index)
+            if type(index) is slice:
+                index = slice(*(self._specialize(v) for v in (index.start, index.stop,
+                                                              index.step)))
         if isinstance(index, self.node_type):
             raise GraphBreak("unsupported_value", "indexing a sequence with a tensor")
         if isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential,
                                   torch.nn.ModuleDict, torch.nn.ParameterList,
                                   torch.nn.ParameterDict)):
             return self._module_item(container, index, source)
-        if type(container) in (tuple, list, dict, str, torch.Size, range) or \
+        if type(container) in (tuple, list, dict, str, torch.Size, range, SymShape) or \
                 is_namedtuple_type(type(container)):
             try:
                 out = container[index]

@@ -278,16 +278,19 @@ class Context:
         seen before the dimension went dynamic).  Those drops are replacements, not
         evictions: they do not count toward the recompile limit."""
         sym = guard.sym
-        new = _record_dynamic(code, where, sym.names)
-        for (source, d), name in zip(sym.dims, sym.names):
+        sizes = [(source, d, name) for (source, what, d), name in zip(sym.dims, sym.names)
+                 if what == "size"]
+        new = _record_dynamic(code, where, [name for _, _, name in sizes])
+        for source, d, name in sizes:
             why = shapes.decided.get(source, {}).get(d, "dynamic")
             if name in new and log.enabled("recompiles"):
                 _recompiles_log.info("%s: %s is dynamic from now on (%s): one graph "
                                      "serves every size of it", where, name, why)
-        for name in sym.specialized:
-            _recompiles_log.info("%s: %s was made dynamic but the code fixes it to one "
-                                 "value (a size guard pins it): it recompiles per size",
-                                 where, name)
+        for name in _record_dynamic(code, where, sym.specialized, pinned=True):
+            if log.enabled("recompiles"):
+                _recompiles_log.info("%s: %s was made dynamic but the code fixes it to "
+                                     "one value (a size guard pins it): it stays static",
+                                     where, name)
         replaced = 0
         for old in entries:
             if guard.covers(old.guard) and _C.evict(code, old):
@@ -359,13 +362,14 @@ def _recompile_row(code: Any, where: str) -> list:
                                   [where, 0, collections.deque(maxlen=16), 0, {}])
 
 
-def _record_dynamic(code: Any, where: str, dims: list) -> list:
-    """Note dimensions made dynamic; returns those that were not before."""
+def _record_dynamic(code: Any, where: str, dims: list, pinned: bool = False) -> list:
+    """Note dimensions made dynamic (or, ``pinned``, asked dynamic but fixed by the
+    code); returns those not noted before."""
     with _records_lock:
         row = _recompile_row(code, where)[4]
-        new = [name for name in dims if name not in row]
+        new = [name for name in dims if (name, pinned) not in row]
         for name in new:
-            row[name] = None
+            row[(name, pinned)] = None
     return new
 
 
@@ -393,8 +397,9 @@ def _record_eviction(code: Any, where: str) -> None:
 def recompiles() -> list[RecompileRecord]:
     """Every function that was captured again since ``agspeed.reset()``, most first."""
     with _records_lock:
-        rows = [RecompileRecord(w, n, tuple(r), ev, tuple(dyn)) for key, (w, n, r, ev, dyn)
-                in _RECOMPILES.items() if key() is not None]
+        rows = [RecompileRecord(w, n, tuple(r), ev,
+                                tuple(name for name, pinned in dyn if not pinned))
+                for key, (w, n, r, ev, dyn) in _RECOMPILES.items() if key() is not None]
     return sorted(rows, key=lambda r: -r.count)
 
 

@@ -275,31 +275,46 @@ class SymbolicGuards:
     def __init__(self, builder: Any):
         import sympy
 
+        from agspeed._sources import describe
+
         env = builder.fake_mode.shape_env
-        self.symbols: list = []
-        self.names: list[str] = []
-        self.dims: list[tuple] = []       # (source, dim) per symbol
-        self.specs: dict[tuple, tuple] = {}
+        raw: dict[tuple, tuple] = {}
+        named: dict = {}      # every input symbol -> (name, (source, kind, dim))
         for source, (node, _value) in builder._inputs.items():
             fake = node.meta["example_value"]
             sizes = tuple(_raw(s) for s in fake.size())
             strides = tuple(_raw(s) for s in fake.stride())
             if all(isinstance(s, int) for s in sizes + strides):
                 continue
-            self.specs[source] = (sizes, strides)
+            raw[source] = (sizes, strides)
             for d, s in enumerate(sizes):
-                if not isinstance(s, int) and s not in self.symbols:
-                    from agspeed._sources import describe
-
-                    self.symbols.append(s)
-                    self.names.append(f"{describe(source)}.size({d})")
-                    self.dims.append((source, d))
+                if not isinstance(s, int):
+                    named.setdefault(s, (f"{describe(source)}.size({d})", (source, "size", d)))
+            for d, s in enumerate(strides):   # a non-dense input's own stride symbols
+                if getattr(s, "is_Symbol", False):
+                    named.setdefault(s, (f"{describe(source)}.stride({d})",
+                                         (source, "stride", d)))
+        # Symbols the capture fixed to one value (Linear's in_features, a mask's full
+        # size) are that value: their dimension is static in this graph.
+        pinned = {s: _pinned(env, s) for s in named}
+        pinned = {s: v for s, v in pinned.items() if v is not None}
+        self.specialized = [named[s][0] for s in pinned if named[s][1][1] == "size"]
+        #: per symbol, (source, "size" or "stride", dim): a dynamic dimension, or the
+        #: stride of a non-dense input that is a symbol of its own
+        self.symbols = [s for s in named if s not in pinned]
+        self.names = [named[s][0] for s in self.symbols]
+        self.dims = [named[s][1] for s in self.symbols]
+        self.specs: dict[tuple, tuple] = {}
+        for source, (sizes, strides) in raw.items():
+            sizes, strides = (tuple(_fold(e, pinned) for e in part) for part in (sizes, strides))
+            if not all(isinstance(e, int) for e in sizes + strides):
+                self.specs[source] = (sizes, strides)
         index = set(self.symbols)
         guards: list = []
         for g in env.guards:
-            expr = g.expr
+            expr = g.expr.xreplace(pinned) if pinned else g.expr
             if not expr.free_symbols <= index:
-                raise ValueError(f"a guard on a size no input gives: {expr}")
+                raise ValueError(f"a guard on a size no input gives: {g.expr}")
             guards.append(expr)
         for s in self.symbols:
             vr = env.var_to_range.get(s)
@@ -314,10 +329,10 @@ class SymbolicGuards:
         for g in guards:
             if g is sympy.true or g in seen:
                 continue
+            if g is sympy.false:   # the example itself broke it: never serve anything
+                raise ValueError("a size guard that no size satisfies")
             seen.add(g)
             self.guards.append(g)
-        self.specialized = [n for s, n in zip(self.symbols, self.names)
-                            if _pinned(env, s)]
         self._readable = {s: sympy.Symbol(n, integer=True)
                           for s, n in zip(self.symbols, self.names)}
 
@@ -376,23 +391,35 @@ class SymbolicGuards:
 
 
 def _raw(size: Any) -> Any:
-    """An int, or the sympy expression of a SymInt as the capture made it."""
+    """An int, or the sympy expression of an input's SymInt as it was made: its own
+    symbol, before any replacement the capture learnt (those are guards)."""
     if isinstance(size, int):
         return size
     node = size.node
-    concrete = node.maybe_as_int() if hasattr(node, "maybe_as_int") else None
-    if concrete is not None:
-        return int(concrete)
-    return getattr(node, "_expr", node.expr)
+    expr = getattr(node, "_expr", None)
+    if expr is None:
+        expr = node.expr
+    return int(expr) if getattr(expr, "is_Integer", False) else expr
 
 
-def _pinned(env: Any, symbol: Any) -> bool:
-    """Whether the capture fixed ``symbol`` to one value (a guard made it a constant)."""
+def _fold(expr: Any, pinned: dict) -> Any:
+    """``expr`` with pinned symbols replaced by their values: an int when constant."""
+    if isinstance(expr, int):
+        return expr
+    out = expr.xreplace(pinned) if pinned else expr
+    return int(out) if getattr(out, "is_Integer", False) else out
+
+
+def _pinned(env: Any, symbol: Any) -> Any:
+    """The sympy Integer a capture fixed ``symbol`` to (a guard made it a constant), or
+    None."""
     replaced = env.replacements.get(symbol)
     if replaced is not None and getattr(replaced, "is_Integer", False):
-        return True
+        return replaced
     vr = env.var_to_range.get(symbol)
-    return vr is not None and getattr(vr.lower, "is_Integer", False) and vr.lower == vr.upper
+    if vr is not None and getattr(vr.lower, "is_Integer", False) and vr.lower == vr.upper:
+        return vr.lower
+    return None
 
 
 def history_of(table: weakref.WeakKeyDictionary, code: Any) -> ShapeHistory:

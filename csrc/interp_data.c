@@ -561,7 +561,10 @@ op_build_slice(ags_interp *it, ags_frame *f, const ags_instr *ins)
 
     for (int i = 0; i < n; i++) {
         ags_value *v = ags_peek(f, n - i);
-        if (v->kind != AGS_VK_CONST) {
+        /* A graph value is a bound the graph computes (a size of a dynamic
+         * dimension): the slice holds its node, and what it indexes decides
+         * (a tensor: a graph node; a known sequence: the builder). */
+        if (v->kind != AGS_VK_CONST && v->kind != AGS_VK_TENSOR) {
             return ags_stopf(it, "unsupported_value", "a slice bound that is "
                              "a %s", AGS_DESCRIBE(v));
         }

@@ -7,7 +7,8 @@
  *   symbols   n_syms integer slots, one per dynamic dimension of an input
  *             (s0 = x.size(0), ...).  A DYNTENSOR check binds a slot to the
  *             size it reads the first time, and compares it after that (two
- *             dimensions the capture found equal share a slot).
+ *             dimensions the capture found equal share a slot).  A non-dense
+ *             input's stride may be a symbol of its own, bound the same way.
  *   exprs     integer expressions over the symbols, each a little postfix
  *             program of int64 words (AGS_SYM_OPS below).  A dynamic
  *             tensor's symbolic strides refer to them (a contiguous
@@ -393,24 +394,38 @@ match_size(ags_symvals *s, int64_t want, int64_t got)
     return s->v[k] == got;
 }
 
+/* Strides are matched in two passes: a stride that is a symbol of its own
+ * (a non-dense input) is bound in the first, so that the others, which
+ * may be expressions of it (x[:, ::2] of a contiguous x: size(1)*stride(1),
+ * stride(1)), can be computed in the second. */
 static int
-match_stride(const ags_symtab *t, ags_symvals *s, int64_t want, int64_t got)
+match_stride(const ags_symtab *t, ags_symvals *s, int64_t want, int64_t got,
+             int pass)
 {
     int64_t k, value;
 
     if (want >= 0) {
-        return got == want;
+        return pass == 1 || got == want;
     }
     k = -want - 1;
-    if (k >= t->n_exprs
-        || ags_sym_eval(t->exprs[k], t->expr_len[k], s, &value) < 0) {
+    if (k >= t->n_exprs) {
+        return 0;
+    }
+    if (pass == 0) {
+        if (t->expr_len[k] == 2 && t->exprs[k][0] == SYM_SYM) {
+            return match_size(s, -t->exprs[k][1] - 1, got);
+        }
+        return 1;
+    }
+    if (ags_sym_eval(t->exprs[k], t->expr_len[k], s, &value) < 0) {
         return 0;
     }
     return value == got;
 }
 
 /* 1 if the int sequence `seq` (a new reference, or NULL after an error)
- * matches `spec` word by word through `match`, 0 if not, -1 on error. */
+ * matches `spec` word by word, as sizes or as strides; 0 if not, -1 on
+ * error. */
 static int
 match_ints(const ags_symtab *t, ags_symvals *s, PyObject *seq, PyObject *spec,
            int strides)
@@ -426,14 +441,17 @@ match_ints(const ags_symtab *t, ags_symvals *s, PyObject *seq, PyObject *spec,
         Py_DECREF(seq);
         return 0;
     }
-    for (Py_ssize_t i = 0; ok == 1 && i < n; i++) {
-        long long got = PyLong_AsLongLong(PyTuple_GET_ITEM(seq, i));
-        long long want = PyLong_AsLongLong(PyTuple_GET_ITEM(spec, i));
-        if ((got == -1 || want == -1) && PyErr_Occurred()) {
-            ok = -1;
-        }
-        else {
-            ok = strides ? match_stride(t, s, want, got) : match_size(s, want, got);
+    for (int pass = 0; ok == 1 && pass < 1 + strides; pass++) {
+        for (Py_ssize_t i = 0; ok == 1 && i < n; i++) {
+            long long got = PyLong_AsLongLong(PyTuple_GET_ITEM(seq, i));
+            long long want = PyLong_AsLongLong(PyTuple_GET_ITEM(spec, i));
+            if ((got == -1 || want == -1) && PyErr_Occurred()) {
+                ok = -1;
+            }
+            else {
+                ok = strides ? match_stride(t, s, want, got, pass)
+                             : match_size(s, want, got);
+            }
         }
     }
     Py_DECREF(seq);

@@ -20,8 +20,9 @@ OPS = {"local": LOCAL, "global": GLOBAL, "gmod": GMOD, "attr": ATTR, "item": ITE
        "cell": CELL, "type": TYPE, "fget": FGET}
 
 
-def program(sources, checks=(), aliases=(), probes=()):
-    """A program reading ``sources`` (read() returns them in order)."""
+def program(sources, checks=(), aliases=(), probes=(), symbolic=None):
+    """A program reading ``sources`` (read() returns them in order); ``symbolic`` as
+    _set_program takes it (guards/symbolic.c)."""
     slots, loads = {}, []
 
     def slot(source):
@@ -41,7 +42,8 @@ def program(sources, checks=(), aliases=(), probes=()):
     checks = [(slot(s), kind, a, b) for s, kind, a, b in checks]
     aliases = [(slot(a), slot(b)) for a, b in aliases]
     p = _C.GuardProgram()
-    p._set_program(loads, checks, aliases, tuple(probes), resolve_step, MISSING, None, outputs)
+    p._set_program(loads, checks, aliases, tuple(probes), resolve_step, MISSING, None, outputs,
+                   0, symbolic)
     return p
 
 
