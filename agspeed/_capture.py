@@ -67,9 +67,11 @@ class CaptureBreak(NamedTuple):
 
 
 def _line_of(code: Any, offset: int) -> int | None:
+    """The line of the instruction at ``offset``; the code's first line for an offset
+    before any instruction (-1: capture stopped at the start) or one with no line."""
     for ins in dis.get_instructions(code):
-        if ins.offset == offset:
-            return ins.positions.lineno if ins.positions else None
+        if ins.offset == offset and ins.positions and ins.positions.lineno is not None:
+            return ins.positions.lineno
     return code.co_firstlineno
 
 

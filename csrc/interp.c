@@ -573,6 +573,8 @@ frame_run(ags_interp *it, ags_frame *f)
     if (f->code->co_flags & (CO_GENERATOR | CO_COROUTINE
                              | CO_ASYNC_GENERATOR)) {
         it->brk_code = f->code;
+        it->brk_offset = -1;    /* at its start: reported as its first line */
+        it->brk_opcode = -1;
         return ags_stopf(it, "generator",
                          "generators and coroutines are not captured");
     }

@@ -89,6 +89,20 @@ def test_hit_scaling_benchmark_quick_run(tmp_path):
     assert data["summary"]["guard_100_vs_1_layers"] > 0
 
 
+def test_dynamic_benchmark_quick_run(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "dynamic.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "dynamic.py"), "--quick",
+         "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = json.loads(out.read_text())["runtimes"]
+    assert set(runs) == {"eager", "agspeed", "agspeed static", "dynamo", "dynamo static"}
+    assert all(r["losses_match"] for r in runs.values())
+    # the model is captured, and the varying length does not compile per length
+    assert 1 <= runs["agspeed"]["graphs"] < runs["agspeed static"]["graphs"]
+
+
 def test_plot_writes_svg_from_the_results(tmp_path):
     import xml.dom.minidom
 

@@ -312,6 +312,8 @@ def test_generators_run_eager_and_their_callees_capture():
     x = torch.randn(3)
     explained = agspeed.explain(uses_generator, x)
     assert [b.reason for b in explained.break_reasons] == ["generator"]
+    (brk,) = explained.break_reasons   # reported at the generator's start, its def line
+    assert brk.instruction == "(start)" and brk.line == b_generator.__code__.co_firstlineno
     for _ in range(2):
         torch.testing.assert_close(fast(x), callee(x))
     assert backend.graphs == 1  # callee, run from the eager generator's frame
