@@ -76,20 +76,31 @@ def _line_of(code: Any, offset: int) -> int | None:
 
 
 def _autocast_state(torch: Any) -> tuple:
-    """(enabled, dtype) of autocast per device type, on torch 2.4+ and older."""
+    """(enabled, dtype) of autocast per device type, on torch 2.4+ and older; the dtype
+    is None where autocast is off (it then changes nothing)."""
     try:
-        return tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
-                     for d in _AUTOCAST_DEVICES)
+        pairs = [(torch.is_autocast_enabled(d), lambda d=d: torch.get_autocast_dtype(d))
+                 for d in _AUTOCAST_DEVICES]
     except TypeError:  # before 2.4 these took no device argument
-        return ((torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()),
-                (torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()))
+        pairs = [(torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype),
+                 (torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype)]
+    return tuple((on, dtype() if on else None) for on, dtype in pairs)
+
+
+def _any_autocast(torch: Any) -> Any:
+    """torch._C._is_any_autocast_enabled, where this torch has it (one call for every
+    device type), else None."""
+    return getattr(torch._C, "_is_any_autocast_enabled", None)
 
 
 def global_state(torch: Any) -> tuple:
-    """Everything outside the frame that changes what a graph computes."""
+    """Everything outside the frame that changes what a graph computes: grad mode,
+    inference mode, the autocast cache, autocast on any device type (None where torch
+    cannot tell), autocast per device type, the default dtype."""
+    any_on = _any_autocast(torch)
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-            torch.is_autocast_cache_enabled(), _autocast_state(torch),
-            torch.get_default_dtype())
+            torch.is_autocast_cache_enabled(), any_on() if any_on else None,
+            _autocast_state(torch), torch.get_default_dtype())
 
 
 def _holder(value: Any) -> Callable[[], Any]:
@@ -213,9 +224,9 @@ class Guard(_C.GuardProgram):
     symbolic part of a capture with dynamic dimensions (a ``SymbolicGuards``), or None.
     """
 
-    __slots__ = ("checks", "aliases", "state", "torch", "break_at", "inputs", "sym")
+    __slots__ = ("checks", "aliases", "state", "torch", "break_at", "inputs", "sym", "args")
 
-    def __init__(self, torch: Any, builder: GraphBuilder, f_locals: dict):
+    def __init__(self, torch: Any, builder: GraphBuilder, f_locals: dict, code: Any = None):
         seen: set = set()
         checks = []
         self.sym = SymbolicGuards(builder) if builder.symbolic else None
@@ -245,6 +256,8 @@ class Guard(_C.GuardProgram):
         self.state = global_state(torch)
         self.break_at: tuple | None = None  # (file, line, instruction, reason) of a break
         self.inputs = tuple(builder.sources)  # what read() returns: the graph's inputs
+        # the argument names in slot order: the hook reads those locals by index
+        self.args = _arg_names(code) if code is not None else ()
         self._compile()
 
     def _compile(self) -> None:
@@ -256,7 +269,9 @@ class Guard(_C.GuardProgram):
             got = slots.get(source)
             if got is None:
                 kind = source[0]
-                if kind in ("local", "global"):
+                if kind == "local" and source[1] in self.args:
+                    load = (_LOAD_OPS[kind], -1, source[1], self.args.index(source[1]))
+                elif kind in ("local", "global"):
                     load = (_LOAD_OPS[kind], -1, source[1])
                 elif kind == "gmod":
                     load = (_LOAD_OPS[kind], -1, (source[1], source[2]))
@@ -309,6 +324,7 @@ class Guard(_C.GuardProgram):
                            if c[1] != _EQ or theirs.get((c[0], _EQ), c[2]) == c[2])
         out.aliases, out.state, out.torch = self.aliases, self.state, self.torch
         out.break_at, out.inputs, out.sym = self.break_at, self.inputs, self.sym
+        out.args = self.args
         out._compile()
         return out
 
@@ -390,24 +406,37 @@ _LOAD_OPS = {"local": 0, "global": 1, "gmod": 2, "attr": 3, "item": 4, "cell": 5
 
 
 def _state_probes(torch: Any, state: tuple) -> tuple:
-    """``global_state`` as (function, args, expected) triples the C program calls."""
-    grad, inference, cache, autocast, default = state
+    """``global_state`` as (function, args, expected) triples the C program calls: the
+    same facts, so the program and ``global_state`` always agree.  With autocast off
+    everywhere, one probe stands for every device type (the common case: five calls)."""
+    grad, inference, cache, any_on, autocast, default = state
     probes = [(torch.is_grad_enabled, (), grad),
               (torch.is_inference_mode_enabled, (), inference),
               (torch.is_autocast_cache_enabled, (), cache)]
-    try:
-        torch.is_autocast_enabled("cpu")
-        for device, (enabled, dtype) in zip(_AUTOCAST_DEVICES, autocast):
-            probes += [(torch.is_autocast_enabled, (device,), enabled),
-                       (torch.get_autocast_dtype, (device,), dtype)]
-    except TypeError:  # before 2.4 (see _autocast_state)
-        (cpu_on, cpu_dtype), (gpu_on, gpu_dtype) = autocast
-        probes += [(torch.is_autocast_cpu_enabled, (), cpu_on),
-                   (torch.get_autocast_cpu_dtype, (), cpu_dtype),
-                   (torch.is_autocast_enabled, (), gpu_on),
-                   (torch.get_autocast_gpu_dtype, (), gpu_dtype)]
+    if any_on is not None:
+        probes.append((_any_autocast(torch), (), any_on))
+    if any_on is not False:   # on somewhere, or unknown: per device type
+        try:
+            torch.is_autocast_enabled("cpu")
+            checks = [(torch.is_autocast_enabled, torch.get_autocast_dtype, (d,))
+                      for d in _AUTOCAST_DEVICES]
+        except TypeError:  # before 2.4 (see _autocast_state)
+            checks = [(torch.is_autocast_cpu_enabled, torch.get_autocast_cpu_dtype, ()),
+                      (torch.is_autocast_enabled, torch.get_autocast_gpu_dtype, ())]
+        for (enabled_fn, dtype_fn, args), (enabled, dtype) in zip(checks, autocast):
+            probes.append((enabled_fn, args, enabled))
+            if enabled:
+                probes.append((dtype_fn, args, dtype))
     probes.append((torch.get_default_dtype, (), default))
     return tuple(probes)
+
+
+def _arg_names(code: Any) -> tuple:
+    """The names of ``code``'s argument slots, in order (what the hook can read by index:
+    positional, keyword-only, *args, **kwargs)."""
+    n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + \
+        bool(code.co_flags & 0x08)
+    return tuple(code.co_varnames[:n])
 
 
 def _depth(source: tuple) -> int:
@@ -415,7 +444,7 @@ def _depth(source: tuple) -> int:
 
 
 def _state_text(state: tuple) -> str:
-    grad, inference, cache, autocast, dtype = state
+    grad, inference, cache, _any, autocast, dtype = state
     amp = ", ".join(f"{d}:{'on ' + str(t).replace('torch.', '') if on else 'off'}"
                     for d, (on, t) in zip(_AUTOCAST_DEVICES, autocast))
     return (f"(grad={'on' if grad else 'off'}, inference={'on' if inference else 'off'}, "
@@ -488,9 +517,9 @@ class _Unguardable(Exception):
     no input gives): it is done again with static shapes."""
 
 
-def _guard(torch: Any, builder: GraphBuilder, f_locals: dict) -> Guard:
+def _guard(torch: Any, builder: GraphBuilder, f_locals: dict, code: Any) -> Guard:
     try:
-        return Guard(torch, builder, f_locals)
+        return Guard(torch, builder, f_locals, code)
     except ValueError as exc:
         if builder.symbolic:
             raise _Unguardable(str(exc)) from exc
@@ -503,7 +532,7 @@ def _finish(torch: Any, code: Any, f_locals: dict, builder: GraphBuilder, out: d
         brk = CaptureBreak(where.co_filename, _line_of(where, out["offset"]),
                            dis.opname[out["opcode"]] if out["opcode"] >= 0 else "(start)",
                            out["reason"], out["detail"], where.co_name)
-        guard = _guard(torch, builder, f_locals)
+        guard = _guard(torch, builder, f_locals, code)
         guard.break_at = (brk.filename, brk.line, brk.instruction, brk.reason)
         return brk, guard
     result = out["result"]
@@ -512,19 +541,20 @@ def _finish(torch: Any, code: Any, f_locals: dict, builder: GraphBuilder, out: d
     except GraphBreak as exc:
         brk = CaptureBreak(code.co_filename, code.co_firstlineno, "RETURN_VALUE",
                            exc.reason, exc.detail, code.co_name)
-        return brk, _guard(torch, builder, f_locals)
+        return brk, _guard(torch, builder, f_locals, code)
     if not any(n.op in ("call_function", "call_method") for n in builder.graph.nodes):
         return None, ArgumentTypes(f_locals)
     gm = builder.output(result)
-    guard = _guard(torch, builder, f_locals)
+    guard = _guard(torch, builder, f_locals, code)
     return Capture(gm, builder.sources, guard, builder.example_inputs())
 
 
 _CHECK_KNOWN_TENSORS = 1  # guards/program.c P_CHECK_KNOWN_TENSORS
 
 
-def make_entry(cap: Capture, compiled: Any, context: Any) -> Any:
-    """The CALL entry running ``compiled`` on the inputs its guard program reads."""
+def make_entry(cap: Capture, compiled: Any, context: Any, arg_check: Any = None) -> Any:
+    """The CALL entry running ``compiled`` on the inputs its guard program reads;
+    ``arg_check`` as ``agspeed._tensor_check.arg_check`` makes it (None: none)."""
     guard = cap.guard
     assert guard.inputs == tuple(cap.sources)
     read = guard.read
@@ -537,4 +567,5 @@ def make_entry(cap: Capture, compiled: Any, context: Any) -> Any:
     # the hook calls compiled(*inputs) with the inputs the guard program gathered while
     # checking; `run` serves the first call, made before the entry is in the cache
     return _C.CacheEntry(_C.ACTION_CALL, guard=guard, compiled=run, context=context,
-                         graph=compiled, signed=guard.sym is None)
+                         graph=compiled, signed=guard.sym is None,
+                         arg_check=arg_check if guard.sym is None else None)

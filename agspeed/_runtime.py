@@ -210,6 +210,7 @@ class Context:
         from agspeed import config
         from agspeed._capture import Capture, capture, make_entry
         from agspeed._shapes import DimPolicy, history_of
+        from agspeed._tensor_check import arg_check
         from agspeed.backends import supports_dynamic
 
         where = f"{code.co_name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
@@ -245,8 +246,9 @@ class Context:
             for old in entries:
                 if at is not None and getattr(old.guard, "break_at", None) == at:
                     guard = guard.widened(old.guard)
-            entry = _C.CacheEntry(_RUN_EAGER, guard=guard, context=self,
-                                  signed=getattr(guard, "sym", None) is None)
+            signed = getattr(guard, "sym", None) is None
+            entry = _C.CacheEntry(_RUN_EAGER, guard=guard, context=self, signed=signed,
+                                  arg_check=arg_check(code, f_locals) if signed else None)
             if brk is None:
                 observe("eager", code, "no tensor work")
                 return entry, "run eager (no tensor work)"
@@ -269,7 +271,7 @@ class Context:
         if log.enabled("graphs"):
             _graphs_log.info("%s captured:\n%s", where, result.graph_module.code)
         observe("graph", code, result)
-        return make_entry(result, compiled, self), "captured"
+        return make_entry(result, compiled, self, arg_check(code, f_locals)), "captured"
 
     def _went_dynamic(self, code: Any, where: str, guard: Any, shapes: Any,
                       entries: list) -> None:

@@ -40,6 +40,8 @@ struct _PyInterpreterFrame;
                       "generators and coroutines, frames started while the " \
                       "runtime itself was busy") \
     X(cache_hits, "frames whose code cache held a matching entry") \
+    X(arg_check_hits, "of those, hits on the last signed entry found by its " \
+                      "argument check, without computing a signature") \
     X(cache_misses, "frames that asked the capture context for a decision") \
     X(callback_errors, "decisions that raised: the error propagated out of " \
                        "the frame, which did not run") \
@@ -144,6 +146,12 @@ typedef struct {
     PyObject *graph;       /* None, or the graph callable: the hook calls
                               graph(*inputs) with the inputs the guard
                               program gathered */
+    PyObject *arg_check;   /* None, or (type ids, tensor positions,
+                              checker): the frame's arguments have exactly
+                              the types at those addresses
+                              and checker(*tensors) is True only if every
+                              tensor argument has the metadata the entry's
+                              signature was made from (codecache.c) */
     PyObject *weakrefs;
 } ags_entry;
 
@@ -166,6 +174,10 @@ typedef struct ags_code_state {
     Py_ssize_t table_cap;            /* a power of two, or 0 */
     uint64_t stamp, table_stamp;
     Py_ssize_t n_unsigned;           /* entries without a signature */
+    /* The last signed entry hit or inserted, if it has an arg_check:
+     * borrowed, valid while `stamp` equals fast_stamp. */
+    ags_entry *fast_entry;
+    uint64_t fast_stamp;
 } ags_code_state;
 
 #define AGS_CODE_SKIP 0x1u           /* never hook this code again */
@@ -224,6 +236,13 @@ PyObject *ags_frame_builtins(struct _PyInterpreterFrame *frame);
 /* New reference: a dict {name: value} of the frame's bound local slots
  * (arguments, at entry).  NULL with an exception set on failure. */
 PyObject *ags_frame_locals(struct _PyInterpreterFrame *frame);
+
+/* Borrowed: the frame's argument slots, localsplus[0..ags_code_nargs),
+ * all bound when the hook sees the frame. */
+PyObject *const *ags_frame_args(struct _PyInterpreterFrame *frame);
+/* How many argument slots a frame of `code` has (positional, keyword-only,
+ * *args, **kwargs): the first names of co_localsplusnames. */
+int ags_code_nargs(PyCodeObject *code);
 
 /* New reference: the "return code" of `code` (same locals layout, bytecode
  * RESUME; RETURN_VALUE), or NULL with an exception set. */
@@ -299,10 +318,11 @@ PyObject *ags_probe_owner(PyObject *module, PyObject *unused);
 
 /* guards/signature.c */
 uint64_t ags_signature_hash(const void *data, size_t len, uint64_t seed);
-/* The signature of a frame about to run `code` with arguments `f_locals`:
+/* The signature of a frame about to run `code` with argument slots `args`
+ * (ags_code_nargs of them, NULL where unbound):
  * a hash of each argument's type and, for tensors, dtype, device, sizes,
  * strides and requires_grad.  0 on success, -1 with an exception. */
-int ags_frame_signature(PyCodeObject *code, PyObject *f_locals, uint64_t *out);
+int ags_frame_signature(PyCodeObject *code, PyObject *const *args, uint64_t *out);
 /* The words a signature hashes, kept to compare exactly: a hash match
  * between different frames then never reaches an entry's guard. */
 typedef struct {
@@ -310,7 +330,7 @@ typedef struct {
     int64_t *words;
     Py_ssize_t n, cap;
 } ags_sig;
-int ags_sig_compute(PyCodeObject *code, PyObject *f_locals, ags_sig *sig,
+int ags_sig_compute(PyCodeObject *code, PyObject *const *args, ags_sig *sig,
                     uint64_t *hash);    /* release with ags_sig_release */
 void ags_sig_release(ags_sig *sig);
 /* Interned names of the tensor attributes signatures and guards read. */
@@ -324,6 +344,18 @@ int ags_entry_sig_equal(const ags_entry *entry, const ags_sig *sig);
 /* Test knob: keep only the low `bits` bits of signatures (64: all). */
 extern int ags_signature_bits;
 
+/* What a guard program reads a frame through.  From Python: the three
+ * dicts, args NULL.  From the hook: the argument slots by index, and the
+ * locals dict only if a load names something else (a free variable): then
+ * made from `iframe` and left in f_locals for the caller, who owns it. */
+typedef struct {
+    PyObject *f_locals;          /* borrowed, or NULL until needed */
+    PyObject *globals, *builtins;
+    PyObject *const *args;       /* NULL, or the argument slots */
+    Py_ssize_t nargs;
+    struct _PyInterpreterFrame *iframe;   /* NULL from Python */
+} ags_gframe;
+
 /* guards/program.c: guard programs (agspeed._C.GuardProgram). */
 extern PyType_Spec ags_guard_spec;
 extern PyTypeObject *ags_guard_type;   /* set when the module is made */
@@ -334,7 +366,7 @@ int ags_is_guard_program(PyObject *obj);
  * *inputs a new tuple of the graph's inputs, 0 if a check failed, -1 on
  * error.  signed_frame: the frame's signature matched the entry's exactly
  * (its arguments' tensor checks are settled). */
-int ags_guard_run(PyObject *program, PyObject *const *frame, int signed_frame,
+int ags_guard_run(PyObject *program, ags_gframe *frame, int signed_frame,
                   PyObject **inputs);
 
 /* guards/symbolic.c: symbolic sizes in guard programs (dynamic shapes). */

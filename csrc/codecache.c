@@ -25,6 +25,22 @@
  * only the guards of entries with it.  Entries without a signature (no
  * guard, or made with signed=False: a graph with dynamic dimensions serves
  * many signatures) are tried first, most recently used first.
+ *
+ * The steady state.  A training loop calls a function with the same
+ * shapes step after step, and reading each tensor argument's metadata
+ * through torch's Python attributes costs five calls per tensor.  So the
+ * state remembers the last signed entry it hit (fast_entry), and when that
+ * entry has an arg_check, a lookup first asks it: the same argument types,
+ * and one call of its checker over the tensor arguments (torch's own C++
+ * tensor check, see agspeed/_tensor_check.py) that is True only when each
+ * tensor has the dtype, device, requires_grad, sizes and strides of the
+ * entry's frame.  That is the frame having the entry's signature, so its
+ * guard runs with the argument checks settled, and no signature is
+ * computed.  A miss there costs one failed check, then the table.
+ *
+ * The hit path makes no locals dict: signatures and guard programs read
+ * the argument slots of the frame by index, and the dict is made only for
+ * a guard that reads something else (a closure variable, a Python guard).
  */
 #include "agspeed.h"
 #include <stddef.h>
@@ -36,8 +52,7 @@ PyTypeObject *ags_entry_type;
 static Py_ssize_t extra_index = -1;
 static uint64_t version;
 static uint64_t use_clock;   /* ticks on every insert and hit: LRU order */
-static ags_code_state registry = {&registry, &registry, 0, 0, 0, NULL, NULL,
-                                   NULL, 0, 0, 0, 0};
+static ags_code_state registry = {.prev = &registry, .next = &registry};
 
 static void
 state_free(void *ptr)
@@ -133,8 +148,8 @@ move_to_front(ags_code_state *state, Py_ssize_t i)
  * program gathered on the way (a new tuple).  signed_frame: the frame's
  * signature matched the entry's exactly. */
 static int
-guard_holds(ags_entry *entry, struct _PyInterpreterFrame *frame,
-            PyObject **f_locals, int signed_frame, PyObject **inputs)
+guard_holds(ags_entry *entry, ags_gframe *fr, int signed_frame,
+            PyObject **inputs)
 {
     PyObject *verdict;
     int ok;
@@ -142,18 +157,18 @@ guard_holds(ags_entry *entry, struct _PyInterpreterFrame *frame,
     if (entry->guard == Py_None) {
         return 1;
     }
-    if (*f_locals == NULL) {
-        *f_locals = ags_frame_locals(frame);
-        if (*f_locals == NULL) {
+    if (ags_is_guard_program(entry->guard)) {
+        int graph = entry->graph != NULL && entry->graph != Py_None;
+        return ags_guard_run(entry->guard, fr, signed_frame, graph ? inputs : NULL);
+    }
+    if (fr->f_locals == NULL) {
+        fr->f_locals = ags_frame_locals(fr->iframe);
+        if (fr->f_locals == NULL) {
             return -1;
         }
     }
     {
-        PyObject *args[3] = {*f_locals, ags_frame_globals(frame),
-                             ags_frame_builtins(frame)};
-        if (entry->graph != NULL && entry->graph != Py_None) {
-            return ags_guard_run(entry->guard, args, signed_frame, inputs);
-        }
+        PyObject *args[3] = {fr->f_locals, fr->globals, fr->builtins};
         verdict = PyObject_Vectorcall(entry->guard, args, 3, NULL);
     }
     if (verdict == NULL) {
@@ -210,9 +225,8 @@ build_table(ags_code_state *state)
  * 2 (stop: the cache changed while its guard ran; a miss is always
  * correct, only slower), -1 (error). */
 static int
-try_entry(ags_entry *entry, PyObject *ctx, struct _PyInterpreterFrame *frame,
-          PyObject **f_locals, int signed_frame, ags_entry **found,
-          PyObject **inputs)
+try_entry(ags_entry *entry, PyObject *ctx, ags_gframe *fr, int signed_frame,
+          ags_entry **found, PyObject **inputs)
 {
     uint64_t seen = version;
     int ok;
@@ -221,7 +235,7 @@ try_entry(ags_entry *entry, PyObject *ctx, struct _PyInterpreterFrame *frame,
         return 0;
     }
     Py_INCREF(entry);
-    ok = guard_holds(entry, frame, f_locals, signed_frame, inputs);
+    ok = guard_holds(entry, fr, signed_frame, inputs);
     if (ok <= 0 || version != seen) {
         Py_CLEAR(*inputs);
         Py_DECREF(entry);
@@ -233,6 +247,52 @@ try_entry(ags_entry *entry, PyObject *ctx, struct _PyInterpreterFrame *frame,
     return 1;
 }
 
+/* 1 if the frame's arguments match `entry`'s arg_check (the entry's
+ * signature, without computing it), 0 if not, -1 on error. */
+static int
+args_match(ags_entry *entry, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *types = PyTuple_GET_ITEM(entry->arg_check, 0);
+    PyObject *where = PyTuple_GET_ITEM(entry->arg_check, 1);
+    PyObject *small[16], **tensors = small, *verdict;
+    Py_ssize_t nt = PyTuple_GET_SIZE(where);
+    int ok;
+
+    if (PyTuple_GET_SIZE(types) != nargs) {
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) {   /* type addresses, 0: unbound */
+        void *want = PyLong_AsVoidPtr(PyTuple_GET_ITEM(types, i));
+        if (want != (args[i] == NULL ? NULL : (void *)Py_TYPE(args[i]))) {
+            return 0;
+        }
+    }
+    if (nt == 0) {
+        return 1;
+    }
+    if (nt > 16) {
+        tensors = PyMem_Malloc((size_t)nt * sizeof(PyObject *));
+        if (tensors == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    for (Py_ssize_t k = 0; k < nt; k++) {   /* positions checked at entry_new */
+        tensors[k] = args[PyLong_AsSsize_t(PyTuple_GET_ITEM(where, k))];
+    }
+    verdict = PyObject_Vectorcall(PyTuple_GET_ITEM(entry->arg_check, 2), tensors,
+                                  (size_t)nt, NULL);
+    if (tensors != small) {
+        PyMem_Free(tensors);
+    }
+    if (verdict == NULL) {
+        return -1;
+    }
+    ok = verdict == Py_True ? 1 : verdict == Py_False ? 0 : PyObject_IsTrue(verdict);
+    Py_DECREF(verdict);
+    return ok;
+}
+
 int
 ags_cache_lookup(ags_code_state *state, PyObject *ctx,
                  struct _PyInterpreterFrame *frame, PyObject **f_locals,
@@ -241,7 +301,10 @@ ags_cache_lookup(ags_code_state *state, PyObject *ctx,
     uint64_t seen = version, sig;
     Py_ssize_t k, mask;
     ags_sig words;
-    int rc;
+    PyCodeObject *code = ags_frame_code(frame);
+    ags_gframe fr = {*f_locals, ags_frame_globals(frame), ags_frame_builtins(frame),
+                     ags_frame_args(frame), ags_code_nargs(code), frame};
+    int rc = 0;
 
     if (state->n_entries == 0) {
         return 0;
@@ -258,29 +321,38 @@ ags_cache_lookup(ags_code_state *state, PyObject *ctx,
         if (entry->has_signature) {
             continue;
         }
-        rc = try_entry(entry, ctx, frame, f_locals, 0, found, inputs);
+        rc = try_entry(entry, ctx, &fr, 0, found, inputs);
         if (rc == 1 && i > 0) {
             move_to_front(state, i);
         }
         if (rc != 0) {
-            return rc == 2 ? 0 : rc;
+            rc = rc == 2 ? 0 : rc;
+            goto out;
         }
     }
     if (state->n_unsigned == state->n_entries) {
-        return 0;
+        goto out;
+    }
+    /* The last signed hit, if the arguments match it (see "The steady
+     * state" above). */
+    if (state->fast_entry != NULL && state->fast_stamp == state->stamp
+        && state->fast_entry->arg_check != Py_None) {
+        rc = args_match(state->fast_entry, fr.args, fr.nargs);
+        if (rc == 1) {
+            rc = try_entry(state->fast_entry, ctx, &fr, 1, found, inputs);
+            ags_stats.arg_check_hits += rc == 1;
+        }
+        if (rc != 0 || version != seen) {
+            rc = rc == 2 || rc == 0 ? 0 : rc;   /* the cache moved: a miss */
+            goto out;
+        }
     }
     /* The rest by the frame's signature: only entries made for it run
      * their guards, which also settle hash collisions. */
-    if (*f_locals == NULL) {
-        *f_locals = ags_frame_locals(frame);
-        if (*f_locals == NULL) {
-            return -1;
-        }
+    if (ags_sig_compute(code, fr.args, &words, &sig) < 0) {
+        rc = -1;
+        goto out;
     }
-    if (ags_sig_compute(ags_frame_code(frame), *f_locals, &words, &sig) < 0) {
-        return -1;
-    }
-    rc = 0;
     if (version != seen) {
         goto done;   /* reading tensor metadata ran code that changed caches */
     }
@@ -292,7 +364,11 @@ ags_cache_lookup(ags_code_state *state, PyObject *ctx,
         if (entry->signature != sig || !ags_entry_sig_equal(entry, &words)) {
             continue;
         }
-        rc = try_entry(entry, ctx, frame, f_locals, 1, found, inputs);
+        rc = try_entry(entry, ctx, &fr, 1, found, inputs);
+        if (rc == 1 && entry->arg_check != Py_None) {
+            state->fast_entry = entry;
+            state->fast_stamp = state->stamp;
+        }
         if (rc != 0) {
             rc = rc == 2 ? 0 : rc;
             goto done;
@@ -300,6 +376,8 @@ ags_cache_lookup(ags_code_state *state, PyObject *ctx,
     }
 done:
     ags_sig_release(&words);
+out:
+    *f_locals = fr.f_locals;
     return rc;
 }
 
@@ -324,6 +402,10 @@ ags_cache_insert(ags_code_state *state, ags_entry *entry)
     state->n_entries++;
     state->stamp++;
     version++;
+    if (entry->has_signature && entry->arg_check != Py_None) {
+        state->fast_entry = entry;   /* the next call most likely matches it */
+        state->fast_stamp = state->stamp;
+    }
     return 0;
 }
 
@@ -439,19 +521,59 @@ static const char *const action_names[] = {
 #undef AGS_X
 };
 
+/* 0 if `spec` is a well-formed arg_check: (types, positions, checker),
+ * types a tuple of type addresses (ints, 0: unbound; no reference is
+ * kept, as in signatures), positions a tuple of indices of bound ones,
+ * checker callable; else -1 with an exception. */
+static int
+check_arg_check(PyObject *spec)
+{
+    PyObject *types, *where;
+
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 3
+        || !PyTuple_Check(PyTuple_GET_ITEM(spec, 0))
+        || !PyTuple_Check(PyTuple_GET_ITEM(spec, 1))
+        || !PyCallable_Check(PyTuple_GET_ITEM(spec, 2))) {
+        goto bad;
+    }
+    types = PyTuple_GET_ITEM(spec, 0);
+    where = PyTuple_GET_ITEM(spec, 1);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(types); i++) {
+        if (!PyLong_CheckExact(PyTuple_GET_ITEM(types, i))) {
+            goto bad;
+        }
+    }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(where); k++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(where, k));
+        if (i < 0 || i >= PyTuple_GET_SIZE(types)
+            || PyLong_AsVoidPtr(PyTuple_GET_ITEM(types, i)) == NULL) {
+            PyErr_Clear();
+            goto bad;
+        }
+    }
+    return 0;
+bad:
+    PyErr_SetString(PyExc_TypeError, "CacheEntry: arg_check must be None or "
+                    "(type ids, tensor positions, checker)");
+    return -1;
+}
+
 static PyObject *
 entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"action", "guard", "compiled", "rebuild",
-                             "context", "graph", "signed", NULL};
+                             "context", "graph", "signed", "arg_check", NULL};
     int action, sign = 1;
     PyObject *guard = Py_None, *compiled = Py_None, *rebuild = Py_None;
-    PyObject *context = Py_None, *graph = Py_None;
+    PyObject *context = Py_None, *graph = Py_None, *arg_check = Py_None;
     ags_entry *self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|OOOOOp:CacheEntry", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|OOOOOpO:CacheEntry", kwlist,
                                      &action, &guard, &compiled, &rebuild,
-                                     &context, &graph, &sign)) {
+                                     &context, &graph, &sign, &arg_check)) {
+        return NULL;
+    }
+    if (arg_check != Py_None && check_arg_check(arg_check) < 0) {
         return NULL;
     }
     if (graph != Py_None && !(PyCallable_Check(graph) && ags_is_guard_program(guard))) {
@@ -482,6 +604,7 @@ entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->context = Py_NewRef(context);
     self->graph = Py_NewRef(graph);
     self->unsigned_only = !sign;
+    self->arg_check = Py_NewRef(arg_check);
     return (PyObject *)self;
 }
 
@@ -494,6 +617,7 @@ entry_traverse(ags_entry *self, visitproc visit, void *arg)
     Py_VISIT(self->rebuild);
     Py_VISIT(self->context);
     Py_VISIT(self->graph);
+    Py_VISIT(self->arg_check);
     return 0;
 }
 
@@ -505,6 +629,7 @@ entry_clear(ags_entry *self)
     Py_CLEAR(self->rebuild);
     Py_CLEAR(self->context);
     Py_CLEAR(self->graph);
+    Py_CLEAR(self->arg_check);
     return 0;
 }
 
@@ -553,6 +678,9 @@ static PyMemberDef entry_members[] = {
     {"graph", T_OBJECT, offsetof(ags_entry, graph), READONLY,
      "None, or the graph the hook calls with the inputs its guard program "
      "gathers"},
+    {"arg_check", T_OBJECT, offsetof(ags_entry, arg_check), READONLY,
+     "None, or (types, tensor positions, checker): how a lookup tells, "
+     "without computing it, that a frame has the entry's signature"},
     {"signature", T_ULONGLONG, offsetof(ags_entry, signature), READONLY,
      "the frame signature the entry was made for (if has_signature)"},
     {"has_signature", T_INT, offsetof(ags_entry, has_signature), READONLY,
@@ -593,7 +721,7 @@ static PyType_Slot entry_slots[] = {
     {Py_tp_getset, entry_getset},
     {Py_tp_doc,
      "CacheEntry(action, guard=None, compiled=None, rebuild=None, "
-     "context=None, graph=None, signed=True)\n\n"
+     "context=None, graph=None, signed=True, arg_check=None)\n\n"
      "One decision of a capture context for a code object, kept in the "
      "code's cache and used for every later frame of it whose guard holds."},
     {0, NULL}

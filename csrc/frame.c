@@ -81,6 +81,19 @@ ags_frame_locals(struct _PyInterpreterFrame *frame)
     return dict;
 }
 
+PyObject *const *
+ags_frame_args(struct _PyInterpreterFrame *frame)
+{
+    return frame->localsplus;
+}
+
+int
+ags_code_nargs(PyCodeObject *code)
+{
+    return code->co_argcount + code->co_kwonlyargcount
+           + !!(code->co_flags & CO_VARARGS) + !!(code->co_flags & CO_VARKEYWORDS);
+}
+
 /* The unit index of RETURN_VALUE in a return code (after RESUME). */
 #define AGS_RETURN_UNIT 1
 

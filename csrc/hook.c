@@ -407,11 +407,12 @@ ask_context(PyObject *ctx, PyCodeObject *code,
 /* Gives a guarded entry the signature of the frame it was made for, so
  * that lookups find it by that signature.  0, or -1 with an exception. */
 static int
-sign_entry(ags_entry *entry, PyCodeObject *code, PyObject *f_locals)
+sign_entry(ags_entry *entry, PyCodeObject *code,
+           struct _PyInterpreterFrame *frame)
 {
     ags_sig sig;
     uint64_t hash;
-    int rc = ags_sig_compute(code, f_locals, &sig, &hash);
+    int rc = ags_sig_compute(code, ags_frame_args(frame), &sig, &hash);
 
     if (rc == 0) {
         rc = ags_entry_set_signature(entry, &sig, hash);
@@ -457,7 +458,7 @@ decide(PyObject *ctx, PyCodeObject *code, struct _PyInterpreterFrame *frame,
         state->flags |= AGS_CODE_SKIP;
     }
     else if ((entry->guard != Py_None && !entry->has_signature
-              && !entry->unsigned_only && sign_entry(entry, code, f_locals) < 0)
+              && !entry->unsigned_only && sign_entry(entry, code, frame) < 0)
              || ags_cache_insert(state, entry) < 0) {
         goto error;
     }

@@ -70,6 +70,9 @@ static PyObject *
 frame_signature(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     uint64_t sig;
+    PyCodeObject *code;
+    PyObject **slots;
+    int n, rc = 0;
 
     (void)module;
     if (nargs != 2 || !PyCode_Check(args[0]) || !PyDict_Check(args[1])) {
@@ -77,10 +80,23 @@ frame_signature(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "frame_signature(code, f_locals): a code and a dict");
         return NULL;
     }
-    if (ags_frame_signature((PyCodeObject *)args[0], args[1], &sig) < 0) {
-        return NULL;
+    /* the argument slots a frame would have, from the names */
+    code = (PyCodeObject *)args[0];
+    n = ags_code_nargs(code);
+    slots = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
+    if (slots == NULL) {
+        return PyErr_NoMemory();
     }
-    return PyLong_FromUnsignedLongLong(sig);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        slots[i] = PyDict_GetItemWithError(
+            args[1], PyTuple_GET_ITEM(code->co_localsplusnames, i));
+        rc = slots[i] == NULL && PyErr_Occurred() ? -1 : 0;
+    }
+    if (rc == 0) {
+        rc = ags_frame_signature(code, slots, &sig);
+    }
+    PyMem_Free(slots);
+    return rc < 0 ? NULL : PyLong_FromUnsignedLongLong(sig);
 }
 
 static PyObject *

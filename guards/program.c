@@ -42,6 +42,7 @@ enum { C_TENSOR, C_EQ, C_LEN, C_ID, C_ABSENT, C_DYNTENSOR };
 typedef struct {
     int op;
     int parent;          /* index of the parent load, or -1 */
+    int arg;             /* LOCAL: its argument slot, or -1 (read by name) */
     PyObject *key;       /* name, index, (module, name) or the source */
 } g_load;
 
@@ -93,7 +94,7 @@ typedef struct {
                                      parameters and buffers */
 #define P_NO_MEMO 2               /* never remember structure */
 
-typedef struct {
+typedef struct g_program_ {
     PyObject_HEAD
     g_load *loads;
     Py_ssize_t n_loads;
@@ -110,6 +111,10 @@ typedef struct {
     Py_ssize_t n_outputs;
     int flags;           /* P_* */
     ags_symtab sym;      /* symbols, expressions, guards (dynamic shapes) */
+    PyObject **tvals;    /* the program's own value table (> 64 loads): */
+    char *tvia;          /* all NULL / 0 between evaluations */
+    Py_ssize_t *ttouched;
+    int tbusy;           /* an evaluation is using it */
     g_memo memo;
     PyObject *weakreflist;
     vectorcallfunc vectorcall;
@@ -128,6 +133,15 @@ static void
 program_release(g_program *p)
 {
     memo_release(&p->memo);
+    /* never called while an evaluation uses the table: the evaluation
+     * holds a reference to the program */
+    PyMem_Free(p->tvals);
+    PyMem_Free(p->tvia);
+    PyMem_Free(p->ttouched);
+    p->tvals = NULL;
+    p->tvia = NULL;
+    p->ttouched = NULL;
+    p->tbusy = 0;
     for (Py_ssize_t i = 0; i < p->n_loads; i++) {
         Py_CLEAR(p->loads[i].key);
     }
@@ -309,7 +323,12 @@ load_global(PyObject *globals, PyObject *builtins, PyObject *name)
     return Py_NewRef(value);
 }
 
-/* The per-call table of load values: on the stack for small programs.
+/* The per-call table of load values: on the stack for small programs;
+ * for large ones the program's own table (kept all NULL between
+ * evaluations, so that an evaluation through the memo, which fills a few
+ * loads of a thousand, costs nothing per load it does not touch), or a
+ * fresh one while that is in use (a probe's Python call let another
+ * evaluation of the program start).
  * via[i]: load i was answered in C from a place the memo can watch. */
 typedef struct {
     PyObject *small[64];
@@ -317,14 +336,52 @@ typedef struct {
     PyObject **vals;
     char *via;
     Py_ssize_t n;
+    Py_ssize_t *touched;     /* the program's table: loads filled, in order */
+    Py_ssize_t n_touched;
+    struct g_program_ *owner;    /* the program whose table this is */
     const char *frozen;      /* while the memo holds: its remembered loads, */
     PyObject *const *known;  /* answered from it without a reference */
 } g_values;
 
+/* Borrowed: the frame's locals by name, made from the interpreter frame
+ * on first need (the caller of the program then owns it).  NULL with an
+ * exception on error. */
+static PyObject *
+frame_locals(ags_gframe *fr)
+{
+    if (fr->f_locals == NULL && fr->iframe != NULL) {
+        fr->f_locals = ags_frame_locals(fr->iframe);
+    }
+    if (fr->f_locals == NULL && !PyErr_Occurred()) {
+        PyErr_SetString(PyExc_SystemError, "guard program: no locals to read");
+    }
+    return fr->f_locals;
+}
+
+/* Borrowed: the local of load `ld` (an argument slot when the frame gives
+ * them and the load names an argument; else by name), G_MISSING if
+ * unbound, or NULL with an exception. */
+static PyObject *
+load_local(ags_gframe *fr, const g_load *ld)
+{
+    PyObject *locals, *out;
+
+    if (fr->args != NULL && ld->arg >= 0 && ld->arg < fr->nargs) {
+        out = fr->args[ld->arg];
+        return out != NULL ? out : G_MISSING;
+    }
+    locals = frame_locals(fr);
+    if (locals == NULL) {
+        return NULL;
+    }
+    out = PyDict_GetItemWithError(locals, ld->key);
+    return out != NULL ? out : PyErr_Occurred() ? NULL : G_MISSING;
+}
+
 /* vals[i]: the value of load i (new reference or G_MISSING), found on
  * first use.  NULL with an exception on error. */
 static PyObject *
-value_of(g_program *p, g_values *t, Py_ssize_t i, PyObject *const *frame)
+value_of(g_program *p, g_values *t, Py_ssize_t i, ags_gframe *frame)
 {
     PyObject **vals = t->vals;
     g_load *ld = &p->loads[i];
@@ -347,11 +404,13 @@ value_of(g_program *p, g_values *t, Py_ssize_t i, PyObject *const *frame)
     }
     switch (ld->op) {
     case L_LOCAL:
-        out = PyDict_GetItemWithError(frame[0], ld->key);
-        out = out ? Py_NewRef(out) : PyErr_Occurred() ? NULL : G_MISSING;
+        out = load_local(frame, ld);
+        if (out != NULL && out != G_MISSING) {
+            Py_INCREF(out);
+        }
         break;
     case L_GLOBAL:
-        out = load_global(frame[0 + 1], frame[2], ld->key);
+        out = load_global(frame->globals, frame->builtins, ld->key);
         break;
     case L_GMOD: {
         PyObject *mod = PyImport_GetModule(PyTuple_GET_ITEM(ld->key, 0));
@@ -397,6 +456,9 @@ value_of(g_program *p, g_values *t, Py_ssize_t i, PyObject *const *frame)
     default:  /* L_FGET */
         out = fallback(p, L_FGET, base, ld->key);
         break;
+    }
+    if (out != NULL && t->touched != NULL) {
+        t->touched[t->n_touched++] = i;
     }
     return vals[i] = out;
 }
@@ -526,10 +588,30 @@ check_one(g_program *p, ags_symvals *sv, const g_check *c, PyObject *v)
 }
 
 static int
-values_init(g_values *v, Py_ssize_t n)
+values_init(g_values *v, g_program *p)
 {
+    Py_ssize_t n = p->n_loads;
+
     v->n = n;
-    if (n > 64) {
+    v->touched = NULL;
+    v->n_touched = 0;
+    v->owner = NULL;
+    v->frozen = NULL;
+    v->known = NULL;
+    if (n <= 64) {
+        memset(v->small, 0, sizeof(v->small));
+        memset(v->small_via, 0, sizeof(v->small_via));
+        v->vals = v->small;
+        v->via = v->small_via;
+    }
+    else if (p->tvals != NULL && !p->tbusy) {
+        p->tbusy = 1;
+        v->owner = p;
+        v->vals = p->tvals;
+        v->via = p->tvia;
+        v->touched = p->ttouched;
+    }
+    else {
         v->vals = PyMem_Calloc((size_t)n, sizeof(PyObject *) + 1);
         if (v->vals == NULL) {
             PyErr_NoMemory();
@@ -537,24 +619,38 @@ values_init(g_values *v, Py_ssize_t n)
         }
         v->via = (char *)(v->vals + n);
     }
-    else {
-        memset(v->small, 0, sizeof(v->small));
-        memset(v->small_via, 0, sizeof(v->small_via));
-        v->vals = v->small;
-        v->via = v->small_via;
-    }
-    v->frozen = NULL;
-    v->known = NULL;
     return 0;
+}
+
+static void
+release_value(PyObject *value)
+{
+    if (value != NULL && value != G_MISSING) {
+        Py_DECREF(value);
+    }
 }
 
 static void
 values_release(g_values *v)
 {
-    for (Py_ssize_t i = 0; i < v->n; i++) {
-        if (v->vals[i] != NULL && v->vals[i] != G_MISSING) {
-            Py_DECREF(v->vals[i]);
+    if (v->owner != NULL) {
+        /* Clear the table first, moving each value into `touched`, then
+         * release them while the table is still marked busy: a finalizer
+         * that evaluates the program again takes a fresh table. */
+        for (Py_ssize_t k = 0; k < v->n_touched; k++) {
+            Py_ssize_t i = v->touched[k];
+            v->touched[k] = (Py_ssize_t)(intptr_t)v->vals[i];
+            v->vals[i] = NULL;
+            v->via[i] = 0;
         }
+        for (Py_ssize_t k = 0; k < v->n_touched; k++) {
+            release_value((PyObject *)(intptr_t)v->touched[k]);
+        }
+        v->owner->tbusy = 0;
+        return;
+    }
+    for (Py_ssize_t i = 0; i < v->n; i++) {
+        release_value(v->vals[i]);
     }
     if (v->vals != v->small) {
         PyMem_Free(v->vals);
@@ -874,7 +970,7 @@ fail:
 
 /* 1 if the memo holds for this frame: same root object, witnesses true. */
 static int
-memo_holds(g_program *p, PyObject *const *frame)
+memo_holds(g_program *p, ags_gframe *frame)
 {
     g_memo *m = &p->memo;
     PyObject *cur, *root;
@@ -882,7 +978,7 @@ memo_holds(g_program *p, PyObject *const *frame)
     if (!m->valid) {
         return 0;
     }
-    cur = PyDict_GetItemWithError(frame[0], p->loads[m->slot].key);
+    cur = load_local(frame, &p->loads[m->slot]);
     root = ags_compat_weak_target(m->root_ref);
     if (cur == NULL || cur != root) {
         PyErr_Clear();
@@ -933,14 +1029,14 @@ memo_holds(g_program *p, PyObject *const *frame)
 #define E_SIGNED 1
 
 static int
-run_program(g_program *p, PyObject *const *frame, int eflags, PyObject **outputs)
+run_program(g_program *p, ags_gframe *frame, int eflags, PyObject **outputs)
 {
     g_values table;
     g_memo *m = &p->memo;
     ags_symvals sv;
     int ok = 1, fast;
 
-    if (values_init(&table, p->n_loads) < 0) {
+    if (values_init(&table, p) < 0) {
         return -1;
     }
     ags_symvals_init(&sv, &p->sym);
@@ -958,8 +1054,10 @@ run_program(g_program *p, PyObject *const *frame, int eflags, PyObject **outputs
         g_check *c = &p->checks[fast ? m->live[k] : k];
         PyObject *v;
 
+        /* a signature covers the argument slots only, not a closure
+         * variable read as a local */
         if (((eflags & E_SIGNED) && c->kind == C_TENSOR
-                && p->loads[c->slot].op == L_LOCAL)) {
+                && p->loads[c->slot].arg >= 0)) {
             continue;
         }
         v = value_of(p, &table, c->slot, frame);
@@ -1016,14 +1114,11 @@ run_program(g_program *p, PyObject *const *frame, int eflags, PyObject **outputs
     return ok;
 }
 
+/* The frame of a call from Python: (f_locals, f_globals, f_builtins),
+ * three dicts.  0, or -1 with TypeError. */
 static int
-evaluate(g_program *p, PyObject *const *frame)
-{
-    return run_program(p, frame, 0, NULL);
-}
-
-static int
-frame_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+frame_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+           ags_gframe *fr)
 {
     if (nargs != 3 || (kwnames && PyTuple_GET_SIZE(kwnames))
         || !PyDict_Check(args[0]) || !PyDict_Check(args[1])
@@ -1032,6 +1127,10 @@ frame_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
                         "f_globals, f_builtins), three dicts");
         return -1;
     }
+    memset(fr, 0, sizeof(*fr));
+    fr->f_locals = args[0];
+    fr->globals = args[1];
+    fr->builtins = args[2];
     return 0;
 }
 
@@ -1042,14 +1141,15 @@ program_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     g_program *p = (g_program *)self;
     g_values table;
+    ags_gframe fr;
     PyObject *out;
 
-    if (frame_args(args, nargs, NULL) < 0 || values_init(&table, p->n_loads) < 0) {
+    if (frame_args(args, nargs, NULL, &fr) < 0 || values_init(&table, p) < 0) {
         return NULL;
     }
     out = PyTuple_New(p->n_outputs);
     for (Py_ssize_t i = 0; out != NULL && i < p->n_outputs; i++) {
-        PyObject *v = value_of(p, &table, p->outputs[i], args);
+        PyObject *v = value_of(p, &table, p->outputs[i], &fr);
         if (v == NULL) {
             Py_CLEAR(out);
             break;
@@ -1073,10 +1173,12 @@ ags_is_guard_program(PyObject *obj)
 }
 
 int
-ags_guard_run(PyObject *program, PyObject *const *frame, int signed_frame,
+ags_guard_run(PyObject *program, ags_gframe *frame, int signed_frame,
               PyObject **inputs)
 {
-    *inputs = NULL;
+    if (inputs != NULL) {
+        *inputs = NULL;
+    }
     return run_program((g_program *)program, frame, signed_frame ? E_SIGNED : 0,
                        inputs);
 }
@@ -1089,16 +1191,17 @@ program_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                    PyObject *kwnames)
 {
     g_program *p = (g_program *)self;
+    ags_gframe fr;
     int ok;
 
-    if (frame_args(args, PyVectorcall_NARGS(nargsf), kwnames) < 0) {
+    if (frame_args(args, PyVectorcall_NARGS(nargsf), kwnames, &fr) < 0) {
         return NULL;
     }
     if (p->probes == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "guard program not compiled");
         return NULL;
     }
-    ok = evaluate(p, args);
+    ok = run_program(p, &fr, 0, NULL);
     return ok < 0 ? NULL : PyBool_FromLong(ok);
 }
 
@@ -1130,7 +1233,8 @@ program_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 
 /* _set_program(loads, checks, aliases, probes, step, missing, module_type,
  *              outputs, flags=0, symbolic=None)
- *   loads:  [(op, parent, key)]    checks: [(slot, kind, a, b)]
+ *   loads:  [(op, parent, key[, arg])]   checks: [(slot, kind, a, b)]
+ *           (arg: a LOCAL's argument slot, read by index from the hook)
  *   aliases: [(slot, slot)]        probes: ((fn, args, expected), ...)
  *   outputs: [slot]                flags: P_CHECK_KNOWN_TENSORS | P_NO_MEMO
  *   symbolic: None or (n_syms, exprs, guard indices, fallback), see
@@ -1149,6 +1253,11 @@ program_set(PyObject *self, PyObject *args)
                           &PyList_Type, &outputs, &flags, &symbolic)) {
         return NULL;
     }
+    if (p->tbusy) {
+        PyErr_SetString(PyExc_RuntimeError, "a guard program cannot be compiled "
+                        "again while it is evaluated");
+        return NULL;
+    }
     program_release(p);
     p->flags = flags;
     if (ags_symtab_set(&p->sym, symbolic) < 0) {
@@ -1162,6 +1271,15 @@ program_set(PyObject *self, PyObject *args)
     p->n_loads = PyList_GET_SIZE(loads);
     p->n_checks = PyList_GET_SIZE(checks);
     p->n_aliases = PyList_GET_SIZE(aliases);
+    if (p->n_loads > 64) {   /* the program's own value table (g_values) */
+        p->tvals = PyMem_Calloc((size_t)p->n_loads, sizeof(PyObject *));
+        p->tvia = PyMem_Calloc((size_t)p->n_loads, 1);
+        p->ttouched = PyMem_Calloc((size_t)p->n_loads, sizeof(Py_ssize_t));
+        if (!p->tvals || !p->tvia || !p->ttouched) {
+            program_release(p);
+            return PyErr_NoMemory();
+        }
+    }
     p->loads = PyMem_Calloc((size_t)p->n_loads + 1, sizeof(g_load));
     p->checks = PyMem_Calloc((size_t)p->n_checks + 1, sizeof(g_check));
     p->aliases = PyMem_Calloc(2 * (size_t)p->n_aliases + 1, sizeof(int));
@@ -1171,8 +1289,9 @@ program_set(PyObject *self, PyObject *args)
     }
     for (Py_ssize_t i = 0; i < p->n_loads; i++) {
         g_load *ld = &p->loads[i];
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(loads, i), "iiO", &ld->op,
-                              &ld->parent, &ld->key)) {
+        ld->arg = -1;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(loads, i), "iiO|i", &ld->op,
+                              &ld->parent, &ld->key, &ld->arg)) {
             goto bad;
         }
         Py_INCREF(ld->key);
@@ -1180,7 +1299,8 @@ program_set(PyObject *self, PyObject *args)
             || (ld->parent < 0) != (ld->op <= L_GMOD)
             || (ld->op == L_GMOD && !(PyTuple_Check(ld->key)
                                       && PyTuple_GET_SIZE(ld->key) == 2))
-            || (ld->op == L_CELL && !PyLong_Check(ld->key))) {
+            || (ld->op == L_CELL && !PyLong_Check(ld->key))
+            || (ld->arg >= 0 && ld->op != L_LOCAL) || ld->arg < -1) {
             PyErr_Format(PyExc_ValueError, "bad guard load %zd", i);
             goto bad;
         }
@@ -1266,6 +1386,7 @@ program_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     g_program *p = (g_program *)self;
     PyObject *inputs = NULL;
+    ags_gframe fr;
     int signed_frame = 0, ok;
 
     if (nargs == 4) {
@@ -1275,14 +1396,14 @@ program_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         nargs = 3;
     }
-    if (frame_args(args, nargs, NULL) < 0) {
+    if (frame_args(args, nargs, NULL, &fr) < 0) {
         return NULL;
     }
     if (p->probes == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "guard program not compiled");
         return NULL;
     }
-    ok = run_program(p, args, signed_frame ? E_SIGNED : 0, &inputs);
+    ok = run_program(p, &fr, signed_frame ? E_SIGNED : 0, &inputs);
     if (ok < 0) {
         return NULL;
     }

@@ -166,12 +166,10 @@ ags_sig_release(ags_sig *b)
 }
 
 int
-ags_sig_compute(PyCodeObject *code, PyObject *f_locals, ags_sig *b, uint64_t *out)
+ags_sig_compute(PyCodeObject *code, PyObject *const *args, ags_sig *b, uint64_t *out)
 {
     PyObject *ttype;
-    int nargs = code->co_argcount + code->co_kwonlyargcount
-                + !!(code->co_flags & CO_VARARGS)
-                + !!(code->co_flags & CO_VARKEYWORDS);
+    int nargs = ags_code_nargs(code);
     int rc = 0;
 
     b->words = b->small;
@@ -182,11 +180,10 @@ ags_sig_compute(PyCodeObject *code, PyObject *f_locals, ags_sig *b, uint64_t *ou
     }
     ttype = get_tensor_type();
     for (int i = 0; rc == 0 && i < nargs; i++) {
-        PyObject *name = PyTuple_GET_ITEM(code->co_localsplusnames, i);
-        PyObject *value = PyDict_GetItemWithError(f_locals, name);
+        PyObject *value = args[i];
 
         if (value == NULL) {
-            rc = PyErr_Occurred() ? -1 : put(b, 0);
+            rc = put(b, 0);
             continue;
         }
         rc = put(b, (int64_t)(intptr_t)Py_TYPE(value));
@@ -207,10 +204,10 @@ ags_sig_compute(PyCodeObject *code, PyObject *f_locals, ags_sig *b, uint64_t *ou
 }
 
 int
-ags_frame_signature(PyCodeObject *code, PyObject *f_locals, uint64_t *out)
+ags_frame_signature(PyCodeObject *code, PyObject *const *args, uint64_t *out)
 {
     ags_sig b;
-    int rc = ags_sig_compute(code, f_locals, &b, out);
+    int rc = ags_sig_compute(code, args, &b, out);
 
     ags_sig_release(&b);
     return rc;
