@@ -356,30 +356,33 @@ class Guard(_C.GuardProgram):
         return len(bound) == len(self.sym.symbols) and \
             all(self.sym.holds(g, bound) for g in self.sym.guards)
 
-    def _walk(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> list[str]:
-        """Every failing check (the Python reading of the program, for logs and tests)."""
+    def _walk(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> list[tuple]:
+        """Every failing part, as (kind, index, text), kinds and indices as the C program
+        names them (``why``): the Python reading of the program, for logs and tests."""
         memo: dict = {}
         bound: dict = {}
         out = []
-        for source, kind, expected in self.checks:
+        for i, (source, kind, expected) in enumerate(self.checks):
             value = resolve(source, f_locals, f_globals, f_builtins, memo)
             if not _passes(kind, expected, value, self.sym, bound):
-                out.append(f"{describe(source)}: expected {_shown(kind, expected, self.sym)}, "
-                           f"got {_got(kind, value)}")
-        for a, b in self.aliases:
+                out.append(("check", i, f"{describe(source)}: expected "
+                            f"{_shown(kind, expected, self.sym)}, got {_got(kind, value)}"))
+        for i, (a, b) in enumerate(self.aliases):
             if resolve(a, f_locals, f_globals, f_builtins, memo) is not \
                     resolve(b, f_locals, f_globals, f_builtins, memo):
-                out.append(f"{describe(a)} is {describe(b)}: no longer the same tensor")
+                out.append(("alias", i, f"{describe(a)} is {describe(b)}: no longer the "
+                            f"same tensor"))
         if self.sym is not None and not out:
             values = ", ".join(f"{n}={bound[s]}" for s, n in
                                zip(self.sym.symbols, self.sym.names) if s in bound)
-            for g in self.sym.guards:
+            for i, g in self.sym.ordered_guards():
                 if not self.sym.holds(g, bound):
-                    out.append(f"size guard {self.sym.readable(g)}: false for {values}")
+                    out.append(("size", i, f"size guard {self.sym.readable(g)}: false for "
+                                f"{values}"))
         state = global_state(self.torch)
         if state != self.state:
-            out.append(f"global state: expected {_state_text(self.state)}, "
-                       f"got {_state_text(state)}")
+            out.append(("probe", -1, f"global state: expected {_state_text(self.state)}, "
+                        f"got {_state_text(state)}"))
         return out
 
     def check_in_python(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> bool:
@@ -388,7 +391,19 @@ class Guard(_C.GuardProgram):
 
     def failures(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> list[str]:
         """Every failing check, as "source: expected X, got Y" (for recompile logs)."""
-        return self._walk(f_locals, f_globals, f_builtins)
+        return [text for _, _, text in self._walk(f_locals, f_globals, f_builtins)]
+
+    def first_failure(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> str | None:
+        """What failed first when the C program ran on this frame (``why``), in words;
+        None if it passes."""
+        why = self.why(f_locals, f_globals, f_builtins)
+        if why is None:
+            return None
+        kind, index = why
+        for k, i, text in self._walk(f_locals, f_globals, f_builtins):
+            if k == kind and (i == index or kind == "probe"):
+                return text
+        return f"{kind} {index} (the guard changed while it ran)"
 
     def lines(self) -> list[str]:
         """The checks, readable (for AGSPEED_LOG=guards and explain)."""

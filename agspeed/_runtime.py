@@ -328,10 +328,14 @@ class Context:
             guard = entry.guard
             failures.append(guard.failures(f_locals, f_globals, f_builtins)
                             if hasattr(guard, "failures") else ["(no guard details)"])
-        # The entry that failed the fewest checks is the one this call nearly was.
-        closest = min(failures, key=lambda f: len(f) if f else 1 << 30)
-        reason = closest[0] if closest else "(every guard passes now: a guard changed " \
-                                            "while it ran)"
+        # The entry that failed the fewest checks is the one this call nearly was; its
+        # reason is what its C program found failing first.
+        at = min(range(len(failures)), key=lambda k: len(failures[k]) or 1 << 30)
+        closest = failures[at]
+        first = entries[at].guard.first_failure(f_locals, f_globals, f_builtins) \
+            if hasattr(entries[at].guard, "first_failure") else None
+        reason = first or (closest[0] if closest else "(every guard passes now: a guard "
+                                                      "changed while it ran)")
         _record_recompile(code, where, reason)
         if log.enabled("recompiles"):
             more = f" (+{len(closest) - 1} more)" if len(closest) > 1 else ""

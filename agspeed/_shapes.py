@@ -357,6 +357,14 @@ class SymbolicGuards:
 
         return int(expr.xreplace({s: sympy.Integer(v) for s, v in values.items()}))
 
+    def ordered_guards(self) -> list[tuple[int, Any]]:
+        """The guards as the C program numbers them (``why``): those it evaluates in
+        postfix first, in order, then the fallback's, all numbered len(postfix)."""
+        index = {s: k for k, s in enumerate(self.symbols)}
+        fast = [g for g in self.guards if to_postfix(g, index) is not None]
+        slow = [g for g in self.guards if to_postfix(g, index) is None]
+        return list(enumerate(fast)) + [(len(fast), g) for g in slow]
+
     def program(self) -> tuple[tuple, dict]:
         """``(symbolic, stride_slots)`` for the C program: symbolic is (n_syms, exprs,
         guard indices, fallback); stride_slots maps each symbolic stride expression to

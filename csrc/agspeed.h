@@ -397,8 +397,9 @@ int ags_sym_check_tensor(const ags_symtab *t, ags_symvals *s, PyObject *v,
                          PyObject *type, PyObject *spec);
 /* 1 if such a spec refers only to existing symbols and expressions. */
 int ags_sym_spec_ok(PyObject *spec, Py_ssize_t n_syms, Py_ssize_t n_exprs);
-/* 1 if every guard expression holds (then the fallback), 0, or -1. */
-int ags_sym_check_guards(const ags_symtab *t, ags_symvals *s);
+/* 1 if every guard expression holds (then the fallback), 0 with *failed
+ * the failing guard's index (n_guards: the fallback), or -1. */
+int ags_sym_check_guards(const ags_symtab *t, ags_symvals *s, Py_ssize_t *failed);
 PyObject *ags_sym_eval_py(PyObject *module, PyObject *const *args,
                           Py_ssize_t nargs);
 PyObject *ags_sym_ops(void);

@@ -1028,12 +1028,23 @@ memo_holds(g_program *p, ags_gframe *frame)
  * those that reach nothing), the graph's inputs.  Returns 1, 0 or -1. */
 #define E_SIGNED 1
 
+/* What failed in an evaluation that answered 0: a check, an alias, a size
+ * guard (index n_guards: the Python fallback) or a probe, by index. */
+enum { F_NONE, F_CHECK, F_ALIAS, F_SIZE, F_PROBE };
+
+typedef struct {
+    int kind;
+    Py_ssize_t index;
+} g_why;
+
 static int
-run_program(g_program *p, ags_gframe *frame, int eflags, PyObject **outputs)
+run_program(g_program *p, ags_gframe *frame, int eflags, PyObject **outputs,
+            g_why *why)
 {
     g_values table;
     g_memo *m = &p->memo;
     ags_symvals sv;
+    g_why failed = {F_NONE, -1};
     int ok = 1, fast;
 
     if (values_init(&table, p) < 0) {
@@ -1062,6 +1073,9 @@ run_program(g_program *p, ags_gframe *frame, int eflags, PyObject **outputs)
         }
         v = value_of(p, &table, c->slot, frame);
         ok = v == NULL ? -1 : check_one(p, &sv, c, v);
+        if (ok == 0) {
+            failed = (g_why){F_CHECK, fast ? m->live[k] : k};
+        }
     }
     for (Py_ssize_t i = 0; ok == 1 && i < p->n_aliases; i++) {
         PyObject *a, *b;
@@ -1071,9 +1085,13 @@ run_program(g_program *p, ags_gframe *frame, int eflags, PyObject **outputs)
         a = value_of(p, &table, p->aliases[2 * i], frame);
         b = a ? value_of(p, &table, p->aliases[2 * i + 1], frame) : NULL;
         ok = b == NULL ? -1 : (a == b && a != G_MISSING);
+        if (ok == 0) {
+            failed = (g_why){F_ALIAS, i};
+        }
     }
     if (ok == 1 && p->sym.active) {
-        ok = ags_sym_check_guards(&p->sym, &sv);
+        ok = ags_sym_check_guards(&p->sym, &sv, &failed.index);
+        failed.kind = ok == 0 ? F_SIZE : F_NONE;
     }
     for (Py_ssize_t i = 0; ok == 1 && i < PyTuple_GET_SIZE(p->probes); i++) {
         PyObject *probe = PyTuple_GET_ITEM(p->probes, i);
@@ -1085,6 +1103,9 @@ run_program(g_program *p, ags_gframe *frame, int eflags, PyObject **outputs)
         else {
             ok = PyObject_RichCompareBool(got, PyTuple_GET_ITEM(probe, 2), Py_EQ);
             Py_DECREF(got);
+            if (ok == 0) {
+                failed = (g_why){F_PROBE, i};
+            }
         }
     }
     /* The outputs' loads, also on a full evaluation without `outputs`, so
@@ -1111,6 +1132,9 @@ run_program(g_program *p, ags_gframe *frame, int eflags, PyObject **outputs)
         *outputs = out;
     }
     values_release(&table);
+    if (why != NULL) {
+        *why = ok == 0 ? failed : (g_why){F_NONE, -1};
+    }
     return ok;
 }
 
@@ -1180,7 +1204,7 @@ ags_guard_run(PyObject *program, ags_gframe *frame, int signed_frame,
         *inputs = NULL;
     }
     return run_program((g_program *)program, frame, signed_frame ? E_SIGNED : 0,
-                       inputs);
+                       inputs, NULL);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1201,7 +1225,7 @@ program_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
         PyErr_SetString(PyExc_RuntimeError, "guard program not compiled");
         return NULL;
     }
-    ok = run_program(p, &fr, 0, NULL);
+    ok = run_program(p, &fr, 0, NULL, NULL);
     return ok < 0 ? NULL : PyBool_FromLong(ok);
 }
 
@@ -1403,7 +1427,7 @@ program_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "guard program not compiled");
         return NULL;
     }
-    ok = run_program(p, &fr, signed_frame ? E_SIGNED : 0, &inputs);
+    ok = run_program(p, &fr, signed_frame ? E_SIGNED : 0, &inputs, NULL);
     if (ok < 0) {
         return NULL;
     }
@@ -1411,6 +1435,36 @@ program_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     }
     return inputs;
+}
+
+/* why(f_locals, f_globals, f_builtins) -> None or (kind, index): what
+ * failed first in an evaluation on that frame ("check", "alias", "size",
+ * "probe"; the index into the program's own lists), for recompile logs.
+ * The passing path records nothing more than a failing one does. */
+static PyObject *
+program_why(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    static const char *const kinds[] = {"", "check", "alias", "size", "probe"};
+    g_program *p = (g_program *)self;
+    ags_gframe fr;
+    g_why why;
+    int ok;
+
+    if (frame_args(args, nargs, NULL, &fr) < 0) {
+        return NULL;
+    }
+    if (p->probes == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "guard program not compiled");
+        return NULL;
+    }
+    ok = run_program(p, &fr, 0, NULL, &why);
+    if (ok < 0) {
+        return NULL;
+    }
+    if (ok == 1) {
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(sn)", kinds[why.kind], why.index);
 }
 
 /* _memo() -> dict: the structure memo's state, for tests and reports. */
@@ -1505,6 +1559,10 @@ static PyMethodDef program_methods[] = {
      "run(f_locals, f_globals, f_builtins, signed=False) -> tuple or None: the "
      "graph's inputs if every check passes (signed: the frame's signature "
      "matched, so its arguments' tensor checks are settled)."},
+    {"why", (PyCFunction)(void (*)(void))program_why, METH_FASTCALL,
+     "why(f_locals, f_globals, f_builtins) -> None or (kind, index): what "
+     "failed first on that frame: a 'check', 'alias', 'size' guard (index "
+     "len(guards): the Python fallback) or 'probe', by index."},
     {"_memo", program_memo, METH_NOARGS,
      "_memo() -> dict: the structure memo (valid, remembered loads, skipped "
      "checks, witnesses, watched, and evaluations with and without it)."},

@@ -531,7 +531,7 @@ ags_sym_spec_ok(PyObject *spec, Py_ssize_t n_syms, Py_ssize_t n_exprs)
 }
 
 int
-ags_sym_check_guards(const ags_symtab *t, ags_symvals *s)
+ags_sym_check_guards(const ags_symtab *t, ags_symvals *s, Py_ssize_t *failed)
 {
     PyObject *values, *verdict;
     int ok;
@@ -540,12 +540,14 @@ ags_sym_check_guards(const ags_symtab *t, ags_symvals *s)
         Py_ssize_t k = t->guards[i];
         int64_t value;
         if (ags_sym_eval(t->exprs[k], t->expr_len[k], s, &value) < 0 || value == 0) {
+            *failed = i;
             return 0;
         }
     }
     if (t->fallback == NULL) {
         return 1;
     }
+    *failed = t->n_guards;
     values = PyTuple_New(t->n_syms);
     for (Py_ssize_t k = 0; values != NULL && k < t->n_syms; k++) {
         PyObject *item = s->bound[k] ? PyLong_FromLongLong(s->v[k])

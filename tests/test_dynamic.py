@@ -410,6 +410,9 @@ def test_compiled_dynamic_guards_agree_with_their_python_reading():
         got = guard(*frame)
         assert got == guard.check_in_python(*frame), (x.shape, getattr(y, "shape", y))
         assert got == (not guard.failures(*frame))
+        walk = guard._walk(*frame)
+        assert guard.why(*frame) == (None if got else walk[0][:2])
+        assert guard.first_failure(*frame) == (None if got else walk[0][2])
         answers.append(got)
     # served: another size of both; refused: size 1, a slice past the end, another
     # layout, dtype, requires_grad, type

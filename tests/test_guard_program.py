@@ -185,6 +185,24 @@ def test_aliases_and_probes():
     assert p({}, {}, {}) is False
 
 
+def test_why_names_the_first_failing_check_alias_or_probe():
+    shared, other = object(), object()
+    flag = {"on": True}
+    p = program([], [(("local", "a"), EQ, int, 1), (("local", "b"), EQ, int, 2)],
+                aliases=[(("local", "c"), ("local", "d"))],
+                probes=[(flag.get, ("on",), True)])
+    frame = {"a": 1, "b": 2, "c": shared, "d": shared}
+    assert p.why(frame, {}, {}) is None
+    assert p.why({**frame, "b": 3}, {}, {}) == ("check", 1)
+    assert p.why({**frame, "a": 0, "b": 3}, {}, {}) == ("check", 0)
+    assert p.why({**frame, "d": other}, {}, {}) == ("alias", 0)
+    flag["on"] = False
+    assert p.why(frame, {}, {}) == ("probe", 0)
+    assert p(frame, {}, {}) is False
+    with pytest.raises(TypeError, match="three dicts"):
+        p.why(frame, {})
+
+
 def test_bad_programs_and_calls_are_refused():
     p = _C.GuardProgram()
     with pytest.raises(RuntimeError, match="not compiled"):
@@ -275,6 +293,13 @@ def test_compiled_guards_agree_with_python_under_changes():
             args = (f_locals, type(model).forward.__globals__, vars(__builtins__)
                     if isinstance(__builtins__, types.ModuleType) else __builtins__)
             assert guard(*args) is guard.check_in_python(*args), (name, change)
+            # what C found failing first is Python's first failure
+            why = guard.why(*args)
+            walk = guard._walk(*args)
+            assert (why is None) == (not walk), (name, change)
+            if why is not None:
+                assert why[0] == walk[0][0] and (why[0] == "probe" or why[1] == walk[0][1])
+                assert guard.first_failure(*args) == walk[0][2]
         torch.set_grad_enabled(True)
         agspeed.reset()
 

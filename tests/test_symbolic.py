@@ -203,6 +203,18 @@ def test_the_fallback_sees_the_symbols_and_decides_last():
         run(p, x=FakeTensor((4, 16, 3)))
 
 
+def test_why_names_the_failing_size_guard_or_the_fallback():
+    ge2 = binary("GE", sym(0), const(2))
+    lt64 = binary("LT", sym(1), const(64))
+    p = check([X_CHECK], exprs=X_EXPRS + (ge2, lt64), guards=(2, 3),
+              fallback=lambda values: values[0] != 7)
+    assert p.why({"x": FakeTensor((2, 16, 63))}, {}, {}) is None
+    assert p.why({"x": FakeTensor((1, 16, 3))}, {}, {}) == ("size", 0)
+    assert p.why({"x": FakeTensor((2, 16, 64))}, {}, {}) == ("size", 1)
+    assert p.why({"x": FakeTensor((7, 16, 3))}, {}, {}) == ("size", 2)   # the fallback
+    assert p.why({"x": FakeTensor((2, 15, 3))}, {}, {}) == ("check", 0)
+
+
 def test_bad_symbolic_tables_are_refused():
     with pytest.raises(ValueError, match="symbols"):
         check([], n_syms=65)
