@@ -178,6 +178,8 @@ typedef struct ags_code_state {
      * borrowed, valid while `stamp` equals fast_stamp. */
     ags_entry *fast_entry;
     uint64_t fast_stamp;
+    int fast_fails;                  /* failed argument checks in a row */
+    int fast_rest;                   /* lookups left that skip the check */
 } ags_code_state;
 
 #define AGS_CODE_SKIP 0x1u           /* never hook this code again */

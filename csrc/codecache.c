@@ -38,6 +38,10 @@
  * guard runs with the argument checks settled, and no signature is
  * computed.  A miss there costs one failed check, then the table.
  *
+ * Calls that cycle through many shapes never match the last hit: after
+ * AGS_FAST_FAILS failed checks in a row the check rests for the next
+ * AGS_FAST_REST lookups, so such a function pays one check in that many.
+ *
  * The hit path makes no locals dict: signatures and guard programs read
  * the argument slots of the frame by index, and the dict is made only for
  * a guard that reads something else (a closure variable, a Python guard).
@@ -48,6 +52,9 @@
 #include <string.h>
 
 PyTypeObject *ags_entry_type;
+
+#define AGS_FAST_FAILS 4    /* see "The steady state" above */
+#define AGS_FAST_REST 64
 
 static Py_ssize_t extra_index = -1;
 static uint64_t version;
@@ -335,12 +342,22 @@ ags_cache_lookup(ags_code_state *state, PyObject *ctx,
     }
     /* The last signed hit, if the arguments match it (see "The steady
      * state" above). */
-    if (state->fast_entry != NULL && state->fast_stamp == state->stamp
-        && state->fast_entry->arg_check != Py_None) {
+    if (state->fast_rest > 0) {
+        state->fast_rest--;
+    }
+    else if (state->fast_entry != NULL && state->fast_stamp == state->stamp
+             && state->fast_entry->arg_check != Py_None) {
         rc = args_match(state->fast_entry, fr.args, fr.nargs);
         if (rc == 1) {
             rc = try_entry(state->fast_entry, ctx, &fr, 1, found, inputs);
             ags_stats.arg_check_hits += rc == 1;
+        }
+        if (rc == 1) {
+            state->fast_fails = 0;
+        }
+        else if (rc == 0 && ++state->fast_fails >= AGS_FAST_FAILS) {
+            state->fast_fails = 0;          /* shapes that keep changing: */
+            state->fast_rest = AGS_FAST_REST;   /* rest, then try again */
         }
         if (rc != 0 || version != seen) {
             rc = rc == 2 || rc == 0 ? 0 : rc;   /* the cache moved: a miss */

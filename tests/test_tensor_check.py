@@ -157,3 +157,23 @@ def test_entries_made_while_disabled_have_no_check():
     assert _tensor_check.arg_check(mix.__code__, {"x": torch.randn(2).as_subclass(sub)}) \
         is None
     assert sys.getrefcount(check) >= 2
+
+
+def test_the_check_rests_while_shapes_cycle_and_comes_back():
+    fast = agspeed.optimize(mix, backend="eager", dynamic=False)
+    w = torch.randn(4, 2)
+    xs = [torch.randn(n, 4) for n in range(2, 8)]
+    with agspeed.config.override(recompile_limit=32):
+        for x in xs:
+            fast(x, w)
+        start = agspeed.counters()["arg_check_hits"]
+        for _ in range(20):                   # a cycle never matches the last hit
+            for x in xs:
+                torch.testing.assert_close(fast(x, w), mix(x, w))
+        cycling = agspeed.counters()["arg_check_hits"] - start
+        start = agspeed.counters()["arg_check_hits"]
+        for _ in range(100):                  # steady again: back after its rest
+            torch.testing.assert_close(fast(xs[0], w), mix(xs[0], w))
+        steady = agspeed.counters()["arg_check_hits"] - start
+    assert cycling == 0
+    assert 100 - 64 - 1 <= steady < 100
