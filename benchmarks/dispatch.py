@@ -1,9 +1,11 @@
 """Dispatch among many cached shapes of one function: agspeed next to torch.compile.
 
 A small function is called with N different input shapes until each has its own cache
-entry (static shapes: dynamic=False and backend "eager" on both sides), then timed on a cycle through all N
-shapes, so that no recency ordering helps.  Reported per call in microseconds, and as a
-ratio to N = 1: a flat cost means dispatch does not grow with the number of entries.
+entry (static shapes: dynamic=False and backend "eager" on both sides), then timed on a
+cycle through all N shapes, so that no recency ordering helps, taking turns with plain
+eager calls of the same function on the same inputs.  Reported per call in
+microseconds, as what the runtime adds to eager's call, and as a ratio to N = 1: a flat
+cost means dispatch does not grow with the number of entries.
 
 agspeed keys each entry by the frame's signature (argument types and tensor metadata,
 hashed with XXH3) and runs only the guards of entries with the frame's signature.
@@ -43,36 +45,39 @@ def inputs_for(n: int) -> list:
     return [torch.randn(k + 1, device=DEVICE) for k in range(n)]
 
 
-def timed_cycle(fn, xs: list, rounds: int) -> float:
-    """Median over rounds of the time per call of one pass over ``xs``, in us."""
-    samples = []
+def timed_cycle(fns: list, xs: list, rounds: int) -> list:
+    """Median over rounds of the time per call of one pass over ``xs`` for each of
+    ``fns``, in us; the functions take turns within each round, so that the machine's
+    drift falls on all of them alike."""
+    samples = [[] for _ in fns]
     for _ in range(rounds):
-        sync(DEVICE)
-        start = time.perf_counter_ns()
-        for x in xs:
-            fn(x)
-        sync(DEVICE)
-        samples.append((time.perf_counter_ns() - start) / len(xs) / 1e3)
-    return statistics.median(samples)
+        for fn, out in zip(fns, samples):
+            sync(DEVICE)
+            start = time.perf_counter_ns()
+            for x in xs:
+                fn(x)
+            sync(DEVICE)
+            out.append((time.perf_counter_ns() - start) / len(xs) / 1e3)
+    return [statistics.median(s) for s in samples]
 
 
-def measure(runtime: str, n: int, rounds: int) -> float:
+def measure(runtime: str, n: int, rounds: int) -> tuple:
+    """(eager us, runtime us) per call on a cycle through n cached shapes."""
     agspeed.reset()
     torch._dynamo.reset()
     xs = inputs_for(n)
     if runtime == "agspeed":
         fn = agspeed.optimize(work, backend="eager", dynamic=False)
-    elif runtime == "dynamo":
-        fn = torch.compile(work, backend="eager", dynamic=False)
     else:
-        fn = work
+        fn = torch.compile(work, backend="eager", dynamic=False)
     with agspeed.config.override(recompile_limit=max(n + 8, 8), cache_size_limit=max(n + 8, 64)):
         for x in xs:  # one capture per shape
             fn(x)
         if runtime == "agspeed":
             entries = _C.code_cache(work.__code__)["entries"]
             assert len(entries) == n, f"{len(entries)} entries for {n} shapes"
-        return timed_cycle(fn, xs, rounds)
+        eager_us, runtime_us = timed_cycle([work, fn], xs, rounds)
+    return eager_us, runtime_us
 
 
 def main() -> int:
@@ -88,30 +93,38 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.quick:
         sizes = [s for s in sizes if s <= 10] or [1]
-    rounds = 3 if args.quick else 7
+    rounds = 3 if args.quick else 15
     torch.set_num_threads(1)
     limits = ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
               "accumulated_recompile_limit")
     for name in limits:
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(sizes) + 8)
+    for runtime in ("agspeed", "dynamo"):   # warm up, so the first row is not cold
+        measure(runtime, sizes[0], 1)
     rows = {}
     for n in sizes:
-        row = {"eager_us": measure("eager", n, rounds),
-               "agspeed_us": measure("agspeed", n, rounds)}
-        row["dynamo_us"] = measure("dynamo", n, rounds) if n <= args.dynamo_max else None
+        eager_us, agspeed_us = measure("agspeed", n, rounds)
+        row = {"eager_us": eager_us, "agspeed_us": agspeed_us,
+               "agspeed_overhead_us": agspeed_us - eager_us,
+               "dynamo_us": None, "dynamo_overhead_us": None}
+        if n <= args.dynamo_max:
+            eager2_us, dynamo_us = measure("dynamo", n, rounds)
+            row["dynamo_us"] = dynamo_us
+            row["dynamo_overhead_us"] = dynamo_us - eager2_us
         rows[n] = row
     base = rows[sizes[0]]
     print(f"dispatch among cached shapes ({DEVICE}) on {machine(DEVICE)}, torch {torch.__version__}")
-    print(f"  {'shapes':>7s} {'eager':>8s} {'agspeed':>8s} {'x first':>8s} "
-          f"{'dynamo':>8s} {'x first':>8s}")
+    print(f"  {'shapes':>7s} {'eager':>8s} {'agspeed':>8s} {'+eager':>8s} {'x first':>8s} "
+          f"{'dynamo':>8s} {'+eager':>8s} {'x first':>8s}")
     for n, r in rows.items():
         r["agspeed_vs_first"] = r["agspeed_us"] / base["agspeed_us"]
         dyn = r["dynamo_us"]
         r["dynamo_vs_first"] = dyn / base["dynamo_us"] if dyn and base["dynamo_us"] else None
-        dyn_text = f"{dyn:8.1f} {r['dynamo_vs_first']:8.2f}" if dyn else f"{'-':>8s} {'-':>8s}"
+        dyn_text = (f"{dyn:8.1f} {r['dynamo_overhead_us']:8.1f} {r['dynamo_vs_first']:8.2f}"
+                    if dyn else f"{'-':>8s} {'-':>8s} {'-':>8s}")
         print(f"  {n:7d} {r['eager_us']:8.1f} {r['agspeed_us']:8.1f} "
-              f"{r['agspeed_vs_first']:8.2f} {dyn_text}")
+              f"{r['agspeed_overhead_us']:8.1f} {r['agspeed_vs_first']:8.2f} {dyn_text}")
     data = {"benchmark": "dispatch", "machine": machine(DEVICE), "device": DEVICE,
             "torch": torch.__version__,
             "quick": args.quick, "rows": {str(n): r for n, r in rows.items()}}

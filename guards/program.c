@@ -64,9 +64,13 @@ typedef struct {
     int kind;
     PyObject *obj;       /* borrowed: TYPEOF/DICTPTR: the object; DICT: the dict */
     PyObject *dict;      /* borrowed: DICTPTR: the object's __dict__ */
+    PyObject **where;    /* DICTPTR: where the object keeps its __dict__ (fixed
+                            by its type's layout, which TYPEOF before it keeps) */
     PyTypeObject *type;  /* borrowed: TYPEOF: the object's type */
     uint64_t version;    /* TYPEOF: the type's version tag; DICTPTR/DICT: the
                             dict's version tag */
+    int repeat;          /* TYPEOF: an earlier witness has the same type, so
+                            its version is read once */
 } g_witness;
 
 typedef struct {
@@ -184,10 +188,16 @@ fallback(g_program *p, int op, PyObject *base, PyObject *key)
     return out;
 }
 
+/* Where load_attr found an attribute, when the structure memo can watch
+ * that place: the class (a function, a constant or a property) or the
+ * instance dict; an nn.Module store (VIA_STORE + 0, 1, 2: _parameters,
+ * _buffers, _modules, searched in that order); or nowhere, having searched
+ * all three.  The memo witnesses what the answer depended on: the type and
+ * the instance dict, and the stores up to the one that answered. */
+enum { VIA_PYTHON, VIA_CLASS_OR_DICT, VIA_STORE, VIA_NOWHERE = VIA_STORE + 3 };
+
 /* New reference to base.<name> as static_attr finds it, or G_MISSING.
- * *via is set to 1 when the answer came from base's class (a function, a
- * constant or a property), its instance dict or an nn.Module store, all
- * of which the structure memo can watch; 0 when Python found it. */
+ * *via says where the answer came from (VIA_PYTHON when Python found it). */
 static PyObject *
 load_attr(g_program *p, PyObject *base, PyObject *name, int *via)
 {
@@ -195,7 +205,7 @@ load_attr(g_program *p, PyObject *base, PyObject *name, int *via)
     PyObject *found, *dict = NULL, *value = NULL;
     int is_module;
 
-    *via = 0;
+    *via = VIA_PYTHON;
 
     if (PyModule_Check(base)) {
         value = PyDict_GetItemWithError(PyModule_GetDict(base), name);
@@ -211,7 +221,7 @@ load_attr(g_program *p, PyObject *base, PyObject *name, int *via)
     found = _PyType_Lookup(cls, name);     /* borrowed */
     if (found != NULL) {
         if (Py_IS_TYPE(found, &PyProperty_Type)) {
-            *via = 1;
+            *via = VIA_CLASS_OR_DICT;
             return Py_NewRef(found);
         }
         if (Py_TYPE(found)->tp_descr_set != NULL) {
@@ -229,7 +239,7 @@ load_attr(g_program *p, PyObject *base, PyObject *name, int *via)
             Py_XDECREF(found);
             Py_INCREF(value);
             Py_DECREF(dict);
-            *via = 1;
+            *via = VIA_CLASS_OR_DICT;
             return value;
         }
         if (PyErr_Occurred()) {
@@ -241,7 +251,7 @@ load_attr(g_program *p, PyObject *base, PyObject *name, int *via)
         Py_XDECREF(dict);
         if (kind == &PyFunction_Type || kind->tp_descr_get == NULL
             || kind == &PyCFunction_Type || kind == &PyType_Type) {
-            *via = 1;
+            *via = VIA_CLASS_OR_DICT;
             return found;   /* a method's function, or a class constant */
         }
         Py_DECREF(found);
@@ -257,7 +267,7 @@ load_attr(g_program *p, PyObject *base, PyObject *name, int *via)
                 if (value != NULL) {
                     Py_INCREF(value);
                     Py_DECREF(dict);
-                    *via = 1;
+                    *via = VIA_STORE + s;
                     return value;
                 }
             }
@@ -267,7 +277,7 @@ load_attr(g_program *p, PyObject *base, PyObject *name, int *via)
         }
         if (_PyType_Lookup(cls, s_getattr) == p->module_getattr) {
             Py_DECREF(dict);
-            *via = 1;
+            *via = VIA_NOWHERE;
             return G_MISSING;
         }
     }
@@ -751,15 +761,17 @@ add_witness(g_memo *m, int kind, PyObject *obj, PyObject *dict)
     w->kind = kind;
     w->obj = obj;
     w->dict = dict;
+    w->where = NULL;
     w->type = Py_TYPE(obj);
     w->version = 0;
+    w->repeat = 0;
     return 0;
 }
 
 /* The witnesses of the loads answered in C on `obj`: its type, its
- * __dict__ and, for an nn.Module, its three stores. */
+ * __dict__ and, for an nn.Module, its first `stores` stores. */
 static int
-witness_object(g_program *p, PyObject *obj)
+witness_object(g_program *p, PyObject *obj, int stores)
 {
     g_memo *m = &p->memo;
     PyObject **dp, *dict;
@@ -776,8 +788,9 @@ witness_object(g_program *p, PyObject *obj)
     if (!PyDict_Check(dict) || add_witness(m, W_DICTPTR, obj, dict) < 0) {
         return -1;
     }
+    m->w[m->n_w - 1].where = dp;
     if (PyObject_TypeCheck(obj, (PyTypeObject *)p->module_type)) {
-        for (int s = 0; s < 3; s++) {
+        for (int s = 0; s < stores; s++) {
             PyObject *store = PyDict_GetItemWithError(dict, s_stores[s]);
             if (store == NULL && PyErr_Occurred()) {
                 return -1;
@@ -792,15 +805,19 @@ witness_object(g_program *p, PyObject *obj)
 }
 
 /* The witnesses of load `slot`'s value, once per evaluation (seen[slot]):
- * an object's (whole) or a dict's version alone. */
+ * an object's, for attribute answers that went as deep as `via`, or with
+ * via 0 a dict's version alone. */
 static int
-witness_once(g_program *p, char *seen, Py_ssize_t slot, PyObject *obj, int whole)
+witness_once(g_program *p, char *seen, Py_ssize_t slot, PyObject *obj, int via)
 {
     if (seen[slot]) {
         return 0;
     }
     seen[slot] = 1;
-    return whole ? witness_object(p, obj) : add_witness(&p->memo, W_DICT, obj, obj);
+    if (via == VIA_PYTHON) {
+        return add_witness(&p->memo, W_DICT, obj, obj);
+    }
+    return witness_object(p, obj, via >= VIA_NOWHERE ? 3 : via - VIA_CLASS_OR_DICT);
 }
 
 /* Builds the memo from a passing evaluation's values (t).  Failures leave
@@ -810,7 +827,7 @@ memo_build(g_program *p, g_values *t)
 {
     g_memo *m = &p->memo;
     Py_ssize_t n = p->n_loads;
-    char *seen;
+    char *seen, *depth;
     int root = -1;
 
     m->valid = 0;
@@ -831,7 +848,7 @@ memo_build(g_program *p, g_values *t)
         return;
     }
     if (m->frozen == NULL) {
-        m->frozen = PyMem_Calloc((size_t)n + 1, 2);  /* frozen, seen */
+        m->frozen = PyMem_Calloc((size_t)n + 1, 3);  /* frozen, seen, depth */
         m->values = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
         m->skip = PyMem_Calloc((size_t)p->n_checks + 1, 1);
         m->live = PyMem_Calloc((size_t)p->n_checks + 1, sizeof(int));
@@ -843,37 +860,49 @@ memo_build(g_program *p, g_values *t)
         }
     }
     seen = m->frozen + n;     /* objects already witnessed, by load */
-    memset(m->frozen, 0, 2 * (size_t)n);
+    depth = seen + n;         /* how deep attribute answers on it went */
+    memset(m->frozen, 0, 3 * (size_t)n);
     m->slot = root;
     m->frozen[root] = 1;
-    for (Py_ssize_t i = root + 1; i < n; i++) {
-        g_load *ld = &p->loads[i];
-        PyObject *v = t->vals[i], *base;
-        int ok = 0;
+    /* Which loads are remembered, and what each object's answers depended
+     * on; then the witnesses, parents first. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (Py_ssize_t i = root + 1; i < n; i++) {
+            g_load *ld = &p->loads[i];
+            PyObject *v = t->vals[i], *base;
+            int via = -1;      /* not remembered */
 
-        if (v == NULL || ld->parent < 0 || !m->frozen[ld->parent]) {
-            continue;
-        }
-        base = t->vals[ld->parent];
-        if (base == G_MISSING) {
-            continue;
-        }
-        if ((ld->op == L_ATTR && t->via[i]) || ld->op == L_TYPE) {
-            ok = 1;
-            if (witness_once(p, seen, ld->parent, base, 1) < 0) {
+            if (v == NULL || ld->parent < 0 || !m->frozen[ld->parent]) {
+                continue;
+            }
+            base = t->vals[ld->parent];
+            if (base == G_MISSING) {
+                continue;
+            }
+            if (ld->op == L_ATTR && t->via[i] != VIA_PYTHON) {
+                via = t->via[i];
+            }
+            else if (ld->op == L_TYPE) {
+                via = VIA_CLASS_OR_DICT;
+            }
+            else if (ld->op == L_ITEM && PyTuple_CheckExact(base)) {
+                via = -2;      /* remembered, nothing to witness */
+            }
+            else if (ld->op == L_ITEM && PyDict_CheckExact(base)) {
+                via = VIA_PYTHON;
+            }
+            if (pass == 0) {
+                m->frozen[i] = via != -1;
+                if (via > depth[ld->parent]) {
+                    depth[ld->parent] = (char)via;
+                }
+            }
+            else if (via >= 0
+                     && witness_once(p, seen, ld->parent, base,
+                                     via == VIA_PYTHON ? via : depth[ld->parent]) < 0) {
                 goto fail;
             }
         }
-        else if (ld->op == L_ITEM && PyTuple_CheckExact(base)) {
-            ok = 1;
-        }
-        else if (ld->op == L_ITEM && PyDict_CheckExact(base)) {
-            ok = 1;
-            if (witness_once(p, seen, ld->parent, base, 0) < 0) {
-                goto fail;
-            }
-        }
-        m->frozen[i] = (char)ok;
     }
     for (Py_ssize_t c = 0; c < p->n_checks; c++) {
         g_check *ck = &p->checks[c];
@@ -896,7 +925,7 @@ memo_build(g_program *p, g_values *t)
                 }
                 else if (v != G_MISSING && PyDict_Check(v)) {
                     skip = 1;
-                    if (witness_once(p, seen, ck->slot, v, 0) < 0) {
+                    if (witness_once(p, seen, ck->slot, v, VIA_PYTHON) < 0) {
                         goto fail;
                     }
                 }
@@ -923,6 +952,12 @@ memo_build(g_program *p, g_values *t)
     m->n_typeof = 0;
     for (Py_ssize_t k = 0; k < m->n_w; k++) {
         if (m->w[k].kind == W_TYPEOF) {
+            for (Py_ssize_t j = 0; j < m->n_typeof; j++) {   /* a model has */
+                if (m->w[m->typeof_w[j]].type == m->w[k].type) {   /* few types */
+                    m->w[k].repeat = 1;
+                    break;
+                }
+            }
             m->typeof_w[m->n_typeof++] = (int)k;
         }
     }
@@ -995,19 +1030,16 @@ memo_holds(g_program *p, ags_gframe *frame)
     }
     for (Py_ssize_t k = 0; k < m->n_w; k++) {
         g_witness *w = &m->w[k];
-        PyObject **dp;
-
         switch (w->kind) {
         case W_TYPEOF:
-            if (Py_TYPE(w->obj) != w->type || w->type->tp_version_tag != w->version) {
+            if (Py_TYPE(w->obj) != w->type
+                || (!w->repeat && w->type->tp_version_tag != w->version)) {
                 return 0;
             }
             break;
         case W_DICTPTR:
-            dp = _PyObject_GetDictPtr(w->obj);
-            if (dp == NULL || *dp != w->dict
+            if (*w->where != w->dict
                 || ags_compat_dict_version(w->dict) != w->version) {
-                PyErr_Clear();
                 return 0;
             }
             break;

@@ -73,6 +73,9 @@ def test_dispatch_benchmark_quick_run(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert set(rows) == {"1", "4"}
     assert all(r["agspeed_us"] > 0 and r["dynamo_us"] > 0 for r in rows.values())
+    for r in rows.values():   # the overheads are the same run's differences
+        assert r["agspeed_overhead_us"] == pytest.approx(r["agspeed_us"] - r["eager_us"])
+        assert r["dynamo_overhead_us"] is not None
 
 
 def test_hit_scaling_benchmark_quick_run(tmp_path):

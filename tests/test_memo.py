@@ -243,3 +243,107 @@ def test_training_steps_through_the_memo_match_eager():
         torch.testing.assert_close(g, w, msg=name)
     (memo,) = _memos()
     assert memo["fast"] >= 4
+
+
+class Scale(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("k", torch.full((8,), 2.0))  # found in _buffers
+
+    def forward(self, x):
+        return x * self.k
+
+
+class Stores(nn.Module):
+    """Attributes found in each nn.Module store, and one found in none."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)                        # found in _modules
+        self.scale = Scale()
+
+    def forward(self, x):
+        y = self.scale(self.lin(x))
+        if hasattr(self.lin, "extra"):                    # in no store, yet
+            y = y + self.lin.extra
+        return y
+
+
+def _shadow_buffer_with_parameter(model):
+    # the lookup searches _parameters first: the parameter now wins over the buffer
+    model.scale._parameters["k"] = nn.Parameter(torch.full((8,), 3.0))
+
+
+def _replace_buffer_in_store(model):
+    model.scale._buffers["k"] = torch.full((8,), 5.0)
+
+
+def _replace_submodule_in_store(model):
+    model._modules["lin"] = nn.Linear(8, 8)
+
+
+def _shadow_submodule_with_buffer(model):
+    # a buffer named like the submodule: found first, and not callable, as in eager
+    model._buffers["lin"] = torch.ones(8)
+
+
+def _absent_found_in_parameters_store(model):
+    model.lin._parameters["extra"] = nn.Parameter(torch.ones(8))
+
+
+def _absent_found_in_buffers_store(model):
+    model.lin._buffers["extra"] = torch.ones(8)
+
+
+def _absent_found_in_modules_store(model):
+    model.lin._modules["extra"] = nn.Identity()   # y + a module: eager's TypeError
+
+
+@pytest.mark.parametrize("change", [
+    _shadow_buffer_with_parameter, _replace_buffer_in_store, _replace_submodule_in_store,
+    _shadow_submodule_with_buffer, _absent_found_in_parameters_store,
+    _absent_found_in_buffers_store, _absent_found_in_modules_store],
+    ids=lambda f: f.__name__[1:])
+def test_the_memo_watches_every_store_an_answer_depended_on(change):
+    """A found attribute depends on the stores searched before the one that held it,
+    and an absent one on all three: a change to any of them is seen, whichever the
+    memo watches to save reads."""
+    torch.manual_seed(0)
+    model = Stores().eval()
+    opt = agspeed.optimize(model, backend="eager")
+    x = torch.randn(2, 8)
+    for _ in range(3):
+        _same_as_eager(model, opt, x)
+    (entry,) = [e for e in _C.code_cache(Stores.forward.__code__)["entries"]
+                if e.guard is not None]
+    memo = entry.guard._memo()
+    assert memo["valid"] and memo["fast"] >= 1
+    change(model)
+    try:
+        with torch.no_grad():
+            want = model(x)
+    except Exception as exc:   # eager's error, and the same from the optimized call
+        with pytest.raises(type(exc)) as got:
+            with torch.no_grad():
+                opt(x)
+        assert str(got.value) == str(exc)
+        return
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), want)
+
+
+def test_a_layer_costs_the_memo_only_the_stores_its_lookups_searched():
+    def witnesses(n):
+        agspeed.reset()
+        torch.manual_seed(0)
+        model = Stack(n).eval()
+        opt = agspeed.optimize(model, backend="eager")
+        for _ in range(3):
+            _same_as_eager(model, opt, torch.randn(2, 8))
+        (memo,) = _memos()
+        return memo["witnesses"]
+
+    per_layer = (witnesses(6) - witnesses(2)) / 4
+    # Linear: its type and __dict__, _parameters (weight and bias are found there, so
+    # _buffers and _modules are not read) and the hook dicts its call reads
+    assert per_layer == int(per_layer) and per_layer <= 8
