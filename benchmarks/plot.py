@@ -22,9 +22,12 @@ from xml.sax.saxutils import escape
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 COLORS = {"eager": "#7f7f7f", "agspeed": "#1f77b4", "dynamo": "#d62728",
-          "agspeed_guard": "#9ecae1"}
+          "agspeed_guard": "#9ecae1", "agspeed_runtime": "#6baed6",
+          "dynamo_runtime": "#fc9272"}
 LABELS = {"eager": "eager", "agspeed": "agspeed", "dynamo": "torch.compile (eager backend)",
-          "agspeed_guard": "agspeed guard alone"}
+          "agspeed_guard": "agspeed guard alone",
+          "agspeed_runtime": "agspeed runtime (no-op graph)",
+          "dynamo_runtime": "torch.compile runtime (no-op graph)"}
 
 
 class Svg:
@@ -71,8 +74,10 @@ def _legend(svg: Svg, keys: list[str], x: float, y: float) -> None:
 
 def plot_hit_scaling(data: dict, path: str) -> None:
     cases = list(data["cases"])
-    series = ["eager", "agspeed", "dynamo", "agspeed_guard"]
-    w, h, left, top, bottom = 760, 380, 60, 50, 60
+    series = [k for k in ("eager", "agspeed", "dynamo", "agspeed_guard", "agspeed_runtime",
+                          "dynamo_runtime")
+              if all(f"{k}_us" in data["cases"][c] for c in cases)]
+    w, h, left, top, bottom = 880, 380, 60, 50, 60
     svg = Svg(w, h)
     svg.text(w / 2, 22, f"Cache-hit cost per call ({data.get('device', 'cpu')}), log scale",
              size=14, anchor="middle")
@@ -105,10 +110,15 @@ def plot_hit_scaling(data: dict, path: str) -> None:
                     height=f"{top + plot_h - y:.1f}", fill=COLORS[s])
         svg.text(left + group * (i + 0.5), top + plot_h + 16, case.replace("_", " "),
                  size=11, anchor="middle")
-    summary = data.get("summary", {}).get("guard_100_vs_1_layers")
-    if summary:
-        svg.text(left, h - 14, f"agspeed guard, 100 layers / 1 layer: {summary:.1f}x",
-                 size=11)
+    summary = data.get("summary", {})
+    if "runtime_100_vs_1_layers" in summary:
+        svg.text(left, h - 14, "100 layers / 1 layer: agspeed runtime "
+                 f"{summary['runtime_100_vs_1_layers']:.1f}x, its guard "
+                 f"{summary['guard_100_vs_1_layers']:.1f}x; torch.compile runtime "
+                 f"{summary['dynamo_runtime_100_vs_1_layers']:.1f}x", size=11)
+    elif "guard_100_vs_1_layers" in summary:
+        svg.text(left, h - 14, "agspeed guard, 100 layers / 1 layer: "
+                 f"{summary['guard_100_vs_1_layers']:.1f}x", size=11)
     _legend(svg, series, left + plot_w + 20, top + 10)
     svg.save(path)
 

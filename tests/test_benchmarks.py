@@ -90,6 +90,11 @@ def test_hit_scaling_benchmark_quick_run(tmp_path):
                                   "layers_100"}
     assert all(r["agspeed_guard_us"] > 0 for r in data["cases"].values())
     assert data["summary"]["guard_100_vs_1_layers"] > 0
+    for r in data["cases"].values():   # both runtimes measured again with a no-op graph
+        assert r["agspeed_runtime_us"] > 0 and r["dynamo_runtime_us"] > 0
+        assert r["runtime_vs_dynamo"] == pytest.approx(
+            r["agspeed_runtime_us"] / r["dynamo_runtime_us"])
+    assert data["summary"]["runtime_100_vs_1_layers"] > 0
 
 
 def test_dynamic_benchmark_quick_run(tmp_path):
@@ -118,4 +123,5 @@ def test_plot_writes_svg_from_the_results(tmp_path):
     bars = xml.dom.minidom.parse(str(tmp_path / "hit_scaling_t.svg"))
     labels = [t.firstChild.data for t in bars.getElementsByTagName("text") if t.firstChild]
     assert "layers 100" in labels and "agspeed guard alone" in labels
+    assert "agspeed runtime (no-op graph)" in labels
     assert bars.getElementsByTagName("rect").length > 5 * 4
