@@ -93,14 +93,21 @@ def _any_autocast(torch: Any) -> Any:
     return getattr(torch._C, "_is_any_autocast_enabled", None)
 
 
+def _deterministic_state(torch: Any) -> tuple:
+    """(on, warn_only) of torch.use_deterministic_algorithms; warn_only is None where
+    it is off (it then changes nothing)."""
+    on = torch.are_deterministic_algorithms_enabled()
+    return on, (torch.is_deterministic_algorithms_warn_only_enabled() if on else None)
+
+
 def global_state(torch: Any) -> tuple:
     """Everything outside the frame that changes what a graph computes: grad mode,
     inference mode, the autocast cache, autocast on any device type (None where torch
-    cannot tell), autocast per device type, the default dtype."""
+    cannot tell), autocast per device type, the default dtype, deterministic mode."""
     any_on = _any_autocast(torch)
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
             torch.is_autocast_cache_enabled(), any_on() if any_on else None,
-            _autocast_state(torch), torch.get_default_dtype())
+            _autocast_state(torch), torch.get_default_dtype(), _deterministic_state(torch))
 
 
 def _holder(value: Any) -> Callable[[], Any]:
@@ -423,8 +430,8 @@ _LOAD_OPS = {"local": 0, "global": 1, "gmod": 2, "attr": 3, "item": 4, "cell": 5
 def _state_probes(torch: Any, state: tuple) -> tuple:
     """``global_state`` as (function, args, expected) triples the C program calls: the
     same facts, so the program and ``global_state`` always agree.  With autocast off
-    everywhere, one probe stands for every device type (the common case: five calls)."""
-    grad, inference, cache, any_on, autocast, default = state
+    everywhere, one probe stands for every device type (the common case: six calls)."""
+    grad, inference, cache, any_on, autocast, default, (det, warn_only) = state
     probes = [(torch.is_grad_enabled, (), grad),
               (torch.is_inference_mode_enabled, (), inference),
               (torch.is_autocast_cache_enabled, (), cache)]
@@ -443,6 +450,9 @@ def _state_probes(torch: Any, state: tuple) -> tuple:
             if enabled:
                 probes.append((dtype_fn, args, dtype))
     probes.append((torch.get_default_dtype, (), default))
+    probes.append((torch.are_deterministic_algorithms_enabled, (), det))
+    if det:
+        probes.append((torch.is_deterministic_algorithms_warn_only_enabled, (), warn_only))
     return tuple(probes)
 
 
@@ -459,12 +469,14 @@ def _depth(source: tuple) -> int:
 
 
 def _state_text(state: tuple) -> str:
-    grad, inference, cache, _any, autocast, dtype = state
+    grad, inference, cache, _any, autocast, dtype, (det, warn_only) = state
     amp = ", ".join(f"{d}:{'on ' + str(t).replace('torch.', '') if on else 'off'}"
                     for d, (on, t) in zip(_AUTOCAST_DEVICES, autocast))
+    deterministic = ("off" if not det else "warn_only" if warn_only else "on")
     return (f"(grad={'on' if grad else 'off'}, inference={'on' if inference else 'off'}, "
             f"autocast[{amp}], autocast_cache={'on' if cache else 'off'}, "
-            f"default_dtype={str(dtype).replace('torch.', '')})")
+            f"default_dtype={str(dtype).replace('torch.', '')}, "
+            f"deterministic={deterministic})")
 
 
 class ArgumentTypes:

@@ -186,7 +186,8 @@ def test_module_identity_and_training_guards():
     assert any("self.inner" in m for m in lines)
 
 
-@pytest.mark.parametrize("state", ["no_grad", "autocast", "default_dtype"])
+@pytest.mark.parametrize("state", ["no_grad", "autocast", "default_dtype", "deterministic",
+                                   "deterministic_warn_only"])
 def test_global_state_guards(state):
     backend = Counting()
     fast = agspeed.optimize(f_tensor, backend=backend)
@@ -195,9 +196,12 @@ def test_global_state_guards(state):
         "no_grad": torch.no_grad,
         "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
         "default_dtype": _default_double,
+        "deterministic": _deterministic,
+        "deterministic_warn_only": lambda: _deterministic(warn_only=True),
     }
     words = {"no_grad": "grad=off", "autocast": "cpu:on bfloat16",
-             "default_dtype": "default_dtype=float64"}
+             "default_dtype": "default_dtype=float64", "deterministic": "deterministic=on",
+             "deterministic_warn_only": "deterministic=warn_only"}
     with logged("recompiles", "guards") as messages:
         torch.testing.assert_close(fast(x), f_tensor(x))
         with scopes[state]():
@@ -209,6 +213,30 @@ def test_global_state_guards(state):
     (line,) = [m for m in messages if "recompiling" in m]
     assert "global state" in line and words[state] in line
     assert any("global state ==" in m for m in messages if "guards:" in m)
+
+
+@contextlib.contextmanager
+def _deterministic(warn_only=False):
+    old = (torch.are_deterministic_algorithms_enabled(),
+           torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(old[0], warn_only=old[1])
+
+
+def test_deterministic_warn_only_is_guarded_apart_from_deterministic():
+    backend = Counting()
+    fast = agspeed.optimize(f_tensor, backend=backend)
+    x = torch.randn(3, 4)
+    with _deterministic():
+        torch.testing.assert_close(fast(x), f_tensor(x))
+    with _deterministic(warn_only=True):
+        torch.testing.assert_close(fast(x), f_tensor(x))
+    with _deterministic():
+        torch.testing.assert_close(fast(x), f_tensor(x))
+    assert backend.graphs == 2
 
 
 @contextlib.contextmanager
