@@ -439,3 +439,36 @@ def test_dynamic_entries_leak_nothing_and_die_with_the_cache():
     agspeed.reset()
     gc.collect()
     assert [r() for r in refs] == [None, None, None]
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x, y):
+        return torch.relu(self.a(x)) + self.b(y).sum(-1, keepdim=True)
+
+
+def test_steady_calls_leave_no_allocations_behind():
+    """Training-like use (a model whose batch size varies, so it goes dynamic, and a
+    function with a float argument, on the steady-state path) allocates nothing that
+    outlives the calls: Python's allocated block count stays put over many calls."""
+    torch.manual_seed(0)
+    model = TwoInputs()
+    fast_model = agspeed.optimize(model, backend="eager")
+    fast_fn = agspeed.optimize(lambda x, k: x * k + 1, backend="eager")
+    xs = [torch.randn(n, 8) for n in range(1, 12)]
+
+    def run(calls):
+        for i in range(calls):
+            x = xs[i % len(xs)]
+            fast_model(x, x).sum().backward()
+            fast_fn(x, 2.0)
+
+    run(200)   # captures, promotion to dynamic, warm caches
+    gc.collect()
+    before = sys.getallocatedblocks()
+    run(1500)
+    gc.collect()
+    assert sys.getallocatedblocks() - before < 50
