@@ -391,6 +391,9 @@ MUTATIONS = {
     "class attribute": lambda m: setattr(FakeModule, "nothing", 1),
     "instance dict replaced": lambda m: setattr(m.child, "__dict__", dict(
         m.child.__dict__, training=False)),
+    # self.nothing was searched for in all three stores, self.child in all up to _modules
+    "absent found in a store": lambda m: m._buffers.__setitem__("nothing", 1),
+    "store shadowing a later one": lambda m: m._parameters.__setitem__("child", FakeModule()),
 }
 
 
@@ -410,6 +413,20 @@ def test_the_memo_sees_every_change_that_would_fail_a_check(fake_model, mutation
     finally:
         if "nothing" in FakeModule.__dict__:
             del FakeModule.nothing
+
+
+def test_the_memo_does_not_watch_stores_after_the_one_that_answered(fake_model):
+    """self.child.w was found in _parameters: the child's _buffers and _modules cannot
+    change that answer, and the memo neither reads nor watches them."""
+    p = memo_program()
+    for _ in range(2):
+        assert p.run(*memo_frame()) == (3,)
+    fake_model.child._buffers["w"] = 5      # behind _parameters: same answer
+    fake_model.child._modules["x"] = FakeModule()
+    assert p.run(*memo_frame()) == (3,)
+    memo = p._memo()
+    assert memo["fast"] == 2 and memo["full"] == 1
+    assert p(*memo_frame()) is True
 
 
 def test_the_memo_comes_back_after_a_change_is_undone(fake_model):
