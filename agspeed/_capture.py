@@ -264,7 +264,7 @@ class Guard(_C.GuardProgram):
         self.break_at: tuple | None = None  # (file, line, instruction, reason) of a break
         self.inputs = tuple(builder.sources)  # what read() returns: the graph's inputs
         # the argument names in slot order: the hook reads those locals by index
-        self.args = _arg_names(code) if code is not None else ()
+        self.args = arg_names(code) if code is not None else ()
         self._compile()
 
     def _compile(self) -> None:
@@ -456,7 +456,7 @@ def _state_probes(torch: Any, state: tuple) -> tuple:
     return tuple(probes)
 
 
-def _arg_names(code: Any) -> tuple:
+def arg_names(code: Any) -> tuple:
     """The names of ``code``'s argument slots, in order (what the hook can read by index:
     positional, keyword-only, *args, **kwargs)."""
     n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + \

@@ -93,12 +93,12 @@ def arg_check(code: Any, f_locals: dict) -> Any:
         return None
     import torch
 
-    n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + \
-        bool(code.co_flags & 0x08)
+    from agspeed._capture import arg_names
+
     exact = (torch.Tensor, torch.nn.Parameter)
     types, where, tensors = [], [], []
     missing = object()
-    for i, name in enumerate(code.co_varnames[:n]):
+    for i, name in enumerate(arg_names(code)):
         value = f_locals.get(name, missing)
         # the type's address, as the signature keeps it: a reference could keep a
         # user class alive (an optimized module's view class holds its model)
