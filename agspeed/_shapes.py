@@ -361,8 +361,9 @@ class SymbolicGuards:
         """The guards as the C program numbers them (``why``): those it evaluates in
         postfix first, in order, then the fallback's, all numbered len(postfix)."""
         index = {s: k for k, s in enumerate(self.symbols)}
-        fast = [g for g in self.guards if to_postfix(g, index) is not None]
-        slow = [g for g in self.guards if to_postfix(g, index) is None]
+        in_c = [to_postfix(g, index) is not None for g in self.guards]
+        fast = [g for g, c in zip(self.guards, in_c) if c]
+        slow = [g for g, c in zip(self.guards, in_c) if not c]
         return list(enumerate(fast)) + [(len(fast), g) for g in slow]
 
     def program(self) -> tuple[tuple, dict]:
