@@ -256,22 +256,28 @@ class Context:
             if log.enabled("graph_breaks"):
                 _graph_breaks_log.info("%s: %s", where, brk)
             return entry, f"run eager (graph break: {brk})"
-        try:
-            compiled = self.backend(result.graph_module, result.example_inputs)
-        except Exception as exc:  # the user's backend: its failure must not stop the program
-            _internal_log.warning("agspeed: backend %s failed to compile the graph of %s "
-                                  "(%s: %s); it runs eager", self.backend_name, where,
-                                  type(exc).__name__, exc)
-            observe("eager", code, f"backend {self.backend_name} failed")
-            return (_C.CacheEntry(_RUN_EAGER, guard=result.guard, context=self,
-                                  signed=result.guard.sym is None),
-                    f"run eager (backend {self.backend_name} failed)")
+        compiled, _ = self._compile(result, where)
         if log.enabled("guards"):
             _guards_log.info("%s guards:\n  %s", where, "\n  ".join(result.guard.lines()))
         if log.enabled("graphs"):
             _graphs_log.info("%s captured:\n%s", where, result.graph_module.code)
         observe("graph", code, result)
         return make_entry(result, compiled, self, arg_check(code, f_locals)), "captured"
+
+    def _compile(self, result: Any, where: str) -> tuple[Any, str | None]:
+        """The captured graph compiled by this context's backend (the autotuner for
+        ``"auto"``), and why it runs eagerly instead when the backend could not take it
+        (None when it could).  The graph runs either way."""
+        from agspeed.backends.autotune import compile_graph
+
+        gm = result.graph_module
+        gm.meta["agspeed_where"] = where
+        gm.meta["agspeed_options"] = self.options
+        compiled, failed = compile_graph(self.backend_name, self.backend, gm,
+                                         result.example_inputs)
+        if failed:
+            _internal_log.warning("agspeed: %s: %s; its graph runs eagerly", where, failed)
+        return compiled, failed
 
     def _went_dynamic(self, code: Any, where: str, guard: Any, shapes: Any,
                       entries: list) -> None:

@@ -18,6 +18,8 @@ _OPTIONS: dict[str, tuple] = {
     "fullgraph": (bool,),       # a graph break is an error instead of a fallback
     "dynamic": (bool, type(None)),  # None: decide per dimension; True/False: all dynamic/static
     "disable": (bool,),         # return the object unchanged
+    "tune_budget": (int, float),  # seconds the autotuner may spend per graph
+    "candidates": (tuple, list),  # backends the autotuner tries (names)
 }
 
 
@@ -28,12 +30,25 @@ def _check_options(options: dict[str, Any]) -> dict[str, Any]:
             raise UnknownOptionError(
                 f"optimize() got an unknown option {name!r}; options are {', '.join(_OPTIONS)}"
             )
-        if not isinstance(value, types):
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise UnknownOptionError(
                 f"optimize() option {name!r} takes "
                 f"{' or '.join('None' if t is type(None) else t.__name__ for t in types)}, "
                 f"not {type(value).__name__}"
             )
+    if "tune_budget" in options and not options["tune_budget"] > 0:
+        raise ValueError(f"optimize() option 'tune_budget' must be a positive number of "
+                         f"seconds, not {options['tune_budget']!r}")
+    if "candidates" in options:
+        from agspeed.backends import list_backends
+
+        known = [n for n in list_backends() if n != "auto"]
+        names = options["candidates"]
+        bad = [n for n in names if not isinstance(n, str) or n not in known]
+        if bad:
+            raise ValueError(f"optimize() option 'candidates': no backend named "
+                             f"{', '.join(map(repr, bad))}; known: {', '.join(known)}")
+        options["candidates"] = tuple(names)
     return options
 
 
@@ -52,7 +67,8 @@ def optimize(obj: Any = None, backend: Any = "auto", **options: Any) -> Any:
 
     ``backend`` is a name from ``agspeed.backends.list_backends()`` or a callable
     ``(gm, example_inputs) -> callable``; ``AGSPEED_BACKEND`` overrides it.
-    Options: ``fullgraph``, ``dynamic``, ``disable``.
+    Options: ``fullgraph``, ``dynamic``, ``disable``; for ``backend="auto"``:
+    ``tune_budget`` (seconds per graph) and ``candidates`` (backend names to try).
     """
     _check_options(options)
     if obj is None:

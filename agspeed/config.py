@@ -126,8 +126,46 @@ def _check_backend(value: str | None) -> str | None:
 
 
 def _default_cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "agspeed")
+    try:
+        from platformdirs import user_cache_dir
+    except ImportError:  # platformdirs is a dependency; this keeps a broken env importable
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                                ".cache")
+        return os.path.join(base, "agspeed")
+    return user_cache_dir("agspeed", appauthor=False)
+
+
+def _parse_names(text: str) -> tuple[str, ...] | None:
+    """AGSPEED_AUTOTUNE_CANDIDATES: a comma list of backend names; empty: the default."""
+    from agspeed.backends import list_backends
+
+    names = tuple(dict.fromkeys(w.strip() for w in text.split(",") if w.strip()))
+    if not names:
+        return None
+    known = [n for n in list_backends() if n != "auto"]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"no backend named {', '.join(map(repr, unknown))}; "
+                         f"known: {', '.join(known)}")
+    return names
+
+
+def _check_names(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if any(not isinstance(v, str) for v in value):
+        raise ValueError("candidates are backend names (str)")
+    return _parse_names(",".join(value))
+
+
+def _parse_seconds(text: str) -> float:
+    return _check_seconds(float(text.strip()))
+
+
+def _check_seconds(value: float) -> float:
+    if not value > 0:
+        raise ValueError("must be a positive number of seconds")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -164,7 +202,22 @@ KNOBS: dict[str, Knob] = {
         Knob("backend", "AGSPEED_BACKEND", lambda: None, _parse_backend, (str, type(None)),
              _check_backend, "backend name that overrides the one given to optimize()"),
         Knob("cache_dir", "AGSPEED_CACHE_DIR", _default_cache_dir, _parse_path, (str,),
-             _parse_path, "directory of the persistent cache (tuning results)"),
+             _parse_path, "directory of the knowledge base: tuning results per graph and "
+             "compiled artifacts (inductor's caches)"),
+        Knob("autotune_candidates", "AGSPEED_AUTOTUNE_CANDIDATES", lambda: None,
+             _parse_names, (str, tuple, list, type(None)), _check_names,
+             "comma list of the backends the autotuner tries (eager is always one); "
+             "empty: the default for the graph's device"),
+        Knob("tune_budget", "AGSPEED_TUNE_BUDGET", lambda: 600.0, _parse_seconds,
+             (int, float), _check_seconds,
+             "seconds the autotuner may spend on one graph; a candidate whose compile "
+             "raises or runs past it is skipped and logged"),
+        Knob("retune", "AGSPEED_RETUNE", lambda: False, _parse_bool, (bool,), _same,
+             "tune every graph again, ignoring (and then overwriting) the knowledge "
+             "base's choices"),
+        Knob("progress", "AGSPEED_PROGRESS", lambda: True, _parse_bool, (bool,), _same,
+             "show a progress bar on stderr while tuning takes more than a second "
+             "(only when stderr is a terminal)"),
         Knob("recompile_limit", "AGSPEED_RECOMPILE_LIMIT", lambda: 8, _parse_positive_int,
              (int,), _check_positive_int,
              "most entries captured for one function (evicted ones included) before "
@@ -216,7 +269,8 @@ def _check(name: str, value: Any) -> Any:
         raise UnknownOptionError(f"agspeed.config has no knob {name!r}; knobs: {', '.join(KNOBS)}")
     if isinstance(value, str) and str not in knob.types:
         validate = knob.parse  # text parses as in the environment
-    elif isinstance(value, knob.types) and not (knob.types == (int,) and isinstance(value, bool)):
+    elif isinstance(value, knob.types) and not (bool not in knob.types
+                                                and isinstance(value, bool)):
         validate = knob.check
     else:
         raise UnknownOptionError(

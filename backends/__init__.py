@@ -7,8 +7,12 @@ backend ``"eager"`` and defines a function ``backend``.  Users register theirs w
 ``register_backend`` (also a decorator), and may pass any such callable to
 ``agspeed.optimize(..., backend=fn)`` without registering it.
 
-``"auto"`` is the autotuner's choice among the available backends, measured per graph.
-Until the autotuner lands it resolves to ``eager``, the only backend shipped so far.
+Each backend declares what it can take (training, symbolic sizes, devices, whether it can
+run here at all) through one protocol, ``backend.capabilities`` (``_protocol.py``).
+
+``"auto"`` is the autotuner (``autotune.py``): itself a backend, it compiles each candidate
+backend on a new graph, checks it against eager, times it and keeps the fastest, remembering
+the choice in the knowledge base (``knowledge.py``).
 
 Nothing here imports torch: a backend module is imported when it is first asked for.
 """
@@ -16,22 +20,31 @@ Nothing here imports torch: a backend module is imported when it is first asked 
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from typing import Any, Callable
 
+from agspeed.backends._protocol import Capabilities, capabilities_of, why_not
 from agspeed.errors import InvalidArgumentError, UnknownBackendError
 
-__all__ = ["Backend", "register_backend", "get_backend", "list_backends", "resolve",
-           "supports_dynamic"]
+__all__ = ["Backend", "Capabilities", "register_backend", "get_backend", "list_backends",
+           "resolve", "supports_dynamic", "capabilities_of", "why_not", "TOOLS"]
+
+# Modules of this package that are not backends.
+TOOLS = ("autotune", "knowledge")
 
 Backend = Callable[[Any, list], Callable[..., Any]]
 
 _AUTO = "auto"
+# TORCHINDUCTOR_CACHE_DIR as it was when agspeed was imported: importing torch._dynamo
+# later sets it to torch's default, which must not pass for the user's choice.
+INDUCTOR_DIR_AT_IMPORT = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 _registered: dict[str, Backend] = {}
 
 
 def _builtin_names() -> list[str]:
-    return [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
+    return [m.name for m in pkgutil.iter_modules(__path__)
+            if not m.name.startswith("_") and m.name not in TOOLS]
 
 
 def register_backend(name: str, fn: Backend | None = None, *, override: bool = False):
@@ -54,9 +67,9 @@ def list_backends() -> list[str]:
 
 
 def get_backend(name: str) -> Backend:
-    """The backend callable registered as ``name`` (``"auto"`` resolves to its current choice)."""
+    """The backend callable registered as ``name`` (``"auto"``: the autotuner)."""
     if name == _AUTO:
-        name = "eager"
+        return importlib.import_module(f"{__name__}.autotune").autotuner
     if name in _registered:
         return _registered[name]
     if name in _builtin_names():
@@ -67,12 +80,13 @@ def get_backend(name: str) -> Backend:
 def supports_dynamic(backend: Backend) -> bool:
     """Whether ``backend`` takes graphs with symbolic sizes (dynamic shapes).
 
-    A backend says no with an attribute ``supports_dynamic = False``; it then gets one
-    static graph per size.  Without the attribute the answer is yes: a GraphModule with
-    symbolic sizes runs like any other, and backends with torch.compile's signature
-    read the symbols from the placeholders' ``example_value`` metadata.
+    A backend says no through ``Capabilities(dynamic=False)`` (or the older attribute
+    ``supports_dynamic = False``); it then gets one static graph per size.  Otherwise the
+    answer is yes: a GraphModule with symbolic sizes runs like any other, and backends
+    with torch.compile's signature read the symbols from the placeholders'
+    ``example_value`` metadata.
     """
-    return bool(getattr(backend, "supports_dynamic", True))
+    return capabilities_of(backend).dynamic
 
 
 def resolve(backend: str | Backend) -> tuple[str, Backend]:

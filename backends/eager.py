@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from agspeed.backends._protocol import Capabilities
+
 
 def backend(gm: Any, example_inputs: list) -> Callable[..., Any]:
     """Return the GraphModule's forward, unchanged."""
     return gm.forward
 
 
-backend.supports_dynamic = True  # graphs with symbolic sizes run as they are
+# any device, training, graphs with symbolic sizes: they run as they are
+backend.capabilities = Capabilities()

@@ -12,12 +12,22 @@ Markers:
 
 Every test starts from a clean runtime: caches, counters and records reset, config
 re-read from the environment.
+
+The session's knowledge base is a temporary directory (never the user's cache), shared by
+all tests so that inductor's compiled artifacts are reused across them.  The autotuner's
+default candidate list is ``eager`` alone, so ``optimize(model)`` in tests about capture
+does not tune (and compile) every graph; tests of the autotuner and the backends name
+their candidates or backend.  Both are environment defaults: a run may set them.
 """
 
 import importlib.util
 import os
+import tempfile
 
 import pytest
+
+os.environ.setdefault("AGSPEED_CACHE_DIR", tempfile.mkdtemp(prefix="agspeed-tests-"))
+os.environ.setdefault("AGSPEED_AUTOTUNE_CANDIDATES", "eager")
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 

@@ -148,13 +148,16 @@ def test_cache_dir(monkeypatch, tmp_path):
     config.reload()
     assert config.cache_dir == "/tmp/x"
     monkeypatch.delenv("AGSPEED_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     config.reload()
-    assert os.path.basename(config.cache_dir) == "agspeed"
+    # the user's cache directory as platformdirs gives it (XDG on Linux)
+    assert config.cache_dir == str(tmp_path / "xdg" / "agspeed")
 
 
 @pytest.mark.parametrize("text", ["", "  "])
 def test_empty_cache_dir_warns_and_keeps_the_default(monkeypatch, text):
     monkeypatch.setenv("AGSPEED_CACHE_DIR", text)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     caught = reload_recording_warnings()
     assert len(caught) == 1 and "AGSPEED_CACHE_DIR" in str(caught[0].message)
     assert os.path.basename(config.cache_dir) == "agspeed"
@@ -211,9 +214,10 @@ def test_set_rejects_an_unknown_log_topic():
 
 
 def test_set_rejects_an_empty_cache_dir():
+    before = config.cache_dir
     with pytest.raises(ValueError, match="empty"):
         config.set(cache_dir="")
-    assert os.path.basename(config.cache_dir) == "agspeed"
+    assert config.cache_dir == before
 
 
 def test_set_log_names_the_bad_topics_and_the_valid_ones():

@@ -1,0 +1,295 @@
+"""How the autotuner runs, checks and times a compiled graph without changing the program.
+
+* ``State`` is what a graph call may change besides its outputs: the tensors among its
+  inputs that it mutates in place (BatchNorm's running statistics and counter, a data
+  tensor updated with ``add_``) and the random number generators of the devices it
+  uses.  ``State.take`` records them before tuning; ``restore`` puts them back, so each
+  candidate starts where eager started, and the last restore leaves the program where it
+  was before the tuning call.  A tensor counts as mutated when its version counter moved:
+  only those are copied back, so tensors an outer autograd graph saved are not touched.
+* ``run`` calls a compiled graph the way a training step uses it: the forward, then,
+  when the graph needs gradients, the backward of its outputs for fixed output gradients.
+  The backward goes through ``torch.autograd.grad``, which returns the gradients of the
+  inputs (data and parameters) without accumulating them into ``.grad``.
+* ``compare`` checks a candidate's outputs and gradients against eager's: the same
+  structure and types, dtypes and shapes, exact equality for integer and boolean tensors,
+  and a relative error within a tolerance of the dtype for floating ones.
+* ``time_pair`` times a candidate against eager in alternating turns (eager, candidate,
+  eager, ...), so both see the same machine; the per-turn ratios give the speedup and
+  its spread.  CUDA work is timed with events on the current stream, CPU work with a
+  monotonic clock.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["State", "Result", "run", "compare", "time_pair", "tolerance", "Mismatch"]
+
+# Relative error allowed per floating dtype: max|got - want| / scale, where the scale is
+# the tensor's own largest magnitude, but at least _FLOOR times the largest magnitude of
+# the result's tensors of the same kind (outputs, or gradients).  Compiled kernels reorder
+# sums, so float32 differs in the last bits of each partial sum; gradients of long
+# reductions add more, and a gradient that is zero in exact arithmetic (a bias before a
+# normalization) is rounding noise of the size of its neighbours on both sides.  Reduced
+# precisions are bound by their epsilon.
+_TOLERANCE = {"float64": 1e-7, "float32": 1e-3, "bfloat16": 4e-2, "float16": 1e-2}
+_FLOOR = 0.05
+
+
+def tolerance(dtype: Any) -> float:
+    return _TOLERANCE.get(str(dtype).replace("torch.", ""), 1e-3)
+
+
+class Mismatch(Exception):
+    """A candidate's result differs from eager's; the message says where and how."""
+
+
+def _tensors(values: list) -> list:
+    import torch
+
+    return [v for v in values if isinstance(v, torch.Tensor)]
+
+
+class State:
+    """The in-place-mutable inputs and the RNG states of one graph call."""
+
+    def __init__(self, inputs: list) -> None:
+        import torch
+
+        self._inputs = _tensors(inputs)
+        self._versions = [t._version for t in self._inputs]
+        self._saved: dict[int, Any] = {}
+        self._cpu_rng = torch.get_rng_state()
+        self._cuda = sorted({t.device.index or 0 for t in self._inputs
+                             if t.device.type == "cuda"})
+        self._cuda_rng = [torch.cuda.get_rng_state(d) for d in self._cuda]
+        # A copy of every input not requiring grad (what a graph may mutate): taken now,
+        # before any run, since which of them a graph mutates is known only after one.
+        with torch.no_grad():
+            for k, t in enumerate(self._inputs):
+                if not t.requires_grad:
+                    self._saved[k] = t.detach().clone()
+
+    def mutated(self) -> list[int]:
+        return [k for k, t in enumerate(self._inputs) if t._version != self._versions[k]]
+
+    def restore(self, rng: bool = True) -> None:
+        """Put the mutated inputs (and, with ``rng``, the generators) back as taken."""
+        import torch
+
+        with torch.no_grad():
+            for k in self.mutated():
+                saved = self._saved.get(k)
+                if saved is None:
+                    raise RuntimeError("a graph mutated an input that requires grad")
+                self._inputs[k].copy_(saved)
+        self._versions = [t._version for t in self._inputs]
+        if rng:
+            torch.set_rng_state(self._cpu_rng)
+            for d, s in zip(self._cuda, self._cuda_rng):
+                torch.cuda.set_rng_state(s, d)
+
+
+@dataclass
+class Result:
+    """Outputs (flattened, detached) and input gradients of one run."""
+
+    spec: Any
+    outputs: list
+    grads: list
+
+
+def _grad_targets(inputs: list) -> list:
+    return [t for t in _tensors(inputs) if t.requires_grad]
+
+
+def output_grads(outputs: Any, seed: int = 0) -> tuple[list, list]:
+    """The differentiable output tensors of ``outputs`` and fixed gradients for them."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    leaves, _ = tree_flatten(outputs)
+    diff = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad
+            and t.is_floating_point()]
+    gen = torch.Generator().manual_seed(seed)
+    grads = [torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.dtype)
+             .to(t.device) for t in diff]
+    return diff, grads
+
+
+def backward(outputs: Any, inputs: list, grad_outputs: list | None = None) -> list:
+    """Gradients of ``inputs`` for the outputs' fixed gradients (None where unused)."""
+    import torch
+
+    targets = _grad_targets(inputs)
+    diff, grads = output_grads(outputs)
+    if grad_outputs is not None:
+        grads = grad_outputs
+    if not targets or not diff:
+        return []
+    return list(torch.autograd.grad(diff, targets, grads, allow_unused=True))
+
+
+def run(fn: Callable, inputs: list, training: bool) -> Result:
+    """One call of ``fn`` on ``inputs``, with its backward when ``training``."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    out = fn(*inputs)
+    grads = backward(out, inputs) if training else []
+    leaves, spec = tree_flatten(out)
+    flat = [v.detach() if isinstance(v, torch.Tensor) else v for v in leaves]
+    return Result(spec, flat, [g.detach() if g is not None else None for g in grads])
+
+
+def _magnitude(values: list) -> float:
+    import torch
+
+    top = 0.0
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel():
+            finite = v[v.isfinite()]
+            if finite.numel():
+                top = max(top, finite.abs().max().item())
+    return top
+
+
+def _error(want: Any, got: Any, what: str, floor: float = 0.0) -> float:
+    import torch
+
+    if isinstance(want, torch.Tensor) != isinstance(got, torch.Tensor):
+        raise Mismatch(f"{what}: {type(got).__name__} where eager gives "
+                       f"{type(want).__name__}")
+    if not isinstance(want, torch.Tensor):
+        if type(want) is not type(got) or want != got:
+            raise Mismatch(f"{what}: {got!r} where eager gives {want!r}")
+        return 0.0
+    if want.dtype != got.dtype or want.shape != got.shape or want.device != got.device:
+        raise Mismatch(f"{what}: {got.dtype}{tuple(got.shape)} on {got.device} where "
+                       f"eager gives {want.dtype}{tuple(want.shape)} on {want.device}")
+    if not (want.is_floating_point() or want.is_complex()):
+        if not torch.equal(want, got):
+            raise Mismatch(f"{what}: integer values differ")
+        return 0.0
+    if want.numel() == 0:
+        return 0.0
+    w, g = want.double(), got.double()
+    same_nan = torch.equal(w.isnan(), g.isnan()) and torch.equal(w.isinf() & (w > 0),
+                                                                  g.isinf() & (g > 0))
+    if not same_nan:
+        raise Mismatch(f"{what}: non-finite values where eager has finite ones")
+    finite = w.isfinite()
+    if not finite.any():
+        return 0.0
+    scale = max(w[finite].abs().max().item(), floor, 1e-6)
+    err = (w[finite] - g[finite]).abs().max().item() / scale
+    if not err <= tolerance(want.dtype):  # also catches nan
+        raise Mismatch(f"{what}: relative error {err:.2e} over the {want.dtype} "
+                       f"tolerance {tolerance(want.dtype):.0e}")
+    return err
+
+
+def compare(want: Result, got: Result) -> float:
+    """The largest relative error of ``got`` against eager's ``want``; raises Mismatch."""
+    if want.spec != got.spec:
+        raise Mismatch(f"output structure {got.spec} where eager gives {want.spec}")
+    err = 0.0
+    floor = _FLOOR * _magnitude(want.outputs)
+    for k, (w, g) in enumerate(zip(want.outputs, got.outputs)):
+        err = max(err, _error(w, g, f"output {k}", floor))
+    if len(want.grads) != len(got.grads):
+        raise Mismatch("a different number of input gradients")
+    floor = _FLOOR * _magnitude(want.grads)
+    for k, (w, g) in enumerate(zip(want.grads, got.grads)):
+        if (w is None) != (g is None):
+            raise Mismatch(f"gradient {k}: {'none' if g is None else 'one'} where eager "
+                           f"has {'none' if w is None else 'one'}")
+        if w is not None:
+            err = max(err, _error(w, g, f"gradient of input {k}", floor))
+    return err
+
+
+class _Clock:
+    """Elapsed seconds of the work between ``start`` and ``stop``, on the inputs' device."""
+
+    def __init__(self, cuda: bool) -> None:
+        import torch
+
+        self._cuda = cuda
+        if cuda:
+            self._begin = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> None:
+        if self._cuda:
+            self._begin.record()
+        else:
+            self._t = time.perf_counter()
+
+    def stop(self) -> float:
+        if self._cuda:
+            self._end.record()
+            self._end.synchronize()
+            return self._begin.elapsed_time(self._end) / 1e3
+        return time.perf_counter() - self._t
+
+
+def _median(xs: list) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def _quartile(xs: list, q: float) -> float:
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+@dataclass
+class Timing:
+    """A candidate timed against eager in alternating turns."""
+
+    eager_s: float      # eager's median time per call
+    median_s: float     # the candidate's
+    ratio: float        # median of eager/candidate over the turns (speedup)
+    low: float          # its lower quartile: the speedup held in 3 of 4 turns
+    high: float         # its upper quartile
+    rounds: int
+
+
+def time_pair(eager: Callable[[], Any], cand: Callable[[], Any], state: State, cuda: bool,
+              warmup: int, seconds: float, min_rounds: int = 5,
+              max_rounds: int = 41) -> Timing:
+    """Time ``cand()`` against ``eager()`` (each one whole call: forward, backward).
+
+    Turns alternate which of the two runs first.  Rounds continue until ``seconds`` are
+    spent (at least ``min_rounds``, at most ``max_rounds``).  Mutated inputs are put back
+    between calls, outside the timed part.
+    """
+    clock = _Clock(cuda)
+    for _ in range(warmup):
+        eager()
+        cand()
+        state.restore(rng=False)
+    te: list[float] = []
+    tc: list[float] = []
+    began = time.perf_counter()
+    rounds = 0
+    while rounds < max_rounds and (rounds < min_rounds or
+                                   time.perf_counter() - began < seconds):
+        order = ((te, eager), (tc, cand)) if rounds % 2 == 0 else ((tc, cand), (te, eager))
+        for times, fn in order:
+            clock.start()
+            fn()
+            times.append(clock.stop())
+            state.restore(rng=False)
+        rounds += 1
+    ratios = [e / c if c > 0 else math.inf for e, c in zip(te, tc)]
+    return Timing(_median(te), _median(tc), _median(ratios), _quartile(ratios, 0.25),
+                  _quartile(ratios, 0.75), rounds)

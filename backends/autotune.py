@@ -1,0 +1,419 @@
+"""The autotuner: the backend ``"auto"``, which picks the fastest correct backend per graph.
+
+For each new graph it is handed (with the graph's real inputs, on the call that captured
+it), the autotuner:
+
+1. looks the graph up in the knowledge base (``knowledge.py``); a graph tuned before, in
+   this process or an earlier one, is compiled with the remembered backend only, and
+   the log says so (``AGSPEED_RETUNE=1`` tunes again);
+2. otherwise compiles each candidate that can take the graph (``_protocol.why_not``) and
+   was not measured before (a tuning run that was interrupted resumes with the rest),
+   each under the per-graph time budget: a compile that raises or runs past it is
+   skipped, logged and remembered as failed;
+3. runs each compiled candidate once on the graph's inputs from the state eager started
+   from, and compares its outputs and, for a graph that needs gradients, the gradients of
+   its inputs (data and parameters) with eager's (``_measure.compare``): a candidate that
+   differs is never chosen;
+4. times each correct candidate against eager in alternating turns, forward and backward
+   together for a training graph, and writes the measurement to the knowledge base as
+   soon as it is made;
+5. keeps the candidate with the best median speedup among those whose speedup held in
+   three turns of four by more than ``_MARGIN`` (the lower quartile of the per-turn
+   ratios); otherwise eager.  Ties keep eager.
+
+Tuning never changes what the program computes.  Every run starts from the state eager
+started from (``_measure.State``: mutated inputs and random generators put back), no
+gradient is accumulated into ``.grad`` (``torch.autograd.grad``), and the state is put
+back once more at the end, so the call that triggered the capture then runs the chosen
+backend exactly once, as if nothing had been tried.  A compile runs in a worker thread
+that carries the caller's grad mode and autocast state; one that exceeds the budget is
+abandoned there.  While tuning takes more than a second, a progress bar (tqdm, on stderr,
+off when stderr is not a terminal or ``AGSPEED_PROGRESS=0``) shows the graph and the
+candidate.  ``AGSPEED_LOG=autotune`` prints one table per graph.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from agspeed.backends import _measure, knowledge
+from agspeed.backends._protocol import Capabilities, graph_devices, is_dynamic, why_not
+
+__all__ = ["autotuner", "compile_graph", "default_candidates", "Autotuner"]
+
+_log = logging.getLogger("agspeed.autotune")
+_warn = logging.getLogger("agspeed")
+# The lower quartile of a candidate's per-turn speedups must exceed 1 + _MARGIN: a win
+# smaller than the noise of alternating turns is no win.
+_MARGIN = 0.01
+# Seconds of alternating turns spent timing each candidate (at least 5 rounds).
+_TIME_PER_CANDIDATE = {"cpu": 1.0, "cuda": 0.5}
+_DEFAULT = {"cpu": ("eager", "inductor", "jit"),
+            "cuda": ("eager", "inductor", "cudagraphs", "jit")}
+
+
+def default_candidates(devices: set) -> tuple:
+    """The candidates tried on graphs whose inputs live on ``devices``."""
+    return _DEFAULT["cuda" if "cuda" in devices else "cpu"]
+
+
+def _tls_state() -> Callable[[Callable[[], Any]], Any]:
+    """A function that runs a thunk in another thread under this thread's grad, inference
+    and autocast state (all thread-local in torch)."""
+    import torch
+
+    grad = torch.is_grad_enabled()
+    inference = torch.is_inference_mode_enabled()
+    cache = torch.is_autocast_cache_enabled()
+    autocast = []
+    for device in ("cpu", "cuda"):
+        try:
+            autocast.append((device, torch.is_autocast_enabled(device),
+                             torch.get_autocast_dtype(device)))
+        except (RuntimeError, TypeError):
+            pass
+
+    def within(thunk: Callable[[], Any]) -> Any:
+        torch.set_autocast_cache_enabled(cache)
+        for device, enabled, dtype in autocast:
+            torch.set_autocast_enabled(device, enabled)
+            torch.set_autocast_dtype(device, dtype)
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            return thunk()
+
+    return within
+
+
+def _compile(fn: Callable, gm: Any, inputs: list, budget: float) -> tuple[Any, float]:
+    """``fn(gm, inputs)`` in a worker thread, waiting at most ``budget`` seconds.
+
+    Returns (compiled, seconds); raises what the compile raised, or TimeoutError.
+    """
+    within = _tls_state()
+    box: dict = {}
+
+    def work() -> None:
+        try:
+            box["value"] = within(lambda: fn(gm, inputs))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    start = time.perf_counter()
+    worker = threading.Thread(target=work, name="agspeed-compile", daemon=True)
+    worker.start()
+    worker.join(max(budget, 0.0))
+    seconds = time.perf_counter() - start
+    if worker.is_alive():
+        raise TimeoutError(f"compile still running after the {budget:.0f} s budget "
+                           f"(abandoned)")
+    if "error" in box:
+        raise box["error"]
+    if not callable(box.get("value")):
+        raise TypeError(f"the backend returned {type(box.get('value')).__name__}, not a "
+                        "callable")
+    return box["value"], seconds
+
+
+def _fresh(gm: Any) -> Any:
+    """A copy of ``gm`` for one candidate: compilers may rewrite the graph they get, and
+    eager and the other candidates must keep the captured one.  Node metadata (the fake
+    values) is shared, not copied."""
+    import torch.fx
+
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    copy = torch.fx.GraphModule(gm, graph)
+    copy.meta = dict(getattr(gm, "meta", {}))
+    return copy
+
+
+def _is_training(inputs: list) -> bool:
+    import torch
+
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+
+
+def _progress(total: int, where: str) -> Any:
+    from agspeed import config
+
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return None
+    quiet = not config.progress or not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty())
+    return tqdm(total=total, desc=f"agspeed tuning {where}", file=sys.stderr, delay=1.0,
+                disable=quiet, leave=False, unit="step")
+
+
+def _ok(t: _measure.Timing, compile_s: float, err: float) -> dict:
+    return {"status": "ok", "compile_s": round(compile_s, 4), "median_s": t.median_s,
+            "eager_s": t.eager_s, "ratio": t.ratio, "low": t.low, "high": t.high,
+            "rounds": t.rounds, "max_err": err}
+
+
+def _failed(status: str, reason: str, compile_s: float = 0.0) -> dict:
+    return {"status": status, "reason": reason[:500], "compile_s": round(compile_s, 4)}
+
+
+def _pick(measured: dict) -> str:
+    """The winner among ``measured`` (name -> measurement): see step 5 above."""
+    best, best_ratio = "eager", 1.0
+    for name, m in measured.items():
+        if name == "eager" or m.get("status") != "ok":
+            continue
+        low = m.get("low", m["ratio"])
+        if low > 1.0 + _MARGIN and m["ratio"] > best_ratio:
+            best, best_ratio = name, m["ratio"]
+    return best
+
+
+def _names(options: dict, devices: set) -> list[str]:
+    """The candidates for a graph on ``devices``: the option, the knob, or the default;
+    eager first, always."""
+    from agspeed import config
+
+    names = options.get("candidates") or config.autotune_candidates or \
+        default_candidates(devices)
+    return list(dict.fromkeys(["eager", *names]))
+
+
+class _Tuning:
+    """One graph's tuning: its key, inputs, reference result and compiled candidates."""
+
+    def __init__(self, gm: Any, inputs: list, options: dict) -> None:
+        from agspeed import config
+
+        self.gm, self.inputs = gm, inputs
+        self.where = gm.meta.get("agspeed_where", "graph") if hasattr(gm, "meta") else "graph"
+        self.training = _is_training(inputs)
+        self.devices = graph_devices(inputs)
+        self.cuda = "cuda" in self.devices
+        self.budget = float(options.get("tune_budget") or config.tune_budget)
+        self.names = _names(options, self.devices)
+        self.env = knowledge.environment(self.devices)
+        key_inputs = [n.meta.get("example_value") for n in gm.graph.nodes
+                      if n.op == "placeholder"] if is_dynamic(gm) else inputs
+        self.key = knowledge.graph_key(gm, key_inputs, self.env)
+        ops = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method",
+                                                          "call_module"))
+        self.meta = {"graph": self.where, "ops": ops, "training": self.training}
+        self.started = time.perf_counter()
+        self.compiled: dict[str, Any] = {"eager": gm.forward}
+
+    def left(self) -> float:
+        return self.budget - (time.perf_counter() - self.started)
+
+    def compile(self, name: str) -> tuple[Any, float]:
+        from agspeed.backends import get_backend
+
+        if name == "eager":
+            return self.gm.forward, 0.0
+        fn = get_backend(name)
+        reason = why_not(fn, self.gm, self.inputs, self.training)
+        if reason:
+            raise _Unfit(reason)
+        return _compile(fn, _fresh(self.gm), self.inputs, self.left())
+
+    def save(self, name: str, m: dict) -> None:
+        try:
+            knowledge.record(self.key, self.env, self.meta, name, m)
+        except OSError as exc:  # a read-only or full disk costs the memory, not the run
+            _warn.warning("agspeed: cannot write the knowledge base (%s)", exc)
+
+
+class _Unfit(Exception):
+    """The candidate declares it cannot take this graph."""
+
+
+def _step(fn: Callable, inputs: list, training: bool, grads: list) -> Callable[[], None]:
+    """One whole call as the program makes it: forward, and backward when training."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    targets = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+
+    def call() -> None:
+        out = fn(*inputs)
+        if training and grads:
+            leaves, _ = tree_flatten(out)
+            diff = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad
+                    and t.is_floating_point()]
+            torch.autograd.grad(diff, targets, grads, allow_unused=True)
+
+    return call
+
+
+def _log_table(t: _Tuning, measured: dict, chosen: str, tuned: list, seconds: float) -> None:
+    if not _log.isEnabledFor(logging.INFO):
+        return
+    won = measured.get(chosen, {})
+    verdict = (f"{chosen} wins, {won['ratio']:.2f}x over eager" if chosen != "eager"
+               else "eager kept (no candidate beat it beyond the measurement's spread)")
+    lines = [f"{t.where}: {'training' if t.training else 'inference'} graph, "
+             f"{t.meta['ops']} ops, tuned {', '.join(tuned) or 'nothing new'} in "
+             f"{seconds:.1f} s: {verdict}",
+             f"  {'candidate':12s} {'compile':>8s} {'median':>10s} {'speedup':>8s} "
+             f"{'max err':>8s}"]
+    for name in t.names:
+        m = measured.get(name)
+        if m is None:
+            continue
+        mark = "  chosen" if name == chosen else ""
+        if m["status"] == "ok" and not m["median_s"]:
+            lines.append(f"  {name:12s} {'-':>8s} {'(not timed)':>10s}{mark}")
+        elif m["status"] == "ok":
+            lines.append(f"  {name:12s} {m['compile_s']:7.2f}s {m['median_s'] * 1e3:8.3f}ms "
+                         f"{m['ratio']:7.2f}x {m['max_err']:8.1e}{mark}")
+        else:
+            lines.append(f"  {name:12s} {m['status']}: {m['reason']}")
+    _log.info("\n".join(lines))
+
+
+def _tune(t: _Tuning, done: dict) -> tuple[str, dict, list]:
+    """Measure the candidates not in ``done``; returns (choice, measurements, tuned)."""
+    measured = dict(done)
+    todo = [n for n in t.names if n != "eager" and n not in done]
+    state = _measure.State(t.inputs)
+    bar = _progress(2 * len(todo) + 1, t.where) if todo else None
+    eager_s: list[float] = []
+    try:
+        if bar is not None:
+            bar.set_postfix_str("eager")
+        ref = _measure.run(t.gm.forward, t.inputs, t.training)
+        state.restore()
+        _, grads = _measure.output_grads(t.gm.forward(*t.inputs)) if t.training else (0, [])
+        state.restore()
+        eager_step = _step(t.gm.forward, t.inputs, t.training, grads)
+        if bar is not None:
+            bar.update(1)
+        for k, name in enumerate(todo):
+            if bar is not None:
+                bar.set_postfix_str(f"{name}: compiling")
+            compile_s = 0.0
+            try:
+                fn, compile_s = t.compile(name)
+                state.restore()  # a compile may run the graph (tracing)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix_str(f"{name}: checking and timing")
+                start = time.perf_counter()
+                got = _measure.run(fn, t.inputs, t.training)  # first call: lazy setup
+                compile_s += time.perf_counter() - start
+                state.restore()
+                err = _measure.compare(ref, got)
+                seconds = min(_TIME_PER_CANDIDATE["cuda" if t.cuda else "cpu"],
+                              max(t.left(), 0.0))
+                timing = _measure.time_pair(eager_step, _step(fn, t.inputs, t.training, grads),
+                                            state, t.cuda, warmup=2, seconds=seconds)
+                state.restore()
+                m = _ok(timing, compile_s, err)
+                eager_s.append(timing.eager_s)
+                t.compiled[name] = fn
+            except _Unfit as exc:
+                m = _failed("failed", f"unavailable: {exc}")
+            except _measure.Mismatch as exc:
+                state.restore()
+                m = _failed("wrong", str(exc), compile_s)
+            except Exception as exc:  # noqa: BLE001 - a candidate's failure is logged
+                state.restore()
+                m = _failed("failed", f"{type(exc).__name__}: {exc}", compile_s)
+            measured[name] = m
+            t.save(name, m)
+            if bar is not None:
+                bar.update(1 + 2 * (k + 1) - bar.n)
+        if "eager" not in measured or todo:
+            base = sorted(eager_s)[len(eager_s) // 2] if eager_s else \
+                measured.get("eager", {}).get("median_s", 0.0)
+            measured["eager"] = {"status": "ok", "compile_s": 0.0, "median_s": base,
+                                 "ratio": 1.0, "low": 1.0, "high": 1.0, "max_err": 0.0,
+                                 "rounds": 0}
+            t.save("eager", measured["eager"])
+    finally:
+        state.restore()
+        if bar is not None:
+            bar.close()
+    return _pick(measured), measured, todo
+
+
+def tune(gm: Any, inputs: list, options: dict | None = None) -> Callable[..., Any]:
+    """The autotuner's answer for one graph: the chosen backend's compiled callable."""
+    from agspeed import config
+
+    options = options or {}
+    if _names(options, graph_devices(inputs)) == ["eager"]:
+        return gm.forward  # nothing to choose between
+    t = _Tuning(gm, inputs, options)
+    rec = None if config.retune else knowledge.load(t.key, t.env)
+    if rec is not None and rec.get("choice"):
+        choice = rec["choice"]
+        try:
+            fn, seconds = t.compile(choice)
+        except Exception as exc:  # noqa: BLE001 - logged; the graph runs eager
+            _warn.warning("agspeed: %s: the remembered backend %s failed to compile (%s: "
+                          "%s); it runs eager", t.where, choice, type(exc).__name__, exc)
+            return gm.forward
+        if _log.isEnabledFor(logging.INFO):
+            ratio = rec["candidates"][choice]["ratio"]
+            _log.info("%s: knowledge base says %s (%.2fx over eager, tuned %s); not tuning "
+                      "again (compiled in %.2f s)", t.where, choice, ratio,
+                      rec.get("updated", "before"), seconds)
+        return fn
+    done = {} if rec is None or config.retune else {
+        n: m for n, m in rec["candidates"].items() if n in t.names}
+    choice, measured, tuned = _tune(t, done)
+    try:
+        knowledge.choose(t.key, t.env, t.meta, choice)
+    except (OSError, ValueError) as exc:
+        _warn.warning("agspeed: cannot write the knowledge base (%s)", exc)
+    _log_table(t, measured, choice, tuned, time.perf_counter() - t.started)
+    fn = t.compiled.get(choice)
+    if fn is None:  # measured by an earlier, interrupted run: compile it now
+        try:
+            fn, _ = t.compile(choice)
+        except Exception as exc:  # noqa: BLE001
+            _warn.warning("agspeed: %s: %s failed to compile again (%s); it runs eager",
+                          t.where, choice, exc)
+            fn = gm.forward
+    return fn
+
+
+class Autotuner:
+    """The backend ``"auto"``: ``autotuner(gm, example_inputs)`` tunes and returns the
+    fastest correct backend's callable for ``gm``."""
+
+    __name__ = "auto"
+    capabilities = Capabilities()  # eager is always among its answers
+
+    def __call__(self, gm: Any, example_inputs: list) -> Callable[..., Any]:
+        options = gm.meta.get("agspeed_options", {}) if hasattr(gm, "meta") else {}
+        return tune(gm, list(example_inputs), options)
+
+
+autotuner = Autotuner()
+
+
+def compile_graph(name: str, backend: Any, gm: Any, inputs: list) -> tuple[Any, str | None]:
+    """Compile a captured graph with the context's backend; never raises.
+
+    Returns (callable, None), or (the graph's own forward, why) when the backend cannot
+    take the graph or fails on it: the graph still runs, eagerly.  State the compile
+    changes (a backend that runs the graph while compiling) is put back.
+    """
+    training = _is_training(inputs)
+    reason = why_not(backend, gm, inputs, training)
+    if reason:
+        return gm.forward, f"backend {name} cannot take this graph: {reason}"
+    state = _measure.State(inputs) if backend is not autotuner else None
+    try:
+        return backend(gm, inputs), None
+    except Exception as exc:  # noqa: BLE001 - the backend's failure must not stop the program
+        return gm.forward, f"backend {name} failed ({type(exc).__name__}: {exc})"
+    finally:
+        if state is not None:
+            state.restore()

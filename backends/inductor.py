@@ -1,0 +1,114 @@
+"""The ``inductor`` backend: torch's own compiler (``torch._inductor``), CPU and CUDA.
+
+Training graphs go through AOTAutograd (inside ``compile_fx``): it traces the forward
+and the backward, and inductor turns both into fused kernels (C++/OpenMP on the CPU,
+Triton on CUDA).  Graphs with symbolic sizes are compiled once for every size: the
+placeholders' fake example values, which carry the capture's ShapeEnv symbols, are what
+inductor is given, so the compiled code reads each size from its input at run time.
+
+Three settings differ from a plain ``torch.compile`` and are agspeed's decisions:
+
+* Random numbers come from eager's generator (inductor's ``fallback_random``): dropout
+  draws the same mask from the same seed and leaves the generator where eager leaves it,
+  so a compiled graph computes what eager computes and the autotuner can check it.
+  Inductor's own RNG would be a little faster and never equal to eager.
+* The backward is compiled with the forward (not lazily on the first backward), so a
+  graph is ready, and timed, as a whole, and both land in the same cache.
+* Compiled artifacts (inductor's FX graph cache, AOTAutograd's cache, the compiled
+  kernels) live under agspeed's cache directory, ``<cache_dir>/inductor``, so a second
+  process finds them there instead of compiling again.  A ``TORCHINDUCTOR_CACHE_DIR``
+  that the user set before importing agspeed is theirs and is kept.  Inductor keeps the
+  directory in the process environment, so it is set for the whole process: a
+  ``torch.compile`` of the user's in the same process shares it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+from typing import Any, Callable
+
+from agspeed.backends._protocol import Capabilities, is_dynamic
+
+__all__ = ["backend", "capabilities", "cache_dir"]
+
+_log = logging.getLogger("agspeed.autotune")
+_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def _users_dir() -> str | None:
+    """The user's own TORCHINDUCTOR_CACHE_DIR: set before agspeed was imported, and not
+    torch's default (which importing torch._dynamo writes into the environment)."""
+    from agspeed.backends import INDUCTOR_DIR_AT_IMPORT as value
+
+    if not value:
+        return None
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return None if os.path.abspath(value) == os.path.abspath(default_cache_dir()) else value
+
+
+@functools.lru_cache(maxsize=None)
+def _unavailable() -> str | None:
+    try:
+        import torch._inductor.compile_fx  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not here"
+        return f"torch._inductor cannot be imported ({type(exc).__name__}: {exc})"
+    if not any(shutil.which(cc) for cc in (os.environ.get("CXX", "g++"), "g++", "c++",
+                                             "clang++")):
+        return "no C++ compiler found (inductor compiles C++ for the CPU)"
+    return None
+
+
+capabilities = Capabilities(training=True, dynamic=True, devices={"cpu", "cuda"},
+                            unavailable=_unavailable)
+
+
+def cache_dir() -> str:
+    """Where inductor's artifacts go: the user's ``TORCHINDUCTOR_CACHE_DIR`` if they set
+    one, else ``<agspeed cache_dir>/inductor``."""
+    users = _users_dir()
+    if users:
+        return users
+    from agspeed.backends import knowledge
+
+    return knowledge.artifact_dir("inductor")
+
+
+def _point_cache() -> None:
+    directory = cache_dir()
+    if os.environ.get(_ENV) != directory:
+        os.makedirs(directory, exist_ok=True)
+        os.environ[_ENV] = directory
+        _log.debug("inductor: compiled artifacts in %s", directory)
+
+
+def _example_values(gm: Any, example_inputs: list) -> list:
+    """What inductor traces with: the fake values with symbolic sizes for a dynamic graph
+    (so one compile serves every size), the real inputs for a static one."""
+    if not is_dynamic(gm):
+        return list(example_inputs)
+    fakes = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(fakes) != len(example_inputs) or any(f is None for f in fakes):
+        raise RuntimeError("a dynamic graph without fake values on its placeholders")
+    return fakes
+
+
+def backend(gm: Any, example_inputs: list) -> Callable[..., Any]:
+    """Compile ``gm`` with inductor (forward and, where inputs need gradients, backward)."""
+    reason = _unavailable()
+    if reason:
+        raise RuntimeError(f"inductor is unavailable: {reason}")
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+
+    _point_cache()
+    with inductor_config.patch(fallback_random=True), \
+            functorch_config.patch(force_non_lazy_backward_lowering=True):
+        return compile_fx(gm, _example_values(gm, example_inputs))
+
+
+backend.capabilities = capabilities

@@ -1,0 +1,371 @@
+"""The knowledge base: what agspeed learned about this machine, on disk.
+
+It is the one owner of ``config.cache_dir``.  Below it:
+
+    tuning/<key>.json        one record per graph: each candidate backend's measurement
+                             and the choice (the autotuner writes them, one at a time)
+    tuning/<key>.json.lock   its lock (filelock), shared by processes and threads
+    inductor/                inductor's compiled artifacts (``artifact_dir("inductor")``)
+
+A record's key is a hash of the graph (its code, which names every operation and
+constant, and the metadata of each input: type, dtype, shape, strides, device,
+requires_grad), of the state the graph runs in (grad mode, autocast per device type) and
+of the environment (``environment()``: device names, thread count, torch, Python and
+agspeed versions).  So a change of any of them never reuses a stale answer: it is
+another key.  The environment is stored in the record too, and a record whose stored
+key or environment differ from what it was looked up by is foreign and ignored.
+
+Writes are atomic (a temporary file in the same directory, then ``os.replace``) and done
+under the record's lock, reading the record again inside it, so two processes measuring
+different candidates of one graph both keep theirs.  Each measurement is written as it
+completes: a tuning run interrupted by a crash or Ctrl-C leaves the candidates it
+finished, and the next run measures only the others.
+
+A file that cannot be read as a record (truncated, garbage, another format) is ignored
+with one warning per file and rewritten by the next measurement; it never raises and is
+never taken for an answer.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import threading
+from typing import Any, Iterator
+
+__all__ = ["FORMAT", "root", "artifact_dir", "environment", "graph_key", "load", "record",
+           "choose", "records", "info", "clear"]
+
+FORMAT = 1
+_log = logging.getLogger("agspeed")
+_TUNING = "tuning"
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def root() -> str:
+    """The cache directory (``config.cache_dir``)."""
+    from agspeed import config
+
+    return config.cache_dir
+
+
+def artifact_dir(name: str) -> str:
+    """A directory under the cache directory for a backend's compiled artifacts."""
+    path = os.path.join(root(), name)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _tuning_dir() -> str:
+    return os.path.join(root(), _TUNING)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device_types: Any = ("cpu",)) -> dict:
+    """What a measurement depends on besides the graph: versions and devices."""
+    import torch
+
+    import agspeed
+
+    env = {
+        "agspeed": agspeed.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu": _cpu_name(),
+        "threads": torch.get_num_threads(),
+    }
+    if "cuda" in device_types and torch.cuda.is_available():
+        index = torch.cuda.current_device()
+        env["cuda"] = torch.cuda.get_device_name(index)
+        env["cuda_version"] = torch.version.cuda
+    return env
+
+
+def _describe_input(value: Any) -> list:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [type(value).__name__, str(value.dtype), [str(d) for d in value.shape],
+                [str(s) for s in value.stride()], value.device.type, value.requires_grad]
+    return [type(value).__name__, repr(value)]
+
+
+def _state(device_types: Any) -> list:
+    """The thread state a graph's meaning depends on: grad mode and autocast."""
+    import torch
+
+    state: list = [torch.is_grad_enabled()]
+    for device in sorted(set(device_types) | {"cpu"}):
+        try:
+            state += [device, torch.is_autocast_enabled(device),
+                      str(torch.get_autocast_dtype(device))]
+        except (RuntimeError, TypeError):  # a device type without autocast
+            state += [device, False]
+    return state
+
+
+def graph_key(gm: Any, inputs: list, env: dict) -> str:
+    """The stable key of ``gm`` run on inputs like ``inputs`` in environment ``env``.
+
+    ``inputs`` are the placeholders' values; a dynamic graph's are its fake values, whose
+    symbolic sizes print as symbols, so every size of it shares one key.
+    """
+    devices = {t.device.type for t in inputs if hasattr(t, "device")}
+    consts = []
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = getattr(gm, node.target, None)
+            consts.append([node.target, _describe_input(value)])
+    payload = json.dumps({
+        "format": FORMAT,
+        "code": gm.code,
+        "inputs": [_describe_input(v) for v in inputs],
+        "consts": consts,
+        "state": _state(devices),
+        "env": env,
+    }, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+def _path(key: str) -> str:
+    return os.path.join(_tuning_dir(), f"{key}.json")
+
+
+def _warn_once(path: str, why: str) -> None:
+    with _warned_lock:
+        if path in _warned:
+            return
+        _warned.add(path)
+    _log.warning("agspeed: knowledge base file %s ignored (%s); it will be rewritten", path,
+                 why)
+
+
+def _valid_measurement(m: Any) -> bool:
+    if not isinstance(m, dict) or m.get("status") not in ("ok", "wrong", "failed"):
+        return False
+    if m["status"] == "ok":
+        return all(isinstance(m.get(k), (int, float)) for k in ("median_s", "ratio"))
+    return isinstance(m.get("reason"), str)
+
+
+def _read(path: str, key: str | None, env: dict | None) -> dict | None:
+    """The record at ``path``, or None when absent or unusable (warned once)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _warn_once(path, f"cannot be read: {exc}")
+        return None
+    try:
+        rec = json.loads(text)
+    except ValueError:
+        _warn_once(path, "not valid JSON: truncated or corrupt")
+        return None
+    if not isinstance(rec, dict) or rec.get("format") != FORMAT:
+        _warn_once(path, "not a knowledge base record of this format")
+        return None
+    cands = rec.get("candidates")
+    if not isinstance(cands, dict) or not all(_valid_measurement(m) for m in cands.values()):
+        _warn_once(path, "malformed measurements")
+        return None
+    choice = rec.get("choice")
+    if choice is not None and (not isinstance(choice, str) or choice not in cands
+                               or cands[choice]["status"] != "ok"):
+        _warn_once(path, "its choice is not a measured candidate")
+        return None
+    if key is not None and (rec.get("key") != key or rec.get("env") != env):
+        _warn_once(path, "made for another graph or environment")
+        return None
+    return rec
+
+
+def load(key: str, env: dict) -> dict | None:
+    """The record of ``key``, or None (absent, unusable or foreign)."""
+    return _read(_path(key), key, env)
+
+
+def _lock(path: str) -> Any:
+    from filelock import FileLock
+
+    return FileLock(path + ".lock", timeout=60)
+
+
+def _write(path: str, rec: dict) -> None:
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(rec, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _update(key: str, env: dict, meta: dict, change: Any) -> dict:
+    """Apply ``change(record)`` to the record of ``key`` under its lock; returns it."""
+    path = _path(key)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with _lock(path):
+        rec = _read(path, key, env) or {"format": FORMAT, "key": key, "env": env,
+                                        "candidates": {}, "choice": None}
+        rec.update(meta)
+        change(rec)
+        rec["updated"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds")
+        _write(path, rec)
+    return rec
+
+
+def record(key: str, env: dict, meta: dict, name: str, measurement: dict) -> dict:
+    """Store one candidate's measurement of the graph ``key`` (as soon as it is made)."""
+    if not _valid_measurement(measurement):
+        raise ValueError(f"not a measurement: {measurement!r}")
+
+    def change(rec: dict) -> None:
+        rec["candidates"][name] = measurement
+        rec["choice"] = None  # a choice is made over the complete set, by choose()
+
+    return _update(key, env, meta, change)
+
+
+def choose(key: str, env: dict, meta: dict, name: str) -> dict:
+    """Store the choice for ``key`` (a candidate measured ok)."""
+
+    def change(rec: dict) -> None:
+        if rec["candidates"].get(name, {}).get("status") != "ok":
+            raise ValueError(f"{name!r} was not measured ok for this graph")
+        rec["choice"] = name
+
+    return _update(key, env, meta, change)
+
+
+def _files() -> Iterator[str]:
+    directory = _tuning_dir()
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name.endswith(".json") and not name.startswith("."):
+            yield os.path.join(directory, name)
+
+
+def records() -> list[dict]:
+    """Every readable record (unusable files are warned about and left out)."""
+    out = []
+    for path in _files():
+        rec = _read(path, None, None)
+        if rec is not None:
+            out.append(rec)
+    return out
+
+
+def _size(path: str) -> int:
+    total = 0
+    for base, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(base, name))
+            except OSError:
+                pass
+    return total
+
+
+def info() -> dict:
+    """Where the cache is, how many graphs it knows, and what it holds on disk."""
+    recs = records()
+    return {
+        "cache_dir": root(),
+        "graphs": len(recs),
+        "decided": sum(1 for r in recs if r.get("choice")),
+        "choices": {name: sum(1 for r in recs if r.get("choice") == name)
+                    for name in sorted({r["choice"] for r in recs if r.get("choice")})},
+        "bytes": _size(root()) if os.path.isdir(root()) else 0,
+    }
+
+
+def clear() -> int:
+    """Remove everything agspeed keeps in the cache directory; returns the bytes freed.
+
+    Only agspeed's own subdirectories are removed: the cache directory may have been
+    pointed at a folder that holds other things too.
+    """
+    freed = 0
+    for sub in (_TUNING, "inductor"):
+        path = os.path.join(root(), sub)
+        if os.path.isdir(path):
+            freed += _size(path)
+            shutil.rmtree(path, ignore_errors=True)
+    with _warned_lock:
+        _warned.clear()
+    return freed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m agspeed.cache``: list, show KEY, clear, info."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m agspeed.cache",
+                                     description="agspeed's knowledge base (tuning "
+                                                 "results and compiled artifacts)")
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("list", help="one line per tuned graph")
+    show = sub.add_parser("show", help="one graph's measurements (a key or its prefix)")
+    show.add_argument("key")
+    sub.add_parser("clear", help="remove the tuning results and compiled artifacts")
+    sub.add_parser("info", help="where the cache is and what it holds")
+    args = parser.parse_args(argv)
+    out = sys.stdout
+    if args.command in (None, "info"):
+        for k, v in info().items():
+            out.write(f"{k}: {v}\n")
+        return 0
+    if args.command == "clear":
+        out.write(f"cleared {root()} ({clear()} bytes)\n")
+        return 0
+    recs = records()
+    if args.command == "list":
+        for r in recs:
+            ok = {n: m for n, m in r["candidates"].items() if m["status"] == "ok"}
+            won = r.get("choice") or "(tuning incomplete)"
+            ratio = ok.get(r.get("choice") or "", {}).get("ratio")
+            gain = f" {ratio:.2f}x" if ratio else ""
+            out.write(f"{r['key']}  {won}{gain}  {r.get('graph', '?')}  "
+                      f"[{', '.join(sorted(r['candidates']))}]\n")
+        if not recs:
+            out.write(f"no tuned graphs in {root()}\n")
+        return 0
+    found = [r for r in recs if r["key"].startswith(args.key)]
+    if len(found) != 1:
+        out.write(f"{len(found)} records match {args.key!r}\n")
+        return 1
+    json.dump(found[0], out, indent=1, sort_keys=True)
+    out.write("\n")
+    return 0
