@@ -9,7 +9,7 @@ import torch.  Knobs: ``agspeed.config`` and the ``AGSPEED_*`` environment varia
 (docs/env_vars.md).
 """
 
-from agspeed import _C, config, log
+from agspeed import _C, cache, config, log
 from agspeed.api import counters, disable, optimize, reset
 from agspeed._explain import explain
 from agspeed._runtime import recompiles
@@ -35,6 +35,7 @@ __all__ = [
     "mark_static",
     "counters",
     "config",
+    "cache",
     "log",
     "list_backends",
     "register_backend",

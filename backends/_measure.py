@@ -5,8 +5,10 @@
   tensor updated with ``add_``) and the random number generators of the devices it
   uses.  ``State.take`` records them before tuning; ``restore`` puts them back, so each
   candidate starts where eager started, and the last restore leaves the program where it
-  was before the tuning call.  A tensor counts as mutated when its version counter moved:
-  only those are copied back, so tensors an outer autograd graph saved are not touched.
+  was before the tuning call.  A tensor counts as mutated when its version counter moved
+  or its values differ from the copy (kernels such as batch norm's update the running
+  statistics without moving the counter): only those are copied back, so tensors an
+  outer autograd graph saved are not touched.
 * ``run`` calls a compiled graph the way a training step uses it: the forward, then,
   when the graph needs gradients, the backward of its outputs for fixed output gradients.
   The backward goes through ``torch.autograd.grad``, which returns the gradients of the
@@ -54,6 +56,16 @@ def _tensors(values: list) -> list:
     return [v for v in values if isinstance(v, torch.Tensor)]
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Equal values, NaN equal to NaN."""
+    import torch
+
+    if a.is_floating_point() or a.is_complex():
+        with torch.no_grad():
+            return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return torch.equal(a, b)
+
+
 class State:
     """The in-place-mutable inputs and the RNG states of one graph call."""
 
@@ -75,7 +87,9 @@ class State:
                     self._saved[k] = t.detach().clone()
 
     def mutated(self) -> list[int]:
-        return [k for k, t in enumerate(self._inputs) if t._version != self._versions[k]]
+        return [k for k, t in enumerate(self._inputs)
+                if t._version != self._versions[k]
+                or (k in self._saved and not _same(t, self._saved[k]))]
 
     def restore(self, rng: bool = True) -> None:
         """Put the mutated inputs (and, with ``rng``, the generators) back as taken."""

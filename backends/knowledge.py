@@ -35,7 +35,6 @@ import logging
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import threading
 from typing import Any, Iterator
@@ -172,6 +171,9 @@ def _read(path: str, key: str | None, env: dict | None) -> dict | None:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
+        return None
+    except UnicodeDecodeError:
+        _warn_once(path, "not text: corrupt")
         return None
     except OSError as exc:
         _warn_once(path, f"cannot be read: {exc}")
@@ -326,46 +328,3 @@ def clear() -> int:
     with _warned_lock:
         _warned.clear()
     return freed
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m agspeed.cache``: list, show KEY, clear, info."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m agspeed.cache",
-                                     description="agspeed's knowledge base (tuning "
-                                                 "results and compiled artifacts)")
-    sub = parser.add_subparsers(dest="command")
-    sub.add_parser("list", help="one line per tuned graph")
-    show = sub.add_parser("show", help="one graph's measurements (a key or its prefix)")
-    show.add_argument("key")
-    sub.add_parser("clear", help="remove the tuning results and compiled artifacts")
-    sub.add_parser("info", help="where the cache is and what it holds")
-    args = parser.parse_args(argv)
-    out = sys.stdout
-    if args.command in (None, "info"):
-        for k, v in info().items():
-            out.write(f"{k}: {v}\n")
-        return 0
-    if args.command == "clear":
-        out.write(f"cleared {root()} ({clear()} bytes)\n")
-        return 0
-    recs = records()
-    if args.command == "list":
-        for r in recs:
-            ok = {n: m for n, m in r["candidates"].items() if m["status"] == "ok"}
-            won = r.get("choice") or "(tuning incomplete)"
-            ratio = ok.get(r.get("choice") or "", {}).get("ratio")
-            gain = f" {ratio:.2f}x" if ratio else ""
-            out.write(f"{r['key']}  {won}{gain}  {r.get('graph', '?')}  "
-                      f"[{', '.join(sorted(r['candidates']))}]\n")
-        if not recs:
-            out.write(f"no tuned graphs in {root()}\n")
-        return 0
-    found = [r for r in recs if r["key"].startswith(args.key)]
-    if len(found) != 1:
-        out.write(f"{len(found)} records match {args.key!r}\n")
-        return 1
-    json.dump(found[0], out, indent=1, sort_keys=True)
-    out.write("\n")
-    return 0

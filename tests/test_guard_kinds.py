@@ -4,7 +4,6 @@ guard with its old and new value.  Then each graph-break path: eager's result, c
 still captured, and a graph_breaks log line with file:line, instruction and reason."""
 
 import contextlib
-import logging
 
 import pytest
 
@@ -12,32 +11,12 @@ torch = pytest.importorskip("torch")
 nn, F = torch.nn, torch.nn.functional
 
 import agspeed  # noqa: E402
+from _logs import logged  # noqa: E402
 from agspeed import _C  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
 FLAG = 1  # a global the captured code branches on
-
-
-@contextlib.contextmanager
-def logged(*names):
-    """Messages of the agspeed loggers ``names`` while the block runs."""
-    messages = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            messages.append(record.getMessage())
-
-    handler = Collect()
-    loggers = [logging.getLogger(f"agspeed.{n}") for n in names]
-    for lg in loggers:
-        lg.addHandler(handler)
-    try:
-        with agspeed.config.override(log=",".join(names)):
-            yield messages
-    finally:
-        for lg in loggers:
-            lg.removeHandler(handler)
 
 
 class Counting:
