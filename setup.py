@@ -83,5 +83,7 @@ setup(
         )
     ],
     cmdclass={"build_ext": BuildExt},
+    # the autotuner's progress bar, the cache location and the knowledge base's locks
+    install_requires=["tqdm", "platformdirs", "filelock"],
     extras_require={"torch": ["torch>=2.1"]},
 )

@@ -85,11 +85,24 @@ def _point_cache() -> None:
         _log.debug("inductor: compiled artifacts in %s", directory)
 
 
+def _static_fakes(example_inputs: list) -> list:
+    """Fake copies of real inputs, with static sizes, under a fake mode that has a
+    ShapeEnv: inductor's FX graph cache and AOTAutograd's cache store the guards of a
+    compile in it, and bypass (compile again in every process) without one."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    return [mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t
+            for t in example_inputs]
+
+
 def _example_values(gm: Any, example_inputs: list) -> list:
     """What inductor traces with: the fake values with symbolic sizes for a dynamic graph
-    (so one compile serves every size), the real inputs for a static one."""
+    (so one compile serves every size), static fakes of the real inputs for another."""
     if not is_dynamic(gm):
-        return list(example_inputs)
+        return _static_fakes(example_inputs)
     fakes = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
     if len(fakes) != len(example_inputs) or any(f is None for f in fakes):
         raise RuntimeError("a dynamic graph without fake values on its placeholders")

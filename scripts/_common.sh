@@ -47,7 +47,8 @@ ags_venv() {
         "$py" -m venv "$dir"
     fi
     "$dir/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
-    "$dir/bin/python" -m pip install -q --disable-pip-version-check pytest numpy
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check pytest numpy \
+        tqdm platformdirs filelock
     if [ "$torch" = 1 ] && ! "$dir/bin/python" -c \
         "import torch, sys; sys.exit(not torch.__version__.startswith('2.13.0'))" >/dev/null 2>&1; then
         ags_say "installing $AGS_TORCH_PIN into $2"

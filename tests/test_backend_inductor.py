@@ -1,0 +1,188 @@
+"""The inductor backend on real captures: training, autocast, dynamic sizes, artifacts.
+
+Each test compiles small graphs (inductor takes seconds per graph on a small CPU), and
+the session shares one cache directory (tests/conftest.py), so graphs that repeat across
+tests are compiled once.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import agspeed
+from agspeed import backends
+
+pytestmark = pytest.mark.torch
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.norm = nn.LayerNorm(16)
+        self.fc2 = nn.Linear(16, 8)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.norm(self.fc1(x))))
+
+
+class Noisy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 16)
+        self.bn = nn.BatchNorm1d(16)
+        self.drop = nn.Dropout(0.25)
+
+    def forward(self, x):
+        return self.drop(F.silu(self.bn(self.fc(x))))
+
+
+class Pair(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y.relu(), [y.sigmoid(), y.shape[-1]]
+
+
+def _twins(cls):
+    torch.manual_seed(0)
+    a = cls()
+    b = cls()
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def _check_training(eager, model, make_input, steps=2, autocast=None, seed=True):
+    optimized = agspeed.optimize(model, backend="inductor")
+    for step in range(steps):
+        x = make_input()
+        outs = []
+        for m in (eager, optimized):
+            if seed:
+                torch.manual_seed(100 + step)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast is not None):
+                out = m(x)
+            out.float().square().mean().backward()
+            outs.append(out)
+        tol = {} if autocast is None else {"rtol": 2e-2, "atol": 2e-2}
+        torch.testing.assert_close(outs[1], outs[0], **tol)
+        for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, msg=name, **tol)
+        for (name, b), c in zip(eager.named_buffers(), model.buffers()):
+            torch.testing.assert_close(c, b, msg=name, **tol)
+    return optimized
+
+
+def test_training_matches_eager_in_fp32():
+    eager, model = _twins(Block)
+    _check_training(eager, model, lambda: torch.randn(6, 8))
+
+
+def test_training_matches_eager_under_bf16_autocast():
+    eager, model = _twins(Block)
+    _check_training(eager, model, lambda: torch.randn(6, 8), autocast=torch.bfloat16)
+
+
+def test_batchnorm_and_dropout_train_like_eager_with_eagers_random_numbers():
+    eager, model = _twins(Noisy)
+    _check_training(eager, model, lambda: torch.randn(6, 8), steps=3)
+    assert model.bn.num_batches_tracked.item() == 3
+    # the same generator state after as eager's: dropout drew from eager's stream
+    torch.manual_seed(5)
+    eager(torch.randn(6, 8))
+    want = torch.get_rng_state()
+    torch.manual_seed(5)
+    agspeed.optimize(model, backend="inductor")(torch.randn(6, 8))
+    assert torch.equal(torch.get_rng_state(), want)
+
+
+def test_one_dynamic_graph_serves_every_size():
+    eager, model = _twins(Block)
+    sizes = iter([3, 5, 7, 9])
+    _check_training(eager, model, lambda: torch.randn(next(sizes), 8), steps=4)
+    # agspeed.optimize(dynamic=None) promotes the batch size after three sizes: captures
+    # at 3, 5, then one dynamic capture serves 7 and 9
+    captured = [r for r in agspeed._runtime.frame_records() if r.decision == "captured"]
+    assert len(captured) == 3
+
+
+def test_marked_dynamic_from_the_start():
+    eager, model = _twins(Block)
+    optimized = agspeed.optimize(model, backend="inductor", dynamic=True)
+    for n in (4, 6, 11):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(optimized(x), eager(x))
+    captured = [r for r in agspeed._runtime.frame_records() if r.decision == "captured"]
+    assert len(captured) == 1
+
+
+def test_output_containers_and_constants_come_back_as_eager_gives_them():
+    eager, model = _twins(Pair)
+    x = torch.randn(3, 8)
+    want = eager(x)
+    got = agspeed.optimize(model, backend="inductor")(x)
+    assert type(got) is tuple and type(got[1]) is list
+    assert got[1][1] == 4 and type(got[1][1]) is int
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1][0], want[1][0])
+
+
+def test_inference_under_no_grad():
+    eager, model = _twins(Block)
+    optimized = agspeed.optimize(model.eval(), backend="inductor")
+    eager.eval()
+    with torch.no_grad():
+        x = torch.randn(5, 8)
+        out = optimized(x)
+        torch.testing.assert_close(out, eager(x))
+    assert not out.requires_grad
+
+
+def test_declares_training_dynamic_and_both_devices():
+    caps = backends.capabilities_of(backends.get_backend("inductor"))
+    assert caps.training and caps.dynamic and caps.devices == {"cpu", "cuda"}
+    assert caps.unavailable() is None  # this machine has torch._inductor and g++
+
+
+SCRIPT = textwrap.dedent('''
+    import torch, torch.nn as nn, agspeed
+    from torch._dynamo.utils import counters
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.tanh(self.fc(x))
+
+    torch.manual_seed(0)
+    model = agspeed.optimize(Net(), backend="inductor")
+    model(torch.randn(4, 8)).sum().backward()
+    print("hits", counters["inductor"]["fxgraph_cache_hit"]
+          + counters["aot_autograd"]["autograd_cache_hit"])
+''')
+
+
+def test_a_second_process_reuses_the_compiled_artifacts(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, AGSPEED_CACHE_DIR=str(tmp_path / "kb"))
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    runs = [subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                           text=True, timeout=300) for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    assert runs[0].stdout.split() == ["hits", "0"]
+    assert int(runs[1].stdout.split()[1]) >= 1
+    assert any((tmp_path / "kb" / "inductor").iterdir())  # under agspeed's cache dir
