@@ -38,12 +38,13 @@ import logging
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from agspeed.backends import _measure, knowledge
 from agspeed.backends._protocol import Capabilities, graph_devices, is_dynamic, why_not
 
-__all__ = ["autotuner", "compile_graph", "default_candidates", "Autotuner"]
+__all__ = ["autotuner", "compile_graph", "default_candidates", "Autotuner", "Decision",
+           "decisions", "clear_decisions"]
 
 _log = logging.getLogger("agspeed.autotune")
 _warn = logging.getLogger("agspeed")
@@ -54,6 +55,38 @@ _MARGIN = 0.01
 _TIME_PER_CANDIDATE = {"cpu": 1.0, "cuda": 0.5}
 _DEFAULT = {"cpu": ("eager", "inductor", "jit"),
             "cuda": ("eager", "inductor", "cudagraphs", "jit")}
+
+
+class Decision(NamedTuple):
+    """The autotuner's answer for one graph in this process."""
+
+    graph: str          # "forward (model.py:12)"
+    choice: str         # the backend that runs it
+    speedup: float      # its median speedup over eager (1.0 for eager)
+    seconds: float      # time spent deciding (tuning, or compiling the remembered choice)
+    source: str         # "tuned" or "knowledge base"
+    key: str            # the knowledge base's key
+
+
+_DECISIONS: list[Decision] = []
+_decisions_lock = threading.Lock()
+
+
+def decisions() -> list[Decision]:
+    """The graphs the autotuner decided about since the last ``agspeed.reset()``."""
+    with _decisions_lock:
+        return list(_DECISIONS)
+
+
+def clear_decisions() -> None:
+    with _decisions_lock:
+        _DECISIONS.clear()
+
+
+def _decided(t: "_Tuning", choice: str, speedup: float, source: str) -> None:
+    with _decisions_lock:
+        _DECISIONS.append(Decision(t.where, choice, speedup,
+                                   time.perf_counter() - t.started, source, t.key))
 
 
 def default_candidates(devices: set) -> tuple:
@@ -290,6 +323,13 @@ def _tune(t: _Tuning, done: dict) -> tuple[str, dict, list]:
         _, grads = _measure.output_grads(t.gm.forward(*t.inputs)) if t.training else (0, [])
         state.restore()
         eager_step = _step(t.gm.forward, t.inputs, t.training, grads)
+
+        def exact() -> Any:
+            state.restore()
+            result = _measure.exact_run(t.gm.forward, t.inputs, t.training)
+            state.restore()
+            return result
+
         if bar is not None:
             bar.update(1)
         for k, name in enumerate(todo):
@@ -306,7 +346,7 @@ def _tune(t: _Tuning, done: dict) -> tuple[str, dict, list]:
                 got = _measure.run(fn, t.inputs, t.training)  # first call: lazy setup
                 compile_s += time.perf_counter() - start
                 state.restore()
-                err = _measure.compare(ref, got)
+                err = _measure.compare(ref, got, exact)
                 seconds = min(_TIME_PER_CANDIDATE["cuda" if t.cuda else "cpu"],
                               max(t.left(), 0.0))
                 timing = _measure.time_pair(eager_step, _step(fn, t.inputs, t.training, grads),
@@ -363,6 +403,7 @@ def tune(gm: Any, inputs: list, options: dict | None = None) -> Callable[..., An
             _log.info("%s: knowledge base says %s (%.2fx over eager, tuned %s); not tuning "
                       "again (compiled in %.2f s)", t.where, choice, ratio,
                       rec.get("updated", "before"), seconds)
+        _decided(t, choice, rec["candidates"][choice]["ratio"], "knowledge base")
         return fn
     done = {} if rec is None or config.retune else {
         n: m for n, m in rec["candidates"].items() if n in t.names}
@@ -372,6 +413,7 @@ def tune(gm: Any, inputs: list, options: dict | None = None) -> Callable[..., An
     except (OSError, ValueError) as exc:
         _warn.warning("agspeed: cannot write the knowledge base (%s)", exc)
     _log_table(t, measured, choice, tuned, time.perf_counter() - t.started)
+    _decided(t, choice, measured[choice]["ratio"], "tuned")
     fn = t.compiled.get(choice)
     if fn is None:  # measured by an earlier, interrupted run: compile it now
         try:

@@ -372,3 +372,28 @@ def test_default_candidates_per_device():
     assert "inductor" in autotune.default_candidates({"cpu"})
     assert "cudagraphs" not in autotune.default_candidates({"cpu"})
     assert "cudagraphs" in autotune.default_candidates({"cuda"})
+
+
+def test_float32_noise_passes_against_float64_and_an_error_does_not():
+    from agspeed.backends import _measure
+    from torch.utils._pytree import tree_flatten
+
+    truth = torch.randn(1000, dtype=torch.float64)
+    _, spec = tree_flatten(torch.zeros(1))
+
+    def result(t):
+        return _measure.Result(spec, [t], [])
+
+    noise = truth.abs().max().item() * 3e-3   # past float32's tolerance from eager
+    eager = (truth + noise * torch.randn(1000, dtype=torch.float64)).float()
+    close = (truth + noise * torch.randn(1000, dtype=torch.float64)).float()
+    off = (truth + 10 * noise * torch.randn(1000, dtype=torch.float64)).float()
+    exact = lambda: result(truth)  # noqa: E731
+    assert _measure.compare(result(eager), result(close), exact) > 1e-3
+    with pytest.raises(_measure.Mismatch, match="from float64"):
+        _measure.compare(result(eager), result(off), exact)
+    with pytest.raises(_measure.Mismatch, match="tolerance"):
+        _measure.compare(result(eager), result(close))  # no float64 reference
+    # a float64 run that is no reference (eager is far from it) decides nothing
+    with pytest.raises(_measure.Mismatch):
+        _measure.compare(result(eager), result(close), lambda: result(-truth))
