@@ -24,7 +24,7 @@ TOPICS = {
     "recompiles_verbose": "on each recompile, every failing guard of every cached entry",
     "graphs": "each captured graph",
     "graph_breaks": "where and why capture of a frame stopped",
-    "autotune": "each backend the autotuner measured, and the winner",
+    "autotune": "each graph's tuning table (or the knowledge base's answer) and the winner",
 }
 
 ROOT = logging.getLogger("agspeed")
