@@ -244,3 +244,50 @@ def test_each_backend_compiles_its_own_graph_for_the_same_function():
     a(x)
     assert (len(first.graphs), first.runs) == (1, 2)
     assert (len(second.graphs), second.runs) == (1, 1)
+
+
+# -- the capability protocol --------------------------------------------------------------
+
+
+def test_a_plain_callable_can_take_anything():
+    caps = backends.capabilities_of(lambda gm, ex: gm.forward)
+    assert caps.training and caps.dynamic and {"cpu", "cuda"} <= caps.devices
+
+
+def test_the_older_supports_dynamic_attribute_still_reads():
+    def static_only(gm, ex):
+        return gm.forward
+
+    static_only.supports_dynamic = False
+    assert not backends.capabilities_of(static_only).dynamic
+    assert not backends.supports_dynamic(static_only)
+
+
+def test_why_not_names_the_device_training_and_dynamic_limits():
+    gm = torch.fx.symbolic_trace(mlp())
+    x = torch.randn(2, 4)
+
+    def cuda_inference(gm, ex):
+        return gm.forward
+
+    cuda_inference.capabilities = backends.Capabilities(training=False, dynamic=False,
+                                                        devices={"cuda"})
+    assert "not cpu" in backends.why_not(cuda_inference, gm, [x], training=False)
+    cuda_inference.capabilities = backends.Capabilities(training=False)
+    assert "backward" in backends.why_not(cuda_inference, gm, [x], training=True)
+    assert backends.why_not(cuda_inference, gm, [x], training=False) is None
+    cuda_inference.capabilities = backends.Capabilities(unavailable=lambda: "no library")
+    assert backends.why_not(cuda_inference, gm, [x], training=False) == "no library"
+
+
+@pytest.mark.skipif(torch is not None and torch.cuda.is_available(), reason="a CPU-only check")
+def test_cudagraphs_on_a_machine_without_cuda_says_so_and_the_graph_runs(caplog):
+    fn = backends.get_backend("cudagraphs")
+    assert "CUDA" in backends.capabilities_of(fn).unavailable()
+    model = dense_net()
+    x = torch.randn(2, 4)
+    with caplog.at_level(logging.WARNING, logger="agspeed"):
+        out = agspeed.optimize(model, backend="cudagraphs")(x)
+    torch.testing.assert_close(out, dense(x, model.fc.weight, model.fc.bias))
+    assert "cudagraphs cannot take this graph" in caplog.text and "CUDA" in caplog.text
+    assert any(r.decision == "captured" for r in agspeed._runtime.frame_records())

@@ -39,18 +39,19 @@ def _step(model, inputs, ctx):
     return outs, grads
 
 
-@pytest.mark.parametrize("amp", ["fp32", "fp16", "bf16"])
-@pytest.mark.parametrize("name", sorted(ZOO))
-def test_zoo_on_cuda_matches_eager(name, amp):
+def _train_like_eager(name, amp, backend="eager", tol=None, **options):
+    """Three training steps of a zoo model through ``backend`` against eager's, from the
+    same state, under CUDA autocast ``amp``: outputs and gradients compared."""
     cls, make_inputs = ZOO[name]
     torch.manual_seed(0)
     model = cls().cuda().train()
     for m in model.modules():  # the same result with or without a random stream
         if isinstance(m, nn.Dropout):
             m.p = 0.0
-    optimized = agspeed.optimize(model, backend="eager")
+    optimized = agspeed.optimize(model, backend=backend, **options)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(amp)
-    tol = {} if dtype is None else {"atol": 3e-2, "rtol": 3e-2}
+    if tol is None:
+        tol = {} if dtype is None else {"atol": 3e-2, "rtol": 3e-2}
     for _ in range(3):
         inputs = [t.cuda() for t in make_inputs()]
         ctx = torch.autocast("cuda", dtype=dtype) if dtype else torch.autocast("cuda", enabled=False)
@@ -66,6 +67,39 @@ def test_zoo_on_cuda_matches_eager(name, amp):
             torch.testing.assert_close(got_grads[key], want_grads[key], **tol)
     assert len(_captured()) == 1, _captured()
     assert not _breaks()
+
+
+@pytest.mark.parametrize("amp", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_on_cuda_matches_eager(name, amp):
+    _train_like_eager(name, amp)
+
+
+_COMPILED_TOL = {"fp32": {"atol": 5e-3, "rtol": 5e-3}, "fp16": {"atol": 5e-2, "rtol": 5e-2}}
+
+
+@pytest.mark.parametrize("backend,amp", [("inductor", "fp32"), ("inductor", "fp16"),
+                                         ("jit", "fp16"), ("cudagraphs", "fp16"),
+                                         ("cudagraphs", "fp32")])
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_trains_on_each_cuda_backend_like_eager(name, backend, amp):
+    _train_like_eager(name, amp, backend, _COMPILED_TOL[amp])
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_trains_through_the_autotuner_on_cuda(name):
+    from agspeed.backends import autotune
+
+    _train_like_eager(name, "bf16", "auto", {"atol": 5e-2, "rtol": 5e-2},
+                      candidates=autotune.default_candidates({"cuda"}))
+    (decision,) = autotune.decisions()
+    assert decision.choice in autotune.default_candidates({"cuda"})
+
+
+def test_cudagraphs_declares_itself_available_here():
+    from agspeed import backends
+
+    assert backends.capabilities_of(backends.get_backend("cudagraphs")).unavailable() is None
 
 
 def test_device_change_makes_a_second_entry_and_both_are_reused():
