@@ -56,6 +56,12 @@ def _tensors(values: list) -> list:
     return [v for v in values if isinstance(v, torch.Tensor)]
 
 
+def _version(t: Any) -> int:
+    """A tensor's version counter; -1 for an inference tensor, which has none (its
+    values are compared instead)."""
+    return -1 if t.is_inference() else t._version
+
+
 def _same(a: Any, b: Any) -> bool:
     """Equal values, NaN equal to NaN."""
     import torch
@@ -73,7 +79,7 @@ class State:
         import torch
 
         self._inputs = _tensors(inputs)
-        self._versions = [t._version for t in self._inputs]
+        self._versions = [_version(t) for t in self._inputs]
         self._saved: dict[int, Any] = {}
         self._cpu_rng = torch.get_rng_state()
         self._cuda = sorted({t.device.index or 0 for t in self._inputs
@@ -88,7 +94,7 @@ class State:
 
     def mutated(self) -> list[int]:
         return [k for k, t in enumerate(self._inputs)
-                if t._version != self._versions[k]
+                if _version(t) != self._versions[k]
                 or (k in self._saved and not _same(t, self._saved[k]))]
 
     def restore(self, rng: bool = True) -> None:
@@ -101,7 +107,7 @@ class State:
                 if saved is None:
                     raise RuntimeError("a graph mutated an input that requires grad")
                 self._inputs[k].copy_(saved)
-        self._versions = [t._version for t in self._inputs]
+        self._versions = [_version(t) for t in self._inputs]
         if rng:
             torch.set_rng_state(self._cpu_rng)
             for d, s in zip(self._cuda, self._cuda_rng):

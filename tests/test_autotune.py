@@ -397,3 +397,15 @@ def test_float32_noise_passes_against_float64_and_an_error_does_not():
     # a float64 run that is no reference (eager is far from it) decides nothing
     with pytest.raises(_measure.Mismatch):
         _measure.compare(result(eager), result(close), lambda: result(-truth))
+
+
+@pytest.mark.parametrize("names", [("t_same",), ("t_fast",)])
+def test_tuning_under_inference_mode(candidates, names):
+    # inference tensors have no version counter: the state check reads their values
+    model = Chain()
+    with torch.inference_mode():
+        x = _chain_input()
+        out = agspeed.optimize(model, candidates=names)(x)
+        torch.testing.assert_close(out, model(x))
+    (rec,) = knowledge.records()
+    assert rec["candidates"][names[0]]["status"] == "ok"
