@@ -206,6 +206,18 @@ def _pick(measured: dict) -> str:
     return best
 
 
+def _leaf(value: Any) -> Any:
+    """A non-leaf input that requires grad (an earlier graph's output), as a fresh leaf on
+    the same memory: tuning's backward must stop at the graph's own inputs.  Reaching
+    through it into the earlier graph's history (whose parameters may be this graph's
+    too) would free that graph's saved tensors, and the program's backward would fail."""
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.requires_grad and not value.is_leaf:
+        return value.detach().requires_grad_(True)
+    return value
+
+
 def _names(options: dict, devices: set) -> list[str]:
     """The candidates for a graph on ``devices``: the option, the knob, or the default;
     eager first, always."""
@@ -222,7 +234,7 @@ class _Tuning:
     def __init__(self, gm: Any, inputs: list, options: dict) -> None:
         from agspeed import config
 
-        self.gm, self.inputs = gm, inputs
+        self.gm, self.inputs = gm, [_leaf(v) for v in inputs]
         self.where = gm.meta.get("agspeed_where", "graph") if hasattr(gm, "meta") else "graph"
         self.training = _is_training(inputs)
         self.devices = graph_devices(inputs)

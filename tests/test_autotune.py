@@ -409,3 +409,44 @@ def test_tuning_under_inference_mode(candidates, names):
         torch.testing.assert_close(out, model(x))
     (rec,) = knowledge.records()
     assert rec["candidates"][names[0]]["status"] == "ok"
+
+
+if torch is not None:
+
+    class Dense(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(8, 8) / 3)
+
+        def forward(self, x):
+            return torch.tanh(x @ self.weight)
+
+    class Reused(nn.Module):
+        """One block called twice around a graph break: the second call's graph takes the
+        first's output, a non-leaf whose history holds the same parameters."""
+
+        def __init__(self):
+            super().__init__()
+            self.block = Dense()
+
+        def forward(self, x):
+            h = self.block(x)
+            if h.sum().item() > 1e9:  # data-dependent: the frame breaks, its callees not
+                h = h * 0
+            return self.block(h)
+
+
+def test_tuning_a_graph_fed_by_an_earlier_graph_leaves_that_graph_intact(candidates):
+    # regression: tuning's backward went through the earlier graph's saved tensors and
+    # freed them, so the program's own backward failed ("backward through the graph a
+    # second time")
+    torch.manual_seed(0)
+    eager, model = Reused(), Reused()
+    model.load_state_dict(eager.state_dict())
+    optimized = agspeed.optimize(model, candidates=("t_same",))
+    for _ in range(2):
+        x = torch.randn(4, 8)
+        optimized(x).square().sum().backward()
+        eager(x).square().sum().backward()
+        torch.testing.assert_close(model.block.weight.grad, eager.block.weight.grad)
+    assert len(knowledge.records()) == 2  # both graphs were tuned
