@@ -47,6 +47,22 @@ _MAX_FACTOR = 10.0
 _FLOOR = 0.05
 
 
+def autocast_dtype(devices: set) -> Any:
+    """The lowest precision autocast computes in on ``devices`` now, or None."""
+    import torch
+
+    found = None
+    for device in sorted(devices):
+        try:
+            if torch.is_autocast_enabled(device):
+                dtype = torch.get_autocast_dtype(device)
+                if found is None or tolerance(dtype) > tolerance(found):
+                    found = dtype
+        except (RuntimeError, TypeError):  # a device type without autocast
+            pass
+    return found
+
+
 def tolerance(dtype: Any) -> float:
     return _TOLERANCE.get(str(dtype).replace("torch.", ""), 1e-3)
 
@@ -246,14 +262,17 @@ _MULTIPLIER = 3.0
 _TRUSTED = 0.05
 
 
-def compare(want: Result, got: Result, exact: Callable[[], "Result | None"] | None = None
-            ) -> float:
+def compare(want: Result, got: Result, exact: Callable[[], "Result | None"] | None = None,
+            compute_dtype: Any = None) -> float:
     """The largest relative error of ``got`` against eager's ``want``; raises Mismatch.
 
     A tensor beyond its dtype's tolerance is checked against the float64 result that
     ``exact()`` computes (once, when first needed; None when it cannot): it passes when
     the candidate's error from float64 is within a few times eager's own, which is how
     far apart two correct float32 kernels that sum in different orders can drift.
+    ``compute_dtype`` is the precision the graph computes in when it is lower than its
+    results' (autocast's dtype): a float32 gradient computed from bfloat16 products
+    carries bfloat16's rounding, so it is held to bfloat16's tolerance.
     """
     err = 0.0
     ref: list = []
@@ -261,6 +280,8 @@ def compare(want: Result, got: Result, exact: Callable[[], "Result | None"] | No
         e, top = _error(w, g, what, floor)
         err = max(err, e)
         tol = tolerance(getattr(w, "dtype", None))
+        if compute_dtype is not None:
+            tol = max(tol, tolerance(compute_dtype))
         if e <= tol and top <= _MAX_FACTOR * tol:
             continue
         if exact is not None and not ref:

@@ -239,6 +239,7 @@ class _Tuning:
         self.training = _is_training(inputs)
         self.devices = graph_devices(inputs)
         self.cuda = "cuda" in self.devices
+        self.compute_dtype = _measure.autocast_dtype(self.devices)
         self.budget = float(options.get("tune_budget") or config.tune_budget)
         self.names = _names(options, self.devices)
         self.env = knowledge.environment(self.devices)
@@ -358,7 +359,7 @@ def _tune(t: _Tuning, done: dict) -> tuple[str, dict, list]:
                 got = _measure.run(fn, t.inputs, t.training)  # first call: lazy setup
                 compile_s += time.perf_counter() - start
                 state.restore()
-                err = _measure.compare(ref, got, exact)
+                err = _measure.compare(ref, got, exact, t.compute_dtype)
                 seconds = min(_TIME_PER_CANDIDATE["cuda" if t.cuda else "cpu"],
                               max(t.left(), 0.0))
                 timing = _measure.time_pair(eager_step, _step(fn, t.inputs, t.training, grads),

@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+from typing import Any
 from xml.sax.saxutils import escape
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,6 +65,16 @@ def _nice_max(value: float) -> float:
         if m * step >= value:
             return m * step
     return 10 * step
+
+
+def y_grid(svg: "Svg", left: float, width: float, y_of: Any, hi: float,
+           unit: str) -> None:
+    """Five horizontal grid lines from 0 to ``hi``, labelled in ``unit`` on the left."""
+    for k in range(5):
+        v = hi * k / 4
+        svg.add("line", x1=left, x2=left + width, y1=f"{y_of(v):.1f}", y2=f"{y_of(v):.1f}",
+                stroke="#ddd")
+        svg.text(left - 6, y_of(v) + 4, f"{v:g}{unit}", size=10, anchor="end")
 
 
 def _legend(svg: Svg, keys: list[str], x: float, y: float) -> None:
@@ -144,11 +155,7 @@ def plot_dispatch(data: dict, path: str) -> None:
     def y_of(v: float) -> float:
         return top + plot_h * (1 - v / hi)
 
-    for k in range(5):
-        v = hi * k / 4
-        svg.add("line", x1=left, x2=left + plot_w, y1=f"{y_of(v):.1f}", y2=f"{y_of(v):.1f}",
-                stroke="#ddd")
-        svg.text(left - 6, y_of(v) + 4, f"{v:g} us", size=10, anchor="end")
+    y_grid(svg, left, plot_w, y_of, hi, " us")
     for n in ns:
         svg.text(x_of(n), top + plot_h + 16, str(n), size=11, anchor="middle")
     svg.text(left + plot_w / 2, h - 8, "cached shapes (log scale)", size=11, anchor="middle")

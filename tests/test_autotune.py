@@ -450,3 +450,19 @@ def test_tuning_a_graph_fed_by_an_earlier_graph_leaves_that_graph_intact(candida
         eager(x).square().sum().backward()
         torch.testing.assert_close(model.block.weight.grad, eager.block.weight.grad)
     assert len(knowledge.records()) == 2  # both graphs were tuned
+
+
+def test_under_autocast_results_are_held_to_the_autocast_dtypes_tolerance():
+    from agspeed.backends import _measure
+    from torch.utils._pytree import tree_flatten
+
+    _, spec = tree_flatten(torch.zeros(1))
+    want = torch.randn(1000)
+    got = want + 5e-3 * want.abs().max() * torch.randn(1000)  # bf16-sized noise
+    a, b = _measure.Result(spec, [want], []), _measure.Result(spec, [got], [])
+    with pytest.raises(_measure.Mismatch):
+        _measure.compare(a, b)
+    assert _measure.compare(a, b, compute_dtype=torch.bfloat16) < 2e-2
+    assert _measure.autocast_dtype({"cpu"}) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _measure.autocast_dtype({"cpu"}) == torch.bfloat16
