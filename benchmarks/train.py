@@ -328,7 +328,13 @@ def measure_steady(args, name: str, precision: str, runtimes: list[str],
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_before
     eager = trainers["eager"]
-    out = {"graphs": graphs, "runtimes": {}, "agspeed_misses_in_rounds": misses}
+    from agspeed.backends import autotune
+
+    # which backend the autotuner chose for each graph, and the speedup it measured
+    decisions = [{"graph": d.graph, "choice": d.choice, "speedup": round(d.speedup, 3),
+                  "source": d.source} for d in autotune.decisions()]
+    out = {"graphs": graphs, "runtimes": {}, "agspeed_misses_in_rounds": misses,
+           "agspeed_decisions": decisions}
     for rt, tr in trainers.items():
         timed = tr.times[args.warm_steps:]
         agree, gap = losses_agree(tr.losses, eager.losses, precision)
@@ -576,7 +582,9 @@ def main(argv=None) -> int:
                 s = case["steady"]
                 print(f"  {key}: " + ", ".join(
                     f"{SHORT[rt]} {s['runtimes'][rt]['median_ms']:.2f} ms"
-                    for rt in runtimes) + f" ({time.perf_counter() - case_start:.0f} s)",
+                    for rt in runtimes) + f" ({time.perf_counter() - case_start:.0f} s)"
+                    + "".join(f"; {d['choice']} {d['speedup']:.2f}x"
+                              for d in s.get("agspeed_decisions", [])[:3]),
                     flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
