@@ -464,7 +464,12 @@ def compile_graph(name: str, backend: Any, gm: Any, inputs: list) -> tuple[Any, 
     reason = why_not(backend, gm, inputs, training)
     if reason:
         return gm.forward, f"backend {name} cannot take this graph: {reason}"
-    state = _measure.State(inputs) if backend is not autotuner else None
+    # The autotuner puts state back itself; eager's compile runs nothing.  Any other
+    # backend may run the graph while compiling (tracing), so its effects are undone.
+    from agspeed.backends import eager
+
+    runs_nothing = backend is autotuner or backend is eager.backend
+    state = None if runs_nothing else _measure.State(inputs)
     try:
         return backend(gm, inputs), None
     except Exception as exc:  # noqa: BLE001 - the backend's failure must not stop the program
