@@ -40,15 +40,12 @@ def _check_options(options: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"optimize() option 'tune_budget' must be a positive number of "
                          f"seconds, not {options['tune_budget']!r}")
     if "candidates" in options:
-        from agspeed.backends import list_backends
+        from agspeed.backends import candidate_names
 
-        known = [n for n in list_backends() if n != "auto"]
-        names = options["candidates"]
-        bad = [n for n in names if not isinstance(n, str) or n not in known]
-        if bad:
-            raise ValueError(f"optimize() option 'candidates': no backend named "
-                             f"{', '.join(map(repr, bad))}; known: {', '.join(known)}")
-        options["candidates"] = tuple(names)
+        try:
+            options["candidates"] = candidate_names(options["candidates"])
+        except ValueError as exc:
+            raise ValueError(f"optimize() option 'candidates': {exc}") from None
     return options
 
 

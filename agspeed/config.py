@@ -137,22 +137,17 @@ def _default_cache_dir() -> str:
 
 def _parse_names(text: str) -> tuple[str, ...] | None:
     """AGSPEED_AUTOTUNE_CANDIDATES: a comma list of backend names; empty: the default."""
-    from agspeed.backends import list_backends
+    from agspeed.backends import candidate_names
 
-    names = tuple(dict.fromkeys(w.strip() for w in text.split(",") if w.strip()))
-    if not names:
-        return None
-    known = [n for n in list_backends() if n != "auto"]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(f"no backend named {', '.join(map(repr, unknown))}; "
-                         f"known: {', '.join(known)}")
-    return names
+    names = [w.strip() for w in text.split(",") if w.strip()]
+    return candidate_names(names) if names else None
 
 
 def _check_names(value: Any) -> tuple[str, ...] | None:
     if value is None:
         return None
+    if isinstance(value, str):  # a comma list, as in the environment
+        return _parse_names(value)
     if any(not isinstance(v, str) for v in value):
         raise ValueError("candidates are backend names (str)")
     return _parse_names(",".join(value))

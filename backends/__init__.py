@@ -28,7 +28,8 @@ from agspeed.backends._protocol import Capabilities, capabilities_of, why_not
 from agspeed.errors import InvalidArgumentError, UnknownBackendError
 
 __all__ = ["Backend", "Capabilities", "register_backend", "get_backend", "list_backends",
-           "resolve", "supports_dynamic", "capabilities_of", "why_not", "TOOLS"]
+           "resolve", "supports_dynamic", "capabilities_of", "why_not", "TOOLS",
+           "candidate_names"]
 
 # Modules of this package that are not backends.
 TOOLS = ("autotune", "knowledge")
@@ -64,6 +65,17 @@ def register_backend(name: str, fn: Backend | None = None, *, override: bool = F
 def list_backends() -> list[str]:
     """Every backend name ``optimize()`` accepts, ``"auto"`` included."""
     return sorted({_AUTO, *_builtin_names(), *_registered})
+
+
+def candidate_names(names: Any) -> tuple[str, ...]:
+    """``names`` as the autotuner takes them: known backends other than ``"auto"``, in
+    order, each once.  Raises ValueError naming the ones that are not."""
+    known = [n for n in list_backends() if n != _AUTO]
+    bad = [n for n in names if not isinstance(n, str) or n not in known]
+    if bad:
+        raise ValueError(f"no backend named {', '.join(map(repr, bad))}; "
+                         f"known: {', '.join(known)}")
+    return tuple(dict.fromkeys(names))
 
 
 def get_backend(name: str) -> Backend:

@@ -275,3 +275,15 @@ def test_log_env_at_import_prints_to_stderr():
     assert done.returncode == 0, done.stderr
     assert "[agspeed.frames] traced_here (<string>:2)" in done.stderr
     assert "unknown_topic" in done.stderr  # the warning
+
+
+def test_autotune_candidates_from_python_and_the_environment(monkeypatch):
+    config.set(autotune_candidates="inductor, eager,inductor")
+    assert config.autotune_candidates == ("inductor", "eager")
+    config.set(autotune_candidates=["jit"])
+    assert config.autotune_candidates == ("jit",)
+    with pytest.raises(ValueError, match="no backend named 'nope'; known"):
+        config.set(autotune_candidates="eager,nope")
+    monkeypatch.setenv("AGSPEED_AUTOTUNE_CANDIDATES", "")
+    config.reload()
+    assert config.autotune_candidates is None
