@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from statistics import median
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 __all__ = ["State", "Result", "run", "compare", "time_pair", "tolerance", "Mismatch"]
@@ -137,42 +138,50 @@ class State:
 
 @dataclass
 class Result:
-    """Outputs (flattened, detached) and input gradients of one run."""
+    """Outputs (flattened, detached) and input gradients of one run, and the output
+    gradients its backward used (to time other runs with the same ones)."""
 
     spec: Any
     outputs: list
     grads: list
+    grad_outputs: list = field(default_factory=list)
 
 
 def _grad_targets(inputs: list) -> list:
     return [t for t in _tensors(inputs) if t.requires_grad]
 
 
-def output_grads(outputs: Any, seed: int = 0) -> tuple[list, list]:
-    """The differentiable output tensors of ``outputs`` and fixed gradients for them."""
+def _differentiable(outputs: Any) -> list:
+    """The output tensors a backward starts from: floating ones that require grad."""
     import torch
     from torch.utils._pytree import tree_flatten
 
     leaves, _ = tree_flatten(outputs)
-    diff = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad
+    return [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad
             and t.is_floating_point()]
+
+
+def _draw(diff: list, seed: int = 0) -> list:
+    """Fixed random gradients for the tensors ``diff``, the same in every process."""
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
-    grads = [torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.dtype)
-             .to(t.device) for t in diff]
-    return diff, grads
+    return [torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.dtype)
+            .to(t.device) for t in diff]
 
 
-def backward(outputs: Any, inputs: list, grad_outputs: list | None = None) -> list:
-    """Gradients of ``inputs`` for the outputs' fixed gradients (None where unused)."""
+def backward(outputs: Any, inputs: list, grad_outputs: list | None = None
+             ) -> tuple[list, list]:
+    """Gradients of ``inputs`` (None where unused) for fixed gradients of the outputs:
+    ``grad_outputs``, or drawn when None; returns them with the gradients used."""
     import torch
 
     targets = _grad_targets(inputs)
-    diff, grads = output_grads(outputs)
-    if grad_outputs is not None:
-        grads = grad_outputs
+    diff = _differentiable(outputs)
+    grads = _draw(diff) if grad_outputs is None else grad_outputs
     if not targets or not diff:
-        return []
-    return list(torch.autograd.grad(diff, targets, grads, allow_unused=True))
+        return [], grads
+    return list(torch.autograd.grad(diff, targets, grads, allow_unused=True)), grads
 
 
 def run(fn: Callable, inputs: list, training: bool) -> Result:
@@ -181,10 +190,11 @@ def run(fn: Callable, inputs: list, training: bool) -> Result:
     from torch.utils._pytree import tree_flatten
 
     out = fn(*inputs)
-    grads = backward(out, inputs) if training else []
+    grads, grad_outputs = backward(out, inputs) if training else ([], [])
     leaves, spec = tree_flatten(out)
     flat = [v.detach() if isinstance(v, torch.Tensor) else v for v in leaves]
-    return Result(spec, flat, [g.detach() if g is not None else None for g in grads])
+    return Result(spec, flat, [g.detach() if g is not None else None for g in grads],
+                  grad_outputs)
 
 
 def _magnitude(values: list) -> float:
@@ -276,7 +286,7 @@ def compare(want: Result, got: Result, exact: Callable[[], "Result | None"] | No
     """
     err = 0.0
     ref: list = []
-    for what, w, g, floor, (field, k) in _pairs(want, got):
+    for what, w, g, floor, (part, k) in _pairs(want, got):
         e, top = _error(w, g, what, floor)
         err = max(err, e)
         tol = tolerance(getattr(w, "dtype", None))
@@ -286,7 +296,7 @@ def compare(want: Result, got: Result, exact: Callable[[], "Result | None"] | No
             continue
         if exact is not None and not ref:
             ref.append(exact())
-        truth = getattr(ref[0], field)[k] if ref and ref[0] is not None else None
+        truth = getattr(ref[0], part)[k] if ref and ref[0] is not None else None
         if truth is not None:
             e_eager = _error(truth, w.to(truth.dtype), what, floor)[0]
             e_cand = _error(truth, g.to(truth.dtype), what, floor)[0]
@@ -343,12 +353,6 @@ class _Clock:
         return time.perf_counter() - self._t
 
 
-def _median(xs: list) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
-
-
 def _quartile(xs: list, q: float) -> float:
     s = sorted(xs)
     pos = q * (len(s) - 1)
@@ -396,5 +400,5 @@ def time_pair(eager: Callable[[], Any], cand: Callable[[], Any], state: State, c
             state.restore(rng=False)
         rounds += 1
     ratios = [e / c if c > 0 else math.inf for e, c in zip(te, tc)]
-    return Timing(_median(te), _median(tc), _median(ratios), _quartile(ratios, 0.25),
+    return Timing(median(te), median(tc), median(ratios), _quartile(ratios, 0.25),
                   _quartile(ratios, 0.75), rounds)

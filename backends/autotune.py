@@ -38,6 +38,7 @@ import logging
 import sys
 import threading
 import time
+from statistics import median
 from typing import Any, Callable, NamedTuple
 
 from agspeed.backends import _measure, knowledge
@@ -278,19 +279,13 @@ class _Unfit(Exception):
 
 
 def _step(fn: Callable, inputs: list, training: bool, grads: list) -> Callable[[], None]:
-    """One whole call as the program makes it: forward, and backward when training."""
-    import torch
-    from torch.utils._pytree import tree_flatten
-
-    targets = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    """One whole call as the program makes it: forward, and backward when training
+    (for the output gradients ``grads``)."""
 
     def call() -> None:
         out = fn(*inputs)
         if training and grads:
-            leaves, _ = tree_flatten(out)
-            diff = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad
-                    and t.is_floating_point()]
-            torch.autograd.grad(diff, targets, grads, allow_unused=True)
+            _measure.backward(out, inputs, grads)
 
     return call
 
@@ -333,8 +328,7 @@ def _tune(t: _Tuning, done: dict) -> tuple[str, dict, list]:
             bar.set_postfix_str("eager")
         ref = _measure.run(t.gm.forward, t.inputs, t.training)
         state.restore()
-        _, grads = _measure.output_grads(t.gm.forward(*t.inputs)) if t.training else (0, [])
-        state.restore()
+        grads = ref.grad_outputs
         eager_step = _step(t.gm.forward, t.inputs, t.training, grads)
 
         def exact() -> Any:
@@ -381,7 +375,7 @@ def _tune(t: _Tuning, done: dict) -> tuple[str, dict, list]:
             if bar is not None:
                 bar.update(1 + 2 * (k + 1) - bar.n)
         if "eager" not in measured or todo:
-            base = sorted(eager_s)[len(eager_s) // 2] if eager_s else \
+            base = median(eager_s) if eager_s else \
                 measured.get("eager", {}).get("median_s", 0.0)
             measured["eager"] = {"status": "ok", "compile_s": 0.0, "median_s": base,
                                  "ratio": 1.0, "low": 1.0, "high": 1.0, "max_err": 0.0,
