@@ -50,17 +50,12 @@ _FLOOR = 0.05
 
 def autocast_dtype(devices: set) -> Any:
     """The lowest precision autocast computes in on ``devices`` now, or None."""
-    import torch
+    from agspeed.backends._protocol import autocast_state
 
     found = None
-    for device in sorted(devices):
-        try:
-            if torch.is_autocast_enabled(device):
-                dtype = torch.get_autocast_dtype(device)
-                if found is None or tolerance(dtype) > tolerance(found):
-                    found = dtype
-        except (RuntimeError, TypeError):  # a device type without autocast
-            pass
+    for _, enabled, dtype in autocast_state(devices):
+        if enabled and (found is None or tolerance(dtype) > tolerance(found)):
+            found = dtype
     return found
 
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["Capabilities", "capabilities_of", "why_not", "graph_devices", "is_dynamic"]
+__all__ = ["Capabilities", "capabilities_of", "why_not", "graph_devices", "is_dynamic",
+           "placeholder_values", "autocast_state"]
 
 
 def _always() -> str | None:
@@ -66,16 +67,31 @@ def graph_devices(example_inputs: list) -> set[str]:
     return {t.device.type for t in example_inputs if hasattr(t, "device")}
 
 
+def placeholder_values(gm: Any) -> list:
+    """The example values the capture recorded on the graph's placeholders (fake tensors;
+    with symbolic sizes in a dynamic capture), in input order; None where absent."""
+    return [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
 def is_dynamic(gm: Any) -> bool:
     """Whether the graph's placeholders have symbolic sizes (a dynamic capture)."""
-    for node in gm.graph.nodes:
-        if node.op != "placeholder":
-            continue
-        value = node.meta.get("example_value")
-        shape = getattr(value, "shape", ())
-        if any(type(d).__name__ == "SymInt" for d in shape):
-            return True
-    return False
+    return any(type(d).__name__ == "SymInt"
+               for value in placeholder_values(gm) for d in getattr(value, "shape", ()))
+
+
+def autocast_state(devices: Any) -> list:
+    """(device, enabled, dtype) of autocast on this thread for each device type in
+    ``devices``; dtype None for a device type without autocast."""
+    import torch
+
+    state = []
+    for device in sorted(set(devices)):
+        try:
+            state.append((device, torch.is_autocast_enabled(device),
+                          torch.get_autocast_dtype(device)))
+        except (RuntimeError, TypeError):  # a device type without autocast
+            state.append((device, False, None))
+    return state
 
 
 def why_not(fn: Any, gm: Any, example_inputs: list, training: bool) -> str | None:

@@ -42,7 +42,8 @@ from statistics import median
 from typing import Any, Callable, NamedTuple
 
 from agspeed.backends import _measure, knowledge
-from agspeed.backends._protocol import Capabilities, graph_devices, is_dynamic, why_not
+from agspeed.backends._protocol import (Capabilities, autocast_state, graph_devices,
+                                        is_dynamic, placeholder_values, why_not)
 
 __all__ = ["autotuner", "compile_graph", "default_candidates", "Autotuner", "Decision",
            "decisions", "clear_decisions"]
@@ -103,13 +104,7 @@ def _tls_state() -> Callable[[Callable[[], Any]], Any]:
     grad = torch.is_grad_enabled()
     inference = torch.is_inference_mode_enabled()
     cache = torch.is_autocast_cache_enabled()
-    autocast = []
-    for device in ("cpu", "cuda"):
-        try:
-            autocast.append((device, torch.is_autocast_enabled(device),
-                             torch.get_autocast_dtype(device)))
-        except (RuntimeError, TypeError):
-            pass
+    autocast = [a for a in autocast_state(("cpu", "cuda")) if a[2] is not None]
 
     def within(thunk: Callable[[], Any]) -> Any:
         torch.set_autocast_cache_enabled(cache)
@@ -244,8 +239,7 @@ class _Tuning:
         self.budget = float(options.get("tune_budget") or config.tune_budget)
         self.names = _names(options, self.devices)
         self.env = knowledge.environment(self.devices)
-        key_inputs = [n.meta.get("example_value") for n in gm.graph.nodes
-                      if n.op == "placeholder"] if is_dynamic(gm) else inputs
+        key_inputs = placeholder_values(gm) if is_dynamic(gm) else inputs
         self.key = knowledge.graph_key(gm, key_inputs, self.env)
         ops = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method",
                                                           "call_module"))

@@ -30,7 +30,7 @@ import os
 import shutil
 from typing import Any, Callable
 
-from agspeed.backends._protocol import Capabilities, is_dynamic
+from agspeed.backends._protocol import Capabilities, is_dynamic, placeholder_values
 
 __all__ = ["backend", "capabilities", "cache_dir"]
 
@@ -103,7 +103,7 @@ def _example_values(gm: Any, example_inputs: list) -> list:
     (so one compile serves every size), static fakes of the real inputs for another."""
     if not is_dynamic(gm):
         return _static_fakes(example_inputs)
-    fakes = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+    fakes = placeholder_values(gm)
     if len(fakes) != len(example_inputs) or any(f is None for f in fakes):
         raise RuntimeError("a dynamic graph without fake values on its placeholders")
     return fakes

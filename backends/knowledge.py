@@ -111,13 +111,11 @@ def _state(device_types: Any) -> list:
     """The thread state a graph's meaning depends on: grad mode and autocast."""
     import torch
 
+    from agspeed.backends._protocol import autocast_state
+
     state: list = [torch.is_grad_enabled()]
-    for device in sorted(set(device_types) | {"cpu"}):
-        try:
-            state += [device, torch.is_autocast_enabled(device),
-                      str(torch.get_autocast_dtype(device))]
-        except (RuntimeError, TypeError):  # a device type without autocast
-            state += [device, False]
+    for device, enabled, dtype in autocast_state(set(device_types) | {"cpu"}):
+        state += [device, enabled] if dtype is None else [device, enabled, str(dtype)]
     return state
 
 
