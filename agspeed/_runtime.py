@@ -256,7 +256,7 @@ class Context:
             if log.enabled("graph_breaks"):
                 _graph_breaks_log.info("%s: %s", where, brk)
             return entry, f"run eager (graph break: {brk})"
-        compiled, _ = self._compile(result, where)
+        compiled = self._compile(result, where)
         if log.enabled("guards"):
             _guards_log.info("%s guards:\n  %s", where, "\n  ".join(result.guard.lines()))
         if log.enabled("graphs"):
@@ -264,10 +264,10 @@ class Context:
         observe("graph", code, result)
         return make_entry(result, compiled, self, arg_check(code, f_locals)), "captured"
 
-    def _compile(self, result: Any, where: str) -> tuple[Any, str | None]:
+    def _compile(self, result: Any, where: str) -> Any:
         """The captured graph compiled by this context's backend (the autotuner for
-        ``"auto"``), and why it runs eagerly instead when the backend could not take it
-        (None when it could).  The graph runs either way."""
+        ``"auto"``); its own forward, with a warning saying why, when the backend could
+        not take it.  The graph runs either way."""
         from agspeed.backends.autotune import compile_graph
 
         gm = result.graph_module
@@ -277,7 +277,7 @@ class Context:
                                          result.example_inputs)
         if failed:
             _internal_log.warning("agspeed: %s: %s; its graph runs eagerly", where, failed)
-        return compiled, failed
+        return compiled
 
     def _went_dynamic(self, code: Any, where: str, guard: Any, shapes: Any,
                       entries: list) -> None:
