@@ -75,9 +75,9 @@ setup(
         Extension(
             "agspeed._C",
             sources=sources,
-            include_dirs=["csrc"],
+            include_dirs=["csrc", "guards"],
             libraries=["xxhash"],
-            depends=glob.glob("csrc/*.h"),
+            depends=glob.glob("csrc/*.h") + glob.glob("guards/*.h"),
             extra_compile_args=compile_args,
             extra_link_args=link_args,
         )

@@ -197,9 +197,9 @@ def fake_input(fake_mode: Any, source: tuple, name: str, value: Any,
 # -- the postfix language of guards/symbolic.c --------------------------------------------
 
 def _ops() -> dict[str, int]:
-    from agspeed import _C
+    from agspeed.protocol import SizeOp
 
-    return {name: row[0] for name, row in _C.SYM_OPS.items()}
+    return {op.name: int(op) for op in SizeOp}
 
 
 # sympy class names (torch's own functions included) -> (postfix op, n-ary fold)

@@ -25,9 +25,11 @@
 #define AGS_AGSPEED_H
 
 #include "compat.h"
+#include "frame.h"
+#include "protocol.h"
+#include "bytecode.h"
+#include "guards.h"
 #include <stdint.h>
-
-struct _PyInterpreterFrame;
 
 /* ------------------------------------------------------------------ */
 /* Counters (hook.c).  One table generates the struct, the names shown by
@@ -101,23 +103,7 @@ int ags_hook_is_installed(void);
 /* ------------------------------------------------------------------ */
 /* Cache entries and per-code caches (codecache.c). */
 
-/* What the hook does with a frame, decided by the capture context.  The
- * table generates the enum, the names exposed to Python and the checks. */
-#define AGS_ACTION_LIST(X) \
-    X(SKIP, "never look at this code object again, in any context: every " \
-            "later frame of it runs untouched (its callees are still seen)") \
-    X(RUN_EAGER, "run the frame's own bytecode; its callees still pass " \
-                 "through the hook") \
-    X(CALL, "call compiled(f_locals, f_globals, f_builtins) and return its result from the frame " \
-            "without running the frame's bytecode; an exception it raises " \
-            "propagates from the frame")
-
-typedef enum {
-#define AGS_X(name, doc) AGS_ACTION_##name,
-    AGS_ACTION_LIST(AGS_X)
-#undef AGS_X
-    AGS_ACTION_COUNT
-} ags_action;
+/* What the hook does with a frame: AGS_ACTION_LIST (protocol.h). */
 
 /* A CacheEntry: one decision for a code object, valid while its guard
  * holds.  The fields past `action` are the shape the capture of a graph
@@ -215,6 +201,12 @@ int ags_cache_insert(ags_code_state *state, ags_entry *entry);
 PyCodeObject *ags_cache_return_code(ags_code_state *state,
                                     PyCodeObject *code);
 
+/* Gives `entry` the signature `hash` of the words `sig` (copied), which
+ * lookups compare exactly.  0, or -1 with MemoryError. */
+int ags_entry_set_signature(ags_entry *entry, const ags_sig *sig, uint64_t hash);
+/* 1 if `entry` was made for exactly the words of `sig`. */
+int ags_entry_sig_equal(const ags_entry *entry, const ags_sig *sig);
+
 /* Empties every code cache (entries and flags).  Returns how many code
  * objects had a cache. */
 Py_ssize_t ags_cache_clear(PyObject *ctx);
@@ -224,76 +216,6 @@ int ags_cache_evict(PyCodeObject *code, PyObject *entry);
 /* New reference: a dict describing the cache of `code` for tests and
  * explain(): {"flags": int, "skip": bool, "entries": [CacheEntry...]}. */
 PyObject *ags_cache_describe(PyCodeObject *code);
-
-/* ------------------------------------------------------------------ */
-/* Frames (frame.c). */
-
-/* Borrowed: the frame's code object, or NULL if it runs something else. */
-PyCodeObject *ags_frame_code(struct _PyInterpreterFrame *frame);
-
-/* Borrowed: the frame's globals and builtins dicts. */
-PyObject *ags_frame_globals(struct _PyInterpreterFrame *frame);
-PyObject *ags_frame_builtins(struct _PyInterpreterFrame *frame);
-
-/* New reference: a dict {name: value} of the frame's bound local slots
- * (arguments, at entry).  NULL with an exception set on failure. */
-PyObject *ags_frame_locals(struct _PyInterpreterFrame *frame);
-
-/* Borrowed: the frame's argument slots, localsplus[0..ags_code_nargs),
- * all bound when the hook sees the frame. */
-PyObject *const *ags_frame_args(struct _PyInterpreterFrame *frame);
-/* How many argument slots a frame of `code` has (positional, keyword-only,
- * *args, **kwargs): the first names of co_localsplusnames. */
-int ags_code_nargs(PyCodeObject *code);
-
-/* New reference: the "return code" of `code` (same locals layout, bytecode
- * RESUME; RETURN_VALUE), or NULL with an exception set. */
-PyObject *ags_frame_make_return_code(PyCodeObject *code);
-
-/* 1 if an unstarted frame can be made to return a value: its code has a
- * stack slot and its stack is empty. */
-int ags_frame_can_return(struct _PyInterpreterFrame *frame);
-
-/* Makes the unstarted `frame` return `value` (stolen) when it is evaluated,
- * without running its bytecode.  Requires ags_frame_can_return() and
- * `retcode` made from the frame's code. */
-void ags_frame_return(struct _PyInterpreterFrame *frame,
-                      PyCodeObject *retcode, PyObject *value);
-
-/* ------------------------------------------------------------------ */
-/* Opcodes (opcodes.c) and bytecode (bytecode.c). */
-
-typedef struct {
-    uint8_t caches;     /* inline CACHE units after the instruction */
-    int8_t jump;        /* 0, or +1/-1: relative jump forward/backward */
-} ags_opinfo;
-
-extern ags_opinfo ags_opcodes[256];
-void ags_opcodes_init(void);
-
-typedef struct {
-    int start;          /* offset of the first EXTENDED_ARG prefix */
-    int offset;         /* offset of the opcode */
-    int next;           /* offset after the inline caches */
-    int target;         /* jump target offset, or -1 */
-    uint32_t arg;       /* the full argument, prefixes folded in */
-    uint8_t opcode;
-} ags_instr;
-
-typedef struct {
-    Py_ssize_t n;
-    ags_instr *instrs;  /* n instructions in bytecode order */
-    int *index;         /* start offset / 2 -> instruction index, or -1 */
-} ags_bytecode;
-
-/* Decodes `code` into `bc` (which the caller releases with
- * ags_bc_release).  Returns 0, or -1 with ValueError for malformed
- * bytecode (or MemoryError). */
-int ags_bc_decode(PyCodeObject *code, ags_bytecode *bc);
-void ags_bc_release(ags_bytecode *bc);
-
-/* New reference: [(start, offset, opcode, arg, target, next), ...]. */
-PyObject *ags_bc_to_list(PyCodeObject *code);
 
 /* ------------------------------------------------------------------ */
 /* The symbolic interpreter (interp.c). */
@@ -317,93 +239,5 @@ PyObject *ags_probe_install(PyObject *module, PyObject *unused);
 PyObject *ags_probe_remove(PyObject *module, PyObject *unused);
 PyObject *ags_probe_count(PyObject *module, PyObject *unused);
 PyObject *ags_probe_owner(PyObject *module, PyObject *unused);
-
-/* guards/signature.c */
-uint64_t ags_signature_hash(const void *data, size_t len, uint64_t seed);
-/* The signature of a frame about to run `code` with argument slots `args`
- * (ags_code_nargs of them, NULL where unbound):
- * a hash of each argument's type and, for tensors, dtype, device, sizes,
- * strides and requires_grad.  0 on success, -1 with an exception. */
-int ags_frame_signature(PyCodeObject *code, PyObject *const *args, uint64_t *out);
-/* The words a signature hashes, kept to compare exactly: a hash match
- * between different frames then never reaches an entry's guard. */
-typedef struct {
-    int64_t small[128];
-    int64_t *words;
-    Py_ssize_t n, cap;
-} ags_sig;
-int ags_sig_compute(PyCodeObject *code, PyObject *const *args, ags_sig *sig,
-                    uint64_t *hash);    /* release with ags_sig_release */
-void ags_sig_release(ags_sig *sig);
-/* Interned names of the tensor attributes signatures and guards read. */
-typedef struct {
-    PyObject *dtype, *device, *shape, *stride, *requires_grad;
-} ags_tensor_names;
-extern ags_tensor_names ags_tnames;
-int ags_tensor_names_init(void);   /* 0, or -1 with an exception */
-int ags_entry_set_signature(ags_entry *entry, const ags_sig *sig, uint64_t hash);
-int ags_entry_sig_equal(const ags_entry *entry, const ags_sig *sig);
-/* Test knob: keep only the low `bits` bits of signatures (64: all). */
-extern int ags_signature_bits;
-
-/* What a guard program reads a frame through.  From Python: the three
- * dicts, args NULL.  From the hook: the argument slots by index, and the
- * locals dict only if a load names something else (a free variable): then
- * made from `iframe` and left in f_locals for the caller, who owns it. */
-typedef struct {
-    PyObject *f_locals;          /* borrowed, or NULL until needed */
-    PyObject *globals, *builtins;
-    PyObject *const *args;       /* NULL, or the argument slots */
-    Py_ssize_t nargs;
-    struct _PyInterpreterFrame *iframe;   /* NULL from Python */
-} ags_gframe;
-
-/* guards/program.c: guard programs (agspeed._C.GuardProgram). */
-extern PyType_Spec ags_guard_spec;
-extern PyTypeObject *ags_guard_type;   /* set when the module is made */
-int ags_guard_init(void);
-/* 1 if obj is a compiled guard program. */
-int ags_is_guard_program(PyObject *obj);
-/* Evaluates `program` on frame = (f_locals, f_globals, f_builtins): 1 with
- * *inputs a new tuple of the graph's inputs, 0 if a check failed, -1 on
- * error.  signed_frame: the frame's signature matched the entry's exactly
- * (its arguments' tensor checks are settled). */
-int ags_guard_run(PyObject *program, ags_gframe *frame, int signed_frame,
-                  PyObject **inputs);
-
-/* guards/symbolic.c: symbolic sizes in guard programs (dynamic shapes). */
-#define AGS_SYM_MAX 64          /* symbols one program may bind */
-typedef struct {
-    int active;                 /* set: the program has symbolic parts */
-    Py_ssize_t n_syms, n_exprs, n_guards;
-    int64_t **exprs;            /* postfix programs (PyMem) */
-    Py_ssize_t *expr_len;
-    Py_ssize_t *guards;         /* indices of exprs that must be non-zero */
-    PyObject *fallback;         /* NULL, or callable(values) -> bool */
-} ags_symtab;
-/* The symbols' values during one evaluation (on the C stack). */
-typedef struct {
-    int64_t v[AGS_SYM_MAX];
-    char bound[AGS_SYM_MAX];
-} ags_symvals;
-/* spec: None, or (n_syms, exprs, guard indices, fallback).  0 or -1. */
-int ags_symtab_set(ags_symtab *t, PyObject *spec);
-void ags_symtab_release(ags_symtab *t);
-void ags_symvals_init(ags_symvals *s, const ags_symtab *t);
-/* 0 with *out the value of the postfix program, -1 if it has none. */
-int ags_sym_eval(const int64_t *code, Py_ssize_t n, const ags_symvals *s,
-                 int64_t *out);
-/* A tensor against (dtype, device, sizes, strides, requires_grad) whose
- * sizes may name symbols (< 0) and strides expressions (< 0): 1, 0, -1. */
-int ags_sym_check_tensor(const ags_symtab *t, ags_symvals *s, PyObject *v,
-                         PyObject *type, PyObject *spec);
-/* 1 if such a spec refers only to existing symbols and expressions. */
-int ags_sym_spec_ok(PyObject *spec, Py_ssize_t n_syms, Py_ssize_t n_exprs);
-/* 1 if every guard expression holds (then the fallback), 0 with *failed
- * the failing guard's index (n_guards: the fallback), or -1. */
-int ags_sym_check_guards(const ags_symtab *t, ags_symvals *s, Py_ssize_t *failed);
-PyObject *ags_sym_eval_py(PyObject *module, PyObject *const *args,
-                          Py_ssize_t nargs);
-PyObject *ags_sym_ops(void);
 
 #endif /* AGS_AGSPEED_H */

@@ -751,3 +751,32 @@ PyType_Spec ags_entry_spec = {
              | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = entry_slots,
 };
+
+/* ------------------------------------------------------------------ */
+/* Entry signatures */
+
+int
+ags_entry_set_signature(ags_entry *entry, const ags_sig *sig, uint64_t hash)
+{
+    int64_t *words = PyMem_Malloc((size_t)(sig->n + 1) * sizeof(int64_t));
+
+    if (words == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(words, sig->words, (size_t)sig->n * sizeof(int64_t));
+    PyMem_Free(entry->sig_words);
+    entry->sig_words = words;
+    entry->sig_n = sig->n;
+    entry->signature = hash;
+    entry->has_signature = 1;
+    return 0;
+}
+
+int
+ags_entry_sig_equal(const ags_entry *entry, const ags_sig *sig)
+{
+    return entry->sig_words != NULL && entry->sig_n == sig->n
+           && memcmp(entry->sig_words, sig->words,
+                     (size_t)sig->n * sizeof(int64_t)) == 0;
+}

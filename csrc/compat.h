@@ -25,9 +25,10 @@
  *   AGS_MOD_SLOTS_EXTRA       module-def slots that only newer versions know.
  *   ags_compat_take_exc()     take / put back the raised exception as one
  *   ags_compat_put_exc()      object (PyErr_Fetch is deprecated in 3.12).
- *   AGS_JUMPS_FORWARD(X)      the version's relative jump opcodes, from
- *   AGS_JUMPS_BACKWARD(X)     csrc/opcodes_3XX.h (names as in CPython's
- *                             opcode.h, which gives their numbers).
+ *
+ * The opcodes of each version (numbers, jump lists, the interpreter's
+ * handler rows) are in csrc/opcodes_3XX.h, selected by csrc/bytecode.h on
+ * the AGS_PY3XX names defined here.
  *
  * Only csrc/frame.c and csrc/opcodes.c may include CPython's internal
  * headers (the frame layout; the inline-cache table).
@@ -55,17 +56,6 @@ before adding it."
 #ifdef Py_GIL_DISABLED
 #  error "agspeed does not support free-threaded CPython builds yet: its \
 per-code caches rely on the GIL."
-#endif
-
-/* Opcode numbers of this version, and its jump lists. */
-#include <opcode.h>
-#include "opcodes_common.h"
-#if defined(AGS_PY311)
-#  include "opcodes_311.h"
-#elif defined(AGS_PY312)
-#  include "opcodes_312.h"
-#else
-#  include "opcodes_313.h"
 #endif
 
 /* Frame access. `f` is a struct _PyInterpreterFrame *. */

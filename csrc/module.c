@@ -355,9 +355,7 @@ add_tables(PyObject *module)
         || PyModule_AddObjectRef(module, "COUNTER_DOCS", docs) < 0) {
         goto done;
     }
-    Py_CLEAR(docs);
-    docs = ags_sym_ops();   /* SYM_OPS: name -> (op, immediates, meaning) */
-    if (docs == NULL || PyModule_AddObjectRef(module, "SYM_OPS", docs) < 0) {
+    if (ags_protocol_export(module) < 0) {
         goto done;
     }
     rc = 0;
@@ -380,6 +378,7 @@ module_exec(PyObject *module)
         return -1;
     }
     owner_interp = interp;
+    ags_protocol_init();
     ags_opcodes_init();
     if (ags_cache_init() < 0 || ags_interp_init() < 0
         || add_type(module, &ags_region_spec, &st->region_type) < 0

@@ -1,4 +1,4 @@
-/* opcodes_311.h: CPython 3.11's relative jumps, selected by compat.h.
+/* opcodes_311.h: CPython 3.11's relative jumps, selected by bytecode.h.
  *
  * Every jump of 3.11 is relative to the end of the instruction (3.11's
  * jumps carry no inline caches); the ones below jump backward.  Opcode

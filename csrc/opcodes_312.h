@@ -1,4 +1,4 @@
-/* opcodes_312.h: CPython 3.12's relative jumps, selected by compat.h.
+/* opcodes_312.h: CPython 3.12's relative jumps, selected by bytecode.h.
  *
  * Jumps count from the end of the instruction's inline caches (FOR_ITER
  * and SEND have one).  Conditional jumps are forward only; loops close

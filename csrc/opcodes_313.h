@@ -1,4 +1,4 @@
-/* opcodes_313.h: CPython 3.13's relative jumps, selected by compat.h.
+/* opcodes_313.h: CPython 3.13's relative jumps, selected by bytecode.h.
  *
  * The same jumps as 3.12 (opcodes were renumbered; the numbers come from
  * CPython's opcode_ids.h).  Conditional jumps now carry one inline cache,

@@ -31,7 +31,7 @@
  * Which check failed, with old and new values, is the Python Guard's job
  * (failures()): it runs only on a miss.
  */
-#include "agspeed.h"
+#include "guards.h"
 #include <structmember.h>
 
 enum { L_LOCAL, L_GLOBAL, L_GMOD, L_ATTR, L_ITEM, L_CELL, L_TYPE, L_FGET };

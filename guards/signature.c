@@ -13,7 +13,7 @@
  * agspeed._C.signature_hash(data, seed=0), for tests and for keys built in
  * Python.
  */
-#include "agspeed.h"
+#include "guards.h"
 
 #include <xxhash.h>
 
@@ -211,30 +211,4 @@ ags_frame_signature(PyCodeObject *code, PyObject *const *args, uint64_t *out)
 
     ags_sig_release(&b);
     return rc;
-}
-
-int
-ags_entry_set_signature(ags_entry *entry, const ags_sig *sig, uint64_t hash)
-{
-    int64_t *words = PyMem_Malloc((size_t)(sig->n + 1) * sizeof(int64_t));
-
-    if (words == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    memcpy(words, sig->words, (size_t)sig->n * sizeof(int64_t));
-    PyMem_Free(entry->sig_words);
-    entry->sig_words = words;
-    entry->sig_n = sig->n;
-    entry->signature = hash;
-    entry->has_signature = 1;
-    return 0;
-}
-
-int
-ags_entry_sig_equal(const ags_entry *entry, const ags_sig *sig)
-{
-    return entry->sig_words != NULL && entry->sig_n == sig->n
-           && memcmp(entry->sig_words, sig->words,
-                     (size_t)sig->n * sizeof(int64_t)) == 0;
 }

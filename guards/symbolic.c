@@ -10,7 +10,7 @@
  *             dimensions the capture found equal share a slot).  A non-dense
  *             input's stride may be a symbol of its own, bound the same way.
  *   exprs     integer expressions over the symbols, each a little postfix
- *             program of int64 words (AGS_SYM_OPS below).  A dynamic
+ *             program of int64 words (AGS_SOP_LIST, protocol.h).  A dynamic
  *             tensor's symbolic strides refer to them (a contiguous
  *             x[s0, 16, s1] has strides 16*s1, s1, 1), and so do the guards.
  *   guards    the expressions that must be non-zero: the facts the capture
@@ -29,50 +29,17 @@
  * several allocations per hit), or as Python code compiled from them (one
  * Python frame per hit, and the hook runs guards with frames off).
  */
-#include "agspeed.h"
+#include "guards.h"
 
-/* The postfix operations: name, immediate words, meaning.  A program is a
- * sequence of words: an op, then its immediates. */
-#define AGS_SYM_OPS(X) \
-    X(CONST, 1, "push the immediate") \
-    X(SYM, 1, "push the value of symbol <immediate>; fails if unbound") \
-    X(ADD, 0, "a + b") \
-    X(MUL, 0, "a * b") \
-    X(NEG, 0, "-a") \
-    X(FLOORDIV, 0, "floor(a / b), as Python's //; b == 0 fails") \
-    X(MOD, 0, "a % b with the sign of b, as Python's %; b == 0 fails") \
-    X(POW, 0, "a ** b for b >= 0; b < 0 fails") \
-    X(MIN, 0, "min(a, b)") \
-    X(MAX, 0, "max(a, b)") \
-    X(EQ, 0, "a == b (1 or 0)") \
-    X(NE, 0, "a != b") \
-    X(LT, 0, "a < b") \
-    X(LE, 0, "a <= b") \
-    X(GT, 0, "a > b") \
-    X(GE, 0, "a >= b") \
-    X(AND, 0, "a and b, as 1 or 0") \
-    X(OR, 0, "a or b, as 1 or 0") \
-    X(NOT, 0, "not a")
-
-enum {
-#define AGS_X(name, imm, doc) SYM_##name,
-    AGS_SYM_OPS(AGS_X)
-#undef AGS_X
-    SYM_N_OPS
-};
-
-static const int op_immediates[] = {
-#define AGS_X(name, imm, doc) imm,
-    AGS_SYM_OPS(AGS_X)
-#undef AGS_X
-};
+/* The postfix operations are AGS_SOP_LIST (protocol.h): a program is a
+ * sequence of words, an op, then its immediates. */
 
 /* Operands each op pops (CONST and SYM pop none, NEG and NOT one). */
 static int
 op_pops(int64_t op)
 {
-    return op == SYM_CONST || op == SYM_SYM ? 0
-           : op == SYM_NEG || op == SYM_NOT ? 1 : 2;
+    return op == AGS_SOP_CONST || op == AGS_SOP_SYM ? 0
+           : op == AGS_SOP_NEG || op == AGS_SOP_NOT ? 1 : 2;
 }
 
 /* The deepest stack a program may need: more is refused when it is set. */
@@ -140,49 +107,49 @@ static int
 apply(int64_t op, int64_t a, int64_t b, int64_t *out)
 {
     switch (op) {
-    case SYM_ADD:
+    case AGS_SOP_ADD:
         return __builtin_add_overflow(a, b, out) ? -1 : 0;
-    case SYM_MUL:
+    case AGS_SOP_MUL:
         return __builtin_mul_overflow(a, b, out) ? -1 : 0;
-    case SYM_NEG:
+    case AGS_SOP_NEG:
         return __builtin_sub_overflow((int64_t)0, a, out) ? -1 : 0;
-    case SYM_FLOORDIV:
+    case AGS_SOP_FLOORDIV:
         return floordiv(a, b, out);
-    case SYM_MOD:
+    case AGS_SOP_MOD:
         return pymod(a, b, out);
-    case SYM_POW:
+    case AGS_SOP_POW:
         return ipow(a, b, out);
-    case SYM_MIN:
+    case AGS_SOP_MIN:
         *out = a < b ? a : b;
         return 0;
-    case SYM_MAX:
+    case AGS_SOP_MAX:
         *out = a > b ? a : b;
         return 0;
-    case SYM_EQ:
+    case AGS_SOP_EQ:
         *out = a == b;
         return 0;
-    case SYM_NE:
+    case AGS_SOP_NE:
         *out = a != b;
         return 0;
-    case SYM_LT:
+    case AGS_SOP_LT:
         *out = a < b;
         return 0;
-    case SYM_LE:
+    case AGS_SOP_LE:
         *out = a <= b;
         return 0;
-    case SYM_GT:
+    case AGS_SOP_GT:
         *out = a > b;
         return 0;
-    case SYM_GE:
+    case AGS_SOP_GE:
         *out = a >= b;
         return 0;
-    case SYM_AND:
+    case AGS_SOP_AND:
         *out = a != 0 && b != 0;
         return 0;
-    case SYM_OR:
+    case AGS_SOP_OR:
         *out = a != 0 || b != 0;
         return 0;
-    case SYM_NOT:
+    case AGS_SOP_NOT:
         *out = a == 0;
         return 0;
     }
@@ -199,10 +166,10 @@ ags_sym_eval(const int64_t *code, Py_ssize_t n, const ags_symvals *s,
     for (Py_ssize_t pc = 0; pc < n; pc++) {
         int64_t op = code[pc];
 
-        if (op == SYM_CONST) {
+        if (op == AGS_SOP_CONST) {
             stack[sp++] = code[++pc];
         }
-        else if (op == SYM_SYM) {
+        else if (op == AGS_SOP_SYM) {
             int64_t k = code[++pc];
             if (!s->bound[k]) {
                 return -1;
@@ -239,13 +206,13 @@ validate(const int64_t *code, Py_ssize_t n, Py_ssize_t n_syms)
     for (Py_ssize_t pc = 0; pc < n; pc++) {
         int64_t op = code[pc];
 
-        if (op < 0 || op >= SYM_N_OPS) {
+        if (op < 0 || op >= AGS_SOP_COUNT) {
             goto bad;
         }
-        if (op_immediates[op] && ++pc >= n) {
+        if (ags_sop_immediates[op] && ++pc >= n) {
             goto bad;
         }
-        if (op == SYM_SYM && (code[pc] < 0 || code[pc] >= n_syms)) {
+        if (op == AGS_SOP_SYM && (code[pc] < 0 || code[pc] >= n_syms)) {
             goto bad;
         }
         if (depth < op_pops(op)) {
@@ -412,7 +379,7 @@ match_stride(const ags_symtab *t, ags_symvals *s, int64_t want, int64_t got,
         return 0;
     }
     if (pass == 0) {
-        if (t->expr_len[k] == 2 && t->exprs[k][0] == SYM_SYM) {
+        if (t->expr_len[k] == 2 && t->exprs[k][0] == AGS_SOP_SYM) {
             return match_size(s, -t->exprs[k][1] - 1, got);
         }
         return 1;
@@ -618,23 +585,4 @@ ags_sym_eval_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     }
     return PyLong_FromLongLong(out);
-}
-
-/* {"ADD": (op, immediates, meaning), ...} */
-PyObject *
-ags_sym_ops(void)
-{
-    PyObject *out = PyDict_New();
-
-#define AGS_X(name, imm, doc) \
-    if (out != NULL) { \
-        PyObject *row = Py_BuildValue("(iis)", SYM_##name, imm, doc); \
-        if (row == NULL || PyDict_SetItemString(out, #name, row) < 0) { \
-            Py_CLEAR(out); \
-        } \
-        Py_XDECREF(row); \
-    }
-    AGS_SYM_OPS(AGS_X)
-#undef AGS_X
-    return out;
 }

@@ -15,8 +15,10 @@ import pytest
 from agspeed import _C
 from test_guard_program import program
 
-OP = {name: row[0] for name, row in _C.SYM_OPS.items()}
-DYNTENSOR = 5
+from agspeed.protocol import Check, SizeOp
+
+OP = {op.name: int(op) for op in SizeOp}
+DYNTENSOR = int(Check.DYNTENSOR)
 F32, CPU = object(), "cpu"   # a dtype is compared by identity, a device by ==
 
 
@@ -106,9 +108,9 @@ def test_malformed_programs_are_refused():
 
 
 def test_the_op_table_documents_every_op():
-    assert sorted(row[0] for row in _C.SYM_OPS.values()) == list(range(len(_C.SYM_OPS)))
-    assert all(isinstance(row[2], str) and row[2] for row in _C.SYM_OPS.values())
-    assert _C.SYM_OPS["CONST"][1] == 1 and _C.SYM_OPS["ADD"][1] == 0
+    assert [int(op) for op in SizeOp] == list(range(len(SizeOp)))
+    assert all(isinstance(op.doc, str) and op.doc for op in SizeOp)
+    assert SizeOp.CONST.immediates == 1 and SizeOp.ADD.immediates == 0
 
 
 # -- dynamic tensor checks ----------------------------------------------------------------
