@@ -38,7 +38,8 @@ from typing import Any, Callable, NamedTuple
 
 from agspeed import _C
 from agspeed import config as _config
-from agspeed._graph import REASONS, GraphBreak, GraphBuilder
+from agspeed._graph import GraphBreak, GraphBuilder
+from agspeed.protocol import Reason
 from agspeed._shapes import NeedsSymbolic, SymbolicGuards
 from agspeed._sources import MISSING, describe, resolve, resolve_step
 
@@ -57,8 +58,9 @@ class CaptureBreak(NamedTuple):
 
     @property
     def hint(self) -> str:
-        """What the user can do about it (``_graph.REASONS``)."""
-        return REASONS.get(self.reason, ("", ""))[1]
+        """What the user can do about it (``agspeed.protocol.Reason``)."""
+        reason = Reason.by_id.get(self.reason)
+        return reason.hint if reason is not None else ""
 
     def __str__(self) -> str:
         where = f"{os.path.basename(self.filename)}:{self.line}"
@@ -558,7 +560,7 @@ def _finish(torch: Any, code: Any, f_locals: dict, builder: GraphBuilder, out: d
         where = out["code"]
         brk = CaptureBreak(where.co_filename, _line_of(where, out["offset"]),
                            dis.opname[out["opcode"]] if out["opcode"] >= 0 else "(start)",
-                           out["reason"], out["detail"], where.co_name)
+                           Reason(out["reason"]).id, out["detail"], where.co_name)
         guard = _guard(torch, builder, f_locals, code)
         guard.break_at = (brk.filename, brk.line, brk.instruction, brk.reason)
         return brk, guard
@@ -567,7 +569,7 @@ def _finish(torch: Any, code: Any, f_locals: dict, builder: GraphBuilder, out: d
         builder.check_output(result)
     except GraphBreak as exc:
         brk = CaptureBreak(code.co_filename, code.co_firstlineno, "RETURN_VALUE",
-                           exc.reason, exc.detail, code.co_name)
+                           exc.reason.id, exc.detail, code.co_name)
         return brk, _guard(torch, builder, f_locals, code)
     if not any(n.op in ("call_function", "call_method") for n in builder.graph.nodes):
         return None, ArgumentTypes(f_locals)

@@ -25,6 +25,8 @@ import sys
 import types
 from typing import Any
 
+from agspeed.protocol import Attr
+
 __all__ = ["MISSING", "static_attr", "resolve", "name_of", "describe"]
 
 
@@ -84,17 +86,18 @@ def _module_type() -> Any:
     return torch.nn.Module if torch is not None else None
 
 
-def static_attr(obj: Any, name: str) -> tuple[str, Any]:
+def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
     """``(how, value)`` for ``obj.name`` found without running user code.
 
-    how is ``"value"`` (an instance or module-store value, a class constant), ``"method"``
-    (a plain function found on the class: value is the function), ``"property"`` (value is
-    the property object), ``"missing"``, or ``"unsupported"`` (a descriptor or
-    ``__getattr__`` that only running code could answer; value says which).
+    how is an ``agspeed.protocol.Attr``: ``VALUE`` (an instance or module-store value, a
+    class constant), ``METHOD`` (a plain function found on the class: value is the
+    function), ``PROPERTY`` (value is the property object), ``MISSING``, or
+    ``UNSUPPORTED`` (a descriptor or ``__getattr__`` that only running code could answer;
+    value says which).
     """
     if isinstance(obj, types.ModuleType):
         d = _object_getattribute(obj, "__dict__")
-        return ("value", d[name]) if name in d else ("missing", MISSING)
+        return (Attr.VALUE, d[name]) if name in d else (Attr.MISSING, MISSING)
     cls = type(obj)
     if isinstance(obj, super):
         return _super_attr(obj, name)
@@ -102,54 +105,54 @@ def static_attr(obj: Any, name: str) -> tuple[str, Any]:
     if found is not MISSING:
         kind = type(found)
         if kind is property:
-            return "property", found
+            return Attr.PROPERTY, found
         if kind is _TUPLEGETTER:  # a namedtuple field: an item of the tuple
-            return "value", found.__get__(obj, cls)
+            return Attr.VALUE, found.__get__(obj, cls)
         if hasattr(kind, "__set__") or hasattr(kind, "__delete__"):
             if kind is types.MemberDescriptorType or kind is types.GetSetDescriptorType:
                 if cls.__module__ == "builtins" or kind is types.MemberDescriptorType \
                         or _is_type_info(cls):
-                    return "value", found.__get__(obj, cls)
-            return "unsupported", f"data descriptor {kind.__name__}"
+                    return Attr.VALUE, found.__get__(obj, cls)
+            return Attr.UNSUPPORTED, f"data descriptor {kind.__name__}"
     try:
         d = _object_getattribute(obj, "__dict__")
     except AttributeError:
         d = None
     if d is not None and name in d:
-        return "value", d[name]
+        return Attr.VALUE, d[name]
     if found is not MISSING:
         kind = type(found)
         if kind is types.FunctionType:
-            return ("method", found) if not isinstance(obj, type) else ("value", found)
+            return (Attr.METHOD, found) if not isinstance(obj, type) else (Attr.VALUE, found)
         if kind is staticmethod:
-            return "value", found.__func__
+            return Attr.VALUE, found.__func__
         if kind is classmethod:
-            return "unsupported", "classmethod"
+            return Attr.UNSUPPORTED, "classmethod"
         if hasattr(kind, "__get__") and kind not in (types.BuiltinFunctionType, type):
             if kind in (types.MethodDescriptorType, types.WrapperDescriptorType):
-                return "unsupported", "method of a builtin type"
-            return "unsupported", f"descriptor {kind.__name__}"
-        return "value", found
+                return Attr.UNSUPPORTED, "method of a builtin type"
+            return Attr.UNSUPPORTED, f"descriptor {kind.__name__}"
+        return Attr.VALUE, found
     module_type = _module_type()
     if module_type is not None and isinstance(obj, module_type) and d is not None:
         for store in _MODULE_STORES:
             s = d.get(store)
             if s is not None and name in s:
-                return "value", s[name]
+                return Attr.VALUE, s[name]
         if _own_getattr(cls) is not module_type.__getattr__:
-            return "unsupported", "a custom __getattr__"
-        return "missing", MISSING
+            return Attr.UNSUPPORTED, "a custom __getattr__"
+        return Attr.MISSING, MISSING
     if isinstance(obj, type):
         value = _class_lookup(obj, name)
         if value is not MISSING:
             if type(value) is staticmethod:
-                return "value", value.__func__
+                return Attr.VALUE, value.__func__
             if type(value) in (classmethod, property):
-                return "unsupported", type(value).__name__
-            return "value", value
+                return Attr.UNSUPPORTED, type(value).__name__
+            return Attr.VALUE, value
     if _class_lookup(cls, "__getattr__") is not MISSING:
-        return "unsupported", "a custom __getattr__"
-    return "missing", MISSING
+        return Attr.UNSUPPORTED, "a custom __getattr__"
+    return Attr.MISSING, MISSING
 
 
 def _super_attr(sup: super, name: str) -> tuple[str, Any]:
@@ -160,12 +163,12 @@ def _super_attr(sup: super, name: str) -> tuple[str, Any]:
         if after and name in klass.__dict__:
             value = klass.__dict__[name]
             if type(value) is types.FunctionType:
-                return "method", value
+                return Attr.METHOD, value
             if type(value) is staticmethod:
-                return "value", value.__func__
-            return "unsupported", f"super() attribute of type {type(value).__name__}"
+                return Attr.VALUE, value.__func__
+            return Attr.UNSUPPORTED, f"super() attribute of type {type(value).__name__}"
         after = after or klass is start
-    return "missing", MISSING
+    return Attr.MISSING, MISSING
 
 
 def _lookup_global(d: dict, name: str) -> Any:
@@ -205,7 +208,7 @@ def resolve_step(kind: str, base: Any, key: Any) -> Any:
     (guards/program.c), so that both read sources alike."""
     if kind == "attr":
         how, found = static_attr(base, key)
-        return found if how in ("value", "method", "property") else MISSING
+        return found if how in (Attr.VALUE, Attr.METHOD, Attr.PROPERTY) else MISSING
     if kind == "item":
         try:
             if type(base) in (tuple, list, dict) or _is_size(base) or \

@@ -2,8 +2,9 @@
  *
  * Subsystems and the file that owns each:
  *
- *   hook.c        the PEP 523 evaluation function, its installation, the
- *                 thread-local stack of capture contexts and the counters.
+ *   hook.c        the PEP 523 evaluation function, its installation and the
+ *                 counters.
+ *   ctxstack.c    the thread-local stack of capture contexts.
  *   region.c      Region (a callable that runs its target inside a capture
  *                 context) and Scope (the same as a `with` block).
  *   codecache.c   the per-code-object cache kept in co_extra, and the
@@ -66,10 +67,49 @@ extern ags_counters ags_stats;
  * capture context at all. */
 extern int ags_hook_enabled;
 
-/* What ags_hook_enter pushed, to be handed to ags_hook_exit or
- * ags_hook_leave: the token of its slot on the thread's context stack,
+/* Install agspeed's evaluation function, or count one more user of it
+ * (ctxstack.c: one per pushed context that is not Py_None); release gives
+ * that count back and removes the function with the last one. */
+void ags_hook_acquire(void);
+void ags_hook_release(void);
+
+/* 1 when agspeed's evaluation function is the interpreter's now. */
+int ags_hook_is_installed(void);
+
+/* ------------------------------------------------------------------ */
+/* The context stack (ctxstack.c). */
+
+/* Slots a thread's context stack holds without a heap allocation: enough
+ * for an optimized call inside another, a few disable() blocks and some
+ * recursion through a Region. */
+#define AGS_CTX_INLINE 8
+
+/* One push on a thread's context stack. */
+typedef struct {
+    uint64_t token;     /* names the push: see "The context stack" */
+    PyObject *ctx;      /* strong: Py_None or a callable */
+} ags_ctx_slot;
+
+typedef struct {
+    PyObject *ctx;      /* borrowed from the top slot; NULL: outside,
+                           Py_None: disabled */
+    int busy;           /* >0 while the runtime decides for a frame */
+    Py_ssize_t depth;   /* slots in use */
+    Py_ssize_t capacity;    /* of `heap`; meaningless while it is NULL */
+    ags_ctx_slot *heap;     /* NULL: the slots are `inline_slots` */
+    ags_ctx_slot inline_slots[AGS_CTX_INLINE];
+} ags_thread_state;
+
+/* This thread's state: ctxstack.c keeps it, ags_eval reads `ctx` and
+ * `busy` once per frame.  Hidden, so that reaching it from either file
+ * costs what a static thread-local would. */
+extern _Thread_local ags_thread_state ags_tls
+    __attribute__((visibility("hidden")));
+
+/* What ags_ctx_enter pushed, to be handed to ags_ctx_exit or
+ * ags_ctx_leave: the token of its slot on the thread's context stack,
  * unique over all threads and never reused; 0 when nothing is pushed.
- * hook.c ("The context stack") gives the rules. */
+ * ctxstack.c gives the rules. */
 typedef struct {
     uint64_t token;
 } ags_ctx_saved;
@@ -80,25 +120,22 @@ typedef struct {
  * frames), or Py_None for a region where the runtime is disabled.
  * Returns 0, or -1 with MemoryError set and nothing pushed (saved->token
  * is then 0).  ctx: borrowed; the slot takes its own reference. */
-int ags_hook_enter(PyObject *ctx, ags_ctx_saved *saved);
+int ags_ctx_enter(PyObject *ctx, ags_ctx_saved *saved);
 
 /* Leaves, for a caller whose enter and exit are strictly nested on the C
  * stack (a Region's call): removes the slot `saved` pushed and every slot
  * pushed above it since, so the thread's stack is as the enter found it.
  * Must run on the thread that entered. */
-void ags_hook_exit(ags_ctx_saved *saved);
+void ags_ctx_exit(ags_ctx_saved *saved);
 
 /* Leaves, for a caller that may leave out of order (a Scope: a `with`
  * block in a generator can be left after the call it was entered in has
  * returned): removes the slot `saved` pushed if it is still on this
  * thread's stack, wherever it is, and changes nothing else. */
-void ags_hook_leave(ags_ctx_saved *saved);
+void ags_ctx_leave(ags_ctx_saved *saved);
 
 /* Borrowed: this thread's current context, NULL outside any. */
-PyObject *ags_hook_current(void);
-
-/* 1 when agspeed's evaluation function is the interpreter's now. */
-int ags_hook_is_installed(void);
+PyObject *ags_ctx_current(void);
 
 /* ------------------------------------------------------------------ */
 /* Cache entries and per-code caches (codecache.c). */

@@ -18,6 +18,12 @@
  * the specializing interpreter or sys.monitoring did to the live copy.
  * Malformed bytecode (a jump outside the code, a truncated instruction) is
  * a ValueError, never a crash: code objects can be built by hand.
+ *
+ * Exception tables (3.11+, co_exceptiontable): entries of varints in 6-bit
+ * groups, bit 0x40 marking another group and bit 0x80 the first byte of an
+ * entry; each entry is start, length and handler in code units, then
+ * (depth << 1) | lasti.  ags_bc_exceptions decodes them; ags_bc_handled
+ * marks the instructions whose exceptions a catching handler receives.
  */
 #include "agspeed.h"
 #include <string.h>
@@ -157,5 +163,149 @@ ags_bc_to_list(PyCodeObject *code)
         PyList_SET_ITEM(list, i, item);
     }
     ags_bc_release(&bc);
+    return list;
+}
+
+/* ------------------------------------------------------------------ */
+/* Exception tables */
+
+/* Reads one varint at *pos of `table` (n bytes): 0, or -1 when the table
+ * ends inside it. */
+static int
+read_varint(const unsigned char *table, Py_ssize_t n, Py_ssize_t *pos,
+            long *out)
+{
+    unsigned char byte;
+    long value;
+
+    if (*pos >= n) {
+        return -1;
+    }
+    byte = table[(*pos)++];
+    value = byte & 63;
+    while (byte & 64) {
+        if (*pos >= n || value > (LONG_MAX >> 6)) {
+            return -1;
+        }
+        byte = table[(*pos)++];
+        value = (value << 6) | (byte & 63);
+    }
+    *out = value;
+    return 0;
+}
+
+int
+ags_bc_exceptions(PyCodeObject *code, ags_except **out, Py_ssize_t *n_out)
+{
+    PyObject *bytes = code->co_exceptiontable;
+    const unsigned char *table;
+    Py_ssize_t n, pos = 0, count = 0, cap = 0;
+    ags_except *entries = NULL;
+
+    *out = NULL;
+    *n_out = 0;
+    if (bytes == NULL || !PyBytes_Check(bytes)) {
+        return 0;
+    }
+    table = (const unsigned char *)PyBytes_AS_STRING(bytes);
+    n = PyBytes_GET_SIZE(bytes);
+    while (pos < n) {
+        long start, length, handler, depth_lasti;
+
+        if (read_varint(table, n, &pos, &start) < 0
+            || read_varint(table, n, &pos, &length) < 0
+            || read_varint(table, n, &pos, &handler) < 0
+            || read_varint(table, n, &pos, &depth_lasti) < 0) {
+            PyMem_Free(entries);
+            return malformed(code, -1, "truncated exception table");
+        }
+        if (count == cap) {
+            ags_except *grown;
+
+            cap = cap ? cap * 2 : 8;
+            grown = PyMem_Realloc(entries, (size_t)cap * sizeof(ags_except));
+            if (grown == NULL) {
+                PyMem_Free(entries);
+                PyErr_NoMemory();
+                return -1;
+            }
+            entries = grown;
+        }
+        entries[count].start = (int)(start * 2);
+        entries[count].end = (int)((start + length) * 2);
+        entries[count].handler = (int)(handler * 2);
+        entries[count].depth = (int)(depth_lasti >> 1);
+        entries[count].lasti = (int)(depth_lasti & 1);
+        count++;
+    }
+    *out = entries;
+    *n_out = count;
+    return 0;
+}
+
+int
+ags_bc_handled(PyCodeObject *code, const ags_bytecode *bc,
+               unsigned char **handled)
+{
+    ags_except *entries;
+    Py_ssize_t n;
+
+    *handled = NULL;
+    if (ags_bc_exceptions(code, &entries, &n) < 0) {
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int h = entries[k].handler;
+        Py_ssize_t at = -1;
+
+        /* the handler's first instruction, found by its start offset */
+        for (Py_ssize_t i = 0; i < bc->n; i++) {
+            if (bc->instrs[i].start == h) {
+                at = i;
+                break;
+            }
+        }
+        if (at < 0 || bc->instrs[at].opcode != PUSH_EXC_INFO) {
+            continue;   /* a cleanup handler: the exception escapes anyway */
+        }
+        if (*handled == NULL
+            && (*handled = PyMem_Calloc((size_t)bc->n + 1, 1)) == NULL) {
+            PyMem_Free(entries);
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < bc->n; i++) {
+            int offset = bc->instrs[i].offset;
+            if (offset >= entries[k].start && offset < entries[k].end) {
+                (*handled)[i] = 1;
+            }
+        }
+    }
+    PyMem_Free(entries);
+    return 0;
+}
+
+PyObject *
+ags_bc_exceptions_list(PyCodeObject *code)
+{
+    ags_except *entries;
+    Py_ssize_t n;
+    PyObject *list;
+
+    if (ags_bc_exceptions(code, &entries, &n) < 0) {
+        return NULL;
+    }
+    list = PyList_New(n);
+    for (Py_ssize_t k = 0; list != NULL && k < n; k++) {
+        ags_except *e = &entries[k];
+        PyObject *item = Py_BuildValue("(iiiii)", e->start, e->end,
+                                       e->handler, e->depth, e->lasti);
+        if (item == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, k, item);
+    }
+    PyMem_Free(entries);
     return list;
 }

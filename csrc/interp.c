@@ -29,6 +29,9 @@
 #include <stdio.h>
 #include <string.h>
 
+/* The builder's method names, by AGS_BOP_* (interned, immortal). */
+static PyObject *bop_names[AGS_BOP_COUNT];
+
 const char *const ags_kind_names[] = {
 #define AGS_X(name, doc) #name,
     AGS_VALUE_KINDS(AGS_X)
@@ -69,7 +72,7 @@ ags_value_copy(const ags_value *v)
 }
 
 int
-ags_stop(ags_interp *it, const char *reason, PyObject *detail)
+ags_stop(ags_interp *it, int reason, PyObject *detail)
 {
     if (detail == NULL) {
         return AGS_ERROR;
@@ -80,7 +83,7 @@ ags_stop(ags_interp *it, const char *reason, PyObject *detail)
 }
 
 int
-ags_stopf(ags_interp *it, const char *reason, const char *fmt, ...)
+ags_stopf(ags_interp *it, int reason, const char *fmt, ...)
 {
     va_list va;
     PyObject *detail;
@@ -104,19 +107,18 @@ ags_take_break(ags_interp *it)
         return AGS_ERROR;
     }
     reason = PyObject_GetAttrString(exc, "reason");
-    if (reason == NULL || !PyUnicode_Check(reason)) {
+    if (reason == NULL || !PyLong_Check(reason)) {
         Py_XDECREF(reason);
         PyErr_Clear();
         ags_compat_put_exc(exc);  /* not a graph break: a real error */
         return AGS_ERROR;
     }
-    /* Reasons are short ids (_graph.REASONS): copied, so the break
-     * outlives the exception. */
-    {
-        const char *text = PyUnicode_AsUTF8(reason);
-        snprintf(it->brk_reason_buf, sizeof(it->brk_reason_buf), "%s",
-                 text ? text : "builder");
-        it->brk_reason = it->brk_reason_buf;
+    /* A reason C does not know is a bug of the builder: it fails loudly */
+    if (ags_protocol_kind(reason, AGS_REASON_COUNT, "break reason",
+                          &it->brk_reason) < 0) {
+        Py_DECREF(reason);
+        Py_DECREF(exc);
+        return AGS_ERROR;
     }
     Py_DECREF(reason);
     /* The builder's GraphBreak carries its detail apart from the reason. */
@@ -229,7 +231,7 @@ ags_graph_arg(ags_interp *it, const ags_value *v)
     case AGS_VK_DICT:
         return frozen_copy(v->obj);
     default:
-        ags_stopf(it, "unsupported_value", "a %s cannot be a graph argument",
+        ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "a %s cannot be a graph argument",
                   ags_kind_names[v->kind]);
         return NULL;
     }
@@ -277,8 +279,9 @@ ags_own(ags_interp *it, PyObject *container)
     return rc;
 }
 
-static int
-is_owned(ags_interp *it, PyObject *container)
+/* 1 if `container` was built by this capture, 0 if not, -1 on error. */
+int
+ags_is_owned(ags_interp *it, PyObject *container)
 {
     PyObject *id = id_of(container);
     int rc = id ? PySet_Contains(it->owned, id) : -1;
@@ -331,7 +334,7 @@ ags_value_of(ags_interp *it, PyObject *obj, ags_value *out)
         return 0;
     }
     owned = (PyList_CheckExact(obj) || PyDict_CheckExact(obj))
-                ? is_owned(it, obj) : 0;
+                ? ags_is_owned(it, obj) : 0;
     if (owned < 0) {
         return -1;
     }
@@ -391,8 +394,8 @@ ags_load_object(ags_interp *it, PyObject *source, PyObject *value,
                 ags_value *out)
 {
     if (PyObject_TypeCheck(value, (PyTypeObject *)it->tensor_type)) {
-        PyObject *node = PyObject_CallMethod(it->builder, "input", "OO",
-                                             source, value);
+        PyObject *node = ags_call_builder(it, AGS_BOP_INPUT, "(OO)", source,
+                                          value);
         if (node == NULL) {
             return AGS_ERROR;
         }
@@ -410,12 +413,13 @@ ags_load_object(ags_interp *it, PyObject *source, PyObject *value,
  * reference, or NULL with the exception set (ags_take_break sorts graph
  * breaks from errors). */
 PyObject *
-ags_call_builder(ags_interp *it, const char *method, const char *fmt, ...)
+ags_call_builder(ags_interp *it, int op, const char *fmt, ...)
 {
     va_list va;
     PyObject *fn, *args, *out;
 
-    fn = PyObject_GetAttrString(it->builder, method);
+    assert(op >= 0 && op < AGS_BOP_COUNT);
+    fn = PyObject_GetAttr(it->builder, bop_names[op]);
     if (fn == NULL) {
         return NULL;
     }
@@ -497,47 +501,6 @@ ags_is_free_slot(const ags_frame *f, int i)
     return i >= f->nlocals - f->code->co_nfreevars;
 }
 
-/* f->handled[i]: instruction i is covered by an exception handler that
- * catches (try/except, with), as the builder reads the exception table;
- * handlers that only clean up and re-raise (inlined comprehensions) do not
- * count, since the exception escapes either way. */
-static int
-mark_handled(ags_interp *it, ags_frame *f)
-{
-    PyObject *ranges = PyObject_CallMethod(it->builder, "handled_ranges", "O",
-                                           (PyObject *)f->code);
-    Py_ssize_t n;
-
-    if (ranges == NULL) {
-        return -1;
-    }
-    n = PyList_Check(ranges) ? PyList_GET_SIZE(ranges) : 0;
-    if (n > 0) {
-        f->handled = PyMem_Calloc((size_t)f->bc.n, 1);
-        if (f->handled == NULL) {
-            Py_DECREF(ranges);
-            PyErr_NoMemory();
-            return -1;
-        }
-    }
-    for (Py_ssize_t k = 0; k < n; k++) {
-        long start, end;
-
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(ranges, k), "ll", &start, &end)) {
-            Py_DECREF(ranges);
-            return -1;
-        }
-        for (Py_ssize_t i = 0; i < f->bc.n; i++) {
-            int offset = f->bc.instrs[i].offset;
-            if (offset >= start && offset < end) {
-                f->handled[i] = 1;
-            }
-        }
-    }
-    Py_DECREF(ranges);
-    return 0;
-}
-
 static int
 frame_init(ags_frame *f, ags_frame *parent, PyCodeObject *code,
            PyObject *globals, PyObject *builtins)
@@ -575,11 +538,11 @@ frame_run(ags_interp *it, ags_frame *f)
         it->brk_code = f->code;
         it->brk_offset = -1;    /* at its start: reported as its first line */
         it->brk_opcode = -1;
-        return ags_stopf(it, "generator",
+        return ags_stopf(it, AGS_REASON_GENERATOR,
                          "generators and coroutines are not captured");
     }
     if (PyBytes_GET_SIZE(f->code->co_exceptiontable) > 0
-        && mark_handled(it, f) < 0) {
+        && ags_bc_handled(f->code, &f->bc, &f->handled) < 0) {
         return AGS_ERROR;
     }
     for (f->pc = 0; rc == AGS_GO && f->pc < f->bc.n;) {
@@ -587,17 +550,17 @@ frame_run(ags_interp *it, ags_frame *f)
         ags_handler h = handlers[ins->opcode];
 
         if (f->handled != NULL && f->handled[f->pc]) {
-            rc = ags_stopf(it, "exception_handler", "code under try/except or "
+            rc = ags_stopf(it, AGS_REASON_EXCEPTION_HANDLER, "code under try/except or "
                            "with: its handler would not run if the graph raised");
         }
         else if (++it->steps > AGS_MAX_STEPS) {
-            rc = ags_stopf(it, "too_long", "more than %d instructions "
+            rc = ags_stopf(it, AGS_REASON_TOO_LONG, "more than %d instructions "
                            "(a long or endless loop)", AGS_MAX_STEPS);
         }
         else {
             f->jump = -1;
             rc = h ? h(it, f, ins)
-                   : ags_stopf(it, "unsupported_instruction",
+                   : ags_stopf(it, AGS_REASON_UNSUPPORTED_INSTRUCTION,
                                "no handler for this instruction yet");
         }
         if (rc == AGS_BREAK && it->brk_code == NULL) {
@@ -623,139 +586,6 @@ frame_run(ags_interp *it, ags_frame *f)
     return rc;
 }
 
-/* Binds the callee's parameters from the caller's abstract arguments
- * (borrowed) by the builder's plan: one item per parameter slot, an int
- * (take that argument), ("default", value), ("star", (indices...)) or
- * ("starstar", {name: index}). */
-static int
-bind_params(ags_interp *it, ags_frame *f, PyObject *plan, ags_value *args)
-{
-    Py_ssize_t n = PyTuple_GET_SIZE(plan);
-
-    for (Py_ssize_t slot = 0; slot < n && slot < f->nlocals; slot++) {
-        PyObject *how = PyTuple_GET_ITEM(plan, slot);
-        ags_value *dst = &f->locals[slot];
-
-        if (PyLong_Check(how)) {
-            *dst = ags_value_copy(&args[PyLong_AsLong(how)]);
-            continue;
-        }
-        const char *tag = PyUnicode_AsUTF8(PyTuple_GET_ITEM(how, 0));
-        PyObject *what = PyTuple_GET_ITEM(how, 1);
-        if (tag == NULL) {
-            return AGS_ERROR;
-        }
-        if (strcmp(tag, "default") == 0) {
-            if (ags_value_of(it, what, dst) < 0) {
-                return AGS_ERROR;
-            }
-            if (dst->kind == AGS_VK_CONST && PyObject_TypeCheck(
-                    what, (PyTypeObject *)it->tensor_type)) {
-                return ags_stopf(it, "unsupported_value",
-                                 "a tensor default argument");
-            }
-            continue;
-        }
-        PyObject *box = strcmp(tag, "star") == 0
-                            ? PyTuple_New(PyTuple_GET_SIZE(what))
-                            : PyDict_New();
-        if (box == NULL) {
-            return AGS_ERROR;
-        }
-        if (PyTuple_Check(box)) {
-            for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(what); i++) {
-                long k = PyLong_AsLong(PyTuple_GET_ITEM(what, i));
-                PyObject *a = ags_graph_arg(it, &args[k]);
-                if (a == NULL) {
-                    Py_DECREF(box);
-                    return AGS_BREAK;
-                }
-                PyTuple_SET_ITEM(box, i, a);
-            }
-        }
-        else {
-            Py_ssize_t pos = 0;
-            PyObject *name, *index;
-            while (PyDict_Next(what, &pos, &name, &index)) {
-                PyObject *a = ags_graph_arg(it, &args[PyLong_AsLong(index)]);
-                int bad = a == NULL || PyDict_SetItem(box, name, a) < 0;
-                Py_XDECREF(a);
-                if (bad) {
-                    Py_DECREF(box);
-                    return a == NULL ? AGS_BREAK : AGS_ERROR;
-                }
-            }
-            if (ags_own(it, box) < 0) {
-                Py_DECREF(box);
-                return AGS_ERROR;
-            }
-        }
-        if (ags_value_of(it, box, dst) < 0) {
-            Py_DECREF(box);
-            return AGS_ERROR;
-        }
-        Py_DECREF(box);
-    }
-    return AGS_GO;
-}
-
-/* Binds the free variables of an inlined function from its closure:
- * each cell's contents, guarded on ("cell", function source, index). */
-static int
-bind_closure(ags_interp *it, ags_frame *f, PyObject *func,
-             PyObject *fsource)
-{
-    PyObject *closure = PyFunction_GetClosure(func);
-    int nfree = f->code->co_nfreevars;
-
-    if (nfree == 0) {
-        return AGS_GO;
-    }
-    if (closure != NULL && is_owned(it, func) == 1) {
-        /* A function this capture made: its cells are the maker's, shared. */
-        f->cells = PyMem_Calloc((size_t)f->nlocals, sizeof(PyObject *));
-        if (f->cells == NULL) {
-            PyErr_NoMemory();
-            return AGS_ERROR;
-        }
-        for (int i = 0; i < nfree; i++) {
-            int slot = f->nlocals - nfree + i;
-            PyObject *cell = PyTuple_GET_ITEM(closure, i);
-            PyObject *contents = PyCell_GET(cell);
-
-            f->cells[slot] = Py_NewRef(cell);
-            if (contents != NULL
-                && ags_value_of(it, contents, &f->locals[slot]) < 0) {
-                return AGS_ERROR;
-            }
-        }
-        return AGS_GO;
-    }
-    if (closure == NULL || fsource == NULL) {
-        return ags_stopf(it, "closure", "a closure reached by no source");
-    }
-    for (int i = 0; i < nfree; i++) {
-        PyObject *contents = PyCell_GET(PyTuple_GET_ITEM(closure, i));
-        PyObject *src;
-        int rc;
-
-        if (contents == NULL) {
-            continue;  /* an empty cell: loading it is a NameError */
-        }
-        src = Py_BuildValue("(sOi)", "cell", fsource, i);
-        if (src == NULL) {
-            return AGS_ERROR;
-        }
-        rc = ags_load_object(it, src, contents,
-                             &f->locals[f->nlocals - nfree + i]);
-        Py_DECREF(src);
-        if (rc < 0) {
-            return rc;
-        }
-    }
-    return AGS_GO;
-}
-
 /* Inlines `func(*args)` (args borrowed; the last len(kwnames) by
  * keyword): runs its bytecode in a new frame and sets *result. */
 int
@@ -768,10 +598,10 @@ ags_inline(ags_interp *it, ags_frame *caller, PyObject *func,
     int rc;
 
     if (caller->depth + 1 >= AGS_MAX_DEPTH) {
-        return ags_stopf(it, "too_deep", "calls nested deeper than %d",
+        return ags_stopf(it, AGS_REASON_TOO_DEEP, "calls nested deeper than %d",
                          AGS_MAX_DEPTH);
     }
-    plan = ags_call_builder(it, "bind", "(OiO)", func, nargs,
+    plan = ags_call_builder(it, AGS_BOP_BIND, "(OiO)", func, nargs,
                             kwnames ? kwnames : Py_None);
     if (plan == NULL) {
         return ags_take_break(it);
@@ -792,10 +622,10 @@ ags_inline(ags_interp *it, ags_frame *caller, PyObject *func,
     }
     f.func = func;
     f.fsource = fsource;
-    rc = bind_params(it, &f, plan, args);
+    rc = ags_bind_params(it, &f, plan, args);
     Py_DECREF(plan);
     if (rc == AGS_GO) {
-        rc = bind_closure(it, &f, func, fsource);
+        rc = ags_bind_closure(it, &f, func, fsource);
     }
     if (rc == AGS_GO) {
         rc = frame_run(it, &f);
@@ -828,7 +658,7 @@ bind_locals(ags_interp *it, ags_frame *f, PyObject *f_locals)
             }
             continue;
         }
-        source = Py_BuildValue("(sO)", "local", name);
+        source = Py_BuildValue("(sO)", ags_load_names[AGS_LOAD_LOCAL], name);
         if (source == NULL) {
             return AGS_ERROR;
         }
@@ -844,7 +674,14 @@ ags_interp_init(void)
 #define AGS_X(op, handler, doc) handlers[op] = handler;
     AGS_INTERP_OPS(AGS_X)
 #undef AGS_X
-    return ags_call_init();
+    for (int i = 0; i < AGS_BOP_COUNT; i++) {
+        if (bop_names[i] == NULL
+            && (bop_names[i] = PyUnicode_InternFromString(ags_bop_names[i]))
+                   == NULL) {
+            return -1;
+        }
+    }
+    return ags_ops_init();
 }
 
 PyObject *
@@ -858,6 +695,7 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
     int rc;
 
     memset(&it, 0, sizeof(it));
+    it.brk_reason = -1;
     memset(&f, 0, sizeof(f));
     if (!PyType_Check(tensor_type) || !PyDict_Check(f_locals)
         || !PyDict_Check(globals)) {
@@ -893,7 +731,7 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
     if (rc == AGS_DONE) {
         PyObject *result = ags_graph_arg(&it, &f.retval);
         if (result == NULL) {
-            rc = it.brk_reason ? AGS_BREAK : AGS_ERROR;
+            rc = it.brk_reason >= 0 ? AGS_BREAK : AGS_ERROR;
             it.brk_code = code;
         }
         else {
@@ -903,7 +741,7 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
     }
     if (rc == AGS_BREAK) {
         PyCodeObject *where = it.brk_code ? it.brk_code : code;
-        out = Py_BuildValue("{s:s,s:O,s:i,s:i,s:s,s:O,s:O}", "status", "break",
+        out = Py_BuildValue("{s:s,s:O,s:i,s:i,s:i,s:O,s:O}", "status", "break",
                             "code", (PyObject *)where, "offset", it.brk_offset,
                             "opcode", it.brk_opcode, "reason", it.brk_reason,
                             "detail", it.brk_detail, "assumptions",

@@ -3,7 +3,10 @@
  * The interpreter is split by job:
  *   interp.c       values, frames, the instruction loop, inlining, the entry
  *   interp_data.c  loads and stores, stack shuffles, containers, subscripts
- *   interp_call.c  attributes and calls: torch ops, modules, functions, folds
+ *   interp_attr.c  attributes: of known objects, of tensors, getattr, super
+ *   interp_call.c  calls: torch ops, modules, functions, folds, by plan
+ *   interp_func.c  functions: binding arguments and closures, making them
+ *   interp_ops.c   operators and f-strings
  *   interp_flow.c  comparisons, truth, jumps, iteration, returns
  *
  * Abstract values.  A value is one of AGS_VALUE_KINDS.  It owns a
@@ -99,8 +102,7 @@ typedef struct {
     PyObject *owned;            /* set of ids of containers built here */
     long steps;
     /* Where capture stopped: the innermost frame's code and instruction. */
-    const char *brk_reason;     /* static, or brk_reason_buf */
-    char brk_reason_buf[48];
+    int brk_reason;             /* an AGS_REASON_*, or -1 before a break */
     PyObject *brk_detail;       /* strong str */
     PyCodeObject *brk_code;     /* borrowed (alive while capturing) */
     int brk_offset, brk_opcode;
@@ -116,8 +118,10 @@ typedef int (*ags_handler)(ags_interp *, ags_frame *, const ags_instr *);
 void ags_value_clear(ags_value *v);
 ags_value ags_value_make(int kind, PyObject *obj, PyObject *source);
 ags_value ags_value_copy(const ags_value *v);
-int ags_stop(ags_interp *it, const char *reason, PyObject *detail);
-int ags_stopf(ags_interp *it, const char *reason, const char *fmt, ...);
+/* Ends the capture here for `reason` (an AGS_REASON_*): returns AGS_BREAK,
+ * or AGS_ERROR when `detail` (stolen) is NULL. */
+int ags_stop(ags_interp *it, int reason, PyObject *detail);
+int ags_stopf(ags_interp *it, int reason, const char *fmt, ...);
 int ags_push(ags_frame *f, ags_value v);
 ags_value ags_pop(ags_frame *f);
 ags_value *ags_peek(ags_frame *f, int depth);
@@ -129,9 +133,9 @@ int ags_assume(ags_interp *it, PyObject *source, PyObject *value);
 PyObject *ags_source_of(ags_interp *it, const ags_value *v);
 int ags_load_object(ags_interp *it, PyObject *source, PyObject *value,
                     ags_value *out);
-PyObject *ags_call_builder(ags_interp *it, const char *method,
-                           const char *fmt, ...);
+PyObject *ags_call_builder(ags_interp *it, int op, const char *fmt, ...);
 int ags_own(ags_interp *it, PyObject *container);
+int ags_is_owned(ags_interp *it, PyObject *container);
 int ags_frame_cell(ags_interp *it, ags_frame *f, int i, PyObject **cell);
 int ags_is_free_slot(const ags_frame *f, int i);
 int ags_inline(ags_interp *it, ags_frame *caller, PyObject *func,
@@ -142,13 +146,34 @@ int ags_push_callable(ags_frame *f, ags_value callable, ags_value *self);
 /* interp_data.c */
 int ags_materialize(ags_interp *it, ags_value *v);
 
-/* interp_call.c */
-int ags_call_init(void);
+/* interp_attr.c */
 int ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method);
+int ags_call_getattr(ags_interp *it, ags_frame *f, int has, ags_value *args,
+                     int nargs, PyObject *kwnames, ags_value *result);
+int ags_push_super(ags_interp *it, ags_frame *f, PyObject *cls,
+                   PyObject *self);
+int ags_zero_arg_super(ags_interp *it, ags_frame *f);
+
+/* interp_call.c */
 int ags_do_call(ags_interp *it, ags_frame *f, int nargs, PyObject *kwnames);
 int ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
                    ags_value *self, ags_value *args, int nargs,
                    PyObject *kwnames, ags_value *result);
+/* Calls the builder's operation `op` (an AGS_BOP_*) as op(extra, args,
+ * kwargs) on graph arguments packed from `first` (or NULL) and args, the
+ * last len(kwnames) by keyword, and sets *result. */
+int ags_builder_call(ags_interp *it, int op, PyObject *extra,
+                     const ags_value *first, ags_value *args, int nargs,
+                     PyObject *kwnames, ags_value *result);
+
+/* interp_func.c */
+int ags_bind_params(ags_interp *it, ags_frame *f, PyObject *plan,
+                    ags_value *args);
+int ags_bind_closure(ags_interp *it, ags_frame *f, PyObject *func,
+                     PyObject *fsource);
+
+/* interp_ops.c */
+int ags_ops_init(void);
 PyObject *ags_binary_fn(uint32_t op);
 
 /* interp_flow.c */

@@ -60,7 +60,7 @@ load_local(ags_interp *it, ags_frame *f, uint32_t i)
         return AGS_ERROR;
     }
     if (f->locals[i].kind == AGS_VK_UNBOUND) {
-        return ags_stopf(it, "unbound_local", "local %R is not bound",
+        return ags_stopf(it, AGS_REASON_UNBOUND_LOCAL, "local %R is not bound",
                          PyTuple_GET_ITEM(f->code->co_localsplusnames, i));
     }
     return ags_push(f, ags_value_copy(&f->locals[i]));
@@ -85,7 +85,7 @@ store_local(ags_interp *it, ags_frame *f, uint32_t i)
     }
     if (ags_is_free_slot(f, (int)i)) {
         /* `nonlocal x; x = ...` into a real closure: the program's cell */
-        return ags_stopf(it, "side_effect", "assigning the nonlocal %R",
+        return ags_stopf(it, AGS_REASON_SIDE_EFFECT, "assigning the nonlocal %R",
                          PyTuple_GET_ITEM(f->code->co_localsplusnames, i));
     }
     return AGS_GO;
@@ -196,11 +196,11 @@ global_source(ags_interp *it, ags_frame *f, PyObject *name)
     PyObject *modname;
 
     if (f->parent == NULL) {
-        return Py_BuildValue("(sO)", "global", name);
+        return Py_BuildValue("(sO)", ags_load_names[AGS_LOAD_GLOBAL], name);
     }
     modname = PyDict_GetItemString(f->globals, "__name__");
     if (modname == NULL || !PyUnicode_Check(modname)) {
-        ags_stopf(it, "unguardable_global", "global %R of a function with no "
+        ags_stopf(it, AGS_REASON_UNGUARDABLE_GLOBAL, "global %R of a function with no "
                   "module", name);
         return NULL;
     }
@@ -210,13 +210,13 @@ global_source(ags_interp *it, ags_frame *f, PyObject *name)
         if (mod == NULL || !PyModule_Check(mod)
             || PyModule_GetDict(mod) != f->globals) {
             if (!PyErr_Occurred()) {
-                ags_stopf(it, "unguardable_global", "global %R of a function "
+                ags_stopf(it, AGS_REASON_UNGUARDABLE_GLOBAL, "global %R of a function "
                           "whose globals are not module %R's", name, modname);
             }
             return NULL;
         }
     }
-    return Py_BuildValue("(sOO)", "gmod", modname, name);
+    return Py_BuildValue("(sOO)", ags_load_names[AGS_LOAD_GMOD], modname, name);
 }
 
 AGS_HANDLER
@@ -234,7 +234,7 @@ op_load_global(ags_interp *it, ags_frame *f, const ags_instr *ins)
     if (value == NULL) {
         return PyErr_Occurred()
                    ? AGS_ERROR
-                   : ags_stopf(it, "unknown_global", "global %R is not defined",
+                   : ags_stopf(it, AGS_REASON_UNKNOWN_GLOBAL, "global %R is not defined",
                                name);
     }
     source = global_source(it, f, name);
@@ -332,7 +332,7 @@ op_build_map(ags_interp *it, ags_frame *f, const ags_instr *ins)
         PyObject *a;
         if (k->kind != AGS_VK_CONST) {
             Py_DECREF(dict);
-            return ags_stopf(it, "unsupported_value", "a dict key that is a %s",
+            return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "a dict key that is a %s",
                              AGS_DESCRIBE(k));
         }
         a = ags_graph_arg(it, val);
@@ -389,7 +389,7 @@ op_list_append(ags_interp *it, ags_frame *f, const ags_instr *ins)
 
     if (list->kind != AGS_VK_LIST) {
         ags_value_clear(&item);
-        return ags_stopf(it, "unsupported_value", "LIST_APPEND to a %s",
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "LIST_APPEND to a %s",
                          AGS_DESCRIBE(list));
     }
     a = ags_graph_arg(it, &item);
@@ -412,7 +412,7 @@ op_list_extend(ags_interp *it, ags_frame *f, const ags_instr *ins)
 
     if (list->kind != AGS_VK_LIST) {
         ags_value_clear(&seq);
-        return ags_stopf(it, "unsupported_value", "LIST_EXTEND of a %s",
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "LIST_EXTEND of a %s",
                          AGS_DESCRIBE(list));
     }
     rc = ags_elements(it, &seq, &elems);
@@ -438,7 +438,7 @@ list_to_tuple(ags_interp *it, ags_frame *f)
     ags_value v;
 
     if (list.kind != AGS_VK_LIST) {
-        int rc = ags_stopf(it, "unsupported_value", "tuple() of a %s",
+        int rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "tuple() of a %s",
                            AGS_DESCRIBE(&list));
         ags_value_clear(&list);
         return rc;
@@ -468,7 +468,7 @@ op_call_intrinsic_1(ags_interp *it, ags_frame *f, const ags_instr *ins)
     if (ins->arg == 6) {
         return list_to_tuple(it, f);
     }
-    return ags_stopf(it, "unsupported_instruction", "intrinsic %u",
+    return ags_stopf(it, AGS_REASON_UNSUPPORTED_INSTRUCTION, "intrinsic %u",
                      (unsigned)ins->arg);
 }
 
@@ -485,7 +485,7 @@ op_unpack_sequence(ags_interp *it, ags_frame *f, const ags_instr *ins)
     }
     if (PyTuple_GET_SIZE(elems) != (Py_ssize_t)ins->arg) {
         Py_DECREF(elems);
-        return ags_stopf(it, "op_failed", "unpacking %zd values into %u names",
+        return ags_stopf(it, AGS_REASON_OP_FAILED, "unpacking %zd values into %u names",
                          PyTuple_GET_SIZE(elems), (unsigned)ins->arg);
     }
     for (Py_ssize_t i = PyTuple_GET_SIZE(elems) - 1; i >= 0; i--) {
@@ -517,7 +517,7 @@ op_unpack_ex(ags_interp *it, ags_frame *f, const ags_instr *ins)
     n = PyTuple_GET_SIZE(elems);
     if (n < before + after) {
         Py_DECREF(elems);
-        return ags_stopf(it, "op_failed", "not enough values to unpack");
+        return ags_stopf(it, AGS_REASON_OP_FAILED, "not enough values to unpack");
     }
     for (Py_ssize_t i = n - 1; i >= n - after; i--) {
         if (ags_value_of(it, PyTuple_GET_ITEM(elems, i), &v) < 0
@@ -565,7 +565,7 @@ op_build_slice(ags_interp *it, ags_frame *f, const ags_instr *ins)
          * dimension): the slice holds its node, and what it indexes decides
          * (a tensor: a graph node; a known sequence: the builder). */
         if (v->kind != AGS_VK_CONST && v->kind != AGS_VK_TENSOR) {
-            return ags_stopf(it, "unsupported_value", "a slice bound that is "
+            return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "a slice bound that is "
                              "a %s", AGS_DESCRIBE(v));
         }
         parts[i] = v->obj;
@@ -595,7 +595,7 @@ subscript(ags_interp *it, ags_frame *f, ags_value *container, ags_value *index)
     if (container->kind == AGS_VK_CONST) {
         source = ags_source_of(it, container);
     }
-    out = ags_call_builder(it, "getitem", "(OOO)", c, i,
+    out = ags_call_builder(it, AGS_BOP_GETITEM, "(OOO)", c, i,
                            source ? source : Py_None);
     Py_DECREF(c);
     Py_DECREF(i);
@@ -661,7 +661,7 @@ store_subscript(ags_interp *it, ags_value *container, ags_value *index,
 
     if (container->kind != AGS_VK_TENSOR && container->kind != AGS_VK_LIST
         && container->kind != AGS_VK_DICT) {
-        return ags_stopf(it, "side_effect", "item assignment on a %s",
+        return ags_stopf(it, AGS_REASON_SIDE_EFFECT, "item assignment on a %s",
                          AGS_DESCRIBE(container));
     }
     i = ags_graph_arg(it, index);
@@ -671,14 +671,14 @@ store_subscript(ags_interp *it, ags_value *container, ags_value *index,
         return AGS_BREAK;
     }
     if (container->kind == AGS_VK_TENSOR) {
-        PyObject *out = ags_call_builder(it, "setitem", "(OOO)", container->obj,
+        PyObject *out = ags_call_builder(it, AGS_BOP_SETITEM, "(OOO)", container->obj,
                                          i, v);
         rc = out ? AGS_GO : ags_take_break(it);
         Py_XDECREF(out);
     }
     else {
         rc = PyObject_SetItem(container->obj, i, v) < 0
-                 ? ags_stopf(it, "op_failed", "item assignment failed")
+                 ? ags_stopf(it, AGS_REASON_OP_FAILED, "item assignment failed")
                  : AGS_GO;
         if (rc == AGS_BREAK) {
             PyErr_Clear();
@@ -709,7 +709,7 @@ op_store_attr(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     ags_value owner = ags_pop(f), value = ags_pop(f);
     PyObject *name = PyTuple_GET_ITEM(f->code->co_names, ins->arg);
-    int rc = ags_stopf(it, "side_effect", "setting attribute %R of a %s", name,
+    int rc = ags_stopf(it, AGS_REASON_SIDE_EFFECT, "setting attribute %R of a %s", name,
                        owner.kind == AGS_VK_CONST ? Py_TYPE(owner.obj)->tp_name
                                                   : AGS_DESCRIBE(&owner));
 
@@ -726,91 +726,3 @@ op_store_slice(ags_interp *it, ags_frame *f, const ags_instr *ins)
     return rc < 0 ? rc : op_store_subscr(it, f, ins);
 }
 
-/* ------------------------------------------------------------------ */
-/* f-strings of constants */
-
-static int
-format_top(ags_interp *it, ags_frame *f, int conversion, int with_spec)
-{
-    ags_value spec = with_spec ? ags_pop(f)
-                               : ags_value_make(AGS_VK_UNBOUND, NULL, NULL);
-    ags_value v = ags_pop(f);
-    PyObject *out = NULL;
-    int rc;
-
-    if (v.kind != AGS_VK_CONST || (with_spec && spec.kind != AGS_VK_CONST)) {
-        rc = ags_stopf(it, "unsupported_value", "formatting a %s",
-                       AGS_DESCRIBE(&v));
-        goto done;
-    }
-    out = ags_call_builder(it, "format", "(OiO)", v.obj, conversion,
-                           with_spec ? spec.obj : Py_None);
-    if (out == NULL) {
-        rc = ags_take_break(it);
-        goto done;
-    }
-    rc = ags_push(f, ags_value_make(AGS_VK_CONST, out, NULL));
-done:
-    ags_value_clear(&v);
-    ags_value_clear(&spec);
-    return rc;
-}
-
-/* FORMAT_VALUE (3.11, 3.12): flags & 3 is the conversion, & 4 a spec. */
-AGS_HANDLER
-op_format_value(ags_interp *it, ags_frame *f, const ags_instr *ins)
-{
-    return format_top(it, f, (int)(ins->arg & 3), (ins->arg & 4) != 0);
-}
-
-AGS_HANDLER
-op_format_simple(ags_interp *it, ags_frame *f, const ags_instr *ins)
-{
-    (void)ins;
-    return format_top(it, f, 0, 0);
-}
-
-AGS_HANDLER
-op_format_with_spec(ags_interp *it, ags_frame *f, const ags_instr *ins)
-{
-    (void)ins;
-    return format_top(it, f, 0, 1);
-}
-
-/* CONVERT_VALUE (3.13): 1 str, 2 repr, 3 ascii; the same numbers as
- * FORMAT_VALUE's conversion bits.  Converting with no spec is formatting
- * the converted string, so it shares format_top. */
-AGS_HANDLER
-op_convert_value(ags_interp *it, ags_frame *f, const ags_instr *ins)
-{
-    return format_top(it, f, (int)ins->arg, 0);
-}
-
-AGS_HANDLER
-op_build_string(ags_interp *it, ags_frame *f, const ags_instr *ins)
-{
-    int n = (int)ins->arg;
-    PyObject *parts = PyTuple_New(n), *sep, *out;
-
-    if (parts == NULL) {
-        return AGS_ERROR;
-    }
-    for (int i = 0; i < n; i++) {
-        ags_value *v = ags_peek(f, n - i);
-        if (v->kind != AGS_VK_CONST || !PyUnicode_Check(v->obj)) {
-            Py_DECREF(parts);
-            return ags_stopf(it, "unsupported_value", "f-string part %s",
-                             AGS_DESCRIBE(v));
-        }
-        PyTuple_SET_ITEM(parts, i, Py_NewRef(v->obj));
-    }
-    sep = PyUnicode_FromString("");
-    out = sep ? PyUnicode_Join(sep, parts) : NULL;
-    Py_XDECREF(sep);
-    Py_DECREF(parts);
-    if (out == NULL) {
-        return AGS_ERROR;
-    }
-    ags_drop(f, n);
-    return ags_push(f, ags_value_make(AGS_VK_CONST, out, NULL));
-}

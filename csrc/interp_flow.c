@@ -12,8 +12,13 @@
  */
 #include "interp.h"
 
-/* COMPARE_OP's operator numbers (Include/object.h: Py_LT...). */
-static const char *const compare_names[] = {"<", "<=", "==", "!=", ">", ">="};
+/* COMPARE_OP's operator numbers are Include/object.h's Py_LT...Py_GE, in
+ * the order of the first rows of AGS_COMPARE_LIST (protocol.h). */
+_Static_assert(Py_LT == AGS_COMPARE_LT && Py_LE == AGS_COMPARE_LE
+               && Py_EQ == AGS_COMPARE_EQ && Py_NE == AGS_COMPARE_NE
+               && Py_GT == AGS_COMPARE_GT && Py_GE == AGS_COMPARE_GE,
+               "COMPARE_OP's operators are the first rows of the compare "
+               "table");
 
 /* The truth of a value.  AGS_GO with *truth set, or a break / error. */
 int
@@ -34,7 +39,7 @@ ags_truth(ags_interp *it, const ags_value *v, int *truth)
         /* a size node (dynamic shapes) has a guarded truth; a tensor's
          * truth depends on its data: the builder breaks with data_dependent */
     case AGS_VK_CONST:
-        out = ags_call_builder(it, "truth", "(O)", v->obj);
+        out = ags_call_builder(it, AGS_BOP_TRUTH, "(O)", v->obj);
         if (out == NULL) {
             return ags_take_break(it);
         }
@@ -42,7 +47,7 @@ ags_truth(ags_interp *it, const ags_value *v, int *truth)
         Py_DECREF(out);
         return AGS_GO;
     default:
-        return ags_stopf(it, "unsupported_value", "the truth of a %s",
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "the truth of a %s",
                          ags_kind_names[v->kind]);
     }
 }
@@ -68,12 +73,12 @@ ags_elements(ags_interp *it, const ags_value *v, PyObject **elems)
     case AGS_VK_CONST:
         break;
     default:
-        return ags_stopf(it, "unsupported_value", "iterating over a %s",
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "iterating over a %s",
                          ags_kind_names[v->kind]);
     }
     /* A known object: the builder lists it as (element, source or None). */
     source = ags_source_of(it, v);
-    pairs = ags_call_builder(it, "iterate", "(OO)", v->obj,
+    pairs = ags_call_builder(it, AGS_BOP_ITERATE, "(OO)", v->obj,
                              source ? source : Py_None);
     Py_XDECREF(source);
     if (pairs == NULL) {
@@ -113,9 +118,10 @@ ags_elements(ags_interp *it, const ags_value *v, PyObject **elems)
 /* ------------------------------------------------------------------ */
 /* Comparisons */
 
-/* Pushes the builder's answer to `a op b` (graph arguments). */
+/* Pushes the builder's answer to `a op b` (graph arguments); op is an
+ * AGS_COMPARE_*. */
 static int
-compare(ags_interp *it, ags_frame *f, const char *op, int swap)
+compare(ags_interp *it, ags_frame *f, int op, int swap)
 {
     ags_value rhs = ags_pop(f), lhs = ags_pop(f);
     PyObject *a = ags_graph_arg(it, swap ? &rhs : &lhs), *b = NULL, *out;
@@ -123,7 +129,7 @@ compare(ags_interp *it, ags_frame *f, const char *op, int swap)
     int rc = AGS_BREAK;
 
     if (a != NULL && (b = ags_graph_arg(it, swap ? &lhs : &rhs)) != NULL) {
-        out = ags_call_builder(it, "compare", "(sOO)", op, a, b);
+        out = ags_call_builder(it, AGS_BOP_COMPARE, "(iOO)", op, a, b);
         if (out == NULL) {
             rc = ags_take_break(it);
         }
@@ -144,17 +150,17 @@ op_compare_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     uint32_t op = ins->arg >> AGS_COMPARE_SHIFT;
 
-    if (op >= sizeof(compare_names) / sizeof(compare_names[0])) {
-        return ags_stopf(it, "unsupported_instruction", "COMPARE_OP %u",
+    if (op > AGS_COMPARE_GE) {
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_INSTRUCTION, "COMPARE_OP %u",
                          (unsigned)ins->arg);
     }
-    return compare(it, f, compare_names[op], 0);
+    return compare(it, f, (int)op, 0);
 }
 
 AGS_HANDLER
 op_contains_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
-    return compare(it, f, ins->arg ? "not in" : "in", 0);
+    return compare(it, f, ins->arg ? AGS_COMPARE_NOT_IN : AGS_COMPARE_IN, 0);
 }
 
 AGS_HANDLER
@@ -181,7 +187,7 @@ op_is_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
         same = 0;
     }
     else {
-        rc = ags_stopf(it, "unsupported_value", "`is` between a %s and a %s",
+        rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "`is` between a %s and a %s",
                        AGS_DESCRIBE(&lhs), AGS_DESCRIBE(&rhs));
     }
     ags_value_clear(&lhs);
@@ -354,7 +360,7 @@ op_for_iter(ags_interp *it, ags_frame *f, const ags_instr *ins)
     ags_value v;
 
     if (iter->kind != AGS_VK_ITER) {
-        return ags_stopf(it, "unsupported_value", "FOR_ITER over a %s",
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "FOR_ITER over a %s",
                          AGS_DESCRIBE(iter));
     }
     if (iter->pos >= PyTuple_GET_SIZE(iter->obj)) {
@@ -407,6 +413,6 @@ op_raise(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     (void)f;
     (void)ins;
-    return ags_stopf(it, "raise", "the code raises here for these inputs: "
+    return ags_stopf(it, AGS_REASON_RAISE, "the code raises here for these inputs: "
                      "eager raises it");
 }

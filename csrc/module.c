@@ -140,7 +140,7 @@ is_enabled(PyObject *module, PyObject *unused)
 static PyObject *
 current_context(PyObject *module, PyObject *unused)
 {
-    PyObject *ctx = ags_hook_current();
+    PyObject *ctx = ags_ctx_current();
 
     (void)module;
     (void)unused;
@@ -202,6 +202,16 @@ decode(PyObject *module, PyObject *code)
         return NULL;
     }
     return ags_bc_to_list((PyCodeObject *)code);
+}
+
+static PyObject *
+exceptions(PyObject *module, PyObject *code)
+{
+    (void)module;
+    if (!is_code(code)) {
+        return NULL;
+    }
+    return ags_bc_exceptions_list((PyCodeObject *)code);
 }
 
 static PyObject *
@@ -284,6 +294,9 @@ static PyMethodDef module_methods[] = {
      "decode(code) -> list of (start, offset, opcode, arg, target, next): "
      "the code's instructions, EXTENDED_ARG folded in, caches skipped, "
      "jump targets resolved (-1: not a jump); offsets in bytes."},
+    {"exception_table", exceptions, METH_O,
+     "exception_table(code) -> list of (start, end, handler, depth, lasti): "
+     "the code's exception table, offsets in bytes."},
     {"capture", (PyCFunction)(void (*)(void))capture, METH_FASTCALL,
      "capture(code, f_locals, globals, builtins, builder, tensor_type) -> "
      "dict: run the symbolic interpreter over code (see csrc/interp.c)."},

@@ -136,7 +136,9 @@
     X(VALUE, "a plain value") \
     X(METHOD, "a function to call with the owner as self") \
     X(PROPERTY, "a property whose getter is inlined") \
-    X(MISSING, "no such attribute")
+    X(MISSING, "no such attribute") \
+    X(UNSUPPORTED, "a descriptor or __getattr__ only running code could " \
+                   "answer (the builder breaks; C never receives it)")
 
 /* A parameter slot of bind's answer that is not an argument index. */
 #define AGS_BIND_LIST(X) \

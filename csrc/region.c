@@ -48,11 +48,11 @@ region_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf,
     if (!ags_hook_enabled) {
         return PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
     }
-    if (ags_hook_enter(self->ctx, &saved) < 0) {
+    if (ags_ctx_enter(self->ctx, &saved) < 0) {
         return NULL;
     }
     result = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
-    ags_hook_exit(&saved);
+    ags_ctx_exit(&saved);
     return result;
 }
 
@@ -253,7 +253,7 @@ scope_enter(ags_scope *self, PyObject *unused)
                         "one instead of re-entering it");
         return NULL;
     }
-    if (ags_hook_enter(self->ctx, &self->saved) < 0) {
+    if (ags_ctx_enter(self->ctx, &self->saved) < 0) {
         return NULL;
     }
     return Py_NewRef(self);
@@ -269,7 +269,7 @@ scope_exit(ags_scope *self, PyObject *const *args, Py_ssize_t nargs)
                         "this agspeed scope was not entered");
         return NULL;
     }
-    ags_hook_leave(&self->saved);
+    ags_ctx_leave(&self->saved);
     Py_RETURN_FALSE;
 }
 
@@ -299,7 +299,7 @@ scope_dealloc(ags_scope *self)
      * returns.  Either way no other context is touched. */
     PyObject_GC_UnTrack(self);
     if (self->saved.token != 0) {
-        ags_hook_leave(&self->saved);
+        ags_ctx_leave(&self->saved);
     }
     scope_clear(self);
     tp->tp_free(self);

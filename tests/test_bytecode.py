@@ -141,3 +141,30 @@ def test_decoding_leaks_no_references():
     for _ in range(100):
         _C.decode(co)
     assert sys.getrefcount(co) == before
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_exception_table_decoder_matches_dis(module):
+    # dis's own parser of co_exceptiontable (3.11+): start, end, target, depth, lasti
+    checked = 0
+    for co in module_codes(module):
+        want = [(e.start, e.end, e.target, e.depth, int(e.lasti))
+                for e in dis._parse_exception_table(co)]
+        assert _C.exception_table(co) == want, co
+        checked += bool(want)
+    assert checked > 0
+
+
+def test_truncated_exception_table_is_a_value_error_not_a_crash():
+    def f(x):
+        try:
+            return x + 1
+        except TypeError:
+            return 0
+
+    table = f.__code__.co_exceptiontable
+    assert table and _C.exception_table(f.__code__)
+    broken = f.__code__.replace(co_exceptiontable=table[:-1] + bytes([table[-1] | 64]))
+    with pytest.raises(ValueError, match="truncated exception table"):
+        _C.exception_table(broken)
+    assert _C.exception_table((lambda: 0).__code__) == []

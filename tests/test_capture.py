@@ -316,20 +316,6 @@ def test_attribute_writes_break_and_run_eager_once_per_call():
     assert model.calls == 4
 
 
-def test_every_reason_the_interpreter_gives_is_explained():
-    import pathlib
-    import re
-
-    from agspeed._graph import REASONS
-
-    csrc = pathlib.Path(__file__).resolve().parent.parent / "csrc"
-    given = set()
-    for path in csrc.glob("interp*.c"):
-        given |= set(re.findall(r'ags_stopf\(it, "([a-z_]+)"', path.read_text()))
-    assert len(given) > 10
-    assert given - set(REASONS) == set()
-
-
 def test_namedtuple_construction_in_an_eager_frame_is_not_a_second_break(capsys):
     def builds_in_eager(x):
         print("eager")

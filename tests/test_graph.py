@@ -8,7 +8,8 @@ try:
     import torch
     import torch.nn.functional as F
 
-    from agspeed._graph import REASONS, GraphBreak, GraphBuilder
+    from agspeed._graph import GraphBreak, GraphBuilder
+    from agspeed.protocol import Reason
 except ImportError:  # collected on torch-free Pythons, deselected there by -m "not torch"
     torch = F = None
 
@@ -65,11 +66,11 @@ def test_data_dependent_operations_break_the_graph():
     nx = b.input("x", torch.randn(4))
     with pytest.raises(GraphBreak) as info:
         b.call_method("nonzero", (nx,))
-    assert info.value.reason == "data_dependent" and "Tensor.nonzero" in info.value.detail
+    assert info.value.reason is Reason.DATA_DEPENDENT and "Tensor.nonzero" in info.value.detail
     with pytest.raises(GraphBreak) as info:
         b.call_method("item", (b.call_method("sum", (nx,)),))
-    assert info.value.reason == "data_dependent"
-    assert info.value.hint == REASONS["data_dependent"][1]
+    assert info.value.reason is Reason.DATA_DEPENDENT
+    assert info.value.hint == Reason.DATA_DEPENDENT.hint
 
 
 @pytest.mark.cxx_exceptions
@@ -82,7 +83,7 @@ def test_failing_operation_breaks_the_graph_naming_the_error():
         torch.mm(a, c)
     with pytest.raises(GraphBreak) as info:
         b.call_function(torch.mm, (b.input("a", a), b.input("c", c)))
-    assert info.value.reason == "op_failed"
+    assert info.value.reason is Reason.OP_FAILED
     assert info.value.detail.startswith(f"torch.mm raised {type(eager.value).__name__}: ")
     assert all(n.op == "placeholder" for n in b.graph.nodes)  # nothing half-recorded
 
@@ -160,7 +161,7 @@ def prints(x):
 
 def test_interpreter_never_runs_python_side_effects(capsys):
     out, _ = captured(prints, x=torch.randn(2))
-    assert out["status"] == "break" and out["reason"] == "unsupported_call"
+    assert out["status"] == "break" and out["reason"] == Reason.UNSUPPORTED_CALL
     assert capsys.readouterr().out == ""
 
 
@@ -171,4 +172,4 @@ def item_of(x):
 @pytest.mark.cxx_exceptions
 def test_data_dependent_call_is_a_graph_break():
     out, _ = captured(item_of, x=torch.randn(3))
-    assert out["status"] == "break" and out["reason"] == "data_dependent"
+    assert out["status"] == "break" and out["reason"] == Reason.DATA_DEPENDENT

@@ -14,6 +14,7 @@ import pytest
 
 from agspeed import _C
 from agspeed._sources import MISSING, static_attr
+from agspeed.protocol import Attr, Compare, Plan, Reason
 
 
 class T:
@@ -56,29 +57,24 @@ class Recorder:
 
     def attr(self, obj, name):
         how, value = static_attr(obj, name)
-        if how == "unsupported":
-            raise GraphBreakLike("unsupported_attribute", value)
-        if how == "missing":
-            return "missing", MISSING, None
-        return how, value, obj if how == "method" else None
+        if how is Attr.UNSUPPORTED:
+            raise GraphBreakLike(Reason.UNSUPPORTED_ATTRIBUTE, value)
+        if how is Attr.MISSING:
+            return how, MISSING, None
+        return how, value, obj if how is Attr.METHOD else None
 
     def plan_call(self, fn, source):
         if fn is getattr or fn is hasattr:
-            return (fn.__name__,)
+            return (Plan.GETATTR,) if fn is getattr else (Plan.HASATTR,)
         if type(fn) is types.MethodType:
-            return ("inline", fn.__func__, fn.__self__, None)
+            return (Plan.INLINE, fn.__func__, fn.__self__, None)
         if fn in self.allowed or getattr(fn, "__module__", None) in ("operator", "_operator"):
-            return ("graph", fn)
+            return (Plan.GRAPH, fn)
         if fn in self.FOLDS:
-            return ("fold", fn)
+            return (Plan.FOLD, fn)
         if type(fn) is types.FunctionType:
-            return ("inline", fn, None, source)
-        raise GraphBreakLike("unsupported_call", f"calling {fn!r}")
-
-    def handled_ranges(self, code):
-        from agspeed._graph import handled_ranges
-
-        return handled_ranges(code)
+            return (Plan.INLINE, fn, None, source)
+        raise GraphBreakLike(Reason.UNSUPPORTED_CALL, f"calling {fn!r}")
 
     def bind(self, func, nargs, kwnames):
         from agspeed._graph import GraphBuilder
@@ -95,7 +91,7 @@ class Recorder:
         if name in self.fail_on:
             raise self.fail_on[name]
         if name in self.non_tensor:
-            raise GraphBreakLike("non_tensor_result", name)
+            raise GraphBreakLike(Reason.NON_TENSOR_RESULT, name)
         self.ops.append((name, args, kwargs))
         return Node(f"{name}#{len(self.ops)}")
 
@@ -103,7 +99,7 @@ class Recorder:
         try:
             return fn(*args, **kwargs)
         except ArithmeticError as exc:
-            raise GraphBreakLike("op_failed", str(exc)) from exc
+            raise GraphBreakLike(Reason.OP_FAILED, str(exc)) from exc
 
     def tensor_attr(self, node, name):
         return self._record("." + name, (node,), {})
@@ -117,6 +113,7 @@ class Recorder:
         self._record("setitem", (container, index, value), {})
 
     def compare(self, op, a, b):
+        op = Compare(op).op
         if isinstance(a, Node) or isinstance(b, Node):
             return self._record(op, (a, b), {})
         import operator
@@ -128,7 +125,7 @@ class Recorder:
 
     def truth(self, obj):
         if isinstance(obj, Node):  # as GraphBuilder: only a size node has a truth
-            raise GraphBreakLike("data_dependent", "the truth of a tensor")
+            raise GraphBreakLike(Reason.DATA_DEPENDENT, "the truth of a tensor")
         return bool(obj)
 
     def iterate(self, obj, source):
@@ -192,7 +189,7 @@ def divides_by_zero(x, n):
 
 def test_failing_constant_arithmetic_is_a_graph_break():
     out, b = capture(divides_by_zero, x=T(), n=3)
-    assert out["status"] == "break" and out["reason"] == "op_failed"
+    assert out["status"] == "break" and out["reason"] == Reason.OP_FAILED
     assert "division by zero" in out["detail"] and b.ops == []
 
 
@@ -227,7 +224,7 @@ def calls_print(x):
 
 def test_calls_that_cannot_be_recorded_stop_the_capture(capsys):
     out, b = capture(calls_print, x=T())
-    assert out["status"] == "break" and out["reason"] == "unsupported_call"
+    assert out["status"] == "break" and out["reason"] == Reason.UNSUPPORTED_CALL
     assert dis.opname[out["opcode"]] == "CALL"
     assert "print" in out["detail"]
     assert capsys.readouterr().out == ""  # print never ran
@@ -254,7 +251,7 @@ def branches_on_tensor(x):
 
 def test_branching_on_a_tensor_stops_the_capture_at_the_condition():
     out, _ = capture(branches_on_tensor, x=T())
-    assert out["status"] == "break" and out["reason"] == "data_dependent"
+    assert out["status"] == "break" and out["reason"] == Reason.DATA_DEPENDENT
     offsets = {i.offset: i.positions.lineno for i in dis.get_instructions(branches_on_tensor)}
     assert offsets[out["offset"]] == branches_on_tensor.__code__.co_firstlineno + 1
     assert out["code"] is branches_on_tensor.__code__
@@ -297,9 +294,9 @@ def test_closures_generators_and_unknown_globals():
 
     out, b = capture(closure, x=T(), k=2)  # free variables come in f_locals
     assert out["status"] == "graph" and b.ops[0][1][1] == 2
-    assert capture(gen, x=T())[0]["reason"] == "generator"
+    assert capture(gen, x=T())[0]["reason"] == Reason.GENERATOR
     out = capture(unknown, x=T())[0]
-    assert out["reason"] == "unknown_global" and "not_defined_anywhere" in out["detail"]
+    assert out["reason"] == Reason.UNKNOWN_GLOBAL and "not_defined_anywhere" in out["detail"]
 
 
 class Holder:
@@ -324,7 +321,7 @@ class Dynamic:
 
 def test_attributes_only_code_could_give_stop_the_capture():
     out, b = capture(attribute_of_object, x=T(), h=Dynamic())
-    assert out["reason"] == "unsupported_attribute" and b.ops == []
+    assert out["reason"] == Reason.UNSUPPORTED_ATTRIBUTE and b.ops == []
 
 
 def non_tensor_result(x):
@@ -333,7 +330,7 @@ def non_tensor_result(x):
 
 def test_operations_giving_non_tensors_stop_the_capture():
     out, _ = capture(non_tensor_result, Recorder(non_tensor={".size"}), x=T())
-    assert out["status"] == "break" and out["reason"] == "non_tensor_result"
+    assert out["status"] == "break" and out["reason"] == Reason.NON_TENSOR_RESULT
 
 
 def data_dependent(x):
@@ -341,9 +338,9 @@ def data_dependent(x):
 
 
 def test_builder_graph_breaks_and_errors():
-    out, _ = capture(data_dependent, Recorder(fail_on={".item": GraphBreakLike("item")}),
+    out, _ = capture(data_dependent, Recorder(fail_on={".item": GraphBreakLike(Reason.DATA_DEPENDENT)}),
                      x=T())
-    assert out["status"] == "break" and out["reason"] == "item"
+    assert out["status"] == "break" and out["reason"] == Reason.DATA_DEPENDENT
     with pytest.raises(KeyError, match="bug"):
         capture(data_dependent, Recorder(fail_on={".item": KeyError("bug")}), x=T())
 
@@ -408,11 +405,11 @@ def test_getattr_of_a_missing_attribute_without_default_breaks():
         return x * getattr(h, name + "")
 
     out, _ = capture(no_default, x=T(), h=Configured())
-    assert out["reason"] == "missing_attribute" and "nothing" in out["detail"]
+    assert out["reason"] == Reason.MISSING_ATTRIBUTE and "nothing" in out["detail"]
     out, _ = capture(computed_name, x=T(), h=Configured(), name="scale")
     assert out["status"] == "graph"  # a name folded to a constant is fine
     out, _ = capture(no_default, x=T(), h=Dynamic())
-    assert out["reason"] == "unsupported_attribute"
+    assert out["reason"] == Reason.UNSUPPORTED_ATTRIBUTE
 
 
 def stores_attribute(x, h):
@@ -423,7 +420,7 @@ def stores_attribute(x, h):
 def test_attribute_writes_stop_the_capture_as_side_effects():
     h = Configured()
     out, b = capture(stores_attribute, x=T(), h=h)
-    assert out["reason"] == "side_effect" and "'seen'" in out["detail"]
+    assert out["reason"] == Reason.SIDE_EFFECT and "'seen'" in out["detail"]
     assert dis.opname[out["opcode"]] == "STORE_ATTR"
     assert not hasattr(h, "seen") and b.ops == []
 
@@ -482,7 +479,7 @@ def test_nonlocal_writes_into_the_programs_cells_stop_the_capture():
     write = make_writer()
     out = _C.capture(write.__code__, {"x": T(), "total": 0}, write.__globals__,
                      builtins.__dict__, Recorder(), T)
-    assert out["reason"] == "side_effect" and "'total'" in out["detail"]
+    assert out["reason"] == Reason.SIDE_EFFECT and "'total'" in out["detail"]
     assert write.__closure__[0].cell_contents == 0
 
 
@@ -501,7 +498,7 @@ def comprehension_only(x, n):
 
 def test_code_under_an_exception_handler_stops_the_capture():
     out, b = capture(guarded, x=T())
-    assert out["reason"] == "exception_handler"
+    assert out["reason"] == Reason.EXCEPTION_HANDLER
     assert [op[0] for op in b.ops] == ["mul"]  # before the try block: fine
     # cleanup-only handlers (3.12+ inlined comprehensions) do not stop it
     out, b = capture(comprehension_only, x=T(), n=3)

@@ -1,0 +1,61 @@
+"""What the graph builder's parts share: the break they raise, the shape of symbolic
+sizes, and how they name values in messages.
+
+``GraphBuilder`` (``agspeed/_graph.py``) is assembled from parts with one job each: the
+recording of graph nodes (``_graph``), the call policy (``_calls``), folds of known
+values (``_folds``) and argument binding (``_binding``).  They raise ``GraphBreak`` with a
+``agspeed.protocol.Reason`` when capture must stop.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from agspeed.protocol import Reason
+
+__all__ = ["GraphBreak", "SymShape", "concrete", "describe_callable"]
+
+
+class SymShape(tuple):
+    """``tensor.shape`` with symbolic sizes: size nodes and ints (``torch.Size`` cannot
+    hold graph nodes).  A graph that returns one builds a ``torch.Size`` of it."""
+
+    __slots__ = ()
+
+
+class GraphBreak(Exception):
+    """Capture of a frame must stop here, for ``reason`` (an ``agspeed.protocol.Reason``;
+    anything else fails loudly)."""
+
+    def __init__(self, reason: Reason, detail: str):
+        if not isinstance(reason, Reason):
+            raise ValueError(f"unknown graph-break reason {reason!r} (agspeed.protocol.Reason)")
+        self.reason = reason
+        self.detail = detail
+        self.explanation, self.hint = reason.what, reason.hint
+        super().__init__(f"{reason.id}: {detail} ({self.explanation}; hint: {self.hint})")
+
+
+def concrete(value: Any) -> Any:
+    """The plain value of an int/float/bool, or of a SymInt/SymFloat/SymBool the ShapeEnv
+    knows to be constant; None for a symbolic one."""
+    if isinstance(value, (int, float, bool)):
+        return value
+    node = getattr(value, "node", None)
+    if node is None:
+        return None
+    kind = type(value).__name__   # SymInt, SymFloat, SymBool
+    fn = getattr(node, {"SymInt": "maybe_as_int", "SymFloat": "maybe_as_float"}.get(
+        kind, "maybe_as_bool"), None)
+    return fn() if fn is not None else None
+
+
+def describe_callable(fn: Any) -> str:
+    module = getattr(fn, "__module__", None) if isinstance(
+        fn, (types.FunctionType, types.BuiltinFunctionType, type)) else None
+    name = getattr(fn, "__qualname__", None) if isinstance(
+        fn, (types.FunctionType, types.BuiltinFunctionType, type)) else None
+    if name:
+        return f"{module}.{name}" if module else name
+    return f"a {type(fn).__name__}"

@@ -1,0 +1,129 @@
+"""The call policy of the graph builder: how each call and attribute is captured.
+
+The interpreter asks ``plan_call`` how to capture a call and gets a ``Plan`` (see
+csrc/protocol.h): a graph node for torch functions and tensor methods (``can_record``),
+an inlined ``forward`` for an nn.Module without hooks, an inlined Python function, a fold
+of a builtin on known values, or a constant for the capture probes libraries call
+(``torch.compiler.is_compiling()``).  ``attr`` finds an attribute without running user
+code (``agspeed._sources.static_attr``) and answers with an ``Attr`` kind.  Every module
+fact a plan relies on (its type, hook dicts, ``forward``) is appended to the builder's
+assumptions, so the guard checks it.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from agspeed._builder_types import GraphBreak, describe_callable
+from agspeed._folds import FOLDABLE
+from agspeed._sources import MISSING, _class_lookup, is_namedtuple_type, static_attr
+from agspeed.protocol import Attr, Plan, Reason
+
+_TORCH_PY_LEAVES = ("torch.nn.functional", "torch.functional", "torch._jit_internal",
+                    "torch.nn.init", "torch._tensor", "torch.random")
+_SIDE_EFFECT_PREFIXES = ("set_", "use_", "manual_seed", "seed", "_set", "initial_seed")
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+               "_backward_pre_hooks", "_forward_hooks_with_kwargs")
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",
+                 "_global_backward_hooks", "_global_backward_pre_hooks")
+
+
+class CallPolicy:
+    """The part of ``GraphBuilder`` that plans calls and finds attributes."""
+
+    def can_record(self, fn: Any) -> bool:
+        """Whether a call of ``fn`` on graph values may be recorded (and run on fakes).
+
+        Only torch's own operations and the operator module's: anything else (``print``,
+        a user function) would run on fake tensors during capture, which eager never
+        does.  Decided from the object's type and its C-level ``__module__``, so no
+        user code runs while asking.
+        """
+        kind = type(fn)
+        module = getattr(fn, "__module__", None) or "" if kind in (
+            types.BuiltinFunctionType, types.FunctionType) else ""
+        if kind is types.BuiltinFunctionType:
+            if module in ("operator", "_operator"):
+                return True
+            if not (module == "torch" or module.startswith("torch.")):
+                return False
+            return not fn.__name__.startswith(_SIDE_EFFECT_PREFIXES)
+        if kind is types.FunctionType:
+            return (module == "torch" or module in _TORCH_PY_LEAVES) and \
+                not fn.__name__.startswith(_SIDE_EFFECT_PREFIXES)
+        return False
+
+    def attr(self, obj: Any, name: str) -> tuple[str, Any, Any]:
+        """``(how, value, self)`` for ``obj.name`` (see ``_sources.static_attr``)."""
+        how, value = static_attr(obj, name)
+        if how is Attr.UNSUPPORTED:
+            raise GraphBreak(Reason.UNSUPPORTED_ATTRIBUTE,
+                             f"{type(obj).__name__}.{name}: {value}")
+        if how is Attr.MISSING:
+            return how, MISSING, None
+        bound = obj.__self__ if isinstance(obj, super) else obj
+        return how, value, bound if how is Attr.METHOD else None
+
+    def plan_call(self, fn: Any, source: Any) -> tuple:
+        """How the interpreter captures a call of ``fn`` (see csrc/interp_call.c)."""
+        torch = self._torch
+        const = self._consts.get(id(fn))
+        if const is not None and const[0] is fn:
+            return (Plan.CONST, const[1])
+        if isinstance(fn, torch.nn.Module):
+            return self._plan_module(fn, source)
+        if fn is super:
+            return (Plan.SUPER,)
+        if fn is getattr or fn is hasattr:
+            return (Plan.GETATTR,) if fn is getattr else (Plan.HASATTR,)
+        if type(fn) is types.FunctionType and fn in self._dict_views:  # self comes first
+            return (Plan.FOLD, fn)
+        if type(fn) is types.MethodType:
+            if fn.__func__ in self._dict_views:
+                return (Plan.FOLD, fn)
+            return (Plan.INLINE, fn.__func__, fn.__self__, None)
+        if self.can_record(fn) or type(fn) in (types.MethodDescriptorType,
+                                               types.WrapperDescriptorType) and \
+                getattr(fn, "__objclass__", None) is torch._C.TensorBase:
+            return (Plan.GRAPH, fn)
+        if fn in FOLDABLE or (
+                type(fn) is types.BuiltinFunctionType and fn.__module__ == "math") or \
+                is_namedtuple_type(fn) or fn is torch.finfo or fn is torch.iinfo:
+            return (Plan.FOLD, fn)
+        if type(fn) is types.FunctionType:
+            if getattr(fn, "__module__", "") in ("torch._dynamo.eval_frame",
+                                                 "torch._dynamo.decorators"):
+                raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{fn.__qualname__} (capture disabled)")
+            return (Plan.INLINE, fn, None, source)
+        raise GraphBreak(Reason.UNSUPPORTED_CALL, f"calling {describe_callable(fn)}")
+
+    def _plan_module(self, module: Any, source: Any) -> tuple:
+        torch = self._torch
+        cls = type(module)
+        if _class_lookup(cls, "__call__") is not torch.nn.Module.__call__:
+            raise GraphBreak(Reason.HOOKS, f"{cls.__name__} has its own __call__")
+        d = object.__getattribute__(module, "__dict__")
+        hooked = [h for h in _HOOK_DICTS if d.get(h)]
+        hooked += [h for h in _GLOBAL_HOOKS
+                   if getattr(torch.nn.modules.module, h, None)]
+        compiled_impl = static_attr(module, "_compiled_call_impl")[1]
+        if hooked or compiled_impl not in (None, MISSING):
+            raise GraphBreak(Reason.HOOKS, f"{cls.__name__} has {', '.join(hooked) or 'a compiled call'}")
+        how, forward = static_attr(module, "forward")
+        if how not in (Attr.METHOD, Attr.VALUE) or type(forward) is not types.FunctionType:
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{cls.__name__}.forward is not a function")
+        if source is None:
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"a {cls.__name__} reached by no source")
+        self.assumptions.append((("type", source), cls))
+        for h in _HOOK_DICTS:
+            if h in d:
+                self.assumptions.append((("attr", source, h), d[h]))
+        self.assumptions.append((("attr", source, "_compiled_call_impl"), compiled_impl))
+        for h in _GLOBAL_HOOKS:
+            value = getattr(torch.nn.modules.module, h, None)
+            if value is not None:
+                self.assumptions.append((("gmod", "torch.nn.modules.module", h), value))
+        fsource = ("attr", source, "forward")
+        self.assumptions.append((fsource, forward))
+        return (Plan.MODULE, forward, module if how is Attr.METHOD else None, fsource)

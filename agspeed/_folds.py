@@ -1,0 +1,312 @@
+"""Folds of the graph builder: what is evaluated now, on known values, while capturing.
+
+A builtin called on known values (``len``, ``isinstance``, ``range``, ``min``...) is run
+at capture time and its result becomes a constant of the graph; so are comparisons,
+truth tests, iteration, indexing and f-string formatting of known objects, and the
+methods of containers the capture built.  None of it runs user code: objects whose
+answer would need it break the graph.  A size the graph computes (dynamic shapes) is
+taken at its current value, which the ShapeEnv then guards.
+"""
+
+from __future__ import annotations
+
+import builtins
+import operator
+import types
+from typing import Any
+
+from agspeed._builder_types import GraphBreak, SymShape, concrete, describe_callable
+from agspeed._sources import is_namedtuple_type, static_attr
+from agspeed.protocol import Attr, Compare, Reason
+
+_STRUCTURAL_FOLDS = (enumerate, zip, reversed, list, tuple, len, iter, dict)
+_TYPE_FOLDS = (isinstance, issubclass, type, callable)
+_VALUE_FOLDS = (range, min, max, abs, int, float, bool, str, sum, any, all, round, divmod,
+                pow, sorted, repr, hash, ord, chr, slice)
+#: every builtin ``fold`` evaluates (the call policy plans them as folds)
+FOLDABLE = frozenset(_STRUCTURAL_FOLDS + _TYPE_FOLDS + _VALUE_FOLDS)
+_COMPARE = {Compare.LT: operator.lt, Compare.LE: operator.le, Compare.EQ: operator.eq,
+            Compare.NE: operator.ne, Compare.GT: operator.gt, Compare.GE: operator.ge}
+
+
+class Folds:
+    """The part of ``GraphBuilder`` that evaluates known values."""
+
+    def fold(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        """``fn(*args, **kwargs)`` evaluated now on known values (sizes the graph would
+        compute taken at their current, guarded, values)."""
+        if self._sym_types and fn is not len:
+            args = tuple(self._specialize(a) for a in args)
+            kwargs = {k: self._specialize(v) for k, v in kwargs.items()}
+        if type(fn) is types.MethodType and fn.__func__ in self._dict_views:
+            args, fn = (fn.__self__, *args), fn.__func__
+        if type(fn) is types.FunctionType and fn in self._dict_views:
+            if len(args) != 1 or kwargs or type(args[0]) is not self._torch.nn.ModuleDict:
+                raise GraphBreak(Reason.BAD_CALL, f"ModuleDict.{self._dict_views[fn]}() with "
+                                 f"these arguments")
+            return self._module_dict_view(args[0], self._dict_views[fn])
+        if is_namedtuple_type(fn):  # fields may be tensors: it holds their nodes
+            try:
+                return fn(*args, **kwargs)
+            except TypeError as exc:
+                raise GraphBreak(Reason.BAD_CALL, f"{fn.__qualname__}(): {exc}") from exc
+        if fn in _STRUCTURAL_FOLDS:
+            if fn is not len:
+                args = tuple(self._unbind(a) if isinstance(a, self.node_type)
+                             else self._materialize(a) for a in args)
+            if fn is len and isinstance(args[0], self.node_type):
+                return self._tensor_len(args[0])
+            out = fn(*args, **kwargs) if fn is not len else len(args[0])
+            if fn is iter:
+                out = tuple(out)
+            return out
+        if fn in _TYPE_FOLDS:
+            args = tuple(self._real_type_view(a) for a in args)
+            return fn(*args, **kwargs)
+        if any(isinstance(a, self.node_type) for a in (*args, *kwargs.values())):
+            if fn in (min, max, abs, pow, round):
+                raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{fn.__name__}() of a tensor")
+        if not all(self._is_static(a) or isinstance(a, (range, slice))
+                   for a in (*args, *kwargs.values())):
+            if fn in (min, max, sum, any, all, sorted) and len(args) == 1 and \
+                    isinstance(args[0], (tuple, list)) and all(self._is_static(a) for a in args[0]):
+                pass
+            else:
+                raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{describe_callable(fn)} on "
+                                 f"{', '.join(type(a).__name__ for a in args)}")
+        try:
+            out = fn(*args, **kwargs)
+        except Exception as exc:
+            raise GraphBreak(Reason.OP_FAILED, f"{describe_callable(fn)} raised "
+                             f"{type(exc).__name__}: {exc}") from exc
+        if isinstance(out, (range, slice)) or self._is_static(out):
+            return out
+        raise GraphBreak(Reason.NON_TENSOR_RESULT, f"{describe_callable(fn)} returned a "
+                         f"{type(out).__name__}")
+
+    def _materialize(self, obj: Any) -> Any:
+        """A module container as a tuple of its members, each loaded from its source
+        (guarded, and remembered for the interpreter), so that enumerate() or zip() of it
+        keeps every member's source."""
+        torch = self._torch
+        if not isinstance(obj, (torch.nn.ModuleList, torch.nn.Sequential,
+                                torch.nn.ParameterList, torch.nn.ModuleDict)):
+            return obj
+        known = self.known.get(id(obj))
+        source = known[1] if known is not None and known[0] is obj else None
+        items = []
+        for value, src in self.iterate(obj, source):
+            if src is None:
+                items.append(value)
+            elif isinstance(value, torch.Tensor):
+                items.append(self.input(src, value))
+            else:
+                self.assumptions.append((src, value))
+                self.known.setdefault(id(value), (value, src))
+                items.append(value)
+        return tuple(items)
+
+    def _module_dict_view(self, container: Any, which: str) -> tuple:
+        """``ModuleDict.items()/keys()/values()`` as a tuple, each member loaded from its
+        source so that calling it inlines and guards it."""
+        known = self.known.get(id(container))
+        source = known[1] if known is not None and known[0] is container else None
+        if source is None:
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, "a ModuleDict reached by no source")
+        store = object.__getattribute__(container, "__dict__")["_modules"]
+        self._guard_store(container, source, store)
+        out = []
+        for key, member in store.items():
+            src = ("attr", source, key)
+            self.assumptions.append((src, member))
+            self.known.setdefault(id(member), (member, src))
+            out.append(key if which == "keys" else member if which == "values"
+                       else (key, member))
+        return tuple(out)
+
+    def _tensor_len(self, node: Any) -> Any:
+        shape = node.meta["example_value"].shape
+        if len(shape) == 0:
+            raise GraphBreak(Reason.OP_FAILED, "len() of a 0-d tensor")
+        if self._sym_types and concrete(shape[0]) is None:
+            return self._size_node(node, 0)
+        return int(shape[0])
+
+    def _unbind(self, node: Any) -> tuple:
+        """Iterating a tensor: its rows, one ``getitem`` node each (the length is the
+        first dimension, a guarded shape)."""
+        shape = node.meta["example_value"].shape
+        if len(shape) == 0:
+            raise GraphBreak(Reason.OP_FAILED, "iteration over a 0-d tensor")
+        if shape[0] > 1000:
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, "iterating over more than 1000 rows")
+        return tuple(self.call_function(operator.getitem, (node, i))
+                     for i in range(int(shape[0])))
+
+    def _real_type_view(self, value: Any) -> Any:
+        """For type checks: a placeholder stands for its real input, another node for
+        its fake value (a plain Tensor, as eager's result would be)."""
+        if isinstance(value, self.node_type):
+            if value.op == "placeholder":
+                for node, real in self._inputs.values():
+                    if node is value:
+                        return real
+            return value.meta["example_value"]
+        return value
+
+    def container_method(self, spec: tuple, args: tuple, kwargs: dict) -> Any:
+        """``container.name(*args)`` for lists, dicts and tuples built while capturing."""
+        name, container = spec
+        allowed = {list: ("append", "extend", "insert", "pop", "index", "count", "copy"),
+                   dict: ("get", "items", "keys", "values", "pop", "setdefault", "update",
+                          "copy"),
+                   tuple: ("index", "count")}.get(type(container), ())
+        if name not in allowed:
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{type(container).__name__}.{name}()")
+        if name in ("index", "count") and any(isinstance(a, self.node_type) for a in args):
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{name}() of a tensor")
+        out = getattr(container, name)(*args, **kwargs)
+        if name in ("items", "keys", "values"):
+            out = tuple(out) if name != "items" else tuple(tuple(kv) for kv in out)
+        return out
+
+    def getitem(self, container: Any, index: Any, source: Any) -> tuple[Any, Any]:
+        """``(container[index], its source or None)``."""
+        torch = self._torch
+        if isinstance(container, self.node_type):
+            return self.call_function(operator.getitem, (container, index)), None
+        if self._sym_types:   # sizes as the indices of a known sequence: taken now
+            index = self._specialize(index)
+            if type(index) is slice:
+                index = slice(*(self._specialize(v) for v in (index.start, index.stop,
+                                                              index.step)))
+        if isinstance(index, self.node_type):
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, "indexing a sequence with a tensor")
+        if isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential,
+                                  torch.nn.ModuleDict, torch.nn.ParameterList,
+                                  torch.nn.ParameterDict)):
+            return self._module_item(container, index, source)
+        if type(container) in (tuple, list, dict, str, torch.Size, range, SymShape) or \
+                is_namedtuple_type(type(container)):
+            try:
+                out = container[index]
+            except Exception as exc:
+                raise GraphBreak(Reason.OP_FAILED, f"{type(container).__name__}[{index!r}] raised "
+                                 f"{type(exc).__name__}: {exc}") from exc
+            keep = source is not None and not isinstance(index, slice) and \
+                not self._is_static(out) and not isinstance(out, self.node_type)
+            return out, (("item", source, index) if keep else None)
+        raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"indexing a {type(container).__name__}")
+
+    def _module_item(self, container: Any, index: Any, source: Any) -> tuple[Any, Any]:
+        d = object.__getattribute__(container, "__dict__")
+        store = d["_parameters"] if isinstance(container, (self._torch.nn.ParameterList,
+                                                           self._torch.nn.ParameterDict)) \
+            else d["_modules"]
+        keys = list(store)
+        if isinstance(index, int) and not isinstance(index, bool) and \
+                not isinstance(container, (self._torch.nn.ModuleDict, self._torch.nn.ParameterDict)):
+            if not -len(keys) <= index < len(keys):
+                raise GraphBreak(Reason.OP_FAILED, f"index {index} out of range")
+            key = keys[index]
+        elif isinstance(index, str) and index in store:
+            key = index
+        else:
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"{type(container).__name__}[{index!r}]")
+        if source is None:
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, "a module container reached by no source")
+        self._guard_store(container, source, store)
+        return store[key], ("attr", source, key)
+
+    def _guard_store(self, container: Any, source: Any, store: dict) -> None:
+        name = "_parameters" if store is object.__getattribute__(
+            container, "__dict__").get("_parameters") else "_modules"
+        self.assumptions.append((("attr", source, name), store))
+
+    def compare(self, op: Compare, a: Any, b: Any) -> Any:
+        """``a op b``: a graph node for tensors, else a known bool."""
+        op = Compare(op)
+        nodes = isinstance(a, self.node_type) or isinstance(b, self.node_type)
+        if op in _COMPARE and nodes:
+            return self.call_function(_COMPARE[op], (a, b))
+        if self._sym_types and (self._has_size_node(a) or self._has_size_node(b)):
+            # shapes compared as tuples: decided now, the ShapeEnv guards the answer
+            a, b = self._specialize(a), self._specialize(b)
+        if nodes:
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"`{op.op}` with a tensor")
+        if op in (Compare.IN, Compare.NOT_IN):
+            if not (type(b) in (tuple, list, dict, str, set, frozenset, range, self._torch.Size)
+                    and (self._is_static(a))):
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"`in` on a {type(b).__name__}")
+            found = a in b
+            return found if op is Compare.IN else not found
+        if not (self._comparable(a) and self._comparable(b)):
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"comparing a {type(a).__name__} and a "
+                             f"{type(b).__name__}")
+        return _COMPARE[op](a, b)
+
+    def _comparable(self, value: Any) -> bool:
+        if self._is_static(value):
+            return True
+        return type(value).__eq__ is object.__eq__  # identity comparison, no user code
+
+    def truth(self, obj: Any) -> bool:
+        """The truth of a known object, decided without running user code; of a size
+        node, its truth for the example's sizes (guarded)."""
+        torch = self._torch
+        if isinstance(obj, self.node_type):
+            if self.is_size(obj):
+                return bool(self._specialize(obj))
+            raise GraphBreak(Reason.DATA_DEPENDENT, "the truth of a tensor (Python branches on "
+                             "its value)")
+        if self._is_static(obj) or type(obj) in (tuple, list, dict, set, frozenset, range):
+            return bool(obj)
+        if isinstance(obj, torch.nn.Module):
+            if isinstance(obj, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
+                return len(object.__getattribute__(obj, "__dict__")["_modules"]) > 0
+            cls = type(obj)
+            if static_attr(cls, "__bool__")[0] is Attr.MISSING and \
+                    static_attr(cls, "__len__")[0] is Attr.MISSING:
+                return True
+        elif isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, type,
+                              types.ModuleType)):
+            return True
+        raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"the truth of a {type(obj).__name__}")
+
+    def iterate(self, obj: Any, source: Any) -> tuple:
+        """The elements of a known iterable as ``(element, source or None)`` pairs."""
+        torch = self._torch
+        if isinstance(obj, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ParameterList)):
+            if source is None:
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE, "a module container reached by no source")
+            d = object.__getattribute__(obj, "__dict__")
+            store = d["_parameters"] if isinstance(obj, torch.nn.ParameterList) else d["_modules"]
+            self._guard_store(obj, source, store)
+            return tuple((v, ("attr", source, k)) for k, v in store.items())
+        if isinstance(obj, torch.nn.ModuleDict):
+            if source is None:
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE, "a module container reached by no source")
+            store = object.__getattribute__(obj, "__dict__")["_modules"]
+            self._guard_store(obj, source, store)
+            return tuple((k, None) for k in store)
+        if type(obj) in (tuple, list, torch.Size) or is_namedtuple_type(type(obj)):
+            return tuple((v, ("item", source, i) if source is not None and not
+                          self._is_static(v) else None) for i, v in enumerate(obj))
+        if type(obj) is dict or type(obj) is str:
+            return tuple((k, None) for k in obj)
+        if type(obj) is range:
+            if len(obj) > 10000:
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE, "a range longer than 10000")
+            return tuple((i, None) for i in obj)
+        if type(obj) in (enumerate, zip, reversed):
+            return tuple((v, None) for v in obj)
+        if isinstance(obj, self.node_type):
+            return tuple((row, None) for row in self._unbind(obj))
+        raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"iterating over a {type(obj).__name__}")
+
+    def format(self, value: Any, conversion: int, spec: Any) -> str:
+        """A known value as an f-string formats it."""
+        if not self._is_static(value) or (spec is not None and type(spec) is not str):
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"formatting a {type(value).__name__}")
+        value = {1: str, 2: repr, 3: ascii}.get(conversion, lambda v: v)(value)
+        return builtins.format(value, spec or "")

@@ -1,0 +1,344 @@
+/* interp_attr.c: attributes for the symbolic interpreter (see interp.h).
+ *
+ * An attribute of a known object is found by the builder without running
+ * user code (no descriptors but plain functions and properties, no
+ * __getattr__ but nn.Module's own stores): the builder answers with an
+ * Attr kind (protocol.h), and the value is guarded on its source
+ * ("attr", owner's source, name).  An attribute of a tensor is metadata
+ * (a constant: shape, dtype, device...) or a tensor view (.T); a method
+ * load gives a METHOD value.  getattr()/hasattr() with a constant name
+ * load as LOAD_ATTR does, a missing attribute guarded absent; super()
+ * objects find attributes in the classes after the given one.
+ */
+#include "interp.h"
+#include <string.h>
+
+/* Pushes a graph argument the builder returned (steals it). */
+static int
+push_result(ags_interp *it, ags_frame *f, PyObject *out)
+{
+    ags_value v;
+
+    if (out == NULL) {
+        return ags_take_break(it);
+    }
+    if (ags_value_of(it, out, &v) < 0) {
+        Py_DECREF(out);
+        return AGS_ERROR;
+    }
+    Py_DECREF(out);
+    return ags_push(f, v);
+}
+
+/* ------------------------------------------------------------------ */
+/* Attributes */
+
+/* *src: the source ("attr", owner's source, name), or NULL when the owner
+ * has no source.  0, or -1 with an exception. */
+static int
+attr_source(ags_interp *it, ags_value *owner, PyObject *name, PyObject **src)
+{
+    PyObject *owner_src = ags_source_of(it, owner);
+
+    *src = NULL;
+    if (owner_src == NULL) {
+        return 0;
+    }
+    *src = Py_BuildValue("(sOO)", ags_load_names[AGS_LOAD_ATTR], owner_src, name);
+    Py_DECREF(owner_src);
+    return *src == NULL ? -1 : 0;
+}
+
+/* A known object's attribute, by the builder's answer (how, value, self),
+ * how an AGS_ATTR_*: VALUE a plain attribute, METHOD a function to call
+ * with `self`, PROPERTY a property whose getter is inlined, MISSING. */
+static int
+known_attr(ags_interp *it, ags_frame *f, ags_value *owner, PyObject *name,
+           int method)
+{
+    PyObject *answer, *value, *self_obj, *src = NULL;
+    int how;
+    ags_value v;
+    int rc;
+
+    answer = ags_call_builder(it, AGS_BOP_ATTR, "(OO)", owner->obj, name);
+    if (answer == NULL) {
+        return ags_take_break(it);
+    }
+    value = PyTuple_GET_ITEM(answer, 1);
+    self_obj = PyTuple_GET_ITEM(answer, 2);
+    if (ags_protocol_kind(PyTuple_GET_ITEM(answer, 0), AGS_ATTR_COUNT,
+                          "attribute answer", &how) < 0) {
+        Py_DECREF(answer);
+        return AGS_ERROR;
+    }
+    if (attr_source(it, owner, name, &src) < 0) {
+        Py_DECREF(answer);
+        return AGS_ERROR;
+    }
+    if (how == AGS_ATTR_VALUE || how == AGS_ATTR_METHOD) {
+        if (src != NULL) {
+            rc = ags_load_object(it, src, value, &v);
+        }
+        else if (PyObject_TypeCheck(value, (PyTypeObject *)it->tensor_type)) {
+            rc = ags_stopf(it, AGS_REASON_UNGUARDABLE_ATTRIBUTE, "tensor attribute %R of "
+                           "an object reached by no source", name);
+        }
+        else {
+            rc = ags_value_of(it, value, &v) < 0 ? AGS_ERROR : AGS_GO;
+        }
+        if (rc == AGS_GO && how == AGS_ATTR_METHOD && !method) {
+            /* A method used as a value (`f = self.step`, getattr): a bound
+             * method, whose self keeps its source through the known map
+             * when it is called. */
+            PyObject *bound = PyMethod_New(value, self_obj);
+
+            ags_value_clear(&v);
+            if (bound == NULL || ags_value_of(it, bound, &v) < 0) {
+                rc = AGS_ERROR;
+            }
+            else {
+                rc = ags_push(f, v);
+            }
+            Py_XDECREF(bound);
+        }
+        else if (rc == AGS_GO && how == AGS_ATTR_METHOD) {
+            ags_value self;
+            if (ags_value_of(it, self_obj, &self) < 0) {
+                ags_value_clear(&v);
+                rc = AGS_ERROR;
+            }
+            else {
+                rc = ags_push_callable(f, v, &self);
+            }
+        }
+        else if (rc == AGS_GO) {
+            rc = method ? ags_push_callable(f, v, NULL) : ags_push(f, v);
+        }
+    }
+    else if (how == AGS_ATTR_PROPERTY) {
+        /* value is the property object; its getter runs inlined. */
+        PyObject *fget = PyObject_GetAttrString(value, "fget");
+        PyObject *fsrc = src ? Py_BuildValue("(sO)", ags_load_names[AGS_LOAD_FGET], src) : NULL;
+        ags_value self = ags_value_copy(owner), result;
+
+        rc = fget == NULL ? AGS_ERROR
+             : src ? ags_assume(it, src, value) : AGS_GO;
+        if (rc == AGS_GO && !PyFunction_Check(fget)) {
+            rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_ATTRIBUTE, "property %R whose "
+                           "getter is not a Python function", name);
+        }
+        if (rc == AGS_GO) {
+            rc = ags_inline(it, f, fget, fsrc, &self, 1, NULL, &result);
+        }
+        if (rc == AGS_GO) {
+            rc = method ? ags_push_callable(f, result, NULL)
+                        : ags_push(f, result);
+        }
+        ags_value_clear(&self);
+        Py_XDECREF(fget);
+        Py_XDECREF(fsrc);
+    }
+    else {
+        rc = ags_stopf(it, AGS_REASON_MISSING_ATTRIBUTE, "%s has no attribute %R",
+                       Py_TYPE(owner->obj)->tp_name, name);
+    }
+    Py_XDECREF(src);
+    Py_DECREF(answer);
+    return rc;
+}
+
+int
+ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method)
+{
+    ags_value owner = ags_pop(f);
+    int rc;
+
+    if (owner.kind == AGS_VK_TENSOR && !method) {
+        rc = push_result(it, f, ags_call_builder(it, AGS_BOP_TENSOR_ATTR, "(OO)",
+                                                 owner.obj, name));
+    }
+    else if (owner.kind == AGS_VK_TENSOR || owner.kind == AGS_VK_LIST
+             || owner.kind == AGS_VK_DICT || owner.kind == AGS_VK_TUPLE) {
+        if (!method) {
+            rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_ATTRIBUTE, "attribute %R of a %s",
+                           name, ags_kind_names[owner.kind]);
+        }
+        else {
+            ags_value m = ags_value_make(AGS_VK_METHOD, Py_NewRef(name), NULL);
+            ags_value self = ags_value_copy(&owner);
+            rc = ags_push_callable(f, m, &self);
+        }
+    }
+    else if (owner.kind == AGS_VK_CONST) {
+        rc = known_attr(it, f, &owner, name, method);
+    }
+    else {
+        rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_ATTRIBUTE, "attribute %R of a %s",
+                       name, ags_kind_names[owner.kind]);
+    }
+    ags_value_clear(&owner);
+    return rc;
+}
+
+AGS_HANDLER
+op_load_attr(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    uint32_t index = AGS_LOAD_ATTR_HAS_METHOD_BIT ? ins->arg >> 1 : ins->arg;
+    int method = AGS_LOAD_ATTR_HAS_METHOD_BIT ? (int)(ins->arg & 1) : 0;
+    return ags_load_attr(it, f, PyTuple_GET_ITEM(f->code->co_names, index),
+                         method);
+}
+
+AGS_HANDLER
+op_load_method(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    return ags_load_attr(it, f, PyTuple_GET_ITEM(f->code->co_names, ins->arg),
+                         1);
+}
+
+/* getattr(obj, name[, default]) and hasattr(obj, name) with a constant
+ * name: the attribute is loaded as LOAD_ATTR would, under the same guard
+ * on its source; a missing one (with a default, or for hasattr) is guarded
+ * absent.  *result is set on AGS_GO. */
+int
+ags_call_getattr(ags_interp *it, ags_frame *f, int has, ags_value *args,
+             int nargs, PyObject *kwnames, ags_value *result)
+{
+    const char *fn = has ? "hasattr" : "getattr";
+    PyObject *name, *answer, *src = NULL;
+    int rc, missing;
+
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
+        return ags_stopf(it, AGS_REASON_BAD_CALL, "%s() takes no keyword arguments", fn);
+    }
+    if (nargs < 2 || nargs > (has ? 2 : 3)) {
+        return ags_stopf(it, AGS_REASON_BAD_CALL, "%s() with %d arguments", fn, nargs);
+    }
+    name = args[1].obj;
+    if (args[1].kind != AGS_VK_CONST || !PyUnicode_CheckExact(name)) {
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "%s() with a name that is not "
+                         "a constant string", fn);
+    }
+    if (args[0].kind != AGS_VK_CONST) {
+        if (has) {
+            return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "hasattr() of a %s",
+                             AGS_DESCRIBE(&args[0]));
+        }
+        /* a tensor's metadata, or the load's own break */
+        rc = ags_push(f, ags_value_copy(&args[0]));
+        if (rc == AGS_GO) {
+            rc = ags_load_attr(it, f, name, 0);
+        }
+        if (rc == AGS_GO) {
+            *result = ags_pop(f);
+        }
+        return rc;
+    }
+    answer = ags_call_builder(it, AGS_BOP_ATTR, "(OO)", args[0].obj, name);
+    if (answer == NULL) {
+        return ags_take_break(it);
+    }
+    if (ags_protocol_kind(PyTuple_GET_ITEM(answer, 0), AGS_ATTR_COUNT,
+                          "attribute answer", &missing) < 0) {
+        Py_DECREF(answer);
+        return AGS_ERROR;
+    }
+    missing = missing == AGS_ATTR_MISSING;
+    if (attr_source(it, &args[0], name, &src) < 0) {
+        Py_DECREF(answer);
+        return AGS_ERROR;
+    }
+    if (missing || has) {
+        /* The answer's value is the builder's MISSING marker when absent:
+         * the guard checks the attribute stays absent (or present). */
+        rc = src ? ags_assume(it, src, PyTuple_GET_ITEM(answer, 1)) : AGS_GO;
+        if (rc == AGS_GO) {
+            if (has) {
+                rc = ags_value_of(it, missing ? Py_False : Py_True, result) < 0
+                         ? AGS_ERROR : AGS_GO;
+            }
+            else if (nargs == 3) {
+                *result = ags_value_copy(&args[2]);
+            }
+            else {
+                rc = ags_stopf(it, AGS_REASON_MISSING_ATTRIBUTE, "%s has no attribute "
+                               "%R", Py_TYPE(args[0].obj)->tp_name, name);
+            }
+        }
+    }
+    else {
+        rc = known_attr(it, f, &args[0], name, 0);
+        if (rc == AGS_GO) {
+            *result = ags_pop(f);
+        }
+    }
+    Py_XDECREF(src);
+    Py_DECREF(answer);
+    return rc;
+}
+
+/* A real super object for (cls, self), pushed as a constant. */
+int
+ags_push_super(ags_interp *it, ags_frame *f, PyObject *cls, PyObject *self)
+{
+    PyObject *sup = PyObject_CallFunctionObjArgs((PyObject *)&PySuper_Type,
+                                                 cls, self, NULL);
+    if (sup == NULL) {
+        PyErr_Clear();
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "super(%R, ...) failed", cls);
+    }
+    return ags_push(f, ags_value_make(AGS_VK_CONST, sup, NULL));
+}
+
+/* Zero-argument super(): the frame's __class__ cell and first argument. */
+int
+ags_zero_arg_super(ags_interp *it, ags_frame *f)
+{
+    PyObject *names = f->code->co_localsplusnames;
+    ags_value *cls = NULL;
+
+    for (int i = 0; i < f->nlocals; i++) {
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(names, i),
+                                             "__class__") == 0) {
+            cls = &f->locals[i];
+        }
+    }
+    if (f->nlocals > 0 && (ags_materialize(it, &f->locals[0]) < 0
+                           || (cls && ags_materialize(it, cls) < 0))) {
+        return AGS_ERROR;
+    }
+    if (cls == NULL || cls->kind != AGS_VK_CONST || f->code->co_argcount < 1
+        || f->locals[0].kind != AGS_VK_CONST) {
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "super() here");
+    }
+    return ags_push_super(it, f, cls->obj, f->locals[0].obj);
+}
+
+/* LOAD_SUPER_ATTR (3.12+): [super, class, self] -> the attribute;
+ * arg >> 2 names it, bit 0 asks for a method. */
+AGS_HANDLER
+op_load_super_attr(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    ags_value self = ags_pop(f), cls = ags_pop(f), sup = ags_pop(f);
+    int rc;
+
+    if (cls.kind != AGS_VK_CONST || self.kind != AGS_VK_CONST
+        || sup.kind != AGS_VK_CONST || sup.obj != (PyObject *)&PySuper_Type) {
+        rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "super() of a %s",
+                       AGS_DESCRIBE(&self));
+    }
+    else {
+        rc = ags_push_super(it, f, cls.obj, self.obj);
+    }
+    ags_value_clear(&self);
+    ags_value_clear(&cls);
+    ags_value_clear(&sup);
+    if (rc != AGS_GO) {
+        return rc;
+    }
+    return ags_load_attr(it, f,
+                         PyTuple_GET_ITEM(f->code->co_names, ins->arg >> 2),
+                         (int)(ins->arg & 1));
+}
+

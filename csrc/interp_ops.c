@@ -1,0 +1,210 @@
+/* interp_ops.c: operators and f-strings for the symbolic interpreter (see
+ * interp.h).
+ *
+ * BINARY_OP and the unary operators apply the operator module's function
+ * of the same meaning: a graph node when a tensor is involved, else folded
+ * by the builder, which allows only plain types and built containers.
+ * f-string parts of known values are formatted by the builder.
+ */
+#include "interp.h"
+#include <string.h>
+
+static PyObject *binary_ops;    /* tuple: operator functions by NB_* index */
+static PyObject *unary_ops;     /* operator.neg, operator.invert, operator.pos */
+
+PyObject *
+ags_binary_fn(uint32_t op)
+{
+    return op < (uint32_t)PyTuple_GET_SIZE(binary_ops)
+               ? PyTuple_GET_ITEM(binary_ops, op) : NULL;
+}
+
+static PyObject *
+operator_tuple(PyObject *operator_module, const char *const *names, int n)
+{
+    PyObject *t = PyTuple_New(n);
+
+    for (int i = 0; t != NULL && i < n; i++) {
+        PyObject *fn = PyObject_GetAttrString(operator_module, names[i]);
+        if (fn == NULL) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, fn);
+    }
+    return t;
+}
+
+int
+ags_ops_init(void)
+{
+    static const char *const binary[] = {
+        "add", "and_", "floordiv", "lshift", "matmul", "mul", "mod", "or_",
+        "pow", "rshift", "sub", "truediv", "xor", "iadd", "iand",
+        "ifloordiv", "ilshift", "imatmul", "imul", "imod", "ior", "ipow",
+        "irshift", "isub", "itruediv", "ixor"};
+    static const char *const unary[] = {"neg", "invert", "pos"};
+    PyObject *operator_module;
+
+    if (binary_ops != NULL) {
+        return 0;
+    }
+    operator_module = PyImport_ImportModule("operator");
+    if (operator_module == NULL) {
+        return -1;
+    }
+    binary_ops = operator_tuple(operator_module, binary,
+                                (int)(sizeof(binary) / sizeof(binary[0])));
+    unary_ops = operator_tuple(operator_module, unary, 3);
+    Py_DECREF(operator_module);
+    return binary_ops && unary_ops ? 0 : -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Operators */
+
+/* fn(operands) as a graph node when a tensor is involved, else folded by
+ * the builder (which allows only plain types and built containers). */
+static int
+apply_operator(ags_interp *it, ags_frame *f, PyObject *fn, ags_value *ops,
+               int n)
+{
+    int tensor = 0;
+    ags_value result;
+    int rc;
+
+    for (int i = 0; i < n; i++) {
+        tensor |= ops[i].kind == AGS_VK_TENSOR;
+    }
+    rc = ags_builder_call(it, tensor ? AGS_BOP_CALL_FUNCTION : AGS_BOP_FOLD, fn, NULL, ops, n,
+                      NULL, &result);
+    for (int i = 0; i < n; i++) {
+        ags_value_clear(&ops[i]);
+    }
+    return rc == AGS_GO ? ags_push(f, result) : rc;
+}
+
+AGS_HANDLER
+op_binary_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    ags_value ops[2];
+    PyObject *fn = ags_binary_fn(ins->arg);
+
+    if (fn == NULL) {
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_INSTRUCTION, "BINARY_OP %u",
+                         (unsigned)ins->arg);
+    }
+    ops[1] = ags_pop(f);
+    ops[0] = ags_pop(f);
+    return apply_operator(it, f, fn, ops, 2);
+}
+
+static int
+unary(ags_interp *it, ags_frame *f, int which)
+{
+    ags_value op = ags_pop(f);
+    return apply_operator(it, f, PyTuple_GET_ITEM(unary_ops, which), &op, 1);
+}
+
+AGS_HANDLER
+op_unary_negative(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    (void)ins;
+    return unary(it, f, 0);
+}
+
+AGS_HANDLER
+op_unary_invert(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    (void)ins;
+    return unary(it, f, 1);
+}
+
+/* ------------------------------------------------------------------ */
+/* f-strings of constants */
+
+static int
+format_top(ags_interp *it, ags_frame *f, int conversion, int with_spec)
+{
+    ags_value spec = with_spec ? ags_pop(f)
+                               : ags_value_make(AGS_VK_UNBOUND, NULL, NULL);
+    ags_value v = ags_pop(f);
+    PyObject *out = NULL;
+    int rc;
+
+    if (v.kind != AGS_VK_CONST || (with_spec && spec.kind != AGS_VK_CONST)) {
+        rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "formatting a %s",
+                       AGS_DESCRIBE(&v));
+        goto done;
+    }
+    out = ags_call_builder(it, AGS_BOP_FORMAT, "(OiO)", v.obj, conversion,
+                           with_spec ? spec.obj : Py_None);
+    if (out == NULL) {
+        rc = ags_take_break(it);
+        goto done;
+    }
+    rc = ags_push(f, ags_value_make(AGS_VK_CONST, out, NULL));
+done:
+    ags_value_clear(&v);
+    ags_value_clear(&spec);
+    return rc;
+}
+
+/* FORMAT_VALUE (3.11, 3.12): flags & 3 is the conversion, & 4 a spec. */
+AGS_HANDLER
+op_format_value(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    return format_top(it, f, (int)(ins->arg & 3), (ins->arg & 4) != 0);
+}
+
+AGS_HANDLER
+op_format_simple(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    (void)ins;
+    return format_top(it, f, 0, 0);
+}
+
+AGS_HANDLER
+op_format_with_spec(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    (void)ins;
+    return format_top(it, f, 0, 1);
+}
+
+/* CONVERT_VALUE (3.13): 1 str, 2 repr, 3 ascii; the same numbers as
+ * FORMAT_VALUE's conversion bits.  Converting with no spec is formatting
+ * the converted string, so it shares format_top. */
+AGS_HANDLER
+op_convert_value(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    return format_top(it, f, (int)ins->arg, 0);
+}
+
+AGS_HANDLER
+op_build_string(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    int n = (int)ins->arg;
+    PyObject *parts = PyTuple_New(n), *sep, *out;
+
+    if (parts == NULL) {
+        return AGS_ERROR;
+    }
+    for (int i = 0; i < n; i++) {
+        ags_value *v = ags_peek(f, n - i);
+        if (v->kind != AGS_VK_CONST || !PyUnicode_Check(v->obj)) {
+            Py_DECREF(parts);
+            return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "f-string part %s",
+                             AGS_DESCRIBE(v));
+        }
+        PyTuple_SET_ITEM(parts, i, Py_NewRef(v->obj));
+    }
+    sep = PyUnicode_FromString("");
+    out = sep ? PyUnicode_Join(sep, parts) : NULL;
+    Py_XDECREF(sep);
+    Py_DECREF(parts);
+    if (out == NULL) {
+        return AGS_ERROR;
+    }
+    ags_drop(f, n);
+    return ags_push(f, ags_value_make(AGS_VK_CONST, out, NULL));
+}
