@@ -21,7 +21,11 @@ dynamic replacement) is ``agspeed._policy``'s, and making a graph's entry is
 
 The decision is cached on the code object by the hook, so a second call of the same code
 costs no Python call at all.  An internal error while deciding never changes what the
-user's program computes: it is logged and the code is skipped.
+user's program computes: it is logged and the code is skipped.  The one error a decision
+raises on purpose is ``GraphBreakError``, for a break under ``optimize(...,
+fullgraph=True)``: the hook throws it into the unstarted frame, so the user's call raises
+it before the function runs, and no entry is cached, so the next call that breaks raises
+again.
 
 Contexts are shared: ``context_for`` returns one object per (backend, options), so entries
 cached for one optimized object are valid for another optimized with the same settings.
@@ -43,6 +47,7 @@ from agspeed import _C, log
 from agspeed._compile import compiled_entry
 from agspeed._policy import EntryPolicy, RecompileRecord, recompiles, widened
 from agspeed._policy import clear as _clear_policy
+from agspeed.errors import GraphBreakError
 
 __all__ = ["Context", "context_for", "FrameRecord", "frame_records", "clear", "recompiles",
            "RecompileRecord"]
@@ -183,6 +188,8 @@ class Context:
     def __call__(self, code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
         try:
             return self._decide(code, f_locals, f_globals, f_builtins)
+        except GraphBreakError as exc:  # optimize(..., fullgraph=True) asked for it
+            raise exc.with_traceback(None)  # the user's frames, not the runtime's
         except Exception:  # an agspeed bug must not change the user's program
             _internal_log.warning(
                 "agspeed: internal error while deciding about %s (%s:%s); it runs eager",
@@ -196,7 +203,13 @@ class Context:
                 _frames_log.info("%s (%s:%s) -> skip (runtime code)", code.co_name,
                                  os.path.basename(code.co_filename), code.co_firstlineno)
             return _C.CacheEntry(_SKIP)
-        entry, decision = self._capture(code, f_locals, f_globals, f_builtins)
+        try:
+            entry, decision = self._capture(code, f_locals, f_globals, f_builtins)
+        except GraphBreakError as exc:
+            _record_frame(code, f_locals, f"raise GraphBreakError (graph break: "
+                                          f"{os.path.basename(exc.filename)}:{exc.line} "
+                                          f"{exc.instruction}: {exc.reason})")
+            raise
         _record_frame(code, f_locals, decision)
         return entry
 
@@ -205,7 +218,7 @@ class Context:
         """The entry for a user frame and the decision in words.
 
         In order: the recompile limit (the policy may refuse another capture), one
-        capture, the policy admitting the new entry
+        capture, a break under ``fullgraph`` raised, the policy admitting the new entry
         (room made, records kept, static entries it covers replaced), then the entry
         itself: eager for a break or a frame without tensor work, else the compiled
         graph.
@@ -221,6 +234,8 @@ class Context:
             return _C.CacheEntry(_RUN_EAGER, context=self), "run eager (recompile limit)"
         graph, brk, guard, shapes = self._capture_frame(code, f_locals, f_globals,
                                                         f_builtins)
+        if brk is not None and self.options.get("fullgraph"):
+            raise self._graph_break_error(code, where, brk)
         self.policy.admit(code, where, entries, guard, shapes, graph is not None,
                           (f_locals, f_globals, f_builtins))
         if graph is None:
@@ -263,6 +278,13 @@ class Context:
             return entry, "run eager (no tensor work)"
         self._note_break(code, where, brk)
         return entry, f"run eager (graph break: {brk})"
+
+    def _graph_break_error(self, code: Any, where: str, brk: Any) -> GraphBreakError:
+        """What a break is under ``fullgraph``: an error, noted as any break is, with no
+        entry made, so the next call that breaks raises again."""
+        self._note_break(code, where, brk)
+        return GraphBreakError(brk.filename, brk.line, brk.function or code.co_name,
+                               brk.instruction, brk.reason, brk.detail, brk.hint, where)
 
     def _note_break(self, code: Any, where: str, brk: Any) -> None:
         """Tell the observer about a graph break, and log it under ``graph_breaks``."""
