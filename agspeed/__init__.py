@@ -18,6 +18,7 @@ from agspeed.backends import list_backends, register_backend
 from agspeed.errors import (
     AgspeedError,
     ConfigWarning,
+    GraphBreakError,
     InvalidArgumentError,
     UnknownBackendError,
     UnknownOptionError,
@@ -41,6 +42,7 @@ __all__ = [
     "register_backend",
     "AgspeedError",
     "ConfigWarning",
+    "GraphBreakError",
     "InvalidArgumentError",
     "UnknownBackendError",
     "UnknownOptionError",

@@ -1,20 +1,31 @@
 """Capture contexts: what the C frame hook asks when a code object has no cached decision.
 
 A ``Context`` is the callable the hook calls as ``ctx(code, f_locals, f_globals,
-f_builtins)`` on a cache miss, with the frame's bound locals by name.  It answers with an ``agspeed._C.CacheEntry``:
+f_builtins)`` on a cache miss, with the frame's bound locals by name.  It answers with an
+``agspeed._C.CacheEntry``:
 
 * ``SKIP`` for code the runtime never captures: its own code, torch's internals, the
   standard library, frozen modules.  The mark is kept on the code object, so a later frame
   of it costs one flag test in C, in every context.
 * ``CALL`` for user code that the symbolic interpreter captured whole (``agspeed._capture``):
-  a graph compiled by the context's backend, guarded on everything the capture assumed.
+  a graph compiled by the context's backend (``agspeed._compile``), guarded on everything
+  the capture assumed.
 * ``RUN_EAGER`` for the rest of user code: a graph break (logged under ``graph_breaks``),
   no tensor work, the recompile limit reached, or torch not imported.  The frame runs its
   own bytecode and only its callees pass through the hook.
 
+This module owns the order of a miss (``Context._capture``) and the records of decisions
+(``frame_records``); which entries of a function a context keeps (limits, eviction,
+dynamic replacement) is ``agspeed._policy``'s, and making a graph's entry is
+``agspeed._compile``'s.
+
 The decision is cached on the code object by the hook, so a second call of the same code
 costs no Python call at all.  An internal error while deciding never changes what the
-user's program computes: it is logged and the code is skipped.
+user's program computes: it is logged and the code is skipped.  The one error a decision
+raises on purpose is ``GraphBreakError``, for a break under ``optimize(...,
+fullgraph=True)``: the hook throws it into the unstarted frame, so the user's call raises
+it before the function runs, and no entry is cached, so the next call that breaks raises
+again.
 
 Contexts are shared: ``context_for`` returns one object per (backend, options), so entries
 cached for one optimized object are valid for another optimized with the same settings.
@@ -33,16 +44,16 @@ import weakref
 from typing import Any, NamedTuple
 
 from agspeed import _C, log
+from agspeed._compile import compiled_entry
+from agspeed._policy import EntryPolicy, RecompileRecord, recompiles, widened
+from agspeed._policy import clear as _clear_policy
+from agspeed.errors import GraphBreakError
 
 __all__ = ["Context", "context_for", "FrameRecord", "frame_records", "clear", "recompiles",
            "RecompileRecord"]
 
 _frames_log = log.get("frames")
 _graph_breaks_log = log.get("graph_breaks")
-_graphs_log = log.get("graphs")
-_recompiles_log = log.get("recompiles")
-_recompiles_verbose_log = log.get("recompiles_verbose")
-_guards_log = log.get("guards")
 _internal_log = logging.getLogger("agspeed")
 
 
@@ -76,9 +87,9 @@ def clear() -> None:
     """Forget recorded frames and shared contexts (``agspeed.reset``)."""
     with _records_lock:
         _RECORDS.clear()
-        _RECOMPILES.clear()
+    _clear_policy()
     for ctx in list(_CONTEXTS.values()):
-        ctx._evicted.clear()
+        ctx.policy.forget_evictions()
     _CONTEXTS.clear()
 
 
@@ -149,11 +160,15 @@ _SKIP = _C.ACTION_SKIP
 _RUN_EAGER = _C.ACTION_RUN_EAGER
 
 
+def _where(code: Any) -> str:
+    """How logs and records name a function: "name (file:line)"."""
+    return f"{code.co_name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+
+
 class Context:
     """The capture context of optimized objects sharing one backend and option set."""
 
-    __slots__ = ("backend_name", "backend", "options", "observer", "_evicted",
-                 "_history", "__weakref__")
+    __slots__ = ("backend_name", "backend", "options", "observer", "policy", "__weakref__")
 
     def __init__(self, backend_name: str, backend: Any, options: dict[str, Any],
                  observer: Any = None):
@@ -163,12 +178,8 @@ class Context:
         # Called as observer(kind, code, payload) for every decision about a user frame:
         # ("graph", code, Capture), ("break", code, CaptureBreak), ("eager", code, why).
         self.observer = observer
-        # code -> entries of it evicted under the cache size limit (they still count
-        # toward the recompile limit, so a cycle of shapes cannot recompile forever)
-        self._evicted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        # code -> _shapes.ShapeHistory: the sizes its data inputs showed at captures,
-        # which decide when a dimension that keeps changing becomes dynamic
-        self._history: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # which entries of each code object this context keeps (agspeed._policy)
+        self.policy = EntryPolicy()
 
     def __repr__(self) -> str:
         opts = "".join(f", {k}={v!r}" for k, v in sorted(self.options.items()))
@@ -177,6 +188,8 @@ class Context:
     def __call__(self, code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
         try:
             return self._decide(code, f_locals, f_globals, f_builtins)
+        except GraphBreakError as exc:  # optimize(..., fullgraph=True) asked for it
+            raise exc.with_traceback(None)  # the user's frames, not the runtime's
         except Exception:  # an agspeed bug must not change the user's program
             _internal_log.warning(
                 "agspeed: internal error while deciding about %s (%s:%s); it runs eager",
@@ -190,233 +203,111 @@ class Context:
                 _frames_log.info("%s (%s:%s) -> skip (runtime code)", code.co_name,
                                  os.path.basename(code.co_filename), code.co_firstlineno)
             return _C.CacheEntry(_SKIP)
-        entry, decision = self._capture(code, f_locals, f_globals, f_builtins)
-        record = FrameRecord(
-            code.co_name, code.co_filename, code.co_firstlineno,
-            tuple((k, _describe(v)) for k, v in f_locals.items()),
-            decision, weakref.ref(code),
-        )
-        with _records_lock:
-            _RECORDS.append(record)
-        if log.enabled("frames"):
-            _frames_log.info("%s", record)
+        try:
+            entry, decision = self._capture(code, f_locals, f_globals, f_builtins)
+        except GraphBreakError as exc:
+            _record_frame(code, f_locals, f"raise GraphBreakError (graph break: "
+                                          f"{os.path.basename(exc.filename)}:{exc.line} "
+                                          f"{exc.instruction}: {exc.reason})")
+            raise
+        _record_frame(code, f_locals, decision)
         return entry
 
     def _capture(self, code: Any, f_locals: dict, f_globals: dict,
                  f_builtins: dict) -> tuple[Any, str]:
-        """The entry for a user frame and the decision in words."""
+        """The entry for a user frame and the decision in words.
+
+        In order: the recompile limit (the policy may refuse another capture), one
+        capture, a break under ``fullgraph`` raised, the policy admitting the new entry
+        (room made, records kept, static entries it covers replaced), then the entry
+        itself: eager for a break or a frame without tensor work, else the compiled
+        graph.
+        """
         if "torch" not in sys.modules:
             return _C.CacheEntry(_RUN_EAGER), "run eager"
-        from agspeed import config
-        from agspeed._capture import Capture, capture, make_entry
-        from agspeed._shapes import DimPolicy, history_of
-        from agspeed._tensor_check import arg_check
-        from agspeed.backends import supports_dynamic
-
-        where = f"{code.co_name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+        where = _where(code)
         # Each context counts its own entries: another optimized object's recompiles of
         # this code are not this one's.
         entries = [e for e in _C.code_cache(code)["entries"] if e.context is self]
-        observe = self.observer or _ignore
-        evicted = self._evicted.get(code, 0)
-        if len(entries) + evicted >= config.recompile_limit:
-            _recompiles_log.info("%s hit the recompile limit (%d): it runs eager from now "
-                                 "on", where, config.recompile_limit)
-            observe("eager", code, "recompile limit")
+        if self.policy.at_recompile_limit(code, where, entries):
+            self._observe("eager", code, "recompile limit")
             return _C.CacheEntry(_RUN_EAGER, context=self), "run eager (recompile limit)"
-        if len(entries) >= config.cache_size_limit:
-            self._evict_lru(code, where, entries)
+        graph, brk, guard, shapes = self._capture_frame(code, f_locals, f_globals,
+                                                        f_builtins)
+        if brk is not None and self.options.get("fullgraph"):
+            raise self._graph_break_error(code, where, brk)
+        self.policy.admit(code, where, entries, guard, shapes, graph is not None,
+                          (f_locals, f_globals, f_builtins))
+        if graph is None:
+            return self._eager_entry(code, where, brk, widened(guard, entries), f_locals)
+        entry = compiled_entry(self, code, where, graph, f_locals)
+        self._observe("graph", code, graph)
+        return entry, "captured"
+
+    def _capture_frame(self, code: Any, f_locals: dict, f_globals: dict,
+                       f_builtins: dict) -> tuple:
+        """One capture of the frame, under the dimensions the policy makes dynamic:
+        ``(Capture or None, CaptureBreak or None, guard, DimPolicy)``; no graph and no
+        break is a frame that did no tensor work."""
+        from agspeed._capture import Capture, capture
+        from agspeed.backends import supports_dynamic
+
         keep_dynamo_out()
-        history = history_of(self._history, code)
-        shapes = DimPolicy(self.options.get("dynamic"), config.dynamic_after, history,
-                           f_locals, supports_dynamic(self.backend))
+        shapes = self.policy.dimensions(code, self.options.get("dynamic"), f_locals,
+                                        supports_dynamic(self.backend))
         result = capture(code, f_locals, f_globals, f_builtins, shapes)
-        guard = result.guard if isinstance(result, Capture) else result[1]
-        _record_sizes(history, guard, f_locals)
-        if entries and isinstance(result, Capture):
-            self._log_recompile(code, where, entries, f_locals, f_globals, f_builtins)
-        if getattr(guard, "sym", None) is not None:
-            self._went_dynamic(code, where, guard, shapes, entries)
-        if not isinstance(result, Capture):
-            brk, guard = result
-            # Guarded like a graph: these inputs (and only these) run eager, and the
-            # function is captured again for others.  The same break again, with only
-            # plain values changed, widens the guard past those values.
-            at = getattr(guard, "break_at", None)
-            for old in entries:
-                if at is not None and getattr(old.guard, "break_at", None) == at:
-                    guard = guard.widened(old.guard)
-            signed = getattr(guard, "sym", None) is None
-            entry = _C.CacheEntry(_RUN_EAGER, guard=guard, context=self, signed=signed,
-                                  arg_check=arg_check(code, f_locals) if signed else None)
-            if brk is None:
-                observe("eager", code, "no tensor work")
-                return entry, "run eager (no tensor work)"
-            observe("break", code, brk)
-            if log.enabled("graph_breaks"):
-                _graph_breaks_log.info("%s: %s", where, brk)
-            return entry, f"run eager (graph break: {brk})"
-        compiled = self._compile(result, where)
-        if log.enabled("guards"):
-            _guards_log.info("%s guards:\n  %s", where, "\n  ".join(result.guard.lines()))
-        if log.enabled("graphs"):
-            _graphs_log.info("%s captured:\n%s", where, result.graph_module.code)
-        observe("graph", code, result)
-        return make_entry(result, compiled, self, arg_check(code, f_locals)), "captured"
+        if isinstance(result, Capture):
+            return result, None, result.guard, shapes
+        brk, guard = result
+        return None, brk, guard, shapes
 
-    def _compile(self, result: Any, where: str) -> Any:
-        """The captured graph compiled by this context's backend (the autotuner for
-        ``"auto"``); its own forward, with a warning saying why, when the backend could
-        not take it.  The graph runs either way."""
-        from agspeed.backends.autotune import compile_graph
+    def _eager_entry(self, code: Any, where: str, brk: Any, guard: Any,
+                     f_locals: dict) -> tuple[Any, str]:
+        """The ``RUN_EAGER`` entry of a capture that made no graph, and the decision.
 
-        gm = result.graph_module
-        gm.meta["agspeed_where"] = where
-        gm.meta["agspeed_options"] = self.options
-        compiled, failed = compile_graph(self.backend_name, self.backend, gm,
-                                         result.example_inputs)
-        if failed:
-            _internal_log.warning("agspeed: %s: %s; its graph runs eagerly", where, failed)
-        return compiled
+        Guarded like a graph: these inputs (and only these) run eager, and the function
+        is captured again for others.
+        """
+        from agspeed._tensor_check import arg_check
 
-    def _went_dynamic(self, code: Any, where: str, guard: Any, shapes: Any,
-                      entries: list) -> None:
-        """Say which dimensions a capture made dynamic and why, and drop this context's
-        entries of ``code`` that the new one serves as well (the static graphs of sizes
-        seen before the dimension went dynamic).  Those drops are replacements, not
-        evictions: they do not count toward the recompile limit."""
-        sym = guard.sym
-        sizes = [(source, d, name) for (source, what, d), name in zip(sym.dims, sym.names)
-                 if what == "size"]
-        new = _record_dynamic(code, where, [name for _, _, name in sizes])
-        for source, d, name in sizes:
-            why = shapes.decided.get(source, {}).get(d, "dynamic")
-            if name in new and log.enabled("recompiles"):
-                _recompiles_log.info("%s: %s is dynamic from now on (%s): one graph "
-                                     "serves every size of it", where, name, why)
-        for name in _record_dynamic(code, where, sym.specialized, pinned=True):
-            if log.enabled("recompiles"):
-                _recompiles_log.info("%s: %s was made dynamic but the code fixes it to "
-                                     "one value (a size guard pins it): it stays static",
-                                     where, name)
-        replaced = 0
-        for old in entries:
-            if guard.covers(old.guard) and _C.evict(code, old):
-                replaced += 1
-        if replaced and log.enabled("recompiles"):
-            _recompiles_log.info("%s: the dynamic graph replaces %d static entr%s",
-                                 where, replaced, "y" if replaced == 1 else "ies")
+        signed = getattr(guard, "sym", None) is None
+        entry = _C.CacheEntry(_RUN_EAGER, guard=guard, context=self, signed=signed,
+                              arg_check=arg_check(code, f_locals) if signed else None)
+        if brk is None:
+            self._observe("eager", code, "no tensor work")
+            return entry, "run eager (no tensor work)"
+        self._note_break(code, where, brk)
+        return entry, f"run eager (graph break: {brk})"
 
-    def _evict_lru(self, code: Any, where: str, entries: list) -> None:
-        """Drop this context's least recently used entries of ``code`` down to one under
-        the cache size limit, and say so."""
-        from agspeed import config
+    def _graph_break_error(self, code: Any, where: str, brk: Any) -> GraphBreakError:
+        """What a break is under ``fullgraph``: an error, noted as any break is, with no
+        entry made, so the next call that breaks raises again."""
+        self._note_break(code, where, brk)
+        return GraphBreakError(brk.filename, brk.line, brk.function or code.co_name,
+                               brk.instruction, brk.reason, brk.detail, brk.hint, where)
 
-        while len(entries) >= config.cache_size_limit:
-            lru = min(entries, key=lambda e: e.last_used)
-            entries.remove(lru)
-            if not _C.evict(code, lru):
-                continue
-            self._evicted[code] = self._evicted.get(code, 0) + 1
-            _record_eviction(code, where)
-            lines = lru.guard.lines() if hasattr(lru.guard, "lines") else ()
-            first = lines[0] if lines else "(no guard)"
-            _recompiles_log.info("%s: cache size limit (%d) reached: evicted the least "
-                                 "recently used entry (%d hits; %s)", where,
-                                 config.cache_size_limit, lru.hits, first)
+    def _note_break(self, code: Any, where: str, brk: Any) -> None:
+        """Tell the observer about a graph break, and log it under ``graph_breaks``."""
+        self._observe("break", code, brk)
+        if log.enabled("graph_breaks"):
+            _graph_breaks_log.info("%s: %s", where, brk)
 
-    @staticmethod
-    def _log_recompile(code: Any, where: str, entries: list, f_locals: dict,
-                       f_globals: dict, f_builtins: dict) -> None:
-        """Record (and log) why none of ``entries`` served this frame."""
-        failures = []
-        for entry in entries:
-            guard = entry.guard
-            failures.append(guard.failures(f_locals, f_globals, f_builtins)
-                            if hasattr(guard, "failures") else ["(no guard details)"])
-        # The entry that failed the fewest checks is the one this call nearly was; its
-        # reason is what its C program found failing first.
-        at = min(range(len(failures)), key=lambda k: len(failures[k]) or 1 << 30)
-        closest = failures[at]
-        first = entries[at].guard.first_failure(f_locals, f_globals, f_builtins) \
-            if hasattr(entries[at].guard, "first_failure") else None
-        reason = first or (closest[0] if closest else "(every guard passes now: a guard "
-                                                      "changed while it ran)")
-        _record_recompile(code, where, reason)
-        if log.enabled("recompiles"):
-            more = f" (+{len(closest) - 1} more)" if len(closest) > 1 else ""
-            _recompiles_log.info("%s: recompiling, %d entr%s cached; the closest failed: "
-                                 "%s%s", where, len(entries),
-                                 "y" if len(entries) == 1 else "ies", reason, more)
-        if log.enabled("recompiles_verbose"):
-            for n, why in enumerate(failures, 1):
-                _recompiles_verbose_log.info("%s: recompiling: entry %d of %d failed: %s",
-                                             where, n, len(entries),
-                                             "; ".join(why) or "(passes now)")
+    def _observe(self, kind: str, code: Any, payload: Any) -> None:
+        if self.observer is not None:
+            self.observer(kind, code, payload)
 
 
-class RecompileRecord(NamedTuple):
-    """Recompiles of one function: how many, the guard that failed each time, how many
-    entries the cache size limit evicted, and which dimensions went dynamic."""
-
-    function: str   # "name (file:line)"
-    count: int
-    reasons: tuple  # the closest entry's first failing guard, per recompile (last 16)
-    evictions: int = 0
-    dynamic: tuple = ()  # dimensions made dynamic ("x.size(0)"), in order
-
-
-_RECOMPILES: dict[Any, list] = {}   # weakref to code -> [where, count, reasons, ev, dyn]
-
-
-def _recompile_row(code: Any, where: str) -> list:
-    return _RECOMPILES.setdefault(weakref.ref(code),
-                                  [where, 0, collections.deque(maxlen=16), 0, {}])
-
-
-def _record_dynamic(code: Any, where: str, dims: list, pinned: bool = False) -> list:
-    """Note dimensions made dynamic (or, ``pinned``, asked dynamic but fixed by the
-    code); returns those not noted before."""
+def _record_frame(code: Any, f_locals: dict, decision: str) -> None:
+    """Keep (and log under ``frames``) the decision about a user frame."""
+    record = FrameRecord(
+        code.co_name, code.co_filename, code.co_firstlineno,
+        tuple((k, _describe(v)) for k, v in f_locals.items()),
+        decision, weakref.ref(code),
+    )
     with _records_lock:
-        row = _recompile_row(code, where)[4]
-        new = [name for name in dims if (name, pinned) not in row]
-        for name in new:
-            row[(name, pinned)] = None
-    return new
-
-
-def _record_sizes(history: Any, guard: Any, f_locals: dict) -> None:
-    """Remember the sizes of the data inputs a capture's guard checks."""
-    from agspeed._shapes import is_data_source
-
-    for source, kind, expected in getattr(guard, "checks", ()):
-        if kind in (0, 5) and is_data_source(source, f_locals):  # _TENSOR, _DYN
-            history.record(source, expected[3])
-
-
-def _record_recompile(code: Any, where: str, reason: str) -> None:
-    with _records_lock:
-        row = _recompile_row(code, where)
-        row[1] += 1
-        row[2].append(reason)
-
-
-def _record_eviction(code: Any, where: str) -> None:
-    with _records_lock:
-        _recompile_row(code, where)[3] += 1
-
-
-def recompiles() -> list[RecompileRecord]:
-    """Every function that was captured again since ``agspeed.reset()``, most first."""
-    with _records_lock:
-        rows = [RecompileRecord(w, n, tuple(r), ev,
-                                tuple(name for name, pinned in dyn if not pinned))
-                for key, (w, n, r, ev, dyn) in _RECOMPILES.items() if key() is not None]
-    return sorted(rows, key=lambda r: -r.count)
-
-
-def _ignore(kind: str, code: Any, payload: Any) -> None:
-    pass
+        _RECORDS.append(record)
+    if log.enabled("frames"):
+        _frames_log.info("%s", record)
 
 
 _dynamo_told = False

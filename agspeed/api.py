@@ -66,6 +66,9 @@ def optimize(obj: Any = None, backend: Any = "auto", **options: Any) -> Any:
     ``(gm, example_inputs) -> callable``; ``AGSPEED_BACKEND`` overrides it.
     Options: ``fullgraph``, ``dynamic``, ``disable``; for ``backend="auto"``:
     ``tune_budget`` (seconds per graph) and ``candidates`` (backend names to try).
+    With ``fullgraph=True`` a frame whose capture stops at a graph break does not run
+    eager: the call raises ``agspeed.GraphBreakError``, saying where and why, and so does
+    every later call that breaks.
     """
     _check_options(options)
     if obj is None:
