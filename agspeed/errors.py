@@ -41,7 +41,7 @@ class GraphBreakError(AgspeedError, RuntimeError):
     The attributes say where and why, as ``agspeed.explain`` does: ``filename`` and
     ``line`` of the instruction that stopped capture, ``function`` (the function it is
     in, maybe one inlined into the frame), ``instruction`` (its opcode name), ``reason``
-    (a stable id, ``agspeed._graph.REASONS``), ``detail`` (the operation or value),
+    (a stable id, ``agspeed.protocol.Reason``), ``detail`` (the operation or value),
     ``hint`` (what to do about it) and ``frame`` (the captured frame, "name (file:line)").
     """
 

@@ -12,7 +12,7 @@ import pytest
 
 import agspeed
 from agspeed import _C
-from agspeed._graph import REASONS
+from agspeed.protocol import Reason
 
 try:
     import torch
@@ -82,7 +82,7 @@ def test_a_break_raises_graph_break_error_naming_file_line_instruction_and_reaso
     assert (err.filename, err.line, err.function) == (__file__, line, "prints")
     assert "CALL" in err.instruction
     assert err.reason == "unsupported_call" and "print" in err.detail
-    assert err.hint == REASONS["unsupported_call"][1]
+    assert err.hint == Reason.UNSUPPORTED_CALL.hint
     assert err.frame.startswith("prints (test_fullgraph.py:")
     message = str(err)
     for part in (f"{__file__}:{line}", "in prints", err.instruction, err.reason,
