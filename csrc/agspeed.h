@@ -144,16 +144,15 @@ PyObject *ags_ctx_current(void);
 
 /* A CacheEntry: one decision for a code object, valid while its guard
  * holds.  The fields past `action` are the shape the capture of a graph
- * fills in: `guard` is checked against the frame's locals (None: always
- * holds), `compiled` is the callable that replaces the frame and `rebuild`
- * says how its outputs become the frame's return value. */
+ * fills in: `guard` is checked against the frame (None: always holds),
+ * `compiled` is the callable that replaces the frame on the first call and
+ * `graph` the one a hit calls with the inputs the guard gathered. */
 typedef struct {
     PyObject_HEAD
     int action;            /* an ags_action */
     PyObject *guard;       /* None or callable(f_locals, f_globals,
                               f_builtins) -> bool */
     PyObject *compiled;    /* None or the compiled callable */
-    PyObject *rebuild;     /* None or the recipe for the return value */
     PyObject *context;     /* None: valid in every context; else the only
                               context (by identity) it is valid in */
     uint64_t hits;

@@ -578,16 +578,15 @@ bad:
 static PyObject *
 entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"action", "guard", "compiled", "rebuild",
-                             "context", "graph", "signed", "arg_check", NULL};
+    static char *kwlist[] = {"action", "guard", "compiled", "context",
+                             "graph", "signed", "arg_check", NULL};
     int action, sign = 1;
-    PyObject *guard = Py_None, *compiled = Py_None, *rebuild = Py_None;
+    PyObject *guard = Py_None, *compiled = Py_None;
     PyObject *context = Py_None, *graph = Py_None, *arg_check = Py_None;
     ags_entry *self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|OOOOOpO:CacheEntry", kwlist,
-                                     &action, &guard, &compiled, &rebuild,
-                                     &context, &graph, &sign, &arg_check)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|OOOOpO:CacheEntry", kwlist,
+                                     &action, &guard, &compiled, &context, &graph, &sign, &arg_check)) {
         return NULL;
     }
     if (arg_check != Py_None && check_arg_check(arg_check) < 0) {
@@ -617,7 +616,6 @@ entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->action = action;
     self->guard = Py_NewRef(guard);
     self->compiled = Py_NewRef(compiled);
-    self->rebuild = Py_NewRef(rebuild);
     self->context = Py_NewRef(context);
     self->graph = Py_NewRef(graph);
     self->unsigned_only = !sign;
@@ -631,7 +629,6 @@ entry_traverse(ags_entry *self, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->guard);
     Py_VISIT(self->compiled);
-    Py_VISIT(self->rebuild);
     Py_VISIT(self->context);
     Py_VISIT(self->graph);
     Py_VISIT(self->arg_check);
@@ -643,7 +640,6 @@ entry_clear(ags_entry *self)
 {
     Py_CLEAR(self->guard);
     Py_CLEAR(self->compiled);
-    Py_CLEAR(self->rebuild);
     Py_CLEAR(self->context);
     Py_CLEAR(self->graph);
     Py_CLEAR(self->arg_check);
@@ -688,8 +684,6 @@ static PyMemberDef entry_members[] = {
      "must hold"},
     {"compiled", T_OBJECT, offsetof(ags_entry, compiled), READONLY,
      "the compiled callable that replaces the frame, or None"},
-    {"rebuild", T_OBJECT, offsetof(ags_entry, rebuild), READONLY,
-     "how the compiled outputs become the return value, or None"},
     {"context", T_OBJECT, offsetof(ags_entry, context), READONLY,
      "None (any context) or the one context the entry is valid in"},
     {"graph", T_OBJECT, offsetof(ags_entry, graph), READONLY,
@@ -737,8 +731,8 @@ static PyType_Slot entry_slots[] = {
     {Py_tp_members, entry_members},
     {Py_tp_getset, entry_getset},
     {Py_tp_doc,
-     "CacheEntry(action, guard=None, compiled=None, rebuild=None, "
-     "context=None, graph=None, signed=True, arg_check=None)\n\n"
+     "CacheEntry(action, guard=None, compiled=None, context=None, "
+     "graph=None, signed=True, arg_check=None)\n\n"
      "One decision of a capture context for a code object, kept in the "
      "code's cache and used for every later frame of it whose guard holds."},
     {0, NULL}
