@@ -20,7 +20,8 @@
  * check is dispatched by a switch generated from the same list, so each
  * stays inlined in the loop of ags_check_run; the other columns are a
  * table.  How a kind explains a failure (expected vs got) is Python's,
- * agspeed/guards/checks.py, one class per kind: it runs only on a miss.
+ * guards/checks.py (agspeed.guards.checks), one class per kind: it runs
+ * only on a miss.
  *
  * Expectations, per kind:
  *   TENSOR     a: the exact type; b: (dtype, device, shape, stride,
@@ -264,7 +265,8 @@ static const char *
 check_ID_parse(g_check *c, const g_program *p)
 {
     (void)p;
-    if (!PyBool_Check(c->b) || (c->b == Py_True && !PyWeakref_CheckRef(c->a))) {
+    if (!PyBool_Check(c->b)
+        || (c->b == Py_True && !PyWeakref_CheckRef(c->a))) {
         return "(object, False) or (weak reference, True)";
     }
     return NULL;

@@ -124,7 +124,8 @@ add_witness(g_memo *m, int kind, PyObject *obj, PyObject *dict)
 
     if (m->n_w == m->cap_w) {
         Py_ssize_t cap = m->cap_w ? 2 * m->cap_w : 16;
-        g_witness *grown = PyMem_Realloc(m->w, (size_t)cap * sizeof(g_witness));
+        g_witness *grown = PyMem_Realloc(m->w,
+                                         (size_t)cap * sizeof(g_witness));
         if (grown == NULL) {
             return -1;
         }
@@ -239,11 +240,11 @@ remember_loads(g_program *p, g_values *t, int root, char *seen, char *depth)
                     depth[ld->parent] = (char)via;
                 }
             }
-            else if (via >= 0
-                     && witness_once(p, seen, ld->parent, base,
-                                     via == VIA_PYTHON ? via
-                                                       : depth[ld->parent]) < 0) {
-                return -1;
+            else if (via >= 0) {
+                int deepest = via == VIA_PYTHON ? via : depth[ld->parent];
+                if (witness_once(p, seen, ld->parent, base, deepest) < 0) {
+                    return -1;
+                }
             }
         }
     }
@@ -464,7 +465,8 @@ ags_memo_report(g_program *p)
                          "remembered_loads", frozen,
                          "skipped_checks", skipped,
                          "witnesses", m->valid ? m->n_w : 0,
-                         "watched", m->valid && m->watched ? Py_True : Py_False,
+                         "watched",
+                         m->valid && m->watched ? Py_True : Py_False,
                          "fast", (unsigned long long)m->fast,
                          "full", (unsigned long long)m->full,
                          "builds", (unsigned long long)m->builds);

@@ -24,7 +24,7 @@
  * and strides.
  *
  * Which check failed, with old and new values, is the Python Guard's job
- * (agspeed/guards/guard.py, failures()): it runs only on a miss.
+ * (guards/guard.py, failures()): it runs only on a miss.
  */
 #include "program.h"
 #include <ctype.h>
@@ -586,16 +586,16 @@ program_dealloc(PyObject *self)
 
 static PyMethodDef program_methods[] = {
     {"_set_program", program_set, METH_VARARGS,
-     "_set_program(loads, checks, aliases, probes, step, missing, module_type, "
-     "outputs, flags=0, symbolic=None): compile the program (see "
-     "guards/program.c)."},
+     "_set_program(loads, checks, aliases, probes, step, missing, "
+     "module_type, outputs, flags=0, symbolic=None): compile the program "
+     "(see guards/program.c)."},
     {"read", (PyCFunction)(void (*)(void))program_read, METH_FASTCALL,
      "read(f_locals, f_globals, f_builtins) -> tuple: the values of the "
      "output loads (the graph's inputs), MISSING where none."},
     {"run", (PyCFunction)(void (*)(void))program_run, METH_FASTCALL,
-     "run(f_locals, f_globals, f_builtins, signed=False) -> tuple or None: the "
-     "graph's inputs if every check passes (signed: the frame's signature "
-     "matched, so its arguments' tensor checks are settled)."},
+     "run(f_locals, f_globals, f_builtins, signed=False) -> tuple or None: "
+     "the graph's inputs if every check passes (signed: the frame's "
+     "signature matched, so its arguments' tensor checks are settled)."},
     {"why", (PyCFunction)(void (*)(void))program_why, METH_FASTCALL,
      "why(f_locals, f_globals, f_builtins) -> None or (part, index): what "
      "failed first on that frame, by agspeed.protocol.Part id: a 'check', "
@@ -618,9 +618,9 @@ static PyMemberDef program_members[] = {
 };
 
 static PyType_Slot program_slots[] = {
-    {Py_tp_doc, "A cache entry's guard, compiled to C (guards/program.c).\n\n"
-                "Call it with (f_locals, f_globals, f_builtins): True if every "
-                "check passes."},
+    {Py_tp_doc, "A cache entry's guard, compiled to C (guards/program.c)."
+                "\n\nCall it with (f_locals, f_globals, f_builtins): True if "
+                "every check passes."},
     {Py_tp_new, program_new},
     {Py_tp_call, program_call},
     {Py_tp_dealloc, program_dealloc},
@@ -659,7 +659,8 @@ intern_lower(const char *upper)
 int
 ags_guard_init(void)
 {
-    static const char *const stores[] = {"_parameters", "_buffers", "_modules"};
+    static const char *const stores[] = {"_parameters", "_buffers",
+                                         "_modules"};
     static const char *const parts[] = {
 #define AGS_X(NAME, doc) #NAME,
         AGS_PART_LIST(AGS_X)

@@ -101,7 +101,7 @@ typedef struct g_program_ {
 /* Interned names, made by ags_guard_init (program.c). */
 typedef struct {
     PyObject *getattr;                  /* "__getattr__" */
-    PyObject *stores[3];                /* nn.Module's stores, in lookup order */
+    PyObject *stores[3];                /* nn.Module's stores, in order */
     PyObject *loads[AGS_LOAD_COUNT];    /* the load names step() receives */
     PyObject *parts[AGS_PART_COUNT];    /* the part names why() returns */
 } g_names;
