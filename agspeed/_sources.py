@@ -92,11 +92,13 @@ def static_attr(obj: Any, name: str) -> tuple[str, Any]:
     the property object), ``"missing"``, or ``"unsupported"`` (a descriptor or
     ``__getattr__`` that only running code could answer; value says which).
     """
-    if isinstance(obj, types.ModuleType):
+    # Kinds of objects are told by their type, never by isinstance(), which asks the
+    # object's __class__ and so runs a custom __getattribute__.
+    cls = type(obj)
+    if issubclass(cls, types.ModuleType):
         d = _object_getattribute(obj, "__dict__")
         return ("value", d[name]) if name in d else ("missing", MISSING)
-    cls = type(obj)
-    if isinstance(obj, super):
+    if issubclass(cls, super):
         return _super_attr(obj, name)
     found = _class_lookup(cls, name)
     if found is not MISSING:
@@ -109,7 +111,10 @@ def static_attr(obj: Any, name: str) -> tuple[str, Any]:
             if kind is types.MemberDescriptorType or kind is types.GetSetDescriptorType:
                 if cls.__module__ == "builtins" or kind is types.MemberDescriptorType \
                         or _is_type_info(cls):
-                    return "value", found.__get__(obj, cls)
+                    try:
+                        return "value", found.__get__(obj, cls)
+                    except AttributeError:  # a __slots__ member never set
+                        return "missing", MISSING
             return "unsupported", f"data descriptor {kind.__name__}"
     try:
         d = _object_getattribute(obj, "__dict__")
@@ -120,7 +125,7 @@ def static_attr(obj: Any, name: str) -> tuple[str, Any]:
     if found is not MISSING:
         kind = type(found)
         if kind is types.FunctionType:
-            return ("method", found) if not isinstance(obj, type) else ("value", found)
+            return ("method", found) if not issubclass(cls, type) else ("value", found)
         if kind is staticmethod:
             return "value", found.__func__
         if kind is classmethod:
@@ -131,7 +136,7 @@ def static_attr(obj: Any, name: str) -> tuple[str, Any]:
             return "unsupported", f"descriptor {kind.__name__}"
         return "value", found
     module_type = _module_type()
-    if module_type is not None and isinstance(obj, module_type) and d is not None:
+    if module_type is not None and issubclass(cls, module_type) and d is not None:
         for store in _MODULE_STORES:
             s = d.get(store)
             if s is not None and name in s:
@@ -139,7 +144,7 @@ def static_attr(obj: Any, name: str) -> tuple[str, Any]:
         if _own_getattr(cls) is not module_type.__getattr__:
             return "unsupported", "a custom __getattr__"
         return "missing", MISSING
-    if isinstance(obj, type):
+    if issubclass(cls, type):
         value = _class_lookup(obj, name)
         if value is not MISSING:
             if type(value) is staticmethod:
@@ -154,7 +159,7 @@ def static_attr(obj: Any, name: str) -> tuple[str, Any]:
 
 def _super_attr(sup: super, name: str) -> tuple[str, Any]:
     start, self = sup.__thisclass__, sup.__self__
-    mro = type(self).__mro__ if not isinstance(self, type) else self.__mro__
+    mro = type(self).__mro__ if not issubclass(type(self), type) else self.__mro__
     after = False
     for klass in mro:
         if after and name in klass.__dict__:
