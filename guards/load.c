@@ -552,37 +552,24 @@ ags_load_depends(const g_program *p, const g_values *t, Py_ssize_t i,
 /* Value tables */
 
 int
-ags_values_init(g_values *v, g_program *p)
+ags_values_init_large(g_values *v, g_program *p)
 {
     Py_ssize_t n = p->n_loads;
 
-    v->n = n;
-    v->touched = NULL;
-    v->n_touched = 0;
-    v->owner = NULL;
-    v->frozen = NULL;
-    v->known = NULL;
-    if (n <= 64) {
-        memset(v->small, 0, sizeof(v->small));
-        memset(v->small_via, 0, sizeof(v->small_via));
-        v->vals = v->small;
-        v->via = v->small_via;
-    }
-    else if (p->tvals != NULL && !p->tbusy) {
+    if (p->tvals != NULL && !p->tbusy) {
         p->tbusy = 1;
         v->owner = p;
         v->vals = p->tvals;
         v->via = p->tvia;
         v->touched = p->ttouched;
+        return 0;
     }
-    else {
-        v->vals = PyMem_Calloc((size_t)n, sizeof(PyObject *) + 1);
-        if (v->vals == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        v->via = (char *)(v->vals + n);
+    v->vals = PyMem_Calloc((size_t)n, sizeof(PyObject *) + 1);
+    if (v->vals == NULL) {
+        PyErr_NoMemory();
+        return -1;
     }
+    v->via = (char *)(v->vals + n);
     return 0;
 }
 
@@ -595,7 +582,7 @@ release_value(PyObject *value)
 }
 
 void
-ags_values_release(g_values *v)
+ags_values_release_large(g_values *v)
 {
     if (v->owner != NULL) {
         /* Clear the table first, moving each value into `touched`, then
@@ -616,7 +603,5 @@ ags_values_release(g_values *v)
     for (Py_ssize_t i = 0; i < v->n; i++) {
         release_value(v->vals[i]);
     }
-    if (v->vals != v->small) {
-        PyMem_Free(v->vals);
-    }
+    PyMem_Free(v->vals);
 }

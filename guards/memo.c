@@ -400,14 +400,11 @@ fail:
 }
 
 int
-ags_memo_holds(g_program *p, ags_gframe *frame)
+ags_memo_confirm(g_program *p, ags_gframe *frame)
 {
     g_memo *m = &p->memo;
     PyObject *cur, *root;
 
-    if (!m->valid) {
-        return 0;
-    }
     cur = ags_load_local(frame, &p->loads[m->slot]);
     root = ags_compat_weak_target(m->root_ref);
     if (cur == NULL || cur != root) {

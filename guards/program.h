@@ -26,6 +26,13 @@
 
 #include "guards.h"
 
+/* Everything declared here is private to guards/: hidden from the shared
+ * object's dynamic symbols, so that calls between these files are direct
+ * (no PLT jump) and the hit path costs what it did as one file. */
+#if defined(__GNUC__)
+#  pragma GCC visibility push(hidden)
+#endif
+
 /* The marker of a load that reached nothing (distinct from any object;
  * never reference counted). */
 extern PyObject ags_gp_missing;
@@ -146,8 +153,47 @@ typedef struct {
     PyObject *const *known;  /* answered from it without a reference */
 } g_values;
 
-int ags_values_init(g_values *t, g_program *p);     /* 0, or -1 */
-void ags_values_release(g_values *t);
+/* A table for an evaluation of p: 0, or -1 with an exception.  Small
+ * tables are made here, on the caller's stack (the hit path of most
+ * functions); ags_values_init_large makes the others. */
+int ags_values_init_large(g_values *t, g_program *p);
+
+static inline int
+ags_values_init(g_values *t, g_program *p)
+{
+    t->n = p->n_loads;
+    t->touched = NULL;
+    t->n_touched = 0;
+    t->owner = NULL;
+    t->frozen = NULL;
+    t->known = NULL;
+    if (t->n > 64) {
+        return ags_values_init_large(t, p);
+    }
+    memset(t->small, 0, sizeof(t->small));
+    memset(t->small_via, 0, sizeof(t->small_via));
+    t->vals = t->small;
+    t->via = t->small_via;
+    return 0;
+}
+
+/* Releases the values a table holds, and the table. */
+void ags_values_release_large(g_values *t);
+
+static inline void
+ags_values_release(g_values *t)
+{
+    if (t->vals != t->small) {
+        ags_values_release_large(t);
+        return;
+    }
+    for (Py_ssize_t i = 0; i < t->n; i++) {
+        PyObject *value = t->vals[i];
+        if (value != NULL && value != G_MISSING) {
+            Py_DECREF(value);
+        }
+    }
+}
 
 /* The value of load i, found and kept in t on first use: borrowed from t
  * (a reference t owns, a remembered value, or G_MISSING), or NULL with an
@@ -219,9 +265,20 @@ void ags_memo_release(g_memo *m);
 /* Rebuilds the memo from a passing evaluation's values.  Failing leaves
  * no memo and no exception: it is an optimization only. */
 void ags_memo_build(g_program *p, g_values *t);
-/* 1 if the memo holds for this frame, else 0 (never an error). */
-int ags_memo_holds(g_program *p, ags_gframe *frame);
+/* 1 if the memo holds for this frame, else 0 (never an error).  Without a
+ * memo that is all; ags_memo_confirm checks one. */
+int ags_memo_confirm(g_program *p, ags_gframe *frame);
+
+static inline int
+ags_memo_holds(g_program *p, ags_gframe *frame)
+{
+    return p->memo.valid ? ags_memo_confirm(p, frame) : 0;
+}
 /* New reference: the memo's state as a dict (GuardProgram._memo()). */
 PyObject *ags_memo_report(g_program *p);
+
+#if defined(__GNUC__)
+#  pragma GCC visibility pop
+#endif
 
 #endif /* AGS_GUARDS_PROGRAM_H */
