@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 from agspeed import _C, config, log
 from agspeed._shapes import DimPolicy, history_of, is_data_source
+from agspeed.protocol import Check
 
 __all__ = ["EntryPolicy", "RecompileRecord", "recompiles", "widened", "clear"]
 
@@ -178,7 +179,7 @@ def _log_recompile(code: Any, where: str, entries: list, f_locals: dict,
 def _record_sizes(history: Any, guard: Any, f_locals: dict) -> None:
     """Remember the sizes of the data inputs a capture's guard checks."""
     for source, kind, expected in getattr(guard, "checks", ()):
-        if kind in (0, 5) and is_data_source(source, f_locals):  # _TENSOR, _DYN
+        if kind in (Check.TENSOR, Check.DYNTENSOR) and is_data_source(source, f_locals):
             history.record(source, expected[3])
 
 

@@ -95,11 +95,13 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
     ``UNSUPPORTED`` (a descriptor or ``__getattr__`` that only running code could answer;
     value says which).
     """
-    if isinstance(obj, types.ModuleType):
+    # Kinds of objects are told by their type, never by isinstance(), which asks the
+    # object's __class__ and so runs a custom __getattribute__.
+    cls = type(obj)
+    if issubclass(cls, types.ModuleType):
         d = _object_getattribute(obj, "__dict__")
         return (Attr.VALUE, d[name]) if name in d else (Attr.MISSING, MISSING)
-    cls = type(obj)
-    if isinstance(obj, super):
+    if issubclass(cls, super):
         return _super_attr(obj, name)
     found = _class_lookup(cls, name)
     if found is not MISSING:
@@ -112,7 +114,10 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
             if kind is types.MemberDescriptorType or kind is types.GetSetDescriptorType:
                 if cls.__module__ == "builtins" or kind is types.MemberDescriptorType \
                         or _is_type_info(cls):
-                    return Attr.VALUE, found.__get__(obj, cls)
+                    try:
+                        return Attr.VALUE, found.__get__(obj, cls)
+                    except AttributeError:  # a __slots__ member never set
+                        return Attr.MISSING, MISSING
             return Attr.UNSUPPORTED, f"data descriptor {kind.__name__}"
     try:
         d = _object_getattribute(obj, "__dict__")
@@ -123,7 +128,7 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
     if found is not MISSING:
         kind = type(found)
         if kind is types.FunctionType:
-            return (Attr.METHOD, found) if not isinstance(obj, type) else (Attr.VALUE, found)
+            return (Attr.METHOD, found) if not issubclass(cls, type) else (Attr.VALUE, found)
         if kind is staticmethod:
             return Attr.VALUE, found.__func__
         if kind is classmethod:
@@ -134,7 +139,7 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
             return Attr.UNSUPPORTED, f"descriptor {kind.__name__}"
         return Attr.VALUE, found
     module_type = _module_type()
-    if module_type is not None and isinstance(obj, module_type) and d is not None:
+    if module_type is not None and issubclass(cls, module_type) and d is not None:
         for store in _MODULE_STORES:
             s = d.get(store)
             if s is not None and name in s:
@@ -142,7 +147,7 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
         if _own_getattr(cls) is not module_type.__getattr__:
             return Attr.UNSUPPORTED, "a custom __getattr__"
         return Attr.MISSING, MISSING
-    if isinstance(obj, type):
+    if issubclass(cls, type):
         value = _class_lookup(obj, name)
         if value is not MISSING:
             if type(value) is staticmethod:
@@ -157,7 +162,7 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
 
 def _super_attr(sup: super, name: str) -> tuple[str, Any]:
     start, self = sup.__thisclass__, sup.__self__
-    mro = type(self).__mro__ if not isinstance(self, type) else self.__mro__
+    mro = type(self).__mro__ if not issubclass(type(self), type) else self.__mro__
     after = False
     for klass in mro:
         if after and name in klass.__dict__:

@@ -93,7 +93,7 @@ def arg_check(code: Any, f_locals: dict) -> Any:
         return None
     import torch
 
-    from agspeed._capture import arg_names
+    from agspeed.guards import arg_names
 
     exact = (torch.Tensor, torch.nn.Parameter)
     types, where, tensors = [], [], []

@@ -11,6 +11,12 @@
  *   check.c      what a program checks of a value: one row per check kind
  *   memo.c       the structure memo and the dict and type watchers
  *   symbolic.c   symbolic sizes (dynamic shapes): expressions and guards
+ *   program.h    what program.c, load.c, check.c and memo.c share (private
+ *                to guards/)
+ *
+ * The Python side (installed as agspeed.guards): guard.py compiles a
+ * capture's assumptions into a program, checks.py has one class per check
+ * kind, state.py reads torch's global state.
  */
 #ifndef AGS_GUARDS_H
 #define AGS_GUARDS_H

@@ -183,7 +183,7 @@ def test_bad_input_raises_the_eager_error():
 def test_autocast_state_is_read_on_torch_before_2_4():
     import types
 
-    from agspeed._capture import _autocast_state
+    from agspeed.guards.state import _autocast_state
 
     old_api = types.SimpleNamespace(  # before 2.4 these took no device argument
         is_autocast_enabled=lambda: False,

@@ -13,11 +13,11 @@ import pytest
 
 from agspeed import _C
 from agspeed._sources import MISSING, resolve, resolve_step
+from agspeed.protocol import Check, GuardFlag, Load
 
-LOCAL, GLOBAL, GMOD, ATTR, ITEM, CELL, TYPE, FGET = range(8)
-TENSOR, EQ, LEN, ID, ABSENT = range(5)
-OPS = {"local": LOCAL, "global": GLOBAL, "gmod": GMOD, "attr": ATTR, "item": ITEM,
-       "cell": CELL, "type": TYPE, "fget": FGET}
+LOCAL, ATTR, TYPE = Load.LOCAL, Load.ATTR, Load.TYPE
+TENSOR, EQ, LEN, ID, ABSENT = Check.TENSOR, Check.EQ, Check.LEN, Check.ID, Check.ABSENT
+OPS = Load.by_id
 
 
 def program(sources, checks=(), aliases=(), probes=(), symbolic=None):
@@ -212,8 +212,8 @@ def test_bad_programs_and_calls_are_refused():
     with pytest.raises(ValueError, match="bad guard load"):
         p._set_program([(ATTR, -1, "x")], [], [], (), resolve_step, MISSING, None, [])
     with pytest.raises(ValueError, match="bad guard check"):
-        p._set_program([(LOCAL, -1, "x")], [(0, 9, None, None)], [], (), resolve_step,
-                       MISSING, None, [])
+        p._set_program([(LOCAL, -1, "x")], [(0, len(Check) + 3, None, None)], [], (),
+                       resolve_step, MISSING, None, [])
     with pytest.raises(ValueError, match="bad guard output"):
         p._set_program([(LOCAL, -1, "x")], [], [], (), resolve_step, MISSING, None, [3])
     with pytest.raises(RuntimeError, match="not compiled"):
@@ -460,8 +460,8 @@ def test_the_memo_holds_no_reference_and_survives_its_root():
 
 
 def test_no_memo_without_a_module_root_or_with_the_flag(fake_model):
-    assert not memo_program(flags=2)._memo()["valid"]
-    p = memo_program(flags=2)
+    assert not memo_program(flags=GuardFlag.NO_MEMO)._memo()["valid"]
+    p = memo_program(flags=GuardFlag.NO_MEMO)
     for _ in range(3):
         assert p.run(*memo_frame()) == (3,)
     assert not p._memo()["valid"] and p._memo()["full"] == 3

@@ -1,0 +1,219 @@
+"""Attribute lookup rules have one home: a guard program's attribute load (guards/load.c)
+answers what agspeed._sources.static_attr answers, rule by rule.
+
+C answers the common cases itself (a Python module's dict, a class's function, constant
+or property, an instance dict, nn.Module's stores) and hands every other case to the
+Python step (resolve_step, which asks static_attr).  Each rule below pins both: the value
+a program's ("attr", ...) load reads is what static_attr finds, and which side answered."""
+
+import collections
+import types
+
+import pytest
+
+from agspeed import _C
+from agspeed._sources import MISSING, resolve_step, static_attr
+from agspeed.protocol import Load
+
+C, PY = "C", "Python"
+
+RAN = []   # user code that ran: none may, while guarding or in static_attr
+
+
+class Recorder:
+    """A program's Python step that records which (kind, base, key) it was asked."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, kind, base, key):
+        self.calls.append((kind, key))
+        return resolve_step(kind, base, key)
+
+
+def read_attr(obj, name, module_type=None):
+    """(value, who answered) for obj.<name> through a guard program's attribute load."""
+    step = Recorder()
+    p = _C.GuardProgram()
+    p._set_program([(Load.LOCAL, -1, "obj"), (Load.ATTR, 0, name)], [], [], (), step,
+                   MISSING, module_type, [1])
+    RAN.clear()
+    (got,) = p.read({"obj": obj}, {}, {})
+    assert RAN == [], f"the guard program ran user code: {RAN}"
+    return got, (PY if ("attr", name) in step.calls else C)
+
+
+def static(obj, name):
+    """What static_attr says a guard reads: the value it finds, or MISSING where it
+    finds nothing or only running code could answer."""
+    RAN.clear()
+    how, found = static_attr(obj, name)
+    assert RAN == [], f"static_attr ran user code: {RAN}"
+    return found if how in ("value", "method", "property") else MISSING
+
+
+class Descriptor:
+    def __get__(self, obj, cls=None):
+        RAN.append("__get__")
+        return self
+
+
+class DataDescriptor(Descriptor):
+    def __set__(self, obj, value):
+        RAN.append("__set__")
+
+
+class Plain:
+    constant = 7
+    builtin = len
+    nested = dict
+    plain_descriptor = Descriptor()
+    data_descriptor = DataDescriptor()
+
+    def __init__(self):
+        self.x = 1
+
+    def method(self):
+        return 1
+
+    @property
+    def prop(self):
+        RAN.append("prop")
+
+    @staticmethod
+    def static():
+        return 2
+
+    @classmethod
+    def klass(cls):
+        return 3
+
+
+class Shadow(Plain):
+    def __init__(self):
+        super().__init__()
+        self.method = "an instance value wins over a class function"
+
+
+class Slotted:
+    __slots__ = ("s", "unset")
+
+    def __init__(self):
+        self.s = 5
+
+
+class CustomGetattr:
+    def __init__(self):
+        self.x = 1
+
+    def __getattr__(self, name):
+        RAN.append("__getattr__")
+        raise AttributeError(name)
+
+
+class CustomGetattribute:
+    def __init__(self):
+        self.x = 1
+
+    def __getattribute__(self, name):
+        RAN.append("__getattribute__")
+        return object.__getattribute__(self, name)
+
+
+Point = collections.namedtuple("Point", "x y")
+
+# (rule, object, attribute, who answers)
+RULES = [
+    ("module dict", types, "FunctionType", C),
+    ("module dict, missing", types, "no_such_name", C),
+    ("class function (a method)", Plain(), "method", C),
+    ("class constant", Plain(), "constant", C),
+    ("class builtin function", Plain(), "builtin", C),
+    ("class holding a class", Plain(), "nested", C),
+    ("class property", Plain(), "prop", C),
+    ("class staticmethod", Plain(), "static", PY),
+    ("class classmethod", Plain(), "klass", PY),
+    ("class descriptor", Plain(), "plain_descriptor", PY),
+    ("class data descriptor", Plain(), "data_descriptor", PY),
+    ("instance dict", Plain(), "x", C),
+    ("instance dict over a class function", Shadow(), "method", C),
+    ("missing on a plain object", Plain(), "nothing", PY),
+    ("__slots__ member", Slotted(), "s", PY),
+    ("__slots__ member never set", Slotted(), "unset", PY),
+    ("class: its attribute", Plain, "constant", PY),
+    ("class: its function", Plain, "method", PY),
+    ("class: its staticmethod", Plain, "static", PY),
+    ("class: its property", Plain, "prop", PY),
+    ("super object", super(Shadow, Shadow()), "method", PY),
+    ("super object, missing", super(Shadow, Shadow()), "nothing", PY),
+    ("custom __getattr__, instance dict", CustomGetattr(), "x", C),
+    ("custom __getattr__, missing", CustomGetattr(), "anything", PY),
+    ("custom __getattribute__, instance dict", CustomGetattribute(), "x", C),
+    ("custom __getattribute__, missing", CustomGetattribute(), "anything", PY),
+    ("namedtuple field", Point(3, 4), "y", PY),
+    ("builtin type's instance", 3, "real", PY),
+    ("builtin type's instance, missing", 3, "nothing", PY),
+]
+
+
+@pytest.mark.parametrize("rule, obj, name, where", RULES, ids=[r[0] for r in RULES])
+def test_an_attribute_load_reads_what_static_attr_finds(rule, obj, name, where):
+    got, answered = read_attr(obj, name)
+    assert got is static(obj, name), rule
+    assert answered == where, rule
+
+
+# -- nn.Module: its stores in order, its __getattr__ -----------------------------------
+
+
+def module_rules(torch):
+    nn = torch.nn
+
+    class Custom(nn.Module):
+        def __getattr__(self, name):
+            RAN.append("__getattr__")
+            return super().__getattr__(name)
+
+    m = nn.Module()
+    m.register_parameter("both_pb", nn.Parameter(torch.zeros(1)))
+    m._buffers["both_pb"] = torch.ones(1)          # a parameter shadows a buffer
+    m.register_buffer("both_bm", torch.zeros(2))
+    m._modules["both_bm"] = nn.Identity()          # a buffer shadows a submodule
+    m.register_module("child", nn.Identity())
+    m.register_parameter("p", nn.Parameter(torch.zeros(3)))
+    custom = Custom()
+    custom.register_buffer("b", torch.zeros(1))
+    return [
+        ("parameter", m, "p", C),
+        ("parameter before buffer", m, "both_pb", C),
+        ("buffer before submodule", m, "both_bm", C),
+        ("submodule", m, "child", C),
+        ("instance attribute", m, "training", C),
+        ("class function", m, "forward", C),
+        ("missing, nn.Module's own __getattr__", m, "nothing", C),
+        ("custom __getattr__, store", custom, "b", C),
+        ("custom __getattr__, missing", custom, "nothing", PY),
+    ]
+
+
+@pytest.mark.torch
+def test_module_attribute_loads_read_what_static_attr_finds():
+    torch = pytest.importorskip("torch")
+    for rule, obj, name, where in module_rules(torch):
+        got, answered = read_attr(obj, name, torch.nn.Module)
+        assert got is static(obj, name), rule
+        assert answered == where, rule
+
+
+@pytest.mark.torch
+def test_an_optimized_modules_view_reads_what_static_attr_finds():
+    """A view class's __getattr__ only forwards to the original's: static_attr looks past
+    it, and C leaves absent attributes of a view to Python."""
+    torch = pytest.importorskip("torch")
+    import agspeed
+
+    view = agspeed.optimize(torch.nn.Linear(2, 2), backend="eager")
+    for name, where in [("weight", C), ("in_features", C), ("nothing", PY)]:
+        got, answered = read_attr(view, name, torch.nn.Module)
+        assert got is static(view, name), name
+        assert answered == where, name
