@@ -4,7 +4,7 @@ A task is an ``nn.Module`` whose ``forward`` takes one batch's tensors and retur
 scalar loss, so that a runtime optimizes the model and its loss together, the way a
 training loop's compiled step would be.  Two families:
 
-  zoo           the shapes of tests/test_zoo.py written again at benchmark sizes: an MLP, a
+  zoo           the shapes of tests/models/test_zoo.py written again at benchmark sizes: an MLP, a
                 small residual CNN with BatchNorm, a transformer encoder classifier with a
                 padding mask, and a GPT-style decoder with a tied head;
   transformers  third-party models from HuggingFace ``transformers`` built from small

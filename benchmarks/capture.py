@@ -1,6 +1,6 @@
 """Capture latency and cache-hit overhead for the model zoo, agspeed next to torch.compile.
 
-For each model of tests/test_zoo.py (backend "eager" on both sides, so only the runtime
+For each model of tests/models/test_zoo.py (backend "eager" on both sides, so only the runtime
 is measured, not a compiler):
 
   capture_ms     a cold first call: ``optimize(model)`` (or ``torch.compile``) and the first
@@ -33,7 +33,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "models"))
 
 import torch  # noqa: E402
 

@@ -3,7 +3,7 @@
  * Every jump of 3.11 is relative to the end of the instruction (3.11's
  * jumps carry no inline caches); the ones below jump backward.  Opcode
  * numbers come from CPython's opcode.h.  Checked against dis.hasjrel of
- * 3.11.7 by tests/test_bytecode.py.
+ * 3.11.7 by tests/csrc/test_bytecode.py.
  */
 #define AGS_JUMPS_FORWARD(X) \
     X(FOR_ITER) X(JUMP_FORWARD) X(JUMP_IF_FALSE_OR_POP) \

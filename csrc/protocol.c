@@ -71,7 +71,7 @@ ags_protocol_init(void)
     lower_all(bop_upper, ags_bop_names, AGS_BOP_COUNT, &used);
 }
 
-/* Appends one row (name, value, columns...) built by Py_BuildValue. */
+/* Appends `row` (stolen; NULL: an error is set) to `rows`.  0 or -1. */
 static int
 add_row(PyObject *rows, PyObject *row)
 {
@@ -85,7 +85,8 @@ add_row(PyObject *rows, PyObject *row)
     return rc;
 }
 
-/* Adds `rows` (a list, stolen) to `tables` as a tuple under `name`. */
+/* Sets tables[name] to the tuple of `rows` (stolen; NULL: an error is
+ * set).  0 or -1. */
 static int
 add_table(PyObject *tables, const char *name, PyObject *rows)
 {
@@ -105,104 +106,67 @@ add_table(PyObject *tables, const char *name, PyObject *rows)
     return rc;
 }
 
-/* The rows of the plain tables, X(NAME, "meaning"). */
-#define AGS_PLAIN_TABLE(key, P, LIST) \
+/* How each table's X-macro row becomes (name, value, columns...): ROW_FMT
+ * is its Py_BuildValue format and ROW its arguments; `v` counts the rows
+ * (a row's value is its index, but for flags, which are bits). */
+#define ROW_PLAIN(name, doc) #name, v++, doc
+#define ROW_TWO_TEXTS(name, a, b) #name, v++, a, b
+#define ROW_FLAG(name, bit, doc) #name, bit, doc
+#define ROW_SIZE_OP(name, imm, doc) #name, v++, imm, doc
+
+#define ROW_EXPORT(...) \
+    if (ok && add_row(rows, Py_BuildValue(ROW_FMT, ROW(__VA_ARGS__))) < 0) { \
+        ok = 0; \
+    }
+#define TABLE_EXPORT(key, LIST) \
     do { \
         PyObject *rows = PyList_New(0); \
-        int v = 0; \
-        if (rows == NULL) goto error; \
-        LIST(AGS_PLAIN_ROW) \
+        int v = 0, ok = rows != NULL; \
+        LIST(ROW_EXPORT) \
         (void)v; \
-        if (add_table(tables, key, rows) < 0) goto error; \
+        if (!ok) { \
+            Py_XDECREF(rows); \
+            goto error; \
+        } \
+        if (add_table(tables, key, rows) < 0) { \
+            goto error; \
+        } \
     } while (0)
-#define AGS_PLAIN_ROW(name, doc) \
-    if (add_row(rows, Py_BuildValue("(sis)", #name, v++, doc)) < 0) { \
-        Py_DECREF(rows); \
-        goto error; \
-    }
 
 int
 ags_protocol_export(PyObject *module)
 {
     PyObject *tables = PyDict_New();
-    PyObject *rows;
-    int v;
 
     if (tables == NULL) {
         return -1;
     }
-    AGS_PLAIN_TABLE("action", ACTION, AGS_ACTION_LIST);
-    AGS_PLAIN_TABLE("builder_op", BOP, AGS_BUILDER_OP_LIST);
-    AGS_PLAIN_TABLE("plan", PLAN, AGS_PLAN_LIST);
-    AGS_PLAIN_TABLE("attr", ATTR, AGS_ATTR_LIST);
-    AGS_PLAIN_TABLE("bind", BIND, AGS_BIND_LIST);
-    AGS_PLAIN_TABLE("load", LOAD, AGS_LOAD_LIST);
-    AGS_PLAIN_TABLE("check", CHECK, AGS_CHECK_LIST);
-    AGS_PLAIN_TABLE("part", PART, AGS_PART_LIST);
-
-    rows = PyList_New(0);
-    v = 0;
-    if (rows == NULL) {
-        goto error;
-    }
-#define AGS_X(name, what, hint) \
-    if (add_row(rows, Py_BuildValue("(siss)", #name, v++, what, hint)) < 0) { \
-        Py_DECREF(rows); \
-        goto error; \
-    }
-    AGS_REASON_LIST(AGS_X)
-#undef AGS_X
-    if (add_table(tables, "reason", rows) < 0) {
-        goto error;
-    }
-
-    rows = PyList_New(0);
-    v = 0;
-    if (rows == NULL) {
-        goto error;
-    }
-#define AGS_X(name, op, doc) \
-    if (add_row(rows, Py_BuildValue("(siss)", #name, v++, op, doc)) < 0) { \
-        Py_DECREF(rows); \
-        goto error; \
-    }
-    AGS_COMPARE_LIST(AGS_X)
-#undef AGS_X
-    if (add_table(tables, "compare", rows) < 0) {
-        goto error;
-    }
-
-    rows = PyList_New(0);
-    if (rows == NULL) {
-        goto error;
-    }
-#define AGS_X(name, bit, doc) \
-    if (add_row(rows, Py_BuildValue("(sis)", #name, bit, doc)) < 0) { \
-        Py_DECREF(rows); \
-        goto error; \
-    }
-    AGS_GFLAG_LIST(AGS_X)
-#undef AGS_X
-    if (add_table(tables, "guard_flag", rows) < 0) {
-        goto error;
-    }
-
-    rows = PyList_New(0);
-    v = 0;
-    if (rows == NULL) {
-        goto error;
-    }
-#define AGS_X(name, imm, doc) \
-    if (add_row(rows, Py_BuildValue("(siis)", #name, v++, imm, doc)) < 0) { \
-        Py_DECREF(rows); \
-        goto error; \
-    }
-    AGS_SOP_LIST(AGS_X)
-#undef AGS_X
-    if (add_table(tables, "size_op", rows) < 0) {
-        goto error;
-    }
-
+#define ROW_FMT "(sis)"
+#define ROW ROW_PLAIN
+    TABLE_EXPORT("action", AGS_ACTION_LIST);
+    TABLE_EXPORT("builder_op", AGS_BUILDER_OP_LIST);
+    TABLE_EXPORT("plan", AGS_PLAN_LIST);
+    TABLE_EXPORT("attr", AGS_ATTR_LIST);
+    TABLE_EXPORT("bind", AGS_BIND_LIST);
+    TABLE_EXPORT("load", AGS_LOAD_LIST);
+    TABLE_EXPORT("check", AGS_CHECK_LIST);
+    TABLE_EXPORT("part", AGS_PART_LIST);
+#undef ROW
+#define ROW ROW_FLAG
+    TABLE_EXPORT("guard_flag", AGS_GFLAG_LIST);
+#undef ROW
+#undef ROW_FMT
+#define ROW_FMT "(siss)"
+#define ROW ROW_TWO_TEXTS
+    TABLE_EXPORT("reason", AGS_REASON_LIST);
+    TABLE_EXPORT("compare", AGS_COMPARE_LIST);
+#undef ROW
+#undef ROW_FMT
+#define ROW_FMT "(siis)"
+#define ROW ROW_SIZE_OP
+    TABLE_EXPORT("size_op", AGS_SOP_LIST);
+#undef ROW
+#undef ROW_FMT
     if (PyModule_AddObjectRef(module, "PROTOCOL", tables) < 0) {
         goto error;
     }

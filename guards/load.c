@@ -29,7 +29,7 @@
  * class attribute, instance dict, or nn.Module store) and hands every
  * other case to the Python step, resolve_step, which calls static_attr:
  * descriptors, classes, super objects, builtin types, custom __getattr__.
- * tests/test_attr_rules.py pins that both readings agree on each rule.
+ * tests/guards/test_load.py pins that both readings agree on each rule.
  */
 #include "program.h"
 

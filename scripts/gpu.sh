@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build agspeed and run the GPU checks on a machine with CUDA and torch but no network:
-# the full test suite (tests/test_cuda.py included), the demo on CUDA and the CUDA
+# the full test suite (tests/backends/test_cuda.py included), the demo on CUDA and the CUDA
 # benchmarks.  xxHash comes from the Debian packages in .deb/ (apt-get download
 # libxxhash-dev libxxhash0), unpacked under /tmp/xx.  Logs and results go to $OUT
 # (default: gpu-out/).
@@ -23,7 +23,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT
 export PYTHONPATH=/tmp/agslib
 ROOT=$PWD
 rc=0
-(cd /tmp && "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests/test_cuda.py") 2>&1 | tee "$OUT/test_cuda.log" || rc=1
+(cd /tmp && "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests/backends/test_cuda.py") 2>&1 | tee "$OUT/test_cuda.log" || rc=1
 [ "${GPU_QUICK:-0}" = 1 ] && exit $rc
 (cd /tmp && "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests") 2>&1 | tee "$OUT/tests.log" | tail -15 || rc=1
 "$PY" scripts/demo.py --device cuda 2>&1 | tee "$OUT/demo.log" | tail -30 || rc=1

@@ -13,6 +13,13 @@ Markers:
 Every test starts from a clean runtime: caches, counters and records reset, config
 re-read from the environment.
 
+The layout mirrors the source tree: tests/csrc/, tests/guards/, tests/backends/ and
+tests/agspeed/ hold the tests of the file they are named after (tests/guards/test_memo.py
+for guards/memo.c), tests/models/ whole models end to end, tests/benchmarks/ the
+benchmark scripts.  Test modules are named uniquely across the tree and import shared
+helpers by module name (``from test_zoo import ZOO``, ``from _logs import logged``): this
+file puts tests/ and each of its directories on ``sys.path``.
+
 The session's knowledge base is a temporary directory (never the user's cache), shared by
 all tests so that inductor's compiled artifacts are reused across them.  The autotuner's
 default candidate list is ``eager`` alone, so ``optimize(model)`` in tests about capture
@@ -22,9 +29,16 @@ their candidates or backend.  Both are environment defaults: a run may set them.
 
 import importlib.util
 import os
+import sys
 import tempfile
 
 import pytest
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _dir in [_HERE] + sorted(os.path.join(_HERE, d) for d in os.listdir(_HERE)
+                             if os.path.isdir(os.path.join(_HERE, d)) and d[0] not in "._"):
+    if _dir not in sys.path:
+        sys.path.insert(0, _dir)
 
 os.environ.setdefault("AGSPEED_CACHE_DIR", tempfile.mkdtemp(prefix="agspeed-tests-"))
 os.environ.setdefault("AGSPEED_AUTOTUNE_CANDIDATES", "eager")

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 import agspeed  # noqa: E402
 from agspeed import _C  # noqa: E402
-from test_guard_kinds import logged  # noqa: E402
+from test_checks import logged  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

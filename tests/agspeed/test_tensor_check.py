@@ -15,7 +15,7 @@ nn = torch.nn
 
 import agspeed  # noqa: E402
 from agspeed import _C, _tensor_check  # noqa: E402
-from test_guard_kinds import Counting  # noqa: E402
+from test_checks import Counting  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

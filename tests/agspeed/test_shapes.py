@@ -15,7 +15,7 @@ nn, F = torch.nn, torch.nn.functional
 
 import agspeed  # noqa: E402
 from agspeed import _C  # noqa: E402
-from test_guard_kinds import Counting, logged  # noqa: E402
+from test_checks import Counting, logged  # noqa: E402
 from test_zoo import ZOO  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -377,7 +377,7 @@ def test_recompile_and_guard_logs_name_the_dimension_and_why():
             fast(torch.randn(n, 8), w)
     dynamic = [m for m in messages if "is dynamic from now on" in m]
     assert len(dynamic) == 1
-    assert "scale_shift (test_dynamic.py:" in dynamic[0]
+    assert "scale_shift (test_shapes.py:" in dynamic[0]
     assert "x.size(0) is dynamic from now on (3 distinct sizes (4, 5, 6) reached " \
            "dynamic_after=3)" in dynamic[0]
     assert any("replaces 2 static entries" in m for m in messages)

@@ -13,7 +13,7 @@ import pytest
 
 from agspeed import _C
 from agspeed._sources import MISSING, resolve_step, static_attr
-from agspeed.protocol import Load
+from agspeed.protocol import Attr, Load
 
 C, PY = "C", "Python"
 
@@ -49,7 +49,7 @@ def static(obj, name):
     RAN.clear()
     how, found = static_attr(obj, name)
     assert RAN == [], f"static_attr ran user code: {RAN}"
-    return found if how in ("value", "method", "property") else MISSING
+    return found if how in (Attr.VALUE, Attr.METHOD, Attr.PROPERTY) else MISSING
 
 
 class Descriptor:

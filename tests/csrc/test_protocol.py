@@ -11,7 +11,7 @@ import pytest
 from agspeed import _C, protocol
 from agspeed.protocol import Attr, BuilderOp, Compare, Plan, Reason
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 HEADER = (ROOT / "csrc" / "protocol.h").read_text()
 
 # table export name -> (X-macro list in protocol.h, IntEnum)

@@ -2,7 +2,7 @@
 with a GradScaler, each compared with eager.
 
 These need a CUDA device; where there is none (CI) they are skipped, and they run on a
-GPU machine with `python -m pytest tests/test_cuda.py`.
+GPU machine with `python -m pytest tests/backends/test_cuda.py`.
 """
 
 import pytest

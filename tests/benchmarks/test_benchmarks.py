@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_capture_benchmark_quick_run(tmp_path):

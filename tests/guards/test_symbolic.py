@@ -13,7 +13,7 @@ import weakref
 import pytest
 
 from agspeed import _C
-from test_guard_program import program
+from test_program import program
 
 from agspeed.protocol import Check, SizeOp
 

@@ -304,7 +304,7 @@ def test_graph_break_paths(name, fn, instruction, reason, capsys):
     assert len(messages) == (2 if name == "attribute_write" else 1)
     line = messages[0]
     code = (target.forward if fn is None else fn).__code__
-    assert "test_guard_kinds.py:" in line
+    assert "test_checks.py:" in line
     assert f"{code.co_name} (" in line
     assert reason in line and instruction in line
 
@@ -372,7 +372,7 @@ def test_recompile_logs_closest_entry_and_verbose_lists_every_entry():
     assert "2 entries cached" in short[1] and "3 entries cached" in short[2]
     assert "float32" in short[2] and "float64" in short[2] and "[3, 4]" in short[2]
     assert len(verbose) == 1 + 2 + 3  # every entry on every recompile
-    assert all("f_tensor (test_guard_kinds.py:" in m for m in short + verbose)
+    assert all("f_tensor (test_checks.py:" in m for m in short + verbose)
 
 
 def test_recompiles_summary_counts_per_function():
