@@ -167,6 +167,52 @@ ags_bc_to_list(PyCodeObject *code)
 }
 
 /* ------------------------------------------------------------------ */
+/* Return codes */
+
+PyObject *
+ags_bc_return_code(PyCodeObject *code)
+{
+    unsigned char units[2 * (2 + 2 * 16)];
+    int n = 0;
+    PyObject *bytes = NULL, *kwargs = NULL, *replace = NULL, *empty = NULL;
+    PyObject *args = NULL, *result = NULL;
+    const int ops[2] = {RESUME, RETURN_VALUE};
+
+    /* ags_frame_return jumps to the unit after RESUME */
+    Py_BUILD_ASSERT(AGS_RETURN_UNIT == 1);
+
+    for (int k = 0; k < 2; k++) {
+        units[n++] = (unsigned char)ops[k];
+        units[n++] = 0;
+        for (int c = 0; c < ags_opcodes[ops[k]].caches; c++) {
+            units[n++] = 0;
+            units[n++] = 0;
+        }
+    }
+    bytes = PyBytes_FromStringAndSize((const char *)units, n);
+    empty = PyBytes_FromStringAndSize(NULL, 0);
+    args = PyTuple_New(0);
+    replace = PyObject_GetAttrString((PyObject *)code, "replace");
+    if (bytes == NULL || empty == NULL || args == NULL || replace == NULL) {
+        goto done;
+    }
+    kwargs = Py_BuildValue("{s:O,s:i,s:O,s:O}", "co_code", bytes,
+                           "co_stacksize", 1, "co_linetable", empty,
+                           "co_exceptiontable", empty);
+    if (kwargs == NULL) {
+        goto done;
+    }
+    result = PyObject_Call(replace, args, kwargs);
+done:
+    Py_XDECREF(bytes);
+    Py_XDECREF(empty);
+    Py_XDECREF(args);
+    Py_XDECREF(replace);
+    Py_XDECREF(kwargs);
+    return result;
+}
+
+/* ------------------------------------------------------------------ */
 /* Exception tables */
 
 /* Reads one varint at *pos of `table` (n bytes): 0, or -1 when the table

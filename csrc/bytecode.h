@@ -53,6 +53,11 @@ void ags_bc_release(ags_bytecode *bc);
 /* New reference: [(start, offset, opcode, arg, target, next), ...]. */
 PyObject *ags_bc_to_list(PyCodeObject *code);
 
+/* New reference: the "return code" of `code` (same locals layout, bytecode
+ * RESUME; RETURN_VALUE, one stack slot): what a frame whose result is known
+ * runs instead (frame.h: ags_frame_return).  NULL with an exception set. */
+PyObject *ags_bc_return_code(PyCodeObject *code);
+
 /* One entry of an exception table, in byte offsets. */
 typedef struct {
     int start, end;     /* the instructions it covers: [start, end) */

@@ -430,7 +430,7 @@ PyCodeObject *
 ags_cache_return_code(ags_code_state *state, PyCodeObject *code)
 {
     if (state->retcode == NULL) {
-        state->retcode = ags_frame_make_return_code(code);
+        state->retcode = ags_bc_return_code(code);
     }
     return (PyCodeObject *)state->retcode;
 }

@@ -23,7 +23,7 @@
  * was sized for the original code, so the return code may use no more
  * stack than it (one slot) and must have the same number of local slots.
  */
-#include "agspeed.h"
+#include "frame.h"
 
 #define Py_BUILD_CORE 1
 #include "internal/pycore_frame.h"
@@ -92,49 +92,6 @@ ags_code_nargs(PyCodeObject *code)
 {
     return code->co_argcount + code->co_kwonlyargcount
            + !!(code->co_flags & CO_VARARGS) + !!(code->co_flags & CO_VARKEYWORDS);
-}
-
-/* The unit index of RETURN_VALUE in a return code (after RESUME). */
-#define AGS_RETURN_UNIT 1
-
-PyObject *
-ags_frame_make_return_code(PyCodeObject *code)
-{
-    unsigned char units[2 * (2 + 2 * 16)];
-    int n = 0;
-    PyObject *bytes = NULL, *kwargs = NULL, *replace = NULL, *empty = NULL;
-    PyObject *args = NULL, *result = NULL;
-    const int ops[2] = {RESUME, RETURN_VALUE};
-
-    for (int k = 0; k < 2; k++) {
-        units[n++] = (unsigned char)ops[k];
-        units[n++] = 0;
-        for (int c = 0; c < ags_opcodes[ops[k]].caches; c++) {
-            units[n++] = 0;
-            units[n++] = 0;
-        }
-    }
-    bytes = PyBytes_FromStringAndSize((const char *)units, n);
-    empty = PyBytes_FromStringAndSize(NULL, 0);
-    args = PyTuple_New(0);
-    replace = PyObject_GetAttrString((PyObject *)code, "replace");
-    if (bytes == NULL || empty == NULL || args == NULL || replace == NULL) {
-        goto done;
-    }
-    kwargs = Py_BuildValue("{s:O,s:i,s:O,s:O}", "co_code", bytes,
-                           "co_stacksize", 1, "co_linetable", empty,
-                           "co_exceptiontable", empty);
-    if (kwargs == NULL) {
-        goto done;
-    }
-    result = PyObject_Call(replace, args, kwargs);
-done:
-    Py_XDECREF(bytes);
-    Py_XDECREF(empty);
-    Py_XDECREF(args);
-    Py_XDECREF(replace);
-    Py_XDECREF(kwargs);
-    return result;
 }
 
 int

@@ -31,9 +31,9 @@ PyObject *const *ags_frame_args(struct _PyInterpreterFrame *frame);
  * *args, **kwargs): the first names of co_localsplusnames. */
 int ags_code_nargs(PyCodeObject *code);
 
-/* New reference: the "return code" of `code` (same locals layout, bytecode
- * RESUME; RETURN_VALUE), or NULL with an exception set. */
-PyObject *ags_frame_make_return_code(PyCodeObject *code);
+/* The unit of RETURN_VALUE in a return code (bytecode.c: ags_bc_return_code
+ * makes it RESUME; RETURN_VALUE), where ags_frame_return points a frame. */
+#define AGS_RETURN_UNIT 1
 
 /* 1 if an unstarted frame can be made to return a value: its code has a
  * stack slot and its stack is empty. */
@@ -41,7 +41,7 @@ int ags_frame_can_return(struct _PyInterpreterFrame *frame);
 
 /* Makes the unstarted `frame` return `value` (stolen) when it is evaluated,
  * without running its bytecode.  Requires ags_frame_can_return() and
- * `retcode` made from the frame's code. */
+ * `retcode` made from the frame's code by ags_bc_return_code. */
 void ags_frame_return(struct _PyInterpreterFrame *frame,
                       PyCodeObject *retcode, PyObject *value);
 
