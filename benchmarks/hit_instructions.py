@@ -2,8 +2,9 @@
 
 Each case is run twice under ``valgrind --tool=callgrind``, once with N1 and once with N2
 cache hits after the same warm-up (which captures and compiles), collecting only inside
-one C function (``--toggle-collect``).  The difference divided by N2 - N1 is what one hit
-costs there, warm-up excluded:
+one C function (``--toggle-collect``), the cyclic GC off during the hits and string
+hashing fixed (``PYTHONHASHSEED=0``), so both runs do the same warm-up work.  The difference
+divided by N2 - N1 is what one hit costs there, warm-up excluded:
 
   ags_eval           the whole hit: the hook, the lookup, gathering the inputs, calling
                      the graph (a no-op backend: its graph returns its first input);
@@ -18,6 +19,7 @@ layers, whose guard checks parameters).  Needs valgrind.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -27,7 +29,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FUNCTIONS = ("ags_eval", "ags_cache_lookup")
-N1, N2 = 200, 1200
+N1, N2 = 200, 5200
 
 
 def _child(case: str, n: int) -> None:
@@ -63,6 +65,8 @@ def _child(case: str, n: int) -> None:
     with torch.no_grad():
         for _ in range(20):
             fn(*args)
+        gc.collect()
+        gc.disable()   # no collection lands inside a counted hit
         for _ in range(n):
             fn(*args)
 
@@ -72,7 +76,8 @@ def _count(case: str, n: int, function: str) -> int:
         out = os.path.join(tmp, "cg.out")
         subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
                         f"--toggle-collect={function}", sys.executable, __file__,
-                        "--child", case, str(n)], check=True, capture_output=True)
+                        "--child", case, str(n)], check=True, capture_output=True,
+                       env=dict(os.environ, PYTHONHASHSEED="0"))
         with open(out) as f:
             text = f.read()
     found = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.M)
@@ -82,13 +87,15 @@ def _count(case: str, n: int, function: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
+    parser.add_argument("--cases", default="inputs_4,layers_8")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child(args.child[0], int(args.child[1]))
         return
     rows = {}
-    for case in ("inputs_4", "layers_8"):
+    cases = args.cases.split(",")
+    for case in cases:
         for function in FUNCTIONS:
             per_hit = (_count(case, N2, function) - _count(case, N1, function)) / (N2 - N1)
             rows[f"{case}/{function}"] = round(per_hit)

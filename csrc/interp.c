@@ -231,7 +231,8 @@ ags_graph_arg(ags_interp *it, const ags_value *v)
     case AGS_VK_DICT:
         return frozen_copy(v->obj);
     default:
-        ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "a %s cannot be a graph argument",
+        ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                  "a %s cannot be a graph argument",
                   ags_kind_names[v->kind]);
         return NULL;
     }
@@ -550,11 +551,13 @@ frame_run(ags_interp *it, ags_frame *f)
         ags_handler h = handlers[ins->opcode];
 
         if (f->handled != NULL && f->handled[f->pc]) {
-            rc = ags_stopf(it, AGS_REASON_EXCEPTION_HANDLER, "code under try/except or "
+            rc = ags_stopf(it, AGS_REASON_EXCEPTION_HANDLER,
+                           "code under try/except or "
                            "with: its handler would not run if the graph raised");
         }
         else if (++it->steps > AGS_MAX_STEPS) {
-            rc = ags_stopf(it, AGS_REASON_TOO_LONG, "more than %d instructions "
+            rc = ags_stopf(it, AGS_REASON_TOO_LONG,
+                           "more than %d instructions "
                            "(a long or endless loop)", AGS_MAX_STEPS);
         }
         else {
@@ -598,7 +601,8 @@ ags_inline(ags_interp *it, ags_frame *caller, PyObject *func,
     int rc;
 
     if (caller->depth + 1 >= AGS_MAX_DEPTH) {
-        return ags_stopf(it, AGS_REASON_TOO_DEEP, "calls nested deeper than %d",
+        return ags_stopf(it, AGS_REASON_TOO_DEEP,
+                         "calls nested deeper than %d",
                          AGS_MAX_DEPTH);
     }
     plan = ags_call_builder(it, AGS_BOP_BIND, "(OiO)", func, nargs,

@@ -44,7 +44,8 @@ attr_source(ags_interp *it, ags_value *owner, PyObject *name, PyObject **src)
     if (owner_src == NULL) {
         return 0;
     }
-    *src = Py_BuildValue("(sOO)", ags_load_names[AGS_LOAD_ATTR], owner_src, name);
+    *src = Py_BuildValue("(sOO)", ags_load_names[AGS_LOAD_ATTR], owner_src,
+                         name);
     Py_DECREF(owner_src);
     return *src == NULL ? -1 : 0;
 }
@@ -81,7 +82,8 @@ known_attr(ags_interp *it, ags_frame *f, ags_value *owner, PyObject *name,
             rc = ags_load_object(it, src, value, &v);
         }
         else if (PyObject_TypeCheck(value, (PyTypeObject *)it->tensor_type)) {
-            rc = ags_stopf(it, AGS_REASON_UNGUARDABLE_ATTRIBUTE, "tensor attribute %R of "
+            rc = ags_stopf(it, AGS_REASON_UNGUARDABLE_ATTRIBUTE,
+                           "tensor attribute %R of "
                            "an object reached by no source", name);
         }
         else {
@@ -119,13 +121,15 @@ known_attr(ags_interp *it, ags_frame *f, ags_value *owner, PyObject *name,
     else if (how == AGS_ATTR_PROPERTY) {
         /* value is the property object; its getter runs inlined. */
         PyObject *fget = PyObject_GetAttrString(value, "fget");
-        PyObject *fsrc = src ? Py_BuildValue("(sO)", ags_load_names[AGS_LOAD_FGET], src) : NULL;
+        PyObject *fsrc = src ? Py_BuildValue("(sO)",
+                                             ags_load_names[AGS_LOAD_FGET], src) : NULL;
         ags_value self = ags_value_copy(owner), result;
 
         rc = fget == NULL ? AGS_ERROR
              : src ? ags_assume(it, src, value) : AGS_GO;
         if (rc == AGS_GO && !PyFunction_Check(fget)) {
-            rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_ATTRIBUTE, "property %R whose "
+            rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_ATTRIBUTE,
+                           "property %R whose "
                            "getter is not a Python function", name);
         }
         if (rc == AGS_GO) {
@@ -140,7 +144,8 @@ known_attr(ags_interp *it, ags_frame *f, ags_value *owner, PyObject *name,
         Py_XDECREF(fsrc);
     }
     else {
-        rc = ags_stopf(it, AGS_REASON_MISSING_ATTRIBUTE, "%s has no attribute %R",
+        rc = ags_stopf(it, AGS_REASON_MISSING_ATTRIBUTE,
+                       "%s has no attribute %R",
                        Py_TYPE(owner->obj)->tp_name, name);
     }
     Py_XDECREF(src);
@@ -155,13 +160,15 @@ ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method)
     int rc;
 
     if (owner.kind == AGS_VK_TENSOR && !method) {
-        rc = push_result(it, f, ags_call_builder(it, AGS_BOP_TENSOR_ATTR, "(OO)",
+        rc = push_result(it, f, ags_call_builder(it, AGS_BOP_TENSOR_ATTR,
+                                                 "(OO)",
                                                  owner.obj, name));
     }
     else if (owner.kind == AGS_VK_TENSOR || owner.kind == AGS_VK_LIST
              || owner.kind == AGS_VK_DICT || owner.kind == AGS_VK_TUPLE) {
         if (!method) {
-            rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_ATTRIBUTE, "attribute %R of a %s",
+            rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_ATTRIBUTE,
+                           "attribute %R of a %s",
                            name, ags_kind_names[owner.kind]);
         }
         else {
@@ -174,7 +181,8 @@ ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method)
         rc = known_attr(it, f, &owner, name, method);
     }
     else {
-        rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_ATTRIBUTE, "attribute %R of a %s",
+        rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_ATTRIBUTE,
+                       "attribute %R of a %s",
                        name, ags_kind_names[owner.kind]);
     }
     ags_value_clear(&owner);
@@ -210,19 +218,23 @@ ags_call_getattr(ags_interp *it, ags_frame *f, int has, ags_value *args,
     int rc, missing;
 
     if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
-        return ags_stopf(it, AGS_REASON_BAD_CALL, "%s() takes no keyword arguments", fn);
+        return ags_stopf(it, AGS_REASON_BAD_CALL,
+                         "%s() takes no keyword arguments", fn);
     }
     if (nargs < 2 || nargs > (has ? 2 : 3)) {
-        return ags_stopf(it, AGS_REASON_BAD_CALL, "%s() with %d arguments", fn, nargs);
+        return ags_stopf(it, AGS_REASON_BAD_CALL, "%s() with %d arguments", fn,
+                         nargs);
     }
     name = args[1].obj;
     if (args[1].kind != AGS_VK_CONST || !PyUnicode_CheckExact(name)) {
-        return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "%s() with a name that is not "
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
+                         "%s() with a name that is not "
                          "a constant string", fn);
     }
     if (args[0].kind != AGS_VK_CONST) {
         if (has) {
-            return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "hasattr() of a %s",
+            return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
+                             "hasattr() of a %s",
                              AGS_DESCRIBE(&args[0]));
         }
         /* a tensor's metadata, or the load's own break */
@@ -262,7 +274,8 @@ ags_call_getattr(ags_interp *it, ags_frame *f, int has, ags_value *args,
                 *result = ags_value_copy(&args[2]);
             }
             else {
-                rc = ags_stopf(it, AGS_REASON_MISSING_ATTRIBUTE, "%s has no attribute "
+                rc = ags_stopf(it, AGS_REASON_MISSING_ATTRIBUTE,
+                               "%s has no attribute "
                                "%R", Py_TYPE(args[0].obj)->tp_name, name);
             }
         }
@@ -286,7 +299,8 @@ ags_push_super(ags_interp *it, ags_frame *f, PyObject *cls, PyObject *self)
                                                  cls, self, NULL);
     if (sup == NULL) {
         PyErr_Clear();
-        return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "super(%R, ...) failed", cls);
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
+                         "super(%R, ...) failed", cls);
     }
     return ags_push(f, ags_value_make(AGS_VK_CONST, sup, NULL));
 }

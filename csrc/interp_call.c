@@ -150,7 +150,8 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
     int rc;
 
     if (callable->kind == AGS_VK_METHOD && self->kind == AGS_VK_TENSOR) {
-        return ags_builder_call(it, AGS_BOP_CALL_METHOD, callable->obj, self, args,
+        return ags_builder_call(it, AGS_BOP_CALL_METHOD, callable->obj, self,
+                                args,
                             nargs, kwnames, result);
     }
     if (callable->kind == AGS_VK_METHOD) {
@@ -160,7 +161,8 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
         if (spec == NULL) {
             return AGS_ERROR;
         }
-        rc = ags_builder_call(it, AGS_BOP_CONTAINER_METHOD, spec, NULL, args, nargs,
+        rc = ags_builder_call(it, AGS_BOP_CONTAINER_METHOD, spec, NULL, args,
+                              nargs,
                           kwnames, result);
         Py_DECREF(spec);
         return rc;
@@ -190,7 +192,8 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
                         "(Plan, ...)");
         return AGS_ERROR;
     }
-    if (ags_protocol_kind(PyTuple_GET_ITEM(plan, 0), AGS_PLAN_COUNT, "call plan",
+    if (ags_protocol_kind(PyTuple_GET_ITEM(plan, 0), AGS_PLAN_COUNT,
+                          "call plan",
                           &kind) < 0) {
         Py_DECREF(plan);
         return AGS_ERROR;
@@ -198,7 +201,8 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
     switch (kind) {
     case AGS_PLAN_GRAPH:
     case AGS_PLAN_FOLD:
-        rc = ags_builder_call(it, kind == AGS_PLAN_GRAPH ? AGS_BOP_CALL_FUNCTION
+        rc = ags_builder_call(it,
+                              kind == AGS_PLAN_GRAPH ? AGS_BOP_CALL_FUNCTION
                                                      : AGS_BOP_FOLD,
                           PyTuple_GET_ITEM(plan, 1), self, args, nargs,
                           kwnames, result);
@@ -290,7 +294,8 @@ op_call_kw(ags_interp *it, ags_frame *f, const ags_instr *ins)
 
     if (names.kind != AGS_VK_CONST || !PyTuple_Check(names.obj)) {
         ags_value_clear(&names);
-        return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "keyword names not constant");
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
+                         "keyword names not constant");
     }
     rc = ags_do_call(it, f, (int)ins->arg, names.obj);
     ags_value_clear(&names);
@@ -312,7 +317,8 @@ op_call_function_ex(ags_interp *it, ags_frame *f, const ags_instr *ins)
     if (rc == AGS_GO && kwargs.kind != AGS_VK_UNBOUND) {
         if (kwargs.kind != AGS_VK_DICT && !(kwargs.kind == AGS_VK_CONST
                                             && PyDict_CheckExact(kwargs.obj))) {
-            rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "**kwargs from a %s",
+            rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
+                           "**kwargs from a %s",
                            AGS_DESCRIBE(&kwargs));
         }
         else {

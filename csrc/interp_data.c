@@ -85,7 +85,8 @@ store_local(ags_interp *it, ags_frame *f, uint32_t i)
     }
     if (ags_is_free_slot(f, (int)i)) {
         /* `nonlocal x; x = ...` into a real closure: the program's cell */
-        return ags_stopf(it, AGS_REASON_SIDE_EFFECT, "assigning the nonlocal %R",
+        return ags_stopf(it, AGS_REASON_SIDE_EFFECT,
+                         "assigning the nonlocal %R",
                          PyTuple_GET_ITEM(f->code->co_localsplusnames, i));
     }
     return AGS_GO;
@@ -200,7 +201,8 @@ global_source(ags_interp *it, ags_frame *f, PyObject *name)
     }
     modname = PyDict_GetItemString(f->globals, "__name__");
     if (modname == NULL || !PyUnicode_Check(modname)) {
-        ags_stopf(it, AGS_REASON_UNGUARDABLE_GLOBAL, "global %R of a function with no "
+        ags_stopf(it, AGS_REASON_UNGUARDABLE_GLOBAL,
+                  "global %R of a function with no "
                   "module", name);
         return NULL;
     }
@@ -210,13 +212,15 @@ global_source(ags_interp *it, ags_frame *f, PyObject *name)
         if (mod == NULL || !PyModule_Check(mod)
             || PyModule_GetDict(mod) != f->globals) {
             if (!PyErr_Occurred()) {
-                ags_stopf(it, AGS_REASON_UNGUARDABLE_GLOBAL, "global %R of a function "
+                ags_stopf(it, AGS_REASON_UNGUARDABLE_GLOBAL,
+                          "global %R of a function "
                           "whose globals are not module %R's", name, modname);
             }
             return NULL;
         }
     }
-    return Py_BuildValue("(sOO)", ags_load_names[AGS_LOAD_GMOD], modname, name);
+    return Py_BuildValue("(sOO)", ags_load_names[AGS_LOAD_GMOD], modname,
+                         name);
 }
 
 AGS_HANDLER
@@ -234,7 +238,8 @@ op_load_global(ags_interp *it, ags_frame *f, const ags_instr *ins)
     if (value == NULL) {
         return PyErr_Occurred()
                    ? AGS_ERROR
-                   : ags_stopf(it, AGS_REASON_UNKNOWN_GLOBAL, "global %R is not defined",
+                   : ags_stopf(it, AGS_REASON_UNKNOWN_GLOBAL,
+                               "global %R is not defined",
                                name);
     }
     source = global_source(it, f, name);
@@ -332,7 +337,8 @@ op_build_map(ags_interp *it, ags_frame *f, const ags_instr *ins)
         PyObject *a;
         if (k->kind != AGS_VK_CONST) {
             Py_DECREF(dict);
-            return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "a dict key that is a %s",
+            return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                             "a dict key that is a %s",
                              AGS_DESCRIBE(k));
         }
         a = ags_graph_arg(it, val);
@@ -389,7 +395,8 @@ op_list_append(ags_interp *it, ags_frame *f, const ags_instr *ins)
 
     if (list->kind != AGS_VK_LIST) {
         ags_value_clear(&item);
-        return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "LIST_APPEND to a %s",
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                         "LIST_APPEND to a %s",
                          AGS_DESCRIBE(list));
     }
     a = ags_graph_arg(it, &item);
@@ -412,7 +419,8 @@ op_list_extend(ags_interp *it, ags_frame *f, const ags_instr *ins)
 
     if (list->kind != AGS_VK_LIST) {
         ags_value_clear(&seq);
-        return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "LIST_EXTEND of a %s",
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                         "LIST_EXTEND of a %s",
                          AGS_DESCRIBE(list));
     }
     rc = ags_elements(it, &seq, &elems);
@@ -485,7 +493,8 @@ op_unpack_sequence(ags_interp *it, ags_frame *f, const ags_instr *ins)
     }
     if (PyTuple_GET_SIZE(elems) != (Py_ssize_t)ins->arg) {
         Py_DECREF(elems);
-        return ags_stopf(it, AGS_REASON_OP_FAILED, "unpacking %zd values into %u names",
+        return ags_stopf(it, AGS_REASON_OP_FAILED,
+                         "unpacking %zd values into %u names",
                          PyTuple_GET_SIZE(elems), (unsigned)ins->arg);
     }
     for (Py_ssize_t i = PyTuple_GET_SIZE(elems) - 1; i >= 0; i--) {
@@ -517,7 +526,8 @@ op_unpack_ex(ags_interp *it, ags_frame *f, const ags_instr *ins)
     n = PyTuple_GET_SIZE(elems);
     if (n < before + after) {
         Py_DECREF(elems);
-        return ags_stopf(it, AGS_REASON_OP_FAILED, "not enough values to unpack");
+        return ags_stopf(it, AGS_REASON_OP_FAILED,
+                         "not enough values to unpack");
     }
     for (Py_ssize_t i = n - 1; i >= n - after; i--) {
         if (ags_value_of(it, PyTuple_GET_ITEM(elems, i), &v) < 0
@@ -565,7 +575,8 @@ op_build_slice(ags_interp *it, ags_frame *f, const ags_instr *ins)
          * dimension): the slice holds its node, and what it indexes decides
          * (a tensor: a graph node; a known sequence: the builder). */
         if (v->kind != AGS_VK_CONST && v->kind != AGS_VK_TENSOR) {
-            return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "a slice bound that is "
+            return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                             "a slice bound that is "
                              "a %s", AGS_DESCRIBE(v));
         }
         parts[i] = v->obj;
@@ -671,14 +682,16 @@ store_subscript(ags_interp *it, ags_value *container, ags_value *index,
         return AGS_BREAK;
     }
     if (container->kind == AGS_VK_TENSOR) {
-        PyObject *out = ags_call_builder(it, AGS_BOP_SETITEM, "(OOO)", container->obj,
+        PyObject *out = ags_call_builder(it, AGS_BOP_SETITEM, "(OOO)",
+                                         container->obj,
                                          i, v);
         rc = out ? AGS_GO : ags_take_break(it);
         Py_XDECREF(out);
     }
     else {
         rc = PyObject_SetItem(container->obj, i, v) < 0
-                 ? ags_stopf(it, AGS_REASON_OP_FAILED, "item assignment failed")
+                 ? ags_stopf(it, AGS_REASON_OP_FAILED,
+                             "item assignment failed")
                  : AGS_GO;
         if (rc == AGS_BREAK) {
             PyErr_Clear();
@@ -709,7 +722,8 @@ op_store_attr(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     ags_value owner = ags_pop(f), value = ags_pop(f);
     PyObject *name = PyTuple_GET_ITEM(f->code->co_names, ins->arg);
-    int rc = ags_stopf(it, AGS_REASON_SIDE_EFFECT, "setting attribute %R of a %s", name,
+    int rc = ags_stopf(it, AGS_REASON_SIDE_EFFECT,
+                       "setting attribute %R of a %s", name,
                        owner.kind == AGS_VK_CONST ? Py_TYPE(owner.obj)->tp_name
                                                   : AGS_DESCRIBE(&owner));
 

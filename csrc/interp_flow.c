@@ -73,7 +73,8 @@ ags_elements(ags_interp *it, const ags_value *v, PyObject **elems)
     case AGS_VK_CONST:
         break;
     default:
-        return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "iterating over a %s",
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                         "iterating over a %s",
                          ags_kind_names[v->kind]);
     }
     /* A known object: the builder lists it as (element, source or None). */
@@ -151,7 +152,8 @@ op_compare_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
     uint32_t op = ins->arg >> AGS_COMPARE_SHIFT;
 
     if (op > AGS_COMPARE_GE) {
-        return ags_stopf(it, AGS_REASON_UNSUPPORTED_INSTRUCTION, "COMPARE_OP %u",
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_INSTRUCTION,
+                         "COMPARE_OP %u",
                          (unsigned)ins->arg);
     }
     return compare(it, f, (int)op, 0);
@@ -187,7 +189,8 @@ op_is_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
         same = 0;
     }
     else {
-        rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "`is` between a %s and a %s",
+        rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                       "`is` between a %s and a %s",
                        AGS_DESCRIBE(&lhs), AGS_DESCRIBE(&rhs));
     }
     ags_value_clear(&lhs);
@@ -360,7 +363,8 @@ op_for_iter(ags_interp *it, ags_frame *f, const ags_instr *ins)
     ags_value v;
 
     if (iter->kind != AGS_VK_ITER) {
-        return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "FOR_ITER over a %s",
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                         "FOR_ITER over a %s",
                          AGS_DESCRIBE(iter));
     }
     if (iter->pos >= PyTuple_GET_SIZE(iter->obj)) {
@@ -413,6 +417,7 @@ op_raise(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     (void)f;
     (void)ins;
-    return ags_stopf(it, AGS_REASON_RAISE, "the code raises here for these inputs: "
+    return ags_stopf(it, AGS_REASON_RAISE,
+                     "the code raises here for these inputs: "
                      "eager raises it");
 }

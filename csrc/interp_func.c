@@ -122,7 +122,8 @@ ags_bind_closure(ags_interp *it, ags_frame *f, PyObject *func,
         return AGS_GO;
     }
     if (closure == NULL || fsource == NULL) {
-        return ags_stopf(it, AGS_REASON_CLOSURE, "a closure reached by no source");
+        return ags_stopf(it, AGS_REASON_CLOSURE,
+                         "a closure reached by no source");
     }
     for (int i = 0; i < nfree; i++) {
         PyObject *contents = PyCell_GET(PyTuple_GET_ITEM(closure, i));
@@ -132,7 +133,8 @@ ags_bind_closure(ags_interp *it, ags_frame *f, PyObject *func,
         if (contents == NULL) {
             continue;  /* an empty cell: loading it is a NameError */
         }
-        src = Py_BuildValue("(sOi)", ags_load_names[AGS_LOAD_CELL], fsource, i);
+        src = Py_BuildValue("(sOi)", ags_load_names[AGS_LOAD_CELL], fsource,
+                            i);
         if (src == NULL) {
             return AGS_ERROR;
         }
@@ -184,7 +186,8 @@ closure_of(ags_interp *it, ags_frame *f, PyCodeObject *code, PyObject **out)
         }
         if (slot < 0) {
             Py_DECREF(closure);
-            return ags_stopf(it, AGS_REASON_CLOSURE, "free variable %R of a nested "
+            return ags_stopf(it, AGS_REASON_CLOSURE,
+                             "free variable %R of a nested "
                              "function not found in its maker", name);
         }
         rc = ags_frame_cell(it, f, slot, &cell);
@@ -219,7 +222,8 @@ op_make_function(ags_interp *it, ags_frame *f, const ags_instr *ins)
         n++;
     }
     if (code.kind != AGS_VK_CONST || !PyCode_Check(code.obj)) {
-        rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "MAKE_FUNCTION of a non-code");
+        rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                       "MAKE_FUNCTION of a non-code");
         goto done;
     }
     fn = PyFunction_New(code.obj, f->globals);

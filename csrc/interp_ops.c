@@ -76,7 +76,8 @@ apply_operator(ags_interp *it, ags_frame *f, PyObject *fn, ags_value *ops,
     for (int i = 0; i < n; i++) {
         tensor |= ops[i].kind == AGS_VK_TENSOR;
     }
-    rc = ags_builder_call(it, tensor ? AGS_BOP_CALL_FUNCTION : AGS_BOP_FOLD, fn, NULL, ops, n,
+    rc = ags_builder_call(it, tensor ? AGS_BOP_CALL_FUNCTION : AGS_BOP_FOLD,
+                          fn, NULL, ops, n,
                       NULL, &result);
     for (int i = 0; i < n; i++) {
         ags_value_clear(&ops[i]);
@@ -91,7 +92,8 @@ op_binary_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
     PyObject *fn = ags_binary_fn(ins->arg);
 
     if (fn == NULL) {
-        return ags_stopf(it, AGS_REASON_UNSUPPORTED_INSTRUCTION, "BINARY_OP %u",
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_INSTRUCTION,
+                         "BINARY_OP %u",
                          (unsigned)ins->arg);
     }
     ops[1] = ags_pop(f);
@@ -193,7 +195,8 @@ op_build_string(ags_interp *it, ags_frame *f, const ags_instr *ins)
         ags_value *v = ags_peek(f, n - i);
         if (v->kind != AGS_VK_CONST || !PyUnicode_Check(v->obj)) {
             Py_DECREF(parts);
-            return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE, "f-string part %s",
+            return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                             "f-string part %s",
                              AGS_DESCRIBE(v));
         }
         PyTuple_SET_ITEM(parts, i, Py_NewRef(v->obj));
