@@ -54,7 +54,7 @@ class CallPolicy:
                 not fn.__name__.startswith(_SIDE_EFFECT_PREFIXES)
         return False
 
-    def attr(self, obj: Any, name: str) -> tuple[str, Any, Any]:
+    def attr(self, obj: Any, name: str) -> tuple[Attr, Any, Any]:
         """``(how, value, self)`` for ``obj.name`` (see ``_sources.static_attr``)."""
         how, value = static_attr(obj, name)
         if how is Attr.UNSUPPORTED:

@@ -53,7 +53,6 @@ SizeOp = _table("SizeOp", "size_op", ("immediates", "doc"))
 
 for _member in Reason:
     _member.doc = _member.what
-Compare.by_op = {m.op: m for m in Compare}
 
 
 def check_builder(cls: type) -> type:

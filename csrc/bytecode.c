@@ -73,6 +73,7 @@ ags_bc_decode(PyCodeObject *code, ags_bytecode *bc)
         PyErr_NoMemory();
         goto done;
     }
+    bc->n_units = n_units;
     for (Py_ssize_t u = 0; u < n_units; u++) {
         bc->index[u] = -1;
     }
@@ -302,15 +303,10 @@ ags_bc_handled(PyCodeObject *code, const ags_bytecode *bc,
     }
     for (Py_ssize_t k = 0; k < n; k++) {
         int h = entries[k].handler;
-        Py_ssize_t at = -1;
-
         /* the handler's first instruction, found by its start offset */
-        for (Py_ssize_t i = 0; i < bc->n; i++) {
-            if (bc->instrs[i].start == h) {
-                at = i;
-                break;
-            }
-        }
+        Py_ssize_t at = h >= 0 && h % 2 == 0 && h / 2 < bc->n_units
+                            ? bc->index[h / 2] : -1;
+
         if (at < 0 || bc->instrs[at].opcode != PUSH_EXC_INFO) {
             continue;   /* a cleanup handler: the exception escapes anyway */
         }

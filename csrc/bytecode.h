@@ -42,6 +42,7 @@ typedef struct {
     Py_ssize_t n;
     ags_instr *instrs;  /* n instructions in bytecode order */
     int *index;         /* start offset / 2 -> instruction index, or -1 */
+    Py_ssize_t n_units; /* entries of `index`: the code's 16-bit units */
 } ags_bytecode;
 
 /* Decodes `code` into `bc` (which the caller releases with

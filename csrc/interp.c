@@ -94,9 +94,9 @@ ags_stopf(ags_interp *it, int reason, const char *fmt, ...)
     return ags_stop(it, reason, detail);
 }
 
-/* Turns a pending builder exception that carries a `reason` (GraphBreak,
- * or TypeError from binding a call) into a graph break; others stay
- * errors. */
+/* Turns a pending builder exception that carries an int `reason` (the
+ * builder's GraphBreak, with a Reason of protocol.h) into a graph break;
+ * others stay errors. */
 int
 ags_take_break(ags_interp *it)
 {

@@ -50,6 +50,25 @@ attr_source(ags_interp *it, ags_value *owner, PyObject *name, PyObject **src)
     return *src == NULL ? -1 : 0;
 }
 
+/* Asks the builder for obj.name: *answer a new (Attr, value, self) tuple
+ * and *how its Attr kind.  AGS_GO, or the builder's break, or AGS_ERROR
+ * for an answer of a kind protocol.h does not list. */
+static int
+ask_attr(ags_interp *it, PyObject *obj, PyObject *name, PyObject **answer,
+         int *how)
+{
+    *answer = ags_call_builder(it, AGS_BOP_ATTR, "(OO)", obj, name);
+    if (*answer == NULL) {
+        return ags_take_break(it);
+    }
+    if (ags_protocol_kind(PyTuple_GET_ITEM(*answer, 0), AGS_ATTR_COUNT,
+                          "attribute answer", how) < 0) {
+        Py_CLEAR(*answer);
+        return AGS_ERROR;
+    }
+    return AGS_GO;
+}
+
 /* A known object's attribute, by the builder's answer (how, value, self),
  * how an AGS_ATTR_*: VALUE a plain attribute, METHOD a function to call
  * with `self`, PROPERTY a property whose getter is inlined, MISSING. */
@@ -62,17 +81,12 @@ known_attr(ags_interp *it, ags_frame *f, ags_value *owner, PyObject *name,
     ags_value v;
     int rc;
 
-    answer = ags_call_builder(it, AGS_BOP_ATTR, "(OO)", owner->obj, name);
-    if (answer == NULL) {
-        return ags_take_break(it);
+    rc = ask_attr(it, owner->obj, name, &answer, &how);
+    if (rc != AGS_GO) {
+        return rc;
     }
     value = PyTuple_GET_ITEM(answer, 1);
     self_obj = PyTuple_GET_ITEM(answer, 2);
-    if (ags_protocol_kind(PyTuple_GET_ITEM(answer, 0), AGS_ATTR_COUNT,
-                          "attribute answer", &how) < 0) {
-        Py_DECREF(answer);
-        return AGS_ERROR;
-    }
     if (attr_source(it, owner, name, &src) < 0) {
         Py_DECREF(answer);
         return AGS_ERROR;
@@ -215,7 +229,7 @@ ags_call_getattr(ags_interp *it, ags_frame *f, int has, ags_value *args,
 {
     const char *fn = has ? "hasattr" : "getattr";
     PyObject *name, *answer, *src = NULL;
-    int rc, missing;
+    int rc, how, missing;
 
     if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
         return ags_stopf(it, AGS_REASON_BAD_CALL,
@@ -247,16 +261,11 @@ ags_call_getattr(ags_interp *it, ags_frame *f, int has, ags_value *args,
         }
         return rc;
     }
-    answer = ags_call_builder(it, AGS_BOP_ATTR, "(OO)", args[0].obj, name);
-    if (answer == NULL) {
-        return ags_take_break(it);
+    rc = ask_attr(it, args[0].obj, name, &answer, &how);
+    if (rc != AGS_GO) {
+        return rc;
     }
-    if (ags_protocol_kind(PyTuple_GET_ITEM(answer, 0), AGS_ATTR_COUNT,
-                          "attribute answer", &missing) < 0) {
-        Py_DECREF(answer);
-        return AGS_ERROR;
-    }
-    missing = missing == AGS_ATTR_MISSING;
+    missing = how == AGS_ATTR_MISSING;
     if (attr_source(it, &args[0], name, &src) < 0) {
         Py_DECREF(answer);
         return AGS_ERROR;

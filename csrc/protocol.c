@@ -12,9 +12,6 @@
 
 #define AGS_NAME_ROW(name, ...) #name,
 
-static const char *const reason_upper[] = {
-    AGS_REASON_LIST(AGS_NAME_ROW)
-};
 static const char *const load_upper[] = {
     AGS_LOAD_LIST(AGS_NAME_ROW)
 };
@@ -22,15 +19,8 @@ static const char *const bop_upper[] = {
     AGS_BUILDER_OP_LIST(AGS_NAME_ROW)
 };
 
-const char *ags_reason_names[AGS_REASON_COUNT];
 const char *ags_load_names[AGS_LOAD_COUNT];
 const char *ags_bop_names[AGS_BOP_COUNT];
-
-const char *const ags_compare_ops[] = {
-#define AGS_X(name, op, doc) op,
-    AGS_COMPARE_LIST(AGS_X)
-#undef AGS_X
-};
 
 const int ags_sop_immediates[] = {
 #define AGS_X(name, imm, doc) imm,
@@ -63,10 +53,9 @@ ags_protocol_init(void)
 {
     size_t used = 0;
 
-    if (ags_reason_names[0] != NULL) {
+    if (ags_load_names[0] != NULL) {
         return;
     }
-    lower_all(reason_upper, ags_reason_names, AGS_REASON_COUNT, &used);
     lower_all(load_upper, ags_load_names, AGS_LOAD_COUNT, &used);
     lower_all(bop_upper, ags_bop_names, AGS_BOP_COUNT, &used);
 }

@@ -256,13 +256,11 @@ enum {
 #undef AGS_X
 };
 
-/* The lower-case names of a table's rows, for C messages and for building
- * sources ("local", "attr"...): ags_reason_names[AGS_REASON_HOOKS] is
- * "hooks". */
-extern const char *ags_reason_names[];
+/* The lower-case names of a table's rows: sources' tags ("local",
+ * "attr"...: ags_load_names[AGS_LOAD_ATTR] is "attr") and the builder's
+ * method names. */
 extern const char *ags_load_names[];
 extern const char *ags_bop_names[];
-extern const char *const ags_compare_ops[];   /* "<", "in"... */
 extern const int ags_sop_immediates[];
 
 /* Fills the name tables above.  Runs once, before anything reads them. */
