@@ -11,6 +11,7 @@ taken at its current value, which the ShapeEnv then guards.
 from __future__ import annotations
 
 import builtins
+import logging
 import operator
 import types
 from typing import Any
@@ -25,6 +26,9 @@ _VALUE_FOLDS = (range, min, max, abs, int, float, bool, str, sum, any, all, roun
                 pow, sorted, repr, hash, ord, chr, slice)
 #: every builtin ``fold`` evaluates (the call policy plans them as folds)
 FOLDABLE = frozenset(_STRUCTURAL_FOLDS + _TYPE_FOLDS + _VALUE_FOLDS)
+# Folds whose result is an object rather than a plain value: the same object for the same
+# arguments, so reading it again on a later call needs no guard.
+_OBJECT_FOLDS = frozenset({logging.getLogger})
 _COMPARE = {Compare.LT: operator.lt, Compare.LE: operator.le, Compare.EQ: operator.eq,
             Compare.NE: operator.ne, Compare.GT: operator.gt, Compare.GE: operator.ge}
 
@@ -79,7 +83,7 @@ class Folds:
         except Exception as exc:
             raise GraphBreak(Reason.OP_FAILED, f"{describe_callable(fn)} raised "
                              f"{type(exc).__name__}: {exc}") from exc
-        if isinstance(out, (range, slice)) or self._is_static(out):
+        if isinstance(out, (range, slice)) or self._is_static(out) or fn in _OBJECT_FOLDS:
             return out
         raise GraphBreak(Reason.NON_TENSOR_RESULT, f"{describe_callable(fn)} returned a "
                          f"{type(out).__name__}")

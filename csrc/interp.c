@@ -349,6 +349,10 @@ ags_value_of(ags_interp *it, PyObject *obj, ags_value *out)
         *out = ags_value_make(AGS_VK_TUPLE, Py_NewRef(obj), NULL);
         return 0;
     }
+    owned = ags_shadowed(it, obj, out);
+    if (owned != 0) {
+        return owned < 0 ? -1 : 0;
+    }
     *out = ags_value_make(AGS_VK_CONST, Py_NewRef(obj), known_source(it, obj));
     return 0;
 }
@@ -402,6 +406,12 @@ ags_load_object(ags_interp *it, PyObject *source, PyObject *value,
         }
         *out = ags_value_make(AGS_VK_TENSOR, node, Py_NewRef(source));
         return AGS_GO;
+    }
+    switch (ags_shadowed(it, value, out)) {
+    case 1:
+        return AGS_GO;  /* changed during this capture: its shadow */
+    case -1:
+        return AGS_ERROR;
     }
     if (ags_assume(it, source, value) < 0 || remember(it, value, source) < 0) {
         return AGS_ERROR;
@@ -714,8 +724,9 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
     it.assumptions = PyObject_GetAttrString(builder, "assumptions");
     it.known = PyObject_GetAttrString(builder, "known");
     it.owned = PySet_New(NULL);
+    it.shadows = PyDict_New();
     if (it.node_type == NULL || it.assumptions == NULL || it.known == NULL
-        || it.owned == NULL) {
+        || it.owned == NULL || it.shadows == NULL) {
         goto done;
     }
     if (!PyType_Check(it.node_type) || !PyList_Check(it.assumptions)
@@ -757,6 +768,7 @@ done:
     Py_XDECREF(it.assumptions);
     Py_XDECREF(it.known);
     Py_XDECREF(it.owned);
+    Py_XDECREF(it.shadows);
     Py_XDECREF(it.brk_detail);
     return out;
 }

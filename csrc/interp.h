@@ -8,6 +8,7 @@
  *   interp_func.c  functions: binding arguments and closures, making them
  *   interp_ops.c   operators and f-strings
  *   interp_flow.c  comparisons, truth, jumps, iteration, returns
+ *   interp_effects.c  the program's lists and dicts changed in capture
  *
  * Abstract values.  A value is one of AGS_VALUE_KINDS.  It owns a
  * reference to `obj` and to `source` (how the value is reached from the
@@ -100,6 +101,8 @@ typedef struct {
     PyObject *assumptions;      /* list of (source, value) */
     PyObject *known;            /* dict: id -> (object, source) */
     PyObject *owned;            /* set of ids of containers built here */
+    PyObject *shadows;          /* dict: id of a list or dict of the program
+                                   -> its shadow (interp_effects.c) */
     long steps;
     /* Where capture stopped: the innermost frame's code and instruction. */
     int brk_reason;             /* an AGS_REASON_*, or -1 before a break */
@@ -175,6 +178,11 @@ int ags_bind_closure(ags_interp *it, ags_frame *f, PyObject *func,
 /* interp_ops.c */
 int ags_ops_init(void);
 PyObject *ags_binary_fn(uint32_t op);
+
+/* interp_effects.c */
+int ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out);
+int ags_can_shadow(const ags_value *v);
+int ags_shadow(ags_interp *it, ags_value *v);
 
 /* interp_flow.c */
 int ags_truth(ags_interp *it, const ags_value *v, int *truth);

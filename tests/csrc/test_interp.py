@@ -50,6 +50,7 @@ class Recorder:
         self.ops, self.inputs = [], []
         self.allowed, self.non_tensor, self.fail_on = allowed, non_tensor, fail_on
         self.assumptions, self.known = [], {}
+        self.writes, self.shadows = [], []
 
     def input(self, source, value):
         self.inputs.append(source[1] if source[0] == "local" else source)
@@ -138,6 +139,14 @@ class Recorder:
     def container_method(self, spec, args, kwargs):
         name, container = spec
         return getattr(container, name)(*args, **kwargs)
+
+    def effect_setattr(self, obj, source, name, value):
+        self.writes.append((source, name, value))
+
+    def shadow(self, obj, source):
+        made = list(obj) if type(obj) is list else dict(obj)
+        self.shadows.append((source, made))
+        return made
 
 
 tlib = types.ModuleType("tlib")
@@ -417,12 +426,36 @@ def stores_attribute(x, h):
     return x * 2
 
 
-def test_attribute_writes_stop_the_capture_as_side_effects():
+def test_attribute_writes_are_handed_to_the_builder_not_done():
     h = Configured()
     out, b = capture(stores_attribute, x=T(), h=h)
-    assert out["reason"] == Reason.SIDE_EFFECT and "'seen'" in out["detail"]
-    assert dis.opname[out["opcode"]] == "STORE_ATTR"
-    assert not hasattr(h, "seen") and b.ops == []
+    assert out["status"] == "graph", out
+    assert b.writes == [(("local", "h"), "seen", 1)]
+    assert not hasattr(h, "seen")  # the capture never writes; the entry replays it
+
+
+REGISTRY = [1]
+
+
+def changes_the_programs_containers(x, table):
+    REGISTRY.append(x)
+    table["seen"] = len(REGISTRY)
+    alias = REGISTRY  # another load of the same list: its shadow
+    alias.append(2)
+    return x * table["seen"], len(REGISTRY)
+
+
+def test_lists_and_dicts_of_the_program_are_changed_in_shadows_only():
+    table = {"old": 0}
+    out, b = capture(changes_the_programs_containers, x=T(), table=table)
+    assert out["status"] == "graph", out
+    assert REGISTRY == [1] and table == {"old": 0}  # the capture changes nothing
+    (src_list, shadow_list), (src_dict, shadow_dict) = b.shadows
+    assert src_list == ("global", "REGISTRY") and src_dict == ("local", "table")
+    assert shadow_list[0] == 1 and shadow_list[2] == 2 and len(shadow_list) == 3
+    assert shadow_dict == {"old": 0, "seen": 2}
+    assert out["result"][1] == 3
+    assert b.ops[-1][0] == "mul" and b.ops[-1][1][1] == 2
 
 
 def nested_functions(x, k):

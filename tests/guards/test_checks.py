@@ -266,9 +266,20 @@ def b_generator(x):
 
 
 class Stateful(nn.Module):
+    """A counter written through a property setter: a write the capture does not replay
+    (agspeed/_effects.py), so the frame breaks and runs eager."""
+
     def __init__(self):
         super().__init__()
-        self.count = 0
+        self._count = 0
+
+    @property
+    def count(self):
+        return self._count
+
+    @count.setter
+    def count(self, value):
+        self._count = value
 
     def forward(self, x):
         self.count += 1
@@ -385,3 +396,26 @@ def test_recompiles_summary_counts_per_function():
     assert len(row.reasons) == 2 and all("shape=" in r for r in row.reasons)
     agspeed.reset()
     assert agspeed.recompiles() == []
+
+
+class ScaledBySum(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scales = [2.0]
+
+    def forward(self, x):
+        return x * sum(self.scales)
+
+
+def test_a_list_changed_in_place_between_calls_fails_its_guard():
+    # the expectation is a copy (not the list itself), and the structure memo does not
+    # vouch for a list, whose contents change without any watched dict changing
+    model = ScaledBySum()
+    fast = agspeed.optimize(model, backend="eager")
+    x = torch.ones(2)
+    torch.testing.assert_close(fast(x), x * 2)
+    torch.testing.assert_close(fast(x), x * 2)
+    model.scales.append(3.0)
+    torch.testing.assert_close(fast(x), x * 5)
+    model.scales[0] = 1.0
+    torch.testing.assert_close(fast(x), x * 4)
