@@ -201,6 +201,15 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
     switch (kind) {
     case AGS_PLAN_GRAPH:
     case AGS_PLAN_FOLD:
+        /* builtins consume generators (interp_gen.c) */
+        rc = kind == AGS_PLAN_FOLD
+                 ? ags_gen_fold(it, f, PyTuple_GET_ITEM(plan, 1), args, nargs,
+                                result)
+                 : AGS_GO;
+        if (rc != AGS_GO) {
+            rc = rc == AGS_DONE ? AGS_GO : rc;
+            break;
+        }
         rc = ags_builder_call(it,
                               kind == AGS_PLAN_GRAPH ? AGS_BOP_CALL_FUNCTION
                                                      : AGS_BOP_FOLD,
