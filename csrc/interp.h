@@ -209,6 +209,11 @@ int ags_gen_any_all(ags_interp *it, ags_frame *f, int want,
  * (AGS_GO).  Or a break / error. */
 int ags_gen_fold(ags_interp *it, ags_frame *f, PyObject *fn, ags_value *args,
                  int nargs, ags_value *result);
+/* A call the builder cannot plan: next(gen) and next(gen, default) step
+ * the GENERATOR (AGS_GO, *result set); other calls are AGS_GEN_NOT_MINE. */
+#define AGS_GEN_NOT_MINE 3
+int ags_gen_call(ags_interp *it, ags_frame *f, PyObject *fn, ags_value *args,
+                 int nargs, PyObject *kwnames, ags_value *result);
 
 /* The handlers of every file, by name, for the version tables. */
 #define AGS_DECLARE_HANDLER(op, handler, doc) \

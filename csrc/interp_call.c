@@ -179,6 +179,11 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
         }
         return rc;
     }
+    if (self == NULL && nargs > 0 && args[0].kind == AGS_VK_GENERATOR
+        && (rc = ags_gen_call(it, f, callable->obj, args, nargs, kwnames,
+                              result)) != AGS_GEN_NOT_MINE) {
+        return rc;  /* next() of a generator (interp_gen.c) */
+    }
     source = ags_source_of(it, callable);
     plan = ags_call_builder(it, AGS_BOP_PLAN_CALL, "(OO)", callable->obj,
                             source ? source : Py_None);

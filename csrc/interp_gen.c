@@ -289,6 +289,30 @@ ags_gen_fold(ags_interp *it, ags_frame *f, PyObject *fn, ags_value *args,
     return AGS_GO;
 }
 
+int
+ags_gen_call(ags_interp *it, ags_frame *f, PyObject *fn, ags_value *args,
+             int nargs, PyObject *kwnames, ags_value *result)
+{
+    int rc;
+
+    if (fn != PyDict_GetItemString(f->builtins, "next") || kwnames != NULL
+        || nargs < 1 || nargs > 2 || args[0].kind != AGS_VK_GENERATOR) {
+        return AGS_GEN_NOT_MINE;
+    }
+    rc = ags_gen_next(it, f, &args[0], result);
+    if (rc != AGS_DONE) {
+        return rc;
+    }
+    ags_value_clear(result);
+    if (nargs == 2) {
+        *result = ags_value_copy(&args[1]);
+        return AGS_GO;
+    }
+    return ags_stopf(it, AGS_REASON_RAISE,
+                     "next() of an exhausted generator raises "
+                     "StopIteration: eager raises it");
+}
+
 /* ------------------------------------------------------------------ */
 /* Handlers */
 
