@@ -253,12 +253,51 @@ ags_gen_any_all(ags_interp *it, ags_frame *f, int want, const ags_value *gen,
     return AGS_GO;
 }
 
+/* The builtins that consume an iterable they are given, and which of
+ * their arguments: 1 the first only, -1 every one.  Any other builtin
+ * given a generator (len, type, isinstance, reversed...) sees the
+ * generator itself, which the capture cannot give it: it breaks. */
+#define AGS_GEN_CONSUMERS(X) \
+    X("tuple", 1, "tuple(gen)") \
+    X("list", 1, "list(gen)") \
+    X("dict", 1, "dict(gen) of pairs") \
+    X("sum", 1, "sum(gen) and sum(gen, start)") \
+    X("min", 1, "min(gen), with key= or default=") \
+    X("max", 1, "max(gen), with key= or default=") \
+    X("sorted", 1, "sorted(gen), with key= or reverse=") \
+    X("enumerate", 1, "enumerate(gen) and enumerate(gen, start)") \
+    X("zip", -1, "zip(gen, ...) of any number of generators")
+
+static const struct {
+    const char *name;
+    int which;
+} gen_consumers[] = {
+#define AGS_X(name, which, doc) {name, which},
+    AGS_GEN_CONSUMERS(AGS_X)
+#undef AGS_X
+};
+
+/* 1 (first argument only), -1 (all), or 0: what fn consumes. */
+static int
+consumed_args(ags_frame *f, PyObject *fn)
+{
+    size_t n = sizeof(gen_consumers) / sizeof(gen_consumers[0]);
+
+    for (size_t i = 0; i < n; i++) {
+        if (fn == PyDict_GetItemString(f->builtins, gen_consumers[i].name)) {
+            return gen_consumers[i].which;
+        }
+    }
+    return 0;
+}
+
 int
 ags_gen_fold(ags_interp *it, ags_frame *f, PyObject *fn, ags_value *args,
              int nargs, ags_value *result)
 {
     PyObject *builtins_any = PyDict_GetItemString(f->builtins, "any");
     PyObject *builtins_all = PyDict_GetItemString(f->builtins, "all");
+    int which;
 
     if (nargs == 1 && args[0].kind == AGS_VK_GENERATOR && fn != NULL
         && (fn == builtins_any || fn == builtins_all)) {
@@ -266,6 +305,12 @@ ags_gen_fold(ags_interp *it, ags_frame *f, PyObject *fn, ags_value *args,
                                  result);
         return rc == AGS_GO ? AGS_DONE : rc;
     }
+    if (nargs == 1 && args[0].kind == AGS_VK_GENERATOR
+        && fn == PyDict_GetItemString(f->builtins, "iter")) {
+        *result = ags_value_copy(&args[0]);     /* iter(gen) is gen */
+        return AGS_DONE;
+    }
+    which = consumed_args(f, fn);
     for (int i = 0; i < nargs; i++) {
         PyObject *elems = NULL;
         ags_value v;
@@ -273,6 +318,10 @@ ags_gen_fold(ags_interp *it, ags_frame *f, PyObject *fn, ags_value *args,
 
         if (args[i].kind != AGS_VK_GENERATOR) {
             continue;
+        }
+        if (which == 0 || (which == 1 && i > 0)) {
+            return ags_stopf(it, AGS_REASON_GENERATOR,
+                             "a generator passed to %R", fn);
         }
         rc = ags_gen_drain(it, &args[i], &elems);
         if (rc != AGS_GO) {

@@ -508,7 +508,7 @@ def test_code_under_an_exception_handler_stops_the_capture():
 # Generators: a generator value holds a suspended frame, stepped by its consumers.
 
 class FoldingRecorder(Recorder):
-    FOLDS = Recorder.FOLDS + (any, all, sum, sorted, dict)
+    FOLDS = Recorder.FOLDS + (any, all, sum, sorted, dict, iter)
 
 
 def two_values(x):
@@ -576,6 +576,14 @@ def stores_a_generator(x):
     return [two_values(x)]
 
 
+def measures_a_generator(x):
+    return len(two_values(x))
+
+
+def iter_of_a_generator_is_itself(x):
+    return tuple(iter(two_values(x)))
+
+
 def breaks_with_a_generator_suspended(x):
     g = two_values(x)
     v = next(g)
@@ -624,10 +632,13 @@ def test_any_and_all_stop_at_the_first_decisive_value():
 
 
 def test_generators_leaving_the_code_stop_the_capture():
-    for fn in (returns_a_generator, stores_a_generator):
+    for fn in (returns_a_generator, stores_a_generator, measures_a_generator):
         out, b = capture(fn, x=T())
         assert out["reason"] == Reason.GENERATOR, out
         assert "generator" in out["detail"]
+    # builtins that consume an iterable see its values; len() above sees the generator
+    out, b = capture(iter_of_a_generator_is_itself, FoldingRecorder(), x=T())
+    assert out["status"] == "graph" and len(out["result"]) == 2, out
     out, b = capture(breaks_with_a_generator_suspended, x=T())
     assert out["reason"] == Reason.UNSUPPORTED_CALL and "print" in out["detail"]
 
