@@ -59,7 +59,7 @@
     X(MAKE_FUNCTION, op_make_function, "a function from a code constant") \
     X(RETURN_GENERATOR, op_return_generator, \
       "a generator's start: push the None its first step sends") \
-    X(YIELD_VALUE, op_yield_value, "suspend the generator's frame (AGS_YIELD)") \
+    X(YIELD_VALUE, op_yield_value, "suspend the generator (AGS_YIELD)") \
     X(GET_YIELD_FROM_ITER, op_get_yield_from_iter, \
       "yield from: a generator stays, anything else as GET_ITER") \
     X(SEND, op_send, "step the yield-from iterator, or jump when done")

@@ -4,6 +4,10 @@ Each form is captured as one graph, with eager's results, result types and gradi
 fresh inputs, and no more graphs than torch._dynamo.explain reports for it.
 """
 
+import gc
+import sys
+import weakref
+
 import pytest
 
 import agspeed
@@ -167,3 +171,26 @@ def test_a_generator_leaving_the_code_breaks_and_runs_eager():
         gen = out if fn is returns_generator else out[0][0]
         got = list(gen)
         torch.testing.assert_close(got, [x * 2, x + 1])
+
+
+def suspended_then_breaks(x, y):
+    g = pair(x)
+    first = next(g)
+    print("eager only")
+    return first + y
+
+
+def test_generator_frames_keep_nothing_alive(capsys):
+    for fn in (sum_of_generator_function, suspended_then_breaks):
+        agspeed.explain(fn, *inputs())
+        before = sys.getrefcount(pair), sys.getrefcount(pair.__code__)
+        refs = []
+        for _ in range(5):
+            x, y = inputs()
+            report = agspeed.explain(fn, x, y)
+            assert report.graph_break_count == (fn is suspended_then_breaks)
+            refs.append(weakref.ref(x))
+            del x, y, report
+        gc.collect()
+        assert [r() for r in refs] == [None] * 5
+        assert (sys.getrefcount(pair), sys.getrefcount(pair.__code__)) == before

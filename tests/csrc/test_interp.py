@@ -539,6 +539,10 @@ def loop_over_generator(x):
     return out
 
 
+def comprehension_over_a_generator(x):
+    return [v * 3 for v in two_values(x)]
+
+
 def list_of_delegates(x):
     return list(delegates(x))
 
@@ -608,6 +612,10 @@ def test_generator_functions_are_resumed_after_each_yield():
     assert out["status"] == "graph", out
     # FOR_ITER resumes the frame once per iteration: its work interleaves with the body
     assert [op[0] for op in b.ops] == ["mul", "sub", "add", "sub"]
+    out, b = capture(comprehension_over_a_generator, x=T())
+    assert out["status"] == "graph", out
+    assert [op[0] for op in b.ops] == ["mul", "mul", "add", "mul"]
+    assert [n.label for n in out["result"]] == ["mul#2", "mul#4"]
     out, b = capture(next_with_default, x=T())
     assert out["status"] == "graph", out
     a, c, end = out["result"]
