@@ -758,6 +758,9 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
         if (result == NULL) {
             rc = it.brk_reason >= 0 ? AGS_BREAK : AGS_ERROR;
             it.brk_code = code;
+            /* at the return: the loop stopped on it */
+            it.brk_offset = f.bc.instrs[f.pc].offset;
+            it.brk_opcode = f.bc.instrs[f.pc].opcode;
         }
         else {
             out = Py_BuildValue("{s:s,s:N,s:O}", "status", "graph", "result",

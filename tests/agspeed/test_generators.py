@@ -167,6 +167,9 @@ def test_a_generator_leaving_the_code_breaks_and_runs_eager():
         report = agspeed.explain(fn, x)
         assert report.graph_count == 0
         assert [r.reason for r in report.break_reasons] == ["generator"]
+        # where the generator leaves: the return, or the list that would hold it
+        where = "RETURN_VALUE" if fn is returns_generator else "BUILD_LIST"
+        assert report.break_reasons[0].instruction == where
         out = agspeed.optimize(fn)(x)
         gen = out if fn is returns_generator else out[0][0]
         got = list(gen)
