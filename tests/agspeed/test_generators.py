@@ -106,9 +106,20 @@ class Blocks(torch.nn.Module if torch else object):
         return sum(layer(x) for layer in self.layers) + y
 
 
+class BlocksByMethod(Blocks):
+    def each(self):
+        yield from self.layers
+
+    def forward(self, x, y):
+        out = y
+        for layer in self.each():
+            out = layer(out) + x
+        return out
+
+
 FORMS = [sum_of_genexpr, shape_tuple, any_none, all_two_dims, cat_of_list,
          dict_of_pairs, sum_of_generator_function, loop_over_generator_function, yield_from,
-         max_and_sorted, next_of_generator, enumerate_a_genexpr, "module"]
+         max_and_sorted, next_of_generator, enumerate_a_genexpr, "module", "module_method"]
 
 
 def inputs():
@@ -134,7 +145,7 @@ def dynamo_graph_count(fn, args):
 @pytest.mark.parametrize("form", FORMS, ids=lambda f: getattr(f, "__name__", f))
 def test_generator_forms_capture_as_one_graph_like_eager(form):
     torch.manual_seed(0)
-    fn = Blocks() if form == "module" else form
+    fn = {"module": Blocks, "module_method": BlocksByMethod}.get(form, lambda: form)()
     report = agspeed.explain(fn, *inputs())
     assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
     assert report.graph_count <= dynamo_graph_count(fn, inputs())
