@@ -67,6 +67,9 @@ class Folds:
         if fn in _TYPE_FOLDS:
             args = tuple(self._real_type_view(a) for a in args)
             return fn(*args, **kwargs)
+        if fn is sum and args and type(args[0]) in (tuple, list) and \
+                any(isinstance(a, self.node_type) for a in args[0]):
+            return self._sum_nodes(args, kwargs)
         if any(isinstance(a, self.node_type) for a in (*args, *kwargs.values())):
             if fn in (min, max, abs, pow, round):
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{fn.__name__}() of a tensor")
@@ -87,6 +90,16 @@ class Folds:
             return out
         raise GraphBreak(Reason.NON_TENSOR_RESULT, f"{describe_callable(fn)} returned a "
                          f"{type(out).__name__}")
+
+    def _sum_nodes(self, args: tuple, kwargs: dict) -> Any:
+        """``sum(items, start)`` over items holding tensors: the additions eager makes, in
+        its order (``start + items[0] + items[1] ...``), recorded."""
+        if len(args) > 2 or set(kwargs) - {"start"} or (len(args) == 2 and kwargs):
+            raise GraphBreak(Reason.BAD_CALL, "sum() with these arguments")
+        total = args[1] if len(args) == 2 else kwargs.get("start", 0)
+        for item in args[0]:
+            total = self.call_function(operator.add, (total, item))
+        return total
 
     def _materialize(self, obj: Any) -> Any:
         """A module container as a tuple of its members, each loaded from its source

@@ -74,8 +74,10 @@
                          "graph could not run", \
       "move the try block out of the optimized code, or the tensor work " \
       "out of it") \
-    X(GENERATOR, "generators and coroutines run eager", \
-      "return a tensor or a tuple instead") \
+    X(GENERATOR, "a generator that leaves the optimized code, or a " \
+                 "coroutine, runs eager", \
+      "consume the generator where it is made (tuple(gen), a for loop) and " \
+      "return a tensor or a tuple") \
     X(RAISE, "the code raises an exception", \
       "the frame runs eager and raises it") \
     X(TOO_LONG, "too many instructions (a long or endless loop)", \
