@@ -8,6 +8,7 @@
  *   interp_func.c  functions: binding arguments and closures, making them
  *   interp_ops.c   operators and f-strings
  *   interp_flow.c  comparisons, truth, jumps, iteration, returns
+ *   interp_exc.c   try blocks (exception tables) and with blocks
  *
  * Abstract values.  A value is one of AGS_VALUE_KINDS.  It owns a
  * reference to `obj` and to `source` (how the value is reached from the
@@ -85,7 +86,6 @@ typedef struct ags_frame {
      * in the cell, as a graph argument, so that writes on either side are
      * seen on the other.  Strong; allocated on first use. */
     PyObject **cells;
-    unsigned char *handled;     /* per instruction: under try/with, or NULL */
     ags_value *stack;
     int sp, stack_cap;
     PyObject *kwnames;          /* borrowed: pending KW_NAMES (3.11, 3.12) */

@@ -56,7 +56,14 @@
     X(RETURN_VALUE, op_return_value, "return the top of the stack") \
     X(RAISE_VARARGS, op_raise, "the code raises: eager raises it") \
     X(LOAD_ASSERTION_ERROR, op_raise, "a failed assert: eager raises it") \
-    X(MAKE_FUNCTION, op_make_function, "a function from a code constant")
+    X(MAKE_FUNCTION, op_make_function, "a function from a code constant") \
+    X(BEFORE_WITH, op_before_with, "[cm] -> [exit, what enter returned]") \
+    X(PUSH_EXC_INFO, op_exception_path, "a handler starts: never reached") \
+    X(CHECK_EXC_MATCH, op_exception_path, "except T: never reached") \
+    X(CHECK_EG_MATCH, op_exception_path, "except* T: never reached") \
+    X(WITH_EXCEPT_START, op_exception_path, "a with's exit on a raise") \
+    X(POP_EXCEPT, op_exception_path, "a handler ends: never reached") \
+    X(RERAISE, op_exception_path, "re-raise: never reached")
 
 /* 3.12 and later. */
 #define AGS_INTERP_OPS_SINCE_312(X) \
