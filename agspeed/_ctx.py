@@ -31,6 +31,7 @@ import types
 from typing import Any, Iterator
 
 from agspeed._builder_types import GraphBreak
+from agspeed._sources import _class_lookup as _class_attr
 from agspeed.protocol import Attr, Plan, Reason
 
 __all__ = ["ContextPolicy"]
@@ -114,14 +115,25 @@ class ContextPolicy:
 
     def plan_ctx(self, fn: Any) -> tuple | None:
         """``(Plan.CTX, fn)`` when calling ``fn`` makes or steps a modelled manager."""
-        if type(fn) is types.MethodType and isinstance(fn.__self__, _Ctx):
+        if type(fn) is types.MethodType and (isinstance(fn.__self__, _Ctx) or
+                                             self._is_clone(fn)):
             return (Plan.CTX, fn)
         return (Plan.CTX, fn) if self._modelled(fn) else None
 
+    def _is_clone(self, fn: types.MethodType) -> bool:
+        """``no_grad().clone``: what ``@torch.no_grad()`` calls for a fresh manager."""
+        cls = type(fn.__self__)
+        return self._modelled(cls) and fn.__func__.__name__ == "clone" and \
+            _class_attr(cls, "clone") is fn.__func__
+
     def ctx(self, fn: Any, args: tuple, kwargs: dict) -> Any:
         """Make (calling its class) or step (enter, exit) a modelled context manager."""
-        if type(fn) is types.MethodType:
+        if type(fn) is types.MethodType and isinstance(fn.__self__, _Ctx):
             return fn(*args, **kwargs)
+        if type(fn) is types.MethodType:  # a decorator's clone(): the same manager, anew
+            made = fn.__self__
+            again = (made.mode,) if type(made) is self._torch.set_grad_enabled else ()
+            return self.ctx(type(made), again, {})
         torch = self._torch
         name = getattr(fn, "__qualname__", repr(fn))
         if any(isinstance(a, self.node_type) for a in (*args, *kwargs.values())):
