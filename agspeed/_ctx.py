@@ -20,7 +20,10 @@ The interpreter meets a ``with`` at BEFORE_WITH (csrc/interp_exc.c) and asks the
 * Any other manager is a Python object whose ``__enter__`` and ``__exit__`` are found on
   its class without running user code and inlined, bound to it; its type is guarded.
 
-Nothing here changes the process's real grad mode or autocast state.
+Nothing here changes the process's real grad mode or autocast state while capturing.
+When the graph runs, its nodes switch the modes as the with blocks did; if it raises
+midway (a failure that depends on tensor data), ``restoring_modes`` puts them back, as
+the blocks' exits would have.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from agspeed._builder_types import GraphBreak
 from agspeed._sources import _class_lookup as _class_attr
 from agspeed.protocol import Attr, Plan, Reason
 
-__all__ = ["ContextPolicy"]
+__all__ = ["ContextPolicy", "restoring_modes"]
 
 _AUTOCAST_FIELDS = ("device_type", "dtype", "enabled", "cache_enabled")
 
@@ -221,3 +224,44 @@ class ContextPolicy:
             raise GraphBreak(Reason.BAD_CALL, f"{fn.__qualname__}(): {exc}") from exc
         bound.apply_defaults()
         return dict(bound.arguments)
+
+
+def restoring_modes(gm: Any, compiled: Any) -> Any:
+    """``compiled`` itself when graph ``gm`` switches no mode; else ``compiled`` wrapped so
+    that, when the graph raises midway (a failure that depends on tensor data, which the
+    capture could not see), the grad mode and the autocast state are put back as the call
+    found them, as the with blocks' exits would have in eager."""
+    import torch
+
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    devices = sorted({n.args[0] for n in nodes if n.target is torch.amp._enter_autocast})
+    if not devices and not any(n.target is torch._C._set_grad_enabled for n in nodes):
+        return compiled
+    get_dtype = getattr(torch, "get_autocast_dtype", None)
+
+    def nesting() -> int:
+        level = torch.autocast_increment_nesting()
+        torch.autocast_decrement_nesting()
+        return level - 1
+
+    def run(*inputs: Any) -> Any:
+        grad = torch.is_grad_enabled()
+        if devices:
+            level, cache = nesting(), torch.is_autocast_cache_enabled()
+            autocast = [(d, torch.is_autocast_enabled(d),
+                         get_dtype(d) if get_dtype is not None else None) for d in devices]
+        try:
+            return compiled(*inputs)
+        except BaseException:
+            torch._C._set_grad_enabled(grad)
+            if devices:
+                for _ in range(nesting() - level):
+                    torch.autocast_decrement_nesting()
+                for device, enabled, dtype in autocast:
+                    torch.set_autocast_enabled(device, enabled)
+                    if dtype is not None:
+                        torch.set_autocast_dtype(device, dtype)
+                torch.set_autocast_cache_enabled(cache)
+            raise
+
+    return run

@@ -253,3 +253,31 @@ def test_a_body_that_raises_runs_eager_with_its_handler():
         fast(x)
     assert str(got.value) == str(expected.value)
     assert torch.is_grad_enabled()   # the block was left as eager leaves it
+
+
+def w_gathers(x, idx):
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        picked = x[idx] @ x.t()   # an index out of range fails only when the graph runs
+    return picked.float() + x.sum()
+
+
+def test_a_graph_that_raises_midway_leaves_the_modes_as_eager_does():
+    x, good = torch.randn(4, 4), torch.tensor([0, 3])
+    explained = agspeed.explain(w_gathers, x, good)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    assert explained.graph_count <= _dynamo_graphs(w_gathers, x, good)
+    fast = agspeed.optimize(w_gathers)
+    torch.testing.assert_close(fast(x, good), w_gathers(x, good))
+    bad = torch.tensor([0, 9])   # same type, shape and dtype: the cached graph runs
+    with pytest.raises(IndexError) as expected:
+        w_gathers(x, bad)
+    with pytest.raises(IndexError) as got:
+        fast(x, bad)
+    assert str(got.value) == str(expected.value)
+    assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+    with torch.autocast("cpu", dtype=torch.float16):   # an outer block's state survives
+        with pytest.raises(IndexError):
+            fast(x, bad)
+        assert torch.is_autocast_enabled("cpu")
+        assert torch.get_autocast_dtype("cpu") is torch.float16
+    torch.testing.assert_close(fast(x, good), w_gathers(x, good))

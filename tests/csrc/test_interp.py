@@ -634,3 +634,12 @@ def test_a_manager_without_python_methods_stops_the_capture():
     out, b = capture(with_unsupported, x=T(), cm=threading.Lock())
     assert out["status"] == "break" and out["reason"] == Reason.UNSUPPORTED_CALL
     assert dis.opname[out["opcode"]] == "BEFORE_WITH" and b.ops == []
+
+
+def test_with_blocks_leave_no_references_behind():
+    before = [sys.getrefcount(o) for o in (SCOPED, Scoped, Mode, Scoped.__exit__)]
+    for _ in range(20):
+        capture(with_python_manager, x=T())
+        capture(with_modelled, x=T(), flag=2)
+        capture(with_unsupported, x=T(), cm=SCOPED)
+    assert [sys.getrefcount(o) for o in (SCOPED, Scoped, Mode, Scoped.__exit__)] == before
