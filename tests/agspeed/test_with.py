@@ -100,6 +100,16 @@ def w_try_except_finally(x, w):
     return y
 
 
+FRESH_NO_GRAD = torch.no_grad().clone   # what @torch.no_grad() calls for each call
+
+
+def w_decorator_manager(x, w):
+    y = x @ w
+    with FRESH_NO_GRAD():
+        z = y * 2
+    return y + z, z
+
+
 def no_grad_helper(x):
     with torch.no_grad():
         return x.exp()
@@ -133,6 +143,7 @@ FUNCTIONS = {
     "null_context": w_null_context,
     "try_except_finally": w_try_except_finally,
     "inlined_callee": w_inlined_callee,
+    "decorator_manager": w_decorator_manager,
 }
 
 
