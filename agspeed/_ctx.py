@@ -17,6 +17,8 @@ The interpreter meets a ``with`` at BEFORE_WITH (csrc/interp_exc.c) and asks the
   ``torch.set_grad_enabled(b)`` switches the mode when it is called, as in eager, and its
   exit switches back.
 * ``contextlib.nullcontext(value)`` enters to ``value`` and records nothing.
+* Such a manager made before the call (``self.amp = torch.autocast(...)`` in
+  ``__init__``) is modelled from the fields its ``__enter__`` reads, each guarded.
 * Any other manager is a Python object whose ``__enter__`` and ``__exit__`` are found on
   its class without running user code and inlined, bound to it; its type is guarded.
 
@@ -34,6 +36,7 @@ import types
 from typing import Any, Iterator
 
 from agspeed._builder_types import GraphBreak
+from agspeed._sources import MISSING
 from agspeed._sources import _class_lookup as _class_attr
 from agspeed.protocol import Attr, Plan, Reason
 
@@ -87,11 +90,15 @@ class _Ctx:
 class ContextPolicy:
     """The part of ``GraphBuilder`` that models context managers (see the module doc).
 
-    Expects ``_torch``, ``graph``, ``attr`` and ``assumptions`` from the builder."""
+    Expects ``_torch``, ``graph``, ``node_type``, ``attr``, ``_is_static`` and
+    ``assumptions`` from the builder."""
 
     _torch: Any
     graph: Any
     assumptions: list
+    node_type: type
+    attr: Any
+    _is_static: Any
 
     def _ctx_init(self) -> None:
         torch = self._torch
@@ -171,12 +178,12 @@ class ContextPolicy:
         if isinstance(cm, self.node_type):
             raise GraphBreak(Reason.UNSUPPORTED_VALUE, "a with block on a tensor")
         cls = type(cm)
-        if self._modelled(cls):
-            raise GraphBreak(Reason.UNSUPPORTED_VALUE,
-                             f"a {cls.__qualname__} made before the call; make it in the with")
         if source is None:
             raise GraphBreak(Reason.UNSUPPORTED_VALUE,
                              f"a {cls.__qualname__} reached by no source")
+        if self._modelled(cls):
+            made = self._from_instance(cm, source)
+            return made.exit, made.enter
         methods = []
         for name in ("__exit__", "__enter__"):
             how, func, _ = self.attr(cm, name)
@@ -186,6 +193,34 @@ class ContextPolicy:
             methods.append(types.MethodType(func, cm))
         self.assumptions.append((("type", source), cls))
         return methods[0], methods[1]
+
+    def _from_instance(self, cm: Any, source: Any) -> _Ctx:
+        """A modelled manager made before the call (``self.amp = torch.autocast(...)``),
+        from the fields its ``__enter__`` reads, each guarded on its source."""
+        cls = type(cm)
+        name = cls.__qualname__
+        fields: dict[str, Any] = {}
+        wanted = ("enter_result",) if cls is contextlib.nullcontext else \
+            ("device", "fast_dtype", "_enabled", "_cache_enabled") \
+            if id(cls) in self._autocast_classes else ()
+        state = object.__getattribute__(cm, "__dict__")
+        for field in wanted:
+            value = state.get(field, MISSING)
+            if value is MISSING or isinstance(value, self._torch.Tensor) or \
+                    not self._is_static(value):
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"{name}.{field}")
+            self.assumptions.append((("attr", source, field), value))
+            fields[field] = value
+        self.assumptions.append((("type", source), cls))
+        if id(cls) in self._grad_classes:
+            return _Ctx(self, name, grad=self._grad_classes[id(cls)])
+        if cls is contextlib.nullcontext:
+            return _Ctx(self, name, result=fields["enter_result"])
+        if id(cls) in self._autocast_classes:
+            return _Ctx(self, name, autocast=(fields["device"], fields["fast_dtype"],
+                                              fields["_enabled"], fields["_cache_enabled"]))
+        # set_grad_enabled switched the mode when it was made, before the call
+        raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"a {name} made before the call")
 
     # -- the modes fake operations run under ---------------------------------------------
 

@@ -110,6 +110,19 @@ def w_decorator_manager(x, w):
     return y + z, z
 
 
+AMP = torch.autocast("cpu", dtype=torch.bfloat16)   # managers made once, used per call
+FROZEN = torch.no_grad()
+NOTHING = contextlib.nullcontext(0.5)
+
+
+def w_premade_managers(x, w):
+    with AMP:
+        low = x @ w
+    with FROZEN, NOTHING as half:
+        stat = low.float().mean() * half
+    return low, low.float() * stat
+
+
 def no_grad_helper(x):
     with torch.no_grad():
         return x.exp()
@@ -144,6 +157,7 @@ FUNCTIONS = {
     "try_except_finally": w_try_except_finally,
     "inlined_callee": w_inlined_callee,
     "decorator_manager": w_decorator_manager,
+    "premade_managers": w_premade_managers,
 }
 
 
@@ -292,3 +306,17 @@ def test_a_graph_that_raises_midway_leaves_the_modes_as_eager_does():
         assert torch.is_autocast_enabled("cpu")
         assert torch.get_autocast_dtype("cpu") is torch.float16
     torch.testing.assert_close(fast(x, good), w_gathers(x, good))
+
+
+def test_a_premade_managers_fields_are_guarded():
+    fast = agspeed.optimize(w_premade_managers)
+    x, w = torch.randn(3, 4), torch.randn(4, 4)
+    assert fast(x, w)[0].dtype is torch.bfloat16
+    saved = AMP.fast_dtype
+    try:
+        AMP.fast_dtype = torch.float16   # what its __enter__ reads: the entry must not serve
+        out, ref = fast(x, w), w_premade_managers(x, w)
+        assert out[0].dtype is ref[0].dtype is torch.float16
+        torch.testing.assert_close(out, ref)
+    finally:
+        AMP.fast_dtype = saved
