@@ -23,6 +23,13 @@
  * propagate from the graph without running the handler, as they do under
  * torch.compile, which makes the same assumption.  Out of memory is the
  * other one, and no handler in model code is written to recover from it.
+ * A with block's exit is the one handler whose effect matters then: a
+ * graph that raises midway through a grad-mode or autocast block would
+ * leave the mode switched, so such graphs run wrapped to put the modes
+ * back (agspeed/_ctx.py restoring_modes).  A Python manager's inlined
+ * __exit__ wrote nothing (a write would have ended the capture), so
+ * skipping it loses only its answer, which could have swallowed the
+ * exception: that case raises where eager would not.
  * Rejected: refusing every instruction under a handler (what this
  * interpreter did first) sends every function with a try or a with to
  * eager, including the library helpers models call on every step.
