@@ -75,6 +75,9 @@ class CallPolicy:
         const = self._consts.get(id(fn))
         if const is not None and const[0] is fn:
             return (Plan.CONST, const[1])
+        ctx = self.plan_ctx(fn)  # type: ignore[attr-defined]  # agspeed._ctx
+        if ctx is not None:
+            return ctx
         if isinstance(fn, torch.nn.Module):
             return self._plan_module(fn, source)
         if fn in self.replayed_calls:  # type: ignore[attr-defined]

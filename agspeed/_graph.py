@@ -49,6 +49,7 @@ from agspeed._binding import Binding
 from agspeed._builder_types import GraphBreak, SymShape, concrete
 from agspeed._calls import CallPolicy
 from agspeed._effects import SideEffects
+from agspeed._ctx import ContextPolicy
 from agspeed._folds import Folds
 from agspeed._sources import is_namedtuple_type, name_of
 from agspeed.protocol import Reason, check_builder
@@ -75,11 +76,12 @@ def _target_name(kind: str, target: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
-class GraphBuilder(CallPolicy, Folds, Binding, SideEffects):
+class GraphBuilder(CallPolicy, Folds, Binding, SideEffects, ContextPolicy):
     """One graph being captured: inputs by source, nodes with fake example values.
 
     The recording of nodes lives here; planning calls (``CallPolicy``), evaluating known
-    values (``Folds``) and binding arguments (``Binding``) are its other parts."""
+    values (``Folds``), binding arguments (``Binding``) and context managers
+    (``ContextPolicy``) are its other parts."""
 
     def __init__(self, shapes: Any = None, symbolic: bool = False) -> None:
         import torch
@@ -125,6 +127,7 @@ class GraphBuilder(CallPolicy, Folds, Binding, SideEffects):
         self._consts = self._constant_calls(torch)
         md = torch.nn.ModuleDict
         self._dict_views = {md.items: "items", md.keys: "keys", md.values: "values"}
+        self._ctx_init()  # grad mode and autocast as the capture goes (agspeed/_ctx.py)
 
     @staticmethod
     def _constant_calls(torch: Any) -> dict:
@@ -213,7 +216,7 @@ class GraphBuilder(CallPolicy, Folds, Binding, SideEffects):
     def _record(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
         fake_args, fake_kwargs = self._fake(args), self._fake(kwargs)
         try:
-            with self.fake_mode:
+            with self.fake_mode, self.mode_scope():
                 if kind == "call_method":
                     out = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 else:

@@ -469,7 +469,6 @@ ags_frame_release(ags_frame *f)
         Py_XDECREF(f->cells[i]);
     }
     PyMem_Free(f->cells);
-    PyMem_Free(f->handled);
     PyMem_Free(f->locals);
     PyMem_Free(f->stack);
     ags_bc_release(&f->bc);
@@ -550,21 +549,12 @@ ags_frame_run_from(ags_interp *it, ags_frame *f, Py_ssize_t pc)
 {
     int rc = AGS_GO;
 
-    if (f->handled == NULL
-        && PyBytes_GET_SIZE(f->code->co_exceptiontable) > 0
-        && ags_bc_handled(f->code, &f->bc, &f->handled) < 0) {
-        return AGS_ERROR;
-    }
     for (f->pc = pc; rc == AGS_GO && f->pc < f->bc.n;) {
         const ags_instr *ins = &f->bc.instrs[f->pc];
         ags_handler h = handlers[ins->opcode];
 
-        if (f->handled != NULL && f->handled[f->pc]) {
-            rc = ags_stopf(it, AGS_REASON_EXCEPTION_HANDLER,
-                           "code under try/except or "
-                           "with: its handler would not run if the graph raised");
-        }
-        else if (++it->steps > AGS_MAX_STEPS) {
+        /* Code under a try runs as any other (interp_exc.c says why). */
+        if (++it->steps > AGS_MAX_STEPS) {
             rc = ags_stopf(it, AGS_REASON_TOO_LONG,
                            "more than %d instructions "
                            "(a long or endless loop)", AGS_MAX_STEPS);

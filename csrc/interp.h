@@ -10,6 +10,7 @@
  *   interp_flow.c  comparisons, truth, jumps, iteration, returns
  *   interp_effects.c  the program's lists and dicts changed in capture
  *   interp_gen.c   generators: a suspended frame stepped to its next yield
+ *   interp_exc.c   try blocks (exception tables) and with blocks
  *
  * Abstract values.  A value is one of AGS_VALUE_KINDS.  It owns a
  * reference to `obj` and to `source` (how the value is reached from the
@@ -90,7 +91,6 @@ typedef struct ags_frame {
      * in the cell, as a graph argument, so that writes on either side are
      * seen on the other.  Strong; allocated on first use. */
     PyObject **cells;
-    unsigned char *handled;     /* per instruction: under try/with, or NULL */
     ags_value *stack;
     int sp, stack_cap;
     PyObject *kwnames;          /* borrowed: pending KW_NAMES (3.11, 3.12) */

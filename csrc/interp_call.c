@@ -112,8 +112,7 @@ inline_with_self(ags_interp *it, ags_frame *f, PyObject *func,
 }
 
 /* Runs a plan (INLINE or MODULE, func, bound self or None, func's source
- * or None): the function's bytecode, with the bound self first when the
- * call gave none. */
+ * or None): the function's bytecode, with the bound self first. */
 static int
 call_inline(ags_interp *it, ags_frame *f, PyObject *plan,
             const ags_value *self, ags_value *args, int nargs,
@@ -125,7 +124,23 @@ call_inline(ags_interp *it, ags_frame *f, PyObject *plan,
     ags_value bound_value;
     int rc;
 
-    if (bound != Py_None && self == NULL) {
+    if (bound != Py_None && self != NULL) {
+        /* A bound callable in the method slot with a value in the self
+         * slot (a with block's exit(None, None, None)): CPython passes
+         * that value as the first argument, after the bound self. */
+        ags_value *all = PyMem_Calloc((size_t)nargs + 1, sizeof(ags_value));
+
+        if (all == NULL) {
+            PyErr_NoMemory();
+            return AGS_ERROR;
+        }
+        all[0] = *self;
+        memcpy(&all[1], args, (size_t)nargs * sizeof(ags_value));
+        rc = call_inline(it, f, plan, NULL, all, nargs + 1, kwnames, result);
+        PyMem_Free(all);  /* the values are borrowed from the caller */
+        return rc;
+    }
+    if (bound != Py_None) {
         if (ags_value_of(it, bound, &bound_value) < 0) {
             return AGS_ERROR;
         }
@@ -220,6 +235,11 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
                                                      : AGS_BOP_FOLD,
                           PyTuple_GET_ITEM(plan, 1), self, args, nargs,
                           kwnames, result);
+        break;
+    case AGS_PLAN_CTX:
+        /* a context manager the builder models (interp_exc.c) */
+        rc = ags_builder_call(it, AGS_BOP_CTX, PyTuple_GET_ITEM(plan, 1),
+                              self, args, nargs, kwnames, result);
         break;
     case AGS_PLAN_INLINE:
     case AGS_PLAN_MODULE:

@@ -62,7 +62,14 @@
     X(YIELD_VALUE, op_yield_value, "suspend the generator (AGS_YIELD)") \
     X(GET_YIELD_FROM_ITER, op_get_yield_from_iter, \
       "yield from: a generator stays, anything else as GET_ITER") \
-    X(SEND, op_send, "step the yield-from iterator, or jump when done")
+    X(SEND, op_send, "step the yield-from iterator, or jump when done") \
+    X(BEFORE_WITH, op_before_with, "[cm] -> [exit, what enter returned]") \
+    X(PUSH_EXC_INFO, op_exception_path, "a handler starts: never reached") \
+    X(CHECK_EXC_MATCH, op_exception_path, "except T: never reached") \
+    X(CHECK_EG_MATCH, op_exception_path, "except* T: never reached") \
+    X(WITH_EXCEPT_START, op_exception_path, "a with's exit on a raise") \
+    X(POP_EXCEPT, op_exception_path, "a handler ends: never reached") \
+    X(RERAISE, op_exception_path, "re-raise: never reached")
 
 /* 3.12 and later. */
 #define AGS_INTERP_OPS_SINCE_312(X) \

@@ -67,13 +67,12 @@
                    "an item)", \
       "return the value instead and store it outside the optimized code") \
     X(UNSUPPORTED_INSTRUCTION, "Python the capture does not model " \
-                               "(try/except, with, del, yield...)", \
+                               "(del, yield, import...)", \
       "move it into a helper called from the optimized code; the helper " \
       "runs eager") \
-    X(EXCEPTION_HANDLER, "code under try/except or with, whose handler the " \
-                         "graph could not run", \
-      "move the try block out of the optimized code, or the tensor work " \
-      "out of it") \
+    X(EXCEPTION_HANDLER, "an exception handler was entered: the code " \
+                         "raised while capturing", \
+      "the frame runs eager, where the handler runs") \
     X(GENERATOR, "a generator that leaves the optimized code, or a " \
                  "coroutine, runs eager", \
       "consume the generator where it is made (tuple(gen), a for loop) and " \
@@ -127,7 +126,12 @@
                       "replayed after the graph") \
     X(SHADOW, "shadow(obj, source) -> container: an owned copy of a list " \
               "or dict of the program, changed in its place; its final " \
-              "contents are written back after the graph")
+              "contents are written back after the graph") \
+    X(ENTER_WITH, "enter_with(cm, source) -> (exit, enter): the callables " \
+                  "a with block calls, enter() on entry and exit(None, " \
+                  "None, None) when the block ends normally") \
+    X(CTX, "ctx(fn, args, kwargs) -> value: a context manager's " \
+           "construction, enter or exit, modelled by the builder")
 
 /* How a call is captured: the first item of plan_call's answer. */
 #define AGS_PLAN_LIST(X) \
@@ -140,7 +144,9 @@
     X(GETATTR, "(GETATTR,): getattr() with a constant name") \
     X(HASATTR, "(HASATTR,): hasattr() with a constant name") \
     X(CONST, "(CONST, value): a call whose result is known") \
-    X(SUPER, "(SUPER,): super() of the running method")
+    X(SUPER, "(SUPER,): super() of the running method") \
+    X(CTX, "(CTX, fn): a context manager the builder models (grad mode, " \
+           "autocast): made, entered or left by ctx()")
 
 /* Where an attribute was found: the first item of attr's answer. */
 #define AGS_ATTR_LIST(X) \

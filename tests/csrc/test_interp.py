@@ -35,6 +35,19 @@ class GraphBreakLike(Exception):
         self.reason = reason
 
 
+class Mode:
+    """Plays a context manager the builder models (as agspeed._ctx does torch.no_grad)."""
+
+    def __init__(self, flag):
+        self.flag = flag
+
+    def enter(self):
+        return self.flag
+
+    def exit(self, *exc):
+        assert exc == (None, None, None)
+
+
 class Recorder:
     """The builder interface the interpreter calls, recording every request.
 
@@ -65,6 +78,8 @@ class Recorder:
         return how, value, obj if how is Attr.METHOD else None
 
     def plan_call(self, fn, source):
+        if fn is Mode or (type(fn) is types.MethodType and isinstance(fn.__self__, Mode)):
+            return (Plan.CTX, fn)
         if fn is getattr or fn is hasattr:
             return (Plan.GETATTR,) if fn is getattr else (Plan.HASATTR,)
         if type(fn) is types.MethodType:
@@ -147,6 +162,19 @@ class Recorder:
         made = list(obj) if type(obj) is list else dict(obj)
         self.shadows.append((source, made))
         return made
+
+    def enter_with(self, cm, source):
+        """As agspeed._ctx: a modelled manager's own steps, else its methods bound."""
+        if isinstance(cm, Mode):
+            return cm.exit, cm.enter
+        found = [static_attr(cm, name) for name in ("__exit__", "__enter__")]
+        if any(how is not Attr.METHOD for how, _ in found):
+            raise GraphBreakLike(Reason.UNSUPPORTED_CALL, f"with {type(cm).__name__}")
+        return tuple(types.MethodType(fn, cm) for _, fn in found)
+
+    def ctx(self, fn, args, kwargs):
+        self.ops.append((getattr(fn, "__name__", "ctx"), args, kwargs))
+        return fn(*args, **kwargs)
 
 
 tlib = types.ModuleType("tlib")
@@ -525,15 +553,28 @@ def guarded(x):
     return y
 
 
+def guarded_finally(x):
+    try:
+        y = x * 2
+    finally:
+        x = x + 1
+    return y, x
+
+
 def comprehension_only(x, n):
     return [x * i for i in range(n)]
 
 
-def test_code_under_an_exception_handler_stops_the_capture():
+def test_code_under_a_try_is_captured_and_its_handler_never_entered():
     out, b = capture(guarded, x=T())
-    assert out["reason"] == Reason.EXCEPTION_HANDLER
-    assert [op[0] for op in b.ops] == ["mul"]  # before the try block: fine
-    # cleanup-only handlers (3.12+ inlined comprehensions) do not stop it
+    assert out["status"] == "graph", out
+    assert [op[0] for op in b.ops] == ["mul", "add"]  # the except clause did not run
+    # the normal-path copy of a finally block runs once, after the body
+    out, b = capture(guarded_finally, x=T())
+    assert out["status"] == "graph", out
+    assert [op[0] for op in b.ops] == ["mul", "add"]
+    assert [r.label for r in out["result"]] == ["mul#1", "add#2"]
+    # cleanup-only handlers (3.12+ inlined comprehensions) likewise
     out, b = capture(comprehension_only, x=T(), n=3)
     assert out["status"] == "graph", out
 
@@ -702,3 +743,102 @@ def test_generator_frames_are_released():
     for _ in range(30):
         run_all()
     assert [sys.getrefcount(o) for o in watched] == before
+
+
+def raises_into_handler(x):
+    try:
+        y = x * 2
+        raise ValueError
+    except ValueError:
+        y = x - 1
+    return y
+
+
+def test_a_body_that_raises_ends_the_capture_before_the_handler():
+    out, b = capture(raises_into_handler, x=T())
+    assert out["status"] == "break" and out["reason"] == Reason.RAISE
+    assert dis.opname[out["opcode"]] == "RAISE_VARARGS"
+    assert [op[0] for op in b.ops] == ["mul"]  # the handler's subtraction never recorded
+
+
+class Scoped:
+    """A context manager written in Python: its methods are inlined."""
+
+    scale = 3
+
+    def __enter__(self):
+        return self.scale
+
+    def __exit__(self, kind, value, tb):
+        tlib.relu((kind, value, tb))
+        return None
+
+
+SCOPED = Scoped()
+
+
+def with_python_manager(x):
+    with SCOPED as k:
+        y = x * k
+    return y
+
+
+def test_a_python_context_manager_is_entered_and_left_inline():
+    out, b = capture(with_python_manager, x=T())
+    assert out["status"] == "graph", out
+    assert [op[0] for op in b.ops] == ["mul", "relu"]
+    assert b.ops[0][1][1] == 3  # __enter__'s answer bound by `as`
+    assert b.ops[1][1] == ((None, None, None),)  # __exit__ on the normal path
+    assert out["result"].label == "mul#1"
+
+
+def with_modelled(x, flag):
+    with Mode(flag) as f:
+        with Mode(not flag):
+            y = x * f
+    return y
+
+
+def returns_inside_with(x):
+    with Mode(True):
+        return tlib.relu(x)
+
+
+def calls_with(x):
+    return returns_inside_with(x) + 1
+
+
+def test_modelled_context_managers_nest_and_leave_on_return():
+    out, b = capture(with_modelled, x=T(), flag=2)
+    assert out["status"] == "graph", out
+    assert [op[0] for op in b.ops] == ["Mode", "enter", "Mode", "enter", "mul", "exit",
+                                       "exit"]
+    assert b.ops[0][1] == (2,) and b.ops[2][1] == (False,)
+    assert b.ops[5][1] == (None, None, None)
+    # a return inside the block leaves it first; in an inlined callee as well
+    out, b = capture(calls_with, x=T())
+    assert out["status"] == "graph", out
+    assert [op[0] for op in b.ops] == ["Mode", "enter", "relu", "exit", "add"]
+
+
+def with_unsupported(x, cm):
+    with cm:
+        y = x * 2
+    return y
+
+
+def test_a_manager_without_python_methods_stops_the_capture():
+    import threading
+
+    out, b = capture(with_unsupported, x=T(), cm=threading.Lock())
+    assert out["status"] == "break" and out["reason"] == Reason.UNSUPPORTED_CALL
+    assert dis.opname[out["opcode"]] == "BEFORE_WITH" and b.ops == []
+
+
+def test_with_blocks_leave_no_references_behind():
+    before = [sys.getrefcount(o) for o in (SCOPED, Scoped, Mode, Scoped.__exit__)]
+    for _ in range(20):
+        capture(with_python_manager, x=T())
+        capture(with_modelled, x=T(), flag=2)
+        capture(with_unsupported, x=T(), cm=SCOPED)
+    assert [sys.getrefcount(o) for o in (SCOPED, Scoped, Mode, Scoped.__exit__)] == before

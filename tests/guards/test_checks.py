@@ -255,10 +255,10 @@ def b_item(x):
 
 def b_try(x):
     try:
-        y = callee(x)
+        raise ValueError
     except ValueError:
         y = x
-    return y
+    return callee(y)
 
 
 def b_generator(x):
@@ -290,7 +290,7 @@ class Stateful(nn.Module):
     ("data_dependent", b_data_dependent, "POP_JUMP", "data_dependent"),
     ("print", b_print, "CALL", "unsupported_call"),
     ("item", b_item, "CALL", "data_dependent"),
-    ("try", b_try, "", "exception_handler"),
+    ("try", b_try, "RAISE_VARARGS", "raise"),
     ("attribute_write", None, "STORE_ATTR", "side_effect"),
 ])
 def test_graph_break_paths(name, fn, instruction, reason, capsys):
