@@ -214,6 +214,9 @@ frozen_copy(PyObject *obj)
     if (PyDict_CheckExact(obj)) {
         return PyDict_Copy(obj);
     }
+    if (PySet_CheckExact(obj)) {
+        return PySet_New(obj);
+    }
     return Py_NewRef(obj);
 }
 
@@ -229,6 +232,7 @@ ags_graph_arg(ags_interp *it, const ags_value *v)
         return Py_NewRef(v->obj);
     case AGS_VK_LIST:
     case AGS_VK_DICT:
+    case AGS_VK_SET:
         return frozen_copy(v->obj);
     default:
         ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
@@ -334,14 +338,16 @@ ags_value_of(ags_interp *it, PyObject *obj, ags_value *out)
         *out = ags_value_make(AGS_VK_TENSOR, Py_NewRef(obj), NULL);
         return 0;
     }
-    owned = (PyList_CheckExact(obj) || PyDict_CheckExact(obj))
+    owned = (PyList_CheckExact(obj) || PyDict_CheckExact(obj)
+             || PySet_CheckExact(obj))
                 ? ags_is_owned(it, obj) : 0;
     if (owned < 0) {
         return -1;
     }
     if (owned) {
-        *out = ags_value_make(PyList_CheckExact(obj) ? AGS_VK_LIST
-                                                     : AGS_VK_DICT,
+        *out = ags_value_make(PyList_CheckExact(obj)   ? AGS_VK_LIST
+                              : PyDict_CheckExact(obj) ? AGS_VK_DICT
+                                                       : AGS_VK_SET,
                               Py_NewRef(obj), NULL);
         return 0;
     }

@@ -8,13 +8,15 @@
  *   interp_func.c  functions: binding arguments and closures, making them
  *   interp_ops.c   operators and f-strings
  *   interp_flow.c  comparisons, truth, jumps, iteration, returns
+ *   interp_build.c sets and dict merges assembled at run time
+ *   interp_import.c  imports of loaded modules
  *
  * Abstract values.  A value is one of AGS_VALUE_KINDS.  It owns a
  * reference to `obj` and to `source` (how the value is reached from the
  * root frame, a tuple such as ("attr", ("local", "self"), "fc1"); NULL for
- * computed values).  Containers the capture built (TUPLE, LIST, DICT) hold
- * their elements as "graph arguments": a graph node for a tensor, the
- * object itself for anything else.  Objects that were loaded from a source
+ * computed values).  Containers the capture built (TUPLE, LIST, DICT,
+ * SET) hold their elements as "graph arguments": a graph node for a
+ * tensor, the object itself for anything else.  Objects that were loaded from a source
  * are remembered in the capture's `known` map (id -> (object, source)), so
  * a module taken back out of a tuple still has its source.
  *
@@ -36,6 +38,7 @@
     X(TUPLE, "a tuple built during capture: obj holds graph arguments") \
     X(LIST, "a list built during capture: obj holds graph arguments") \
     X(DICT, "a dict built during capture: obj holds graph arguments") \
+    X(SET, "a set built during capture: obj holds graph arguments") \
     X(ITER, "an iterator over the tuple obj, at position pos") \
     X(LAZY, "an argument not read yet: obj is its value, guarded once read")
 
@@ -171,6 +174,9 @@ int ags_bind_params(ags_interp *it, ags_frame *f, PyObject *plan,
                     ags_value *args);
 int ags_bind_closure(ags_interp *it, ags_frame *f, PyObject *func,
                      PyObject *fsource);
+
+/* interp_build.c */
+int ags_mapping_items(ags_interp *it, const ags_value *v, PyObject **items);
 
 /* interp_ops.c */
 int ags_ops_init(void);

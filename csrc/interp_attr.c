@@ -179,7 +179,8 @@ ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method)
                                                  owner.obj, name));
     }
     else if (owner.kind == AGS_VK_TENSOR || owner.kind == AGS_VK_LIST
-             || owner.kind == AGS_VK_DICT || owner.kind == AGS_VK_TUPLE) {
+             || owner.kind == AGS_VK_DICT || owner.kind == AGS_VK_TUPLE
+             || owner.kind == AGS_VK_SET) {
         if (!method) {
             rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_ATTRIBUTE,
                            "attribute %R of a %s",

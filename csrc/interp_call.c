@@ -310,21 +310,23 @@ op_call_function_ex(ags_interp *it, ags_frame *f, const ags_instr *ins)
     ags_value kwargs = (ins->arg & 1) ? ags_pop(f)
                                       : ags_value_make(AGS_VK_UNBOUND, NULL, NULL);
     ags_value posargs = ags_pop(f);
-    PyObject *elems = NULL, *kwnames = NULL;
+    PyObject *elems = NULL, *kwnames = NULL, *items = NULL;
     int rc, n = 0, nkw = 0;
 
     rc = ags_elements(it, &posargs, &elems);
     if (rc == AGS_GO && kwargs.kind != AGS_VK_UNBOUND) {
-        if (kwargs.kind != AGS_VK_DICT && !(kwargs.kind == AGS_VK_CONST
-                                            && PyDict_CheckExact(kwargs.obj))) {
-            rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
-                           "**kwargs from a %s",
-                           AGS_DESCRIBE(&kwargs));
-        }
-        else {
-            kwnames = PySequence_Tuple(kwargs.obj);
+        /* a dict the capture built, or a program's dict read item by item */
+        rc = ags_mapping_items(it, &kwargs, &items);
+        if (rc == AGS_GO) {
+            kwnames = PySequence_Tuple(items);
             rc = kwnames ? AGS_GO : AGS_ERROR;
             nkw = kwnames ? (int)PyTuple_GET_SIZE(kwnames) : 0;
+        }
+        for (int i = 0; rc == AGS_GO && i < nkw; i++) {
+            if (!PyUnicode_Check(PyTuple_GET_ITEM(kwnames, i))) {
+                rc = ags_stopf(it, AGS_REASON_BAD_CALL,
+                               "keywords must be strings");
+            }
         }
     }
     if (rc == AGS_GO) {
@@ -345,7 +347,7 @@ op_call_function_ex(ags_interp *it, ags_frame *f, const ags_instr *ins)
     }
     for (int i = 0; rc == AGS_GO && i < n + nkw; i++) {
         PyObject *item = i < n ? PyTuple_GET_ITEM(elems, i)
-                               : PyDict_GetItem(kwargs.obj,
+                               : PyDict_GetItem(items,
                                                 PyTuple_GET_ITEM(kwnames, i - n));
         ags_value v;
         rc = ags_value_of(it, item, &v) < 0 ? AGS_ERROR : ags_push(f, v);
@@ -355,6 +357,7 @@ op_call_function_ex(ags_interp *it, ags_frame *f, const ags_instr *ins)
     }
     Py_XDECREF(elems);
     Py_XDECREF(kwnames);
+    Py_XDECREF(items);
     ags_value_clear(&posargs);
     ags_value_clear(&kwargs);
     return rc;

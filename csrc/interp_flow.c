@@ -30,6 +30,7 @@ ags_truth(ags_interp *it, const ags_value *v, int *truth)
     case AGS_VK_TUPLE:
     case AGS_VK_LIST:
     case AGS_VK_DICT:
+    case AGS_VK_SET:
         *truth = PyObject_Length(v->obj) > 0;
         return AGS_GO;
     case AGS_VK_ITER:
@@ -65,7 +66,8 @@ ags_elements(ags_interp *it, const ags_value *v, PyObject **elems)
         *elems = PySequence_Tuple(v->obj);
         return *elems ? AGS_GO : AGS_ERROR;
     case AGS_VK_DICT:
-        *elems = PySequence_Tuple(v->obj);  /* its keys */
+    case AGS_VK_SET:
+        *elems = PySequence_Tuple(v->obj);  /* a dict's keys */
         return *elems ? AGS_GO : AGS_ERROR;
     case AGS_VK_ITER:
         *elems = PyTuple_GetSlice(v->obj, v->pos, PyTuple_GET_SIZE(v->obj));

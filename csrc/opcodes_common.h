@@ -56,7 +56,14 @@
     X(RETURN_VALUE, op_return_value, "return the top of the stack") \
     X(RAISE_VARARGS, op_raise, "the code raises: eager raises it") \
     X(LOAD_ASSERTION_ERROR, op_raise, "a failed assert: eager raises it") \
-    X(MAKE_FUNCTION, op_make_function, "a function from a code constant")
+    X(MAKE_FUNCTION, op_make_function, "a function from a code constant") \
+    X(BUILD_SET, op_build_set, "pack the top arg values into a set") \
+    X(SET_ADD, op_set_add, "add the top to a built set") \
+    X(SET_UPDATE, op_set_update, "add the elements of the top to a set") \
+    X(DICT_MERGE, op_dict_merge, "f(**m): merge, a repeated key fails") \
+    X(DICT_UPDATE, op_dict_update, "{**m}: update a built dict") \
+    X(IMPORT_NAME, op_import_name, "a module already in sys.modules") \
+    X(IMPORT_FROM, op_import_from, "an attribute of the imported module")
 
 /* 3.12 and later. */
 #define AGS_INTERP_OPS_SINCE_312(X) \
