@@ -56,6 +56,9 @@ class CallPolicy:
 
     def attr(self, obj: Any, name: str) -> tuple[Attr, Any, Any]:
         """``(how, value, self)`` for ``obj.name`` (see ``_sources.static_attr``)."""
+        pure = self.pure_method(obj, name)
+        if pure is not None:
+            return pure
         how, value = static_attr(obj, name)
         if how is Attr.UNSUPPORTED:
             raise GraphBreak(Reason.UNSUPPORTED_ATTRIBUTE,
@@ -77,6 +80,9 @@ class CallPolicy:
             return (Plan.SUPER,)
         if fn is getattr or fn is hasattr:
             return (Plan.GETATTR,) if fn is getattr else (Plan.HASATTR,)
+        plan = self.stdlib_plan(fn, source)
+        if plan is not None:
+            return plan
         if type(fn) is types.FunctionType and fn in self._dict_views:  # self comes first
             return (Plan.FOLD, fn)
         if type(fn) is types.MethodType:

@@ -10,6 +10,7 @@
  *   interp_flow.c  comparisons, truth, jumps, iteration, returns
  *   interp_build.c sets and dict merges assembled at run time
  *   interp_import.c  imports of loaded modules
+ *   interp_iter.c  owned iterators; map, filter, reduce, partial calls
  *
  * Abstract values.  A value is one of AGS_VALUE_KINDS.  It owns a
  * reference to `obj` and to `source` (how the value is reached from the
@@ -177,6 +178,14 @@ int ags_bind_closure(ags_interp *it, ags_frame *f, PyObject *func,
 
 /* interp_build.c */
 int ags_mapping_items(ags_interp *it, const ags_value *v, PyObject **items);
+
+/* interp_iter.c */
+int ags_owned_iterator(ags_interp *it, const ags_value *v);
+int ags_iter_step(ags_interp *it, ags_frame *f, ags_value *iter,
+                  int *exhausted);
+int ags_call_iter_plan(ags_interp *it, ags_frame *f, int kind,
+                       PyObject *plan, ags_value *args, int nargs,
+                       PyObject *kwnames, ags_value *result);
 
 /* interp_ops.c */
 int ags_ops_init(void);

@@ -59,6 +59,23 @@ pack_args(ags_interp *it, const ags_value *first, ags_value *args, int nargs,
     return AGS_GO;
 }
 
+/* A list, dict, set or iterator that a fold or a container method just
+ * made, which nothing else refers to, cannot be an object of the program:
+ * the capture owns it (it may mutate or step it).  out: borrowed. */
+static int
+fresh_container(ags_interp *it, int op, PyObject *out)
+{
+    if ((op != AGS_BOP_FOLD && op != AGS_BOP_CONTAINER_METHOD)
+        || Py_REFCNT(out) != 1) {
+        return 0;
+    }
+    if (PyList_CheckExact(out) || PyDict_CheckExact(out)
+        || PySet_CheckExact(out) || PyIter_Check(out)) {
+        return ags_own(it, out);
+    }
+    return 0;
+}
+
 /* Calls the builder's operation `op` (an AGS_BOP_*) as op(extra, args,
  * kwargs) and sets *result. */
 int
@@ -74,7 +91,8 @@ ags_builder_call(ags_interp *it, int op, PyObject *extra,
         if (out == NULL) {
             rc = ags_take_break(it);
         }
-        else if (ags_value_of(it, out, result) < 0) {
+        else if (fresh_container(it, op, out) < 0
+                 || ags_value_of(it, out, result) < 0) {
             rc = AGS_ERROR;
         }
     }
@@ -234,6 +252,16 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
         }
         rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "calling %R",
                        callable->obj);
+        break;
+    case AGS_PLAN_MAP:
+    case AGS_PLAN_FILTER:
+    case AGS_PLAN_REDUCE:
+    case AGS_PLAN_PARTIAL:
+        rc = self != NULL
+                 ? ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "calling %R",
+                             callable->obj)
+                 : ags_call_iter_plan(it, f, kind, plan, args, nargs,
+                                      kwnames, result);
         break;
     default:
         Py_UNREACHABLE();

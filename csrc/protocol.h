@@ -129,7 +129,13 @@
     X(GETATTR, "(GETATTR,): getattr() with a constant name") \
     X(HASATTR, "(HASATTR,): hasattr() with a constant name") \
     X(CONST, "(CONST, value): a call whose result is known") \
-    X(SUPER, "(SUPER,): super() of the running method")
+    X(SUPER, "(SUPER,): super() of the running method") \
+    X(MAP, "(MAP,): map(fn, *iterables), fn called per element " \
+           "(interp_iter.c)") \
+    X(FILTER, "(FILTER,): filter(fn or None, iterable)") \
+    X(REDUCE, "(REDUCE,): functools.reduce(fn, iterable[, initial])") \
+    X(PARTIAL, "(PARTIAL, func, args, keywords): a call through a " \
+               "functools.partial, its arguments graph arguments")
 
 /* Where an attribute was found: the first item of attr's answer. */
 #define AGS_ATTR_LIST(X) \
