@@ -47,6 +47,9 @@ class Folds(StdlibFolds):
                 raise GraphBreak(Reason.BAD_CALL, f"ModuleDict.{self._dict_views[fn]}() with "
                                  f"these arguments")
             return self._module_dict_view(args[0], self._dict_views[fn])
+        if type(fn) is types.MethodType and type(fn.__func__) in (
+                types.MethodDescriptorType, types.ClassMethodDescriptorType):
+            fn, args = fn.__func__, (fn.__self__, *args)
         handled, out = self.stdlib_fold(fn, args, kwargs)
         if handled:
             return out
@@ -229,6 +232,10 @@ class Folds(StdlibFolds):
         if self._sym_types and (self._has_size_node(a) or self._has_size_node(b)):
             # shapes compared as tuples: decided now, the ShapeEnv guards the answer
             a, b = self._specialize(a), self._specialize(b)
+        if nodes and op in (Compare.IN, Compare.NOT_IN) and type(b) in (set, frozenset) and \
+                isinstance(a, self.node_type):
+            # a tensor hashes by identity: membership in a set of nodes is identity
+            return (a in b) is (op is Compare.IN)
         if nodes:
             raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"`{op.op}` with a tensor")
         if op in (Compare.IN, Compare.NOT_IN):
@@ -291,7 +298,7 @@ class Folds(StdlibFolds):
         if type(obj) in (tuple, list, torch.Size) or is_namedtuple_type(type(obj)):
             return tuple((v, ("item", source, i) if source is not None and not
                           self._is_static(v) else None) for i, v in enumerate(obj))
-        if type(obj) is dict or type(obj) is str:
+        if type(obj) in (dict, str, set, frozenset):
             return tuple((k, None) for k in obj)
         if type(obj) is range:
             if len(obj) > 10000:

@@ -32,7 +32,7 @@ SAFE_ITERATORS = frozenset({
     type(iter("")), type(iter(range(1 << 70))), zip, enumerate, reversed,
     itertools.product, itertools.chain, itertools.combinations, itertools.permutations,
     itertools.combinations_with_replacement, itertools.zip_longest, itertools.islice,
-    itertools.repeat, itertools.count, itertools.pairwise, itertools.accumulate,
+    itertools.repeat, itertools.pairwise, itertools.accumulate,
 })
 #: itertools constructors folded on graph arguments (their answers are safe iterators)
 _ITERTOOLS = (itertools.product, itertools.chain, itertools.combinations,
@@ -62,6 +62,7 @@ _CONTAINER_METHODS = {
     tuple: ("index", "count"),
 }
 _SET_OPERATORS = (operator.or_, operator.and_, operator.sub, operator.xor)
+_DESCRIPTORS = (types.MethodDescriptorType, types.ClassMethodDescriptorType)
 #: methods that compare or hash their arguments: plain values only (a tensor compares
 #: by value in eager, which would need its data)
 _COMPARING = frozenset({"index", "count", "remove", "sort"})
@@ -95,12 +96,15 @@ class StdlibFolds:
         if fn is next or fn is functools.partial or fn in _ITERTOOLS or \
                 fn is operator.itemgetter or kind is operator.itemgetter:
             return (Plan.FOLD, fn)
-        if kind is types.BuiltinMethodType:
-            owner = getattr(fn, "__self__", None)
-            if (owner, fn.__name__) in _CLASS_FOLDS:
-                return (Plan.FOLD, fn)
-            if type(owner) in _PURE_METHODS and fn.__name__ in _PURE_METHODS[type(owner)]:
-                return (Plan.FOLD, fn)
+        if kind is types.MethodType and type(fn.__func__) in _DESCRIPTORS:
+            # a pure method used as a value: folded with its self (Folds.fold unbinds it)
+            return (Plan.FOLD, fn) if self.stdlib_plan(fn.__func__, None) else None
+        if kind is types.ClassMethodDescriptorType and (fn.__objclass__, fn.__name__) in \
+                _CLASS_FOLDS:
+            return (Plan.FOLD, fn)
+        if kind is types.MethodDescriptorType and \
+                fn.__name__ in _PURE_METHODS.get(fn.__objclass__, ()):
+            return (Plan.FOLD, fn)
         return None
 
     def _plan_partial(self, fn: functools.partial, source: Any) -> tuple:
@@ -113,21 +117,23 @@ class StdlibFolds:
         return (Plan.PARTIAL, fn.func, args, keywords)
 
     def pure_method(self, obj: Any, name: str) -> tuple | None:
-        """``(Attr.VALUE, bound method, None)`` for a pure method of a plain value."""
+        """``(Attr.METHOD, descriptor, obj)`` for a pure method of a plain value or a folded
+        classmethod of a builtin type: the descriptor is what a guard finds on the type, and
+        the call folds it with ``obj`` first."""
         if type(obj) is type and (obj, name) in _CLASS_FOLDS:
-            return Attr.VALUE, getattr(obj, name), None
+            return Attr.METHOD, obj.__dict__[name], obj
         names = _PURE_METHODS.get(type(obj))
         if names is None or name not in names:
             return None
         if type(obj) is tuple and not self._is_static(obj):
             return None
-        return Attr.VALUE, getattr(obj, name), None
+        return Attr.METHOD, type(obj).__dict__[name], obj
 
     # -- folds ---------------------------------------------------------------------------
 
     def stdlib_fold(self, fn: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
         """``(True, fn(*args, **kwargs))`` when ``fn`` is folded here, else
-        ``(False, None)``."""
+        ``(False, None)``; ``fn`` may come back changed (a bound descriptor unbound)."""
         if fn is next:
             return True, self._next(args, kwargs)
         if fn is functools.partial:
@@ -138,9 +144,12 @@ class StdlibFolds:
                                    type(args[0]) in SAFE_ITERATORS):
             args = (tuple(self._elements(args[0])), *args[1:])
             return True, self._sum(args, kwargs)
-        if fn in _ITERTOOLS or (type(fn) is types.BuiltinMethodType and
-                                (getattr(fn, "__self__", None), fn.__name__) in _CLASS_FOLDS):
+        if fn in _ITERTOOLS:
             return True, self._itertool(fn, args, kwargs)
+        if type(fn) is types.ClassMethodDescriptorType:   # cls first, as the call bound it
+            if not args or (args[0], fn.__name__) not in _CLASS_FOLDS:
+                raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{describe_callable(fn)}")
+            return True, self._itertool(fn.__get__(None, args[0]), args[1:], kwargs)
         if fn is operator.itemgetter:
             if kwargs or not all(self._is_static(a) for a in args):
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, "operator.itemgetter of tensors")
@@ -151,6 +160,10 @@ class StdlibFolds:
             items = tuple(self._elements(args[0])) if args else ()
             self._check_hashable(items)
             return True, fn(items)
+        if fn in (operator.add, operator.mul) and len(args) == 2 and (
+                type(args[0]) in (list, tuple) and type(args[1]) is type(args[0]) or
+                type(args[0]) in (list, tuple) and type(args[1]) is int):
+            return True, fn(*args)   # a fresh sequence of the same graph arguments
         if fn in _SET_OPERATORS and len(args) == 2 and \
                 all(type(a) in (set, frozenset, _VIEWS[0], _VIEWS[2]) for a in args):
             self._check_hashable((*args[0], *args[1]))
@@ -231,6 +244,9 @@ class StdlibFolds:
                 self.consumable(a)
         if fn is itertools.accumulate:
             return self._accumulate(args, kwargs)
+        if fn is itertools.repeat and len(args) + len(kwargs) != 2:
+            # endless: a later list() of it would never end while capturing
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, "itertools.repeat without a count")
         try:
             return fn(*args, **kwargs)
         except Exception as exc:

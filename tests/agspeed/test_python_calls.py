@@ -1,0 +1,274 @@
+"""Calls built at run time, imports, sets, iterators, builtins, the standard library and the
+methods of containers the capture built: each function below captures as one graph with no
+break (never more graphs than torch._dynamo.explain reports for it), and its results, their
+types and its gradients equal eager's on fresh random inputs."""
+
+import collections
+import functools
+import itertools
+import operator
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import agspeed  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+OPTIONS = {"alpha": 2.0}
+
+
+def inner(x, *, alpha=1.0, beta=0.0):
+    return x * alpha + beta
+
+
+def passes_kwargs(x, **kwargs):
+    return inner(x, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def cached_scale(n):
+    return n * 3
+
+
+def add(a, b):
+    return a + b
+
+
+# -- functions: name -> (function, input shapes) ------------------------------------------
+
+def f_kwargs_dict_built_here(x):
+    kw = {"alpha": 2}
+    return torch.add(x, x, **kw)
+
+
+def f_kwargs_received_and_passed_on(x):
+    return passes_kwargs(x, alpha=3.0, beta=1.0) + passes_kwargs(x)
+
+
+def f_kwargs_from_a_global_dict(x):
+    return inner(x, **OPTIONS, beta=0.5)
+
+
+def f_dict_merge_display(x):
+    d = {**{"a": x}, "b": x * 2, **OPTIONS}
+    return d["a"] + d["b"] * d["alpha"]
+
+
+def f_star_args_built_at_run_time(x):
+    parts = [x]
+    parts.append(x + 1)
+    return torch.cat([*parts, x], dim=0) + torch.add(*parts)[:1].sum()
+
+
+def f_local_imports(x):
+    import math
+    import torch.nn.functional as F
+    from math import pi
+    import os.path
+    return F.relu(x) * math.e + pi * len(os.path.sep)
+
+
+def f_set_literals_and_operators(x):
+    s = {1, 2, 3}
+    t = {i % 2 for i in range(5)}
+    s.add(4)
+    s.discard(1)
+    u = (s | t) - {0}
+    return x * len(u) + (3 in s) + len(s & {2, 3})
+
+
+def f_set_of_tensors(x):
+    y = x + 1
+    s = {x, y}
+    s.add(x)
+    z = x * 2
+    return x * len(s) + (y in s) + (z not in s) + (x in {z})
+
+
+def f_next_and_iter(x):
+    it = iter([x, x + 1, x + 2])
+    first = next(it)
+    second = next(it)
+    rest = list(it)
+    return first + second + rest[0] + next(it, x) * 0
+
+
+def f_for_over_iterator_shares_position(x):
+    it = iter((x, x * 2, x * 3))
+    total = next(it)
+    for v in it:
+        total = total + v
+    return total
+
+
+def f_zip_enumerate_reversed(x):
+    xs = [x, x * 2, x * 3]
+    acc = x
+    for i, (a, b) in enumerate(zip(xs, reversed(xs))):
+        acc = acc + a * b * i
+    return acc
+
+
+def f_map_and_filter(x):
+    ys = list(map(lambda t: t + 1, [x, x * 2]))
+    zs = list(filter(lambda n: n % 2 == 0, range(6)))
+    ws = list(map(torch.sin, (x, x)))
+    return ys[0] + ys[1] * len(zs) + ws[1]
+
+
+def f_slices_and_sum_of_tensors(x):
+    xs = (x, x + 1, x + 2, x + 3)
+    return sum(xs[1:]) + sum(xs[::-2], x) + xs[-1]
+
+
+def f_builtins_over_constants(x):
+    vals = [3, 1, 2]
+    return x * (max(vals) + min(vals) + sum(vals) + sorted(vals)[0] + any(vals) + all(vals))
+
+
+def f_dict_methods(x):
+    d = {"a": x, "b": x * 2}
+    d.setdefault("c", x * 3)
+    d.update(e=x * 4)
+    got = d.get("a") + d.pop("b") + d.get("zz", x)
+    k, v = d.popitem()
+    e = d.copy()
+    return got + v + sum(e.values()) + len(d) * (k == "e")
+
+
+def f_dict_views_are_live(x):
+    d = {"a": x}
+    keys = d.keys()
+    d["b"] = x * 2
+    return x * len(keys) + sum(d.values())
+
+
+def f_dict_fromkeys(x):
+    return x * len(dict.fromkeys(["a", "b", "a"]))
+
+
+def f_list_methods(x):
+    xs = [x, x * 2]
+    xs.insert(0, x * 3)
+    xs.extend([x * 4])
+    last = xs.pop()
+    xs.reverse()
+    ns = [3, 1, 2]
+    ns.sort()
+    ns.remove(2)
+    return xs[0] + last * ns[-1] + ns.index(3) + [1, 2, 2].count(2)
+
+
+def f_tuple_and_str_methods(x):
+    name = "Layer.Norm"
+    parts = name.lower().split(".")
+    tag = "-".join(parts)
+    t = (1, 2, 2)
+    return x * (len(tag) + tag.startswith("layer") + t.count(2) + t.index(1)
+                + len("{}:{}".format(*parts)) + len(name.replace(".", "")))
+
+
+def f_itertools(x):
+    xs = [x, x * 2]
+    prods = [a * b for a, b in itertools.product([1, 2], xs)]
+    chained = list(itertools.chain(xs, [x]))
+    flat = list(itertools.chain.from_iterable([[x], xs]))
+    pairs = list(itertools.combinations(xs + [x], 2))
+    longest = list(itertools.zip_longest(xs, [1], fillvalue=0))
+    head = list(itertools.islice(itertools.repeat(2, 5), 3))
+    sums = list(itertools.accumulate(xs))
+    return (prods[-1] + chained[2] + flat[0] + pairs[2][1] + longest[1][0] * longest[1][1]
+            + sum(head) + sums[-1])
+
+
+def f_functools_partial_and_reduce(x):
+    p = functools.partial(torch.add, alpha=2)
+    q = functools.partial(add, x)
+    r = functools.reduce(lambda a, b: a * b, [x, x + 1, x + 2])
+    s = functools.reduce(operator.add, [1, 2, 3], 10)
+    return p(x, x) + q(x) + r + s
+
+
+def f_lru_cache_function_is_inlined(x):
+    return x * cached_scale(2)
+
+
+def f_operator_functions(x):
+    xs = (x, x * 2, 5)
+    get = operator.itemgetter(1)
+    pick = operator.itemgetter(0, 2)
+    a, b = pick(xs)
+    return operator.add(get(xs), operator.mul(a, b)) + operator.getitem(xs, 0)
+
+
+FUNCTIONS = {name: fn for name, fn in globals().items() if name.startswith("f_")}
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+def tensors_in(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in tensors_in(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors_in(v)]
+    return []
+
+
+def assert_same(got, want):
+    assert type(got) is type(want)
+    if isinstance(want, dict):
+        assert list(got) == list(want)
+        for k in want:
+            assert_same(got[k], want[k])
+    elif isinstance(want, (tuple, list)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert_same(g, w)
+    elif isinstance(want, torch.Tensor):
+        torch.testing.assert_close(got, want)
+    else:
+        assert got == want
+
+
+class Counting:
+    """An eager backend that counts the graphs it is given."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm
+
+
+def dynamo_graph_count(fn, x):
+    import torch._dynamo
+
+    try:
+        return torch._dynamo.explain(fn)(x).graph_count
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_python_call_feature_is_one_graph_matching_eager(name):
+    fn = FUNCTIONS[name]
+    backend = Counting()
+    fast = agspeed.optimize(fn, backend=backend)
+    for _ in range(2):
+        x = torch.randn(3, 4)
+        leaf, ref_leaf = x.clone().requires_grad_(), x.clone().requires_grad_()
+        got, want = fast(leaf), fn(ref_leaf)
+        assert_same(got, want)
+        sum(t.square().sum() for t in tensors_in(got)).backward()
+        sum(t.square().sum() for t in tensors_in(want)).backward()
+        torch.testing.assert_close(leaf.grad, ref_leaf.grad)
+    assert len(backend.graphs) == 1, f"{len(backend.graphs)} graphs"
+    explained = agspeed.explain(fn, torch.randn(3, 4))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
+        [str(b) for b in explained.break_reasons]
+    assert explained.graph_count <= dynamo_graph_count(fn, torch.randn(3, 4))
