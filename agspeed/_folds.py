@@ -11,6 +11,7 @@ taken at its current value, which the ShapeEnv then guards.
 from __future__ import annotations
 
 import builtins
+import collections
 import operator
 import types
 from typing import Any
@@ -26,6 +27,7 @@ _VALUE_FOLDS = (range, min, max, abs, int, float, bool, str, sum, any, all, roun
                 pow, sorted, repr, hash, ord, chr, slice)
 #: every builtin ``fold`` evaluates (the call policy plans them as folds)
 FOLDABLE = frozenset(_STRUCTURAL_FOLDS + _TYPE_FOLDS + _VALUE_FOLDS)
+_COLLECTIONS = (collections.OrderedDict, collections.defaultdict, collections.deque)
 _COMPARE = {Compare.LT: operator.lt, Compare.LE: operator.le, Compare.EQ: operator.eq,
             Compare.NE: operator.ne, Compare.GT: operator.gt, Compare.GE: operator.ge}
 
@@ -186,7 +188,8 @@ class Folds(StdlibFolds):
                                   torch.nn.ModuleDict, torch.nn.ParameterList,
                                   torch.nn.ParameterDict)):
             return self._module_item(container, index, source)
-        if type(container) in (tuple, list, dict, str, torch.Size, range, SymShape) or \
+        if type(container) in (tuple, list, dict, str, torch.Size, range, SymShape,
+                               *_COLLECTIONS) or \
                 is_namedtuple_type(type(container)):
             try:
                 out = container[index]
@@ -265,7 +268,7 @@ class Folds(StdlibFolds):
             raise GraphBreak(Reason.DATA_DEPENDENT, "the truth of a tensor (Python branches on "
                              "its value)")
         if self._is_static(obj) or type(obj) in (tuple, list, dict, set, frozenset, range,
-                                                 *_VIEWS):
+                                                 *_VIEWS, *_COLLECTIONS):
             return bool(obj)
         if isinstance(obj, torch.nn.Module):
             if isinstance(obj, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
@@ -298,7 +301,9 @@ class Folds(StdlibFolds):
         if type(obj) in (tuple, list, torch.Size) or is_namedtuple_type(type(obj)):
             return tuple((v, ("item", source, i) if source is not None and not
                           self._is_static(v) else None) for i, v in enumerate(obj))
-        if type(obj) in (dict, str, set, frozenset):
+        if type(obj) in (dict, str, set, frozenset, *_COLLECTIONS):
+            if self._of_program(obj) and type(obj) is collections.deque:
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE, "iterating a deque of the program")
             return tuple((k, None) for k in obj)
         if type(obj) is range:
             if len(obj) > 10000:

@@ -51,11 +51,14 @@ _PURE_METHODS = {
     float: frozenset({"is_integer", "hex", "as_integer_ratio", "conjugate"}),
     tuple: frozenset({"index", "count"}),
 }
+_DICT_METHODS = ("get", "items", "keys", "values", "pop", "setdefault", "update", "copy",
+                 "popitem", "clear")
 _CONTAINER_METHODS = {
+    collections.OrderedDict: (*_DICT_METHODS, "move_to_end"),
+    collections.defaultdict: _DICT_METHODS,
     list: ("append", "extend", "insert", "pop", "index", "count", "copy", "remove",
            "reverse", "sort", "clear"),
-    dict: ("get", "items", "keys", "values", "pop", "setdefault", "update", "copy",
-           "popitem", "clear"),
+    dict: _DICT_METHODS,
     set: ("add", "update", "discard", "remove", "copy", "clear", "union", "intersection",
           "difference", "symmetric_difference", "issubset", "issuperset", "isdisjoint",
           "intersection_update", "difference_update", "symmetric_difference_update"),
@@ -63,6 +66,19 @@ _CONTAINER_METHODS = {
 }
 _SET_OPERATORS = (operator.or_, operator.and_, operator.sub, operator.xor)
 _DESCRIPTORS = (types.MethodDescriptorType, types.ClassMethodDescriptorType)
+_DEQUE_METHODS = frozenset({"append", "appendleft", "pop", "popleft", "extend",
+                            "extendleft", "rotate", "clear", "copy", "count", "index",
+                            "reverse"})
+#: container methods that change the container: on one of the program's, a side effect
+_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "reverse", "sort",
+                       "clear", "setdefault", "update", "popitem", "add", "discard",
+                       "intersection_update", "difference_update",
+                       "symmetric_difference_update", "appendleft", "popleft",
+                       "extendleft", "rotate", "move_to_end"})
+_MUTABLE = (list, dict, set, collections.OrderedDict, collections.defaultdict,
+            collections.deque)
+#: default factories a defaultdict may call while capturing (C, no user code)
+_FACTORIES = (list, dict, set, int, float, str, tuple, None)
 #: methods that compare or hash their arguments: plain values only (a tensor compares
 #: by value in eager, which would need its data)
 _COMPARING = frozenset({"index", "count", "remove", "sort"})
@@ -93,6 +109,11 @@ class StdlibFolds:
                 return None
             return (Plan.INLINE, wrapped, None,
                     ("attr", source, "__wrapped__") if source is not None else None)
+        if fn in (collections.OrderedDict, collections.defaultdict, collections.deque):
+            return (Plan.FOLD, fn)
+        if kind is types.MethodDescriptorType and fn.__objclass__ is collections.deque and \
+                fn.__name__ in _DEQUE_METHODS:
+            return (Plan.FOLD, fn)
         if fn is next or fn is functools.partial or fn in _ITERTOOLS or \
                 fn is operator.itemgetter or kind is operator.itemgetter:
             return (Plan.FOLD, fn)
@@ -122,6 +143,11 @@ class StdlibFolds:
         the call folds it with ``obj`` first."""
         if type(obj) is type and (obj, name) in _CLASS_FOLDS:
             return Attr.METHOD, obj.__dict__[name], obj
+        if type(obj) in _MUTABLE and name in _MUTATORS and self._of_program(obj):
+            raise GraphBreak(Reason.SIDE_EFFECT, f"{type(obj).__name__}.{name}() on a "
+                             "container of the program")
+        if type(obj) is collections.deque and name in _DEQUE_METHODS:
+            return Attr.METHOD, collections.deque.__dict__[name], obj
         names = _PURE_METHODS.get(type(obj))
         if names is None or name not in names:
             return None
@@ -136,6 +162,10 @@ class StdlibFolds:
         ``(False, None)``; ``fn`` may come back changed (a bound descriptor unbound)."""
         if fn is next:
             return True, self._next(args, kwargs)
+        if fn in (collections.OrderedDict, collections.defaultdict, collections.deque):
+            return True, self._collection(fn, args, kwargs)
+        if type(fn) is types.MethodDescriptorType and fn.__objclass__ is collections.deque:
+            return True, self._deque_method(fn, args, kwargs)
         if fn is functools.partial:
             if not args or not callable(args[0]):
                 raise GraphBreak(Reason.BAD_CALL, "functools.partial() of a non-callable")
@@ -171,7 +201,7 @@ class StdlibFolds:
         return False, None
 
     def _elements(self, value: Any) -> Any:
-        if type(value) in (tuple, list, set, frozenset, dict, str, range, *_VIEWS):
+        if type(value) in (tuple, list, set, frozenset, dict, str, range, *_VIEWS, *_MUTABLE):
             return value
         if type(value) in SAFE_ITERATORS and self.consumable(value):
             return value
@@ -198,6 +228,42 @@ class StdlibFolds:
         if known is not None and known[0] is value:
             raise GraphBreak(Reason.SIDE_EFFECT, "consuming an iterator of the program")
         return True
+
+    def _of_program(self, obj: Any) -> bool:
+        known = self.known.get(id(obj))
+        return known is not None and known[0] is obj
+
+    def _collection(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        """OrderedDict, defaultdict and deque made in the frame: real objects of graph
+        arguments the interpreter owns (a deque is stepped and mutated in place)."""
+        if fn is collections.defaultdict:
+            if not args or args[0] not in _FACTORIES:
+                raise GraphBreak(Reason.UNSUPPORTED_CALL,
+                                 "a defaultdict whose factory is not a builtin type")
+        rest = args[1:] if fn is collections.defaultdict else args
+        for a in (*rest, *kwargs.values()):
+            if type(a) in SAFE_ITERATORS:
+                self.consumable(a)
+            elif not (self._is_static(a) or isinstance(a, self.node_type) or
+                      type(a) in (tuple, list, dict, range, *_VIEWS, *_MUTABLE)):
+                raise GraphBreak(Reason.UNSUPPORTED_CALL,
+                                 f"{fn.__name__}() of a {type(a).__name__}")
+        return fn(*args, **kwargs)
+
+    def _deque_method(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        if not args or type(args[0]) is not collections.deque:
+            raise GraphBreak(Reason.BAD_CALL, f"deque.{fn.__name__}() of a non-deque")
+        if fn.__name__ in _MUTATORS and self._of_program(args[0]):
+            raise GraphBreak(Reason.SIDE_EFFECT, f"deque.{fn.__name__}() on a deque of the "
+                             "program")
+        if fn.__name__ in ("count", "index") and any(
+                isinstance(a, self.node_type) for a in args[1:]):
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"deque.{fn.__name__}() of a tensor")
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise GraphBreak(Reason.OP_FAILED, f"deque.{fn.__name__}() raised "
+                             f"{type(exc).__name__}: {exc}") from exc
 
     def _holds_nodes(self, value: Any) -> bool:
         if type(value) in (tuple, list) or type(value) in _VIEWS:

@@ -145,6 +145,28 @@ op_set_update(ags_interp *it, ags_frame *f, const ags_instr *ins)
     return rc;
 }
 
+/* A list, dict or set made during this capture (by a defaultdict's
+ * factory) becomes owned, and v (a CONST until now) the matching kind. */
+int
+ags_own_created(ags_interp *it, ags_value *v)
+{
+    PyObject *obj = v->obj;
+
+    if (v->kind != AGS_VK_CONST
+        || !(PyList_CheckExact(obj) || PyDict_CheckExact(obj)
+             || PySet_CheckExact(obj))) {
+        return AGS_GO;
+    }
+    Py_INCREF(obj);
+    ags_value_clear(v);
+    if (ags_own(it, obj) < 0 || ags_value_of(it, obj, v) < 0) {
+        Py_DECREF(obj);
+        return AGS_ERROR;
+    }
+    Py_DECREF(obj);
+    return AGS_GO;
+}
+
 /* ------------------------------------------------------------------ */
 /* Dict merges */
 

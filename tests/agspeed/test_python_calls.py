@@ -203,6 +203,29 @@ def f_operator_functions(x):
     return operator.add(get(xs), operator.mul(a, b)) + operator.getitem(xs, 0)
 
 
+def f_ordered_dict(x):
+    d = collections.OrderedDict(a=x)
+    d["b"] = x * 2
+    d.move_to_end("a")
+    return d["a"] + d["b"], list(d), d
+
+
+def f_defaultdict(x):
+    d = collections.defaultdict(list)
+    d["a"].append(x)
+    d["a"].append(x * 2)
+    d["b"]
+    return d["a"][1] + len(d), d
+
+
+def f_deque(x):
+    q = collections.deque([x], maxlen=3)
+    q.append(x + 1)
+    q.appendleft(x * 3)
+    first = q.popleft()
+    return first + q[0] + q.pop() + len(q), q
+
+
 FUNCTIONS = {name: fn for name, fn in globals().items() if name.startswith("f_")}
 
 
@@ -211,7 +234,7 @@ FUNCTIONS = {name: fn for name, fn in globals().items() if name.startswith("f_")
 def tensors_in(value):
     if isinstance(value, torch.Tensor):
         return [value]
-    if isinstance(value, (tuple, list)):
+    if isinstance(value, (tuple, list, collections.deque)):
         return [t for v in value for t in tensors_in(v)]
     if isinstance(value, dict):
         return [t for v in value.values() for t in tensors_in(v)]
@@ -224,7 +247,7 @@ def assert_same(got, want):
         assert list(got) == list(want)
         for k in want:
             assert_same(got[k], want[k])
-    elif isinstance(want, (tuple, list)):
+    elif isinstance(want, (tuple, list, collections.deque)):
         assert len(got) == len(want)
         for g, w in zip(got, want):
             assert_same(g, w)
@@ -272,3 +295,29 @@ def test_python_call_feature_is_one_graph_matching_eager(name):
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
         [str(b) for b in explained.break_reasons]
     assert explained.graph_count <= dynamo_graph_count(fn, torch.randn(3, 4))
+
+
+GLOBAL_LIST = [1]
+
+
+def appends_to_a_global(x):
+    GLOBAL_LIST.append(2)
+    return x + 1
+
+
+def steps_a_program_iterator(x, it):
+    return x * next(it)
+
+
+def test_mutating_or_stepping_a_program_object_breaks_as_a_side_effect_and_runs_eager():
+    for fn, args in ((appends_to_a_global, ()), (steps_a_program_iterator, (iter([3, 4]),))):
+        explained = agspeed.explain(fn, torch.randn(2), *args)
+        assert [b.reason for b in explained.break_reasons][:1] == ["side_effect"], fn
+    it = iter([3, 4])
+    fast = agspeed.optimize(steps_a_program_iterator)
+    x = torch.randn(2)
+    torch.testing.assert_close(fast(x, it), x * 3)   # eager stepped it once
+    assert list(it) == [4]
+    before = len(GLOBAL_LIST)
+    agspeed.optimize(appends_to_a_global)(x)
+    assert len(GLOBAL_LIST) == before + 1
