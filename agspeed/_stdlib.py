@@ -186,6 +186,9 @@ class StdlibFolds:
             return True, operator.itemgetter(*args)
         if type(fn) is operator.itemgetter:
             return True, self._itemgetter(fn, args, kwargs)
+        if fn in (str, repr) and len(args) == 1 and not kwargs and type(args[0]) is not type \
+                and isinstance(args[0], type) and type(type(args[0])).__repr__ is type.__repr__:
+            return True, fn(args[0])   # a class under a metaclass that keeps type's repr
         if fn in (set, frozenset) and not kwargs and len(args) <= 1:
             items = tuple(self._elements(args[0])) if args else ()
             self._check_hashable(items)

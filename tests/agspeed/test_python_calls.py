@@ -142,7 +142,12 @@ def f_dict_views_are_live(x):
     d = {"a": x}
     keys = d.keys()
     d["b"] = x * 2
-    return x * len(keys) + sum(d.values())
+    items = d.items()
+    d["c"] = x * 3
+    acc = x
+    for k, v in items:
+        acc = acc + v * len(k)
+    return x * len(keys) + sum(d.values()) + acc
 
 
 def f_dict_fromkeys(x):
@@ -167,7 +172,8 @@ def f_tuple_and_str_methods(x):
     tag = "-".join(parts)
     t = (1, 2, 2)
     return x * (len(tag) + tag.startswith("layer") + t.count(2) + t.index(1)
-                + len("{}:{}".format(*parts)) + len(name.replace(".", "")))
+                + len("{}:{}".format(*parts)) + len(name.replace(".", ""))
+                + len(str(type(x))))
 
 
 def f_itertools(x):
