@@ -82,7 +82,8 @@ class Folds(StdlibFolds):
             if fn in (min, max, abs, pow, round):
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{fn.__name__}() of a tensor")
         if fn in (min, max, sum, any, all, sorted) and args and \
-                (type(args[0]) in _VIEWS or type(args[0]) in SAFE_ITERATORS):
+                (type(args[0]) in (*_VIEWS, set, frozenset, *_COLLECTIONS) or
+                 type(args[0]) in SAFE_ITERATORS):
             args = (tuple(args[0]), *args[1:])
         if not all(self._is_static(a) or isinstance(a, (range, slice))
                    for a in (*args, *kwargs.values())):

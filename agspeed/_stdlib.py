@@ -87,13 +87,21 @@ _CLASS_FOLDS = frozenset({(dict, "fromkeys"), (collections.OrderedDict, "fromkey
                           (itertools.chain, "from_iterable")})
 
 
+_COLLECTIONS = (collections.OrderedDict, collections.defaultdict, collections.deque)
+
+
+def _one_of(fn: Any, options: tuple) -> bool:
+    return any(fn is option for option in options)
+
+
 class StdlibFolds:
     """The part of ``GraphBuilder`` that folds the standard library (see the module doc)."""
 
     # -- plans ---------------------------------------------------------------------------
 
     def stdlib_plan(self, fn: Any, source: Any) -> tuple | None:
-        """The plan for a call of ``fn`` handled here, or None."""
+        """The plan for a call of ``fn`` handled here, or None.  ``fn`` is compared by
+        identity only: its ``__eq__`` could be the program's."""
         if fn is map:
             return (Plan.MAP,)
         if fn is filter:
@@ -109,12 +117,12 @@ class StdlibFolds:
                 return None
             return (Plan.INLINE, wrapped, None,
                     ("attr", source, "__wrapped__") if source is not None else None)
-        if fn in (collections.OrderedDict, collections.defaultdict, collections.deque):
+        if _one_of(fn, _COLLECTIONS):
             return (Plan.FOLD, fn)
         if kind is types.MethodDescriptorType and fn.__objclass__ is collections.deque and \
                 fn.__name__ in _DEQUE_METHODS:
             return (Plan.FOLD, fn)
-        if fn is next or fn is functools.partial or fn in _ITERTOOLS or \
+        if fn is next or fn is functools.partial or _one_of(fn, _ITERTOOLS) or \
                 fn is operator.itemgetter or kind is operator.itemgetter:
             return (Plan.FOLD, fn)
         if kind is types.MethodType and type(fn.__func__) in _DESCRIPTORS:
@@ -159,10 +167,10 @@ class StdlibFolds:
 
     def stdlib_fold(self, fn: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
         """``(True, fn(*args, **kwargs))`` when ``fn`` is folded here, else
-        ``(False, None)``; ``fn`` may come back changed (a bound descriptor unbound)."""
+        ``(False, None)``."""
         if fn is next:
             return True, self._next(args, kwargs)
-        if fn in (collections.OrderedDict, collections.defaultdict, collections.deque):
+        if _one_of(fn, _COLLECTIONS):
             return True, self._collection(fn, args, kwargs)
         if type(fn) is types.MethodDescriptorType and fn.__objclass__ is collections.deque:
             return True, self._deque_method(fn, args, kwargs)
@@ -174,7 +182,7 @@ class StdlibFolds:
                                    type(args[0]) in SAFE_ITERATORS):
             args = (tuple(self._elements(args[0])), *args[1:])
             return True, self._sum(args, kwargs)
-        if fn in _ITERTOOLS:
+        if _one_of(fn, _ITERTOOLS):
             return True, self._itertool(fn, args, kwargs)
         if type(fn) is types.ClassMethodDescriptorType:   # cls first, as the call bound it
             if not args or (args[0], fn.__name__) not in _CLASS_FOLDS:
@@ -186,18 +194,19 @@ class StdlibFolds:
             return True, operator.itemgetter(*args)
         if type(fn) is operator.itemgetter:
             return True, self._itemgetter(fn, args, kwargs)
-        if fn in (str, repr) and len(args) == 1 and not kwargs and type(args[0]) is not type \
-                and isinstance(args[0], type) and type(type(args[0])).__repr__ is type.__repr__:
+        if _one_of(fn, (str, repr)) and len(args) == 1 and not kwargs and \
+                issubclass(type(args[0]), type) and type(args[0]) is not type and \
+                type(type(args[0])).__repr__ is type.__repr__:
             return True, fn(args[0])   # a class under a metaclass that keeps type's repr
-        if fn in (set, frozenset) and not kwargs and len(args) <= 1:
+        if _one_of(fn, (set, frozenset)) and not kwargs and len(args) <= 1:
             items = tuple(self._elements(args[0])) if args else ()
             self._check_hashable(items)
             return True, fn(items)
-        if fn in (operator.add, operator.mul) and len(args) == 2 and (
+        if _one_of(fn, (operator.add, operator.mul)) and len(args) == 2 and (
                 type(args[0]) in (list, tuple) and type(args[1]) is type(args[0]) or
                 type(args[0]) in (list, tuple) and type(args[1]) is int):
             return True, fn(*args)   # a fresh sequence of the same graph arguments
-        if fn in _SET_OPERATORS and len(args) == 2 and \
+        if _one_of(fn, _SET_OPERATORS) and len(args) == 2 and \
                 all(type(a) in (set, frozenset, _VIEWS[0], _VIEWS[2]) for a in args):
             self._check_hashable((*args[0], *args[1]))
             return True, fn(*args)

@@ -17,9 +17,10 @@
  * root frame, a tuple such as ("attr", ("local", "self"), "fc1"); NULL for
  * computed values).  Containers the capture built (TUPLE, LIST, DICT,
  * SET) hold their elements as "graph arguments": a graph node for a
- * tensor, the object itself for anything else.  Objects that were loaded from a source
- * are remembered in the capture's `known` map (id -> (object, source)), so
- * a module taken back out of a tuple still has its source.
+ * tensor, the object itself for anything else.  Objects that were loaded
+ * from a source are remembered in the capture's `known` map (id ->
+ * (object, source)), so a module taken back out of a tuple still has its
+ * source.
  *
  * Policy lives in the builder (agspeed._graph.GraphBuilder): which calls
  * become graph nodes, which are inlined, how an attribute is found without

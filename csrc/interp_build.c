@@ -190,7 +190,18 @@ ags_mapping_items(ags_interp *it, const ags_value *v, PyObject **items)
     }
     source = ags_source_of(it, v);
     if (source == NULL) {
-        /* made while capturing (a fold's answer): graph arguments */
+        /* made while capturing (a fold's answer): graph arguments; a real
+         * tensor here was reached by no source, so nothing could guard it */
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+
+        while (PyDict_Next(v->obj, &pos, &key, &value)) {
+            if (PyObject_TypeCheck(value, (PyTypeObject *)it->tensor_type)) {
+                return ags_stopf(it, AGS_REASON_UNGUARDABLE_ATTRIBUTE,
+                                 "** of a dict holding a tensor reached by "
+                                 "no source");
+            }
+        }
         *items = PyDict_Copy(v->obj);
         return *items ? AGS_GO : AGS_ERROR;
     }

@@ -41,11 +41,18 @@ ags_iter_step(ags_interp *it, ags_frame *f, ags_value *iter, int *exhausted)
 
     *exhausted = 0;
     if (next == NULL) {
-        if (PyErr_Occurred()) {
-            return AGS_ERROR;
+        PyObject *exc = ags_compat_take_exc();
+        int rc;
+
+        if (exc == NULL) {
+            *exhausted = 1;
+            return AGS_GO;
         }
-        *exhausted = 1;
-        return AGS_GO;
+        /* e.g. a dict resized while iterated: eager raises the same */
+        rc = ags_stopf(it, AGS_REASON_OP_FAILED, "next() raised %s: %S",
+                       Py_TYPE(exc)->tp_name, exc);
+        Py_DECREF(exc);
+        return rc;
     }
     if (ags_value_of(it, next, &v) < 0) {
         Py_DECREF(next);

@@ -76,7 +76,8 @@ def f_set_literals_and_operators(x):
     s.add(4)
     s.discard(1)
     u = (s | t) - {0}
-    return x * len(u) + (3 in s) + len(s & {2, 3})
+    names = set(["b", "a", "b"])
+    return x * len(u) + (3 in s) + len(s & {2, 3}) + max(u) * len(sorted(names)[0])
 
 
 def f_set_of_tensors(x):

@@ -12,7 +12,6 @@ from test_interp import T, capture, tlib
 def steps(x):
     it = iter([x, 1, 2, 3])
     first = next(it)
-    total = 0
     for v in it:          # continues where next() left it
         if v == 2:
             break
