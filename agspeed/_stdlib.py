@@ -22,6 +22,7 @@ import types
 from typing import Any
 
 from agspeed._builder_types import GraphBreak, describe_callable
+from agspeed._sources import MISSING
 from agspeed.protocol import Attr, Plan, Reason
 
 _VIEWS = (type({}.keys()), type({}.values()), type({}.items()))
@@ -122,6 +123,8 @@ class StdlibFolds:
         if kind is types.MethodDescriptorType and fn.__objclass__ is collections.deque and \
                 fn.__name__ in _DEQUE_METHODS:
             return (Plan.FOLD, fn)
+        if fn is dict.__dict__["get"]:   # on a dict of the program (pure_method)
+            return (Plan.FOLD, fn)
         if fn is next or fn is functools.partial or _one_of(fn, _ITERTOOLS) or \
                 fn is operator.itemgetter or kind is operator.itemgetter:
             return (Plan.FOLD, fn)
@@ -154,6 +157,8 @@ class StdlibFolds:
         if type(obj) in _MUTABLE and name in _MUTATORS and self._of_program(obj):
             raise GraphBreak(Reason.SIDE_EFFECT, f"{type(obj).__name__}.{name}() on a "
                              "container of the program")
+        if type(obj) is dict and name == "get" and self._of_program(obj):
+            return Attr.METHOD, dict.__dict__["get"], obj   # read item by item, guarded
         if type(obj) is collections.deque and name in _DEQUE_METHODS:
             return Attr.METHOD, collections.deque.__dict__[name], obj
         names = _PURE_METHODS.get(type(obj))
@@ -174,6 +179,9 @@ class StdlibFolds:
             return True, self._collection(fn, args, kwargs)
         if type(fn) is types.MethodDescriptorType and fn.__objclass__ is collections.deque:
             return True, self._deque_method(fn, args, kwargs)
+        if fn is dict.__dict__["get"] and args and type(args[0]) is dict and \
+                self._of_program(args[0]):
+            return True, self._program_dict_get(args, kwargs)
         if fn is functools.partial:
             if not args or not callable(args[0]):
                 raise GraphBreak(Reason.BAD_CALL, "functools.partial() of a non-callable")
@@ -276,6 +284,24 @@ class StdlibFolds:
         except Exception as exc:
             raise GraphBreak(Reason.OP_FAILED, f"deque.{fn.__name__}() raised "
                              f"{type(exc).__name__}: {exc}") from exc
+
+    def _program_dict_get(self, args: tuple, kwargs: dict) -> Any:
+        """``d.get(key, default)`` on a dict of the program: the item loaded from
+        ``("item", source, key)`` (a tensor becomes a graph input), or the default with
+        the key's absence guarded."""
+        if kwargs or not 2 <= len(args) <= 3 or not self._is_static(args[1]):
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, "dict.get() with these arguments")
+        d, key = args[0], args[1]
+        src = ("item", self.known[id(d)][1], key)
+        if key not in d:
+            self.assumptions.append((src, MISSING))
+            return args[2] if len(args) == 3 else None
+        value = d[key]
+        if isinstance(value, self._torch.Tensor):
+            return self.input(src, value)
+        self.assumptions.append((src, value))
+        self.known.setdefault(id(value), (value, src))
+        return value
 
     def _holds_nodes(self, value: Any) -> bool:
         if type(value) in (tuple, list) or type(value) in _VIEWS:

@@ -91,6 +91,14 @@ known_attr(ags_interp *it, ags_frame *f, ags_value *owner, PyObject *name,
         Py_DECREF(answer);
         return AGS_ERROR;
     }
+    if (how == AGS_ATTR_METHOD
+        && (Py_IS_TYPE(value, &PyMethodDescr_Type)
+            || Py_IS_TYPE(value, &PyClassMethodDescr_Type))) {
+        /* a builtin type's method: the owner's guard checks its exact
+         * type, which implies the method; an instance has no attribute
+         * the guard could load for it */
+        Py_CLEAR(src);
+    }
     if (how == AGS_ATTR_VALUE || how == AGS_ATTR_METHOD) {
         if (src != NULL) {
             rc = ags_load_object(it, src, value, &v);

@@ -151,6 +151,10 @@ def f_dict_views_are_live(x):
     return x * len(keys) + sum(d.values()) + acc
 
 
+def f_get_from_a_program_dict(x, options=OPTIONS):
+    return x * options.get("alpha", 1.0) + options.get("beta", 0.5)
+
+
 def f_dict_fromkeys(x):
     return x * len(dict.fromkeys(["a", "b", "a"]))
 
@@ -328,3 +332,18 @@ def test_mutating_or_stepping_a_program_object_breaks_as_a_side_effect_and_runs_
     before = len(GLOBAL_LIST)
     agspeed.optimize(appends_to_a_global)(x)
     assert len(GLOBAL_LIST) == before + 1
+
+
+def test_a_program_dict_read_with_get_is_guarded_on_each_key_it_read():
+    options = {"alpha": 2.0}
+
+    def scaled(x, opts):
+        return x * opts.get("alpha", 1.0) + opts.get("beta", 0.0)
+
+    backend = Counting()
+    fast = agspeed.optimize(scaled, backend=backend)
+    x = torch.randn(3)
+    torch.testing.assert_close(fast(x, options), scaled(x, options))
+    for changed in ({"alpha": 3.0}, {"alpha": 2.0, "beta": 1.0}, {}):
+        torch.testing.assert_close(fast(x, changed), scaled(x, changed))
+    assert len(backend.graphs) == 4   # each change of what get() read recompiles
