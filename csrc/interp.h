@@ -180,6 +180,7 @@ int ags_bind_closure(ags_interp *it, ags_frame *f, PyObject *func,
 /* interp_build.c */
 int ags_mapping_items(ags_interp *it, const ags_value *v, PyObject **items);
 int ags_own_created(ags_interp *it, ags_value *v);
+int ags_own_varkw(ags_interp *it, ags_frame *f, int i);
 
 /* interp_iter.c */
 int ags_owned_iterator(ags_interp *it, const ags_value *v);

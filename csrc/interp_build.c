@@ -167,6 +167,41 @@ ags_own_created(ags_interp *it, ags_value *v)
     return AGS_GO;
 }
 
+/* The root frame's **kwargs is a dict CPython made for this call alone:
+ * once read (guarded on its length, each item loaded from its source,
+ * which together pin its keys), the capture owns a copy, so that
+ * kwargs.pop(k) or kwargs[k] = v is no side effect on the program. */
+int
+ags_own_varkw(ags_interp *it, ags_frame *f, int i)
+{
+    PyCodeObject *co = f->code;
+    ags_value *v = &f->locals[i];
+    PyObject *items = NULL;
+    int slot, rc;
+
+    if (f->parent != NULL || !(co->co_flags & CO_VARKEYWORDS)
+        || (f->cells != NULL && f->cells[i] != NULL)) {
+        return AGS_GO;
+    }
+    slot = co->co_argcount + co->co_kwonlyargcount
+           + !!(co->co_flags & CO_VARARGS);
+    if (i != slot || v->kind != AGS_VK_CONST || !PyDict_CheckExact(v->obj)
+        || v->source == NULL) {
+        return AGS_GO;
+    }
+    rc = ags_mapping_items(it, v, &items);
+    if (rc != AGS_GO) {
+        return rc;
+    }
+    if (ags_own(it, items) < 0) {
+        Py_DECREF(items);
+        return AGS_ERROR;
+    }
+    ags_value_clear(v);
+    *v = ags_value_make(AGS_VK_DICT, items, NULL);  /* steals items */
+    return AGS_GO;
+}
+
 /* ------------------------------------------------------------------ */
 /* Dict merges */
 

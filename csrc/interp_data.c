@@ -59,6 +59,12 @@ load_local(ags_interp *it, ags_frame *f, uint32_t i)
     if (ags_materialize(it, &f->locals[i]) < 0) {
         return AGS_ERROR;
     }
+    if (f->locals[i].kind == AGS_VK_CONST) {
+        int rc = ags_own_varkw(it, f, (int)i);
+        if (rc != AGS_GO) {
+            return rc;
+        }
+    }
     if (f->locals[i].kind == AGS_VK_UNBOUND) {
         return ags_stopf(it, AGS_REASON_UNBOUND_LOCAL, "local %R is not bound",
                          PyTuple_GET_ITEM(f->code->co_localsplusnames, i));

@@ -279,11 +279,11 @@ class Counting:
         return gm
 
 
-def dynamo_graph_count(fn, x):
+def dynamo_graph_count(fn, *args, **kwargs):
     import torch._dynamo
 
     try:
-        return torch._dynamo.explain(fn)(x).graph_count
+        return torch._dynamo.explain(fn)(*args, **kwargs).graph_count
     finally:
         torch._dynamo.reset()
 
@@ -347,3 +347,25 @@ def test_a_program_dict_read_with_get_is_guarded_on_each_key_it_read():
     for changed in ({"alpha": 3.0}, {"alpha": 2.0, "beta": 1.0}, {}):
         torch.testing.assert_close(fast(x, changed), scaled(x, changed))
     assert len(backend.graphs) == 4   # each change of what get() read recompiles
+
+
+def pops_its_kwargs(x, **kwargs):
+    scale = kwargs.pop("scale", 1.0)
+    kwargs["shift"] = x * 2
+    return x * scale + len(kwargs) + kwargs["shift"] + kwargs.get("bias", x)
+
+
+def test_the_root_frames_own_kwargs_dict_is_mutated_inside_the_graph():
+    backend = Counting()
+    fast = agspeed.optimize(pops_its_kwargs, backend=backend)
+    x = torch.randn(3)
+    calls = ({"scale": 2.0, "flag": 3}, {"scale": 2.0, "flag": 4}, {"bias": x + 1}, {})
+    for kw in calls:
+        got, want = fast(x, **kw), pops_its_kwargs(x, **kw)
+        assert_same(got, want)
+    # the second call changed a plain value the graph read, the others the keys
+    assert len(backend.graphs) == 4
+    explained = agspeed.explain(pops_its_kwargs, x, scale=2.0, bias=x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
+        [str(b) for b in explained.break_reasons]
+    assert explained.graph_count <= dynamo_graph_count(pops_its_kwargs, x, scale=2.0, bias=x)
