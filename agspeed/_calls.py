@@ -60,6 +60,9 @@ class CallPolicy:
         written = self.written(obj, name)  # type: ignore[attr-defined]
         if written is not None:
             return Attr.WRITTEN, written[0], None
+        pure = self.pure_method(obj, name)
+        if pure is not None:
+            return pure
         how, value = static_attr(obj, name)
         if how is Attr.UNSUPPORTED:
             raise GraphBreak(Reason.UNSUPPORTED_ATTRIBUTE,
@@ -88,6 +91,9 @@ class CallPolicy:
             return (Plan.SUPER,)
         if fn is getattr or fn is hasattr:
             return (Plan.GETATTR,) if fn is getattr else (Plan.HASATTR,)
+        plan = self.stdlib_plan(fn, source)
+        if plan is not None:
+            return plan
         if type(fn) is types.FunctionType and fn in self._dict_views:  # self comes first
             return (Plan.FOLD, fn)
         if type(fn) is types.MethodType:

@@ -42,6 +42,8 @@ torch is imported when a builder is made, never when agspeed is imported.
 
 from __future__ import annotations
 
+import builtins
+import collections
 import operator
 from typing import Any, Callable
 
@@ -66,6 +68,7 @@ _TENSOR_META = frozenset({
 })
 _TENSOR_VIEWS = frozenset({"T", "mT", "H", "mH", "real", "imag"})
 _PLAIN = (int, float, bool, str, type(None), complex, bytes)
+_REBUILT_DICTS = (collections.OrderedDict, collections.defaultdict)
 
 
 def _target_name(kind: str, target: Any) -> str:
@@ -358,8 +361,12 @@ class GraphBuilder(CallPolicy, Folds, Binding, SideEffects, ContextPolicy):
             for v in result:
                 self.check_output(v)
             return
-        if type(result) is dict and all(self._is_static(k) for k in result):
+        if type(result) in (dict, *_REBUILT_DICTS) and all(self._is_static(k) for k in result):
             for v in result.values():
+                self.check_output(v)
+            return
+        if type(result) in (set, frozenset, collections.deque):
+            for v in result:
                 self.check_output(v)
             return
         raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"returning a {type(result).__name__}")
@@ -398,7 +405,30 @@ class GraphBuilder(CallPolicy, Folds, Binding, SideEffects, ContextPolicy):
             return type(value)(self._build_namedtuples(v) for v in value)
         if type(value) is dict:
             return {k: self._build_namedtuples(v) for k, v in value.items()}
+        return self._build_collection(value)
+
+    def _build_collection(self, value: Any) -> Any:
+        """A set, OrderedDict, defaultdict or deque the capture built, made by a call node
+        of its type (fx has no literal for them)."""
+        kind = type(value)
+        if kind in (set, frozenset):
+            return self.graph.call_function(kind, ([self._build_namedtuples(v)
+                                                    for v in value],))
+        if kind is collections.deque:
+            return self.graph.call_function(
+                kind, ([self._build_namedtuples(v) for v in value],), {"maxlen": value.maxlen})
+        if kind in _REBUILT_DICTS:
+            items = {k: self._build_namedtuples(v) for k, v in value.items()}
+            if kind is collections.defaultdict:   # fx writes no literal for a type
+                factory = getattr(value.default_factory, "__name__", "None")
+                return self.graph.call_function(_defaultdict, (factory, items))
+            return self.graph.call_function(kind, (items,))
         return value
+
+
+def _defaultdict(factory: str, items: dict) -> collections.defaultdict:
+    """A defaultdict the graph returns; its factory (a builtin type) by name."""
+    return collections.defaultdict(getattr(builtins, factory, None), items)
 
 
 def _legacy_name(source: str) -> str:

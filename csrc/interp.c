@@ -214,6 +214,13 @@ frozen_copy(PyObject *obj)
     if (PyDict_CheckExact(obj)) {
         return PyDict_Copy(obj);
     }
+    if (PyDict_Check(obj)) {
+        /* an OrderedDict or defaultdict the capture owns: its C copy() */
+        return PyObject_CallMethod(obj, "copy", NULL);
+    }
+    if (PySet_CheckExact(obj)) {
+        return PySet_New(obj);
+    }
     return Py_NewRef(obj);
 }
 
@@ -229,6 +236,7 @@ ags_graph_arg(ags_interp *it, const ags_value *v)
         return Py_NewRef(v->obj);
     case AGS_VK_LIST:
     case AGS_VK_DICT:
+    case AGS_VK_SET:
         return frozen_copy(v->obj);
     case AGS_VK_GENERATOR:
         ags_stopf(it, AGS_REASON_GENERATOR, "a generator that leaves the "
@@ -338,14 +346,16 @@ ags_value_of(ags_interp *it, PyObject *obj, ags_value *out)
         *out = ags_value_make(AGS_VK_TENSOR, Py_NewRef(obj), NULL);
         return 0;
     }
-    owned = (PyList_CheckExact(obj) || PyDict_CheckExact(obj))
+    owned = (PyList_CheckExact(obj) || PyDict_Check(obj)
+             || PySet_CheckExact(obj))
                 ? ags_is_owned(it, obj) : 0;
     if (owned < 0) {
         return -1;
     }
     if (owned) {
         *out = ags_value_make(PyList_CheckExact(obj) ? AGS_VK_LIST
-                                                     : AGS_VK_DICT,
+                              : PyDict_Check(obj)    ? AGS_VK_DICT
+                                                     : AGS_VK_SET,
                               Py_NewRef(obj), NULL);
         return 0;
     }

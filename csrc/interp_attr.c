@@ -91,6 +91,14 @@ known_attr(ags_interp *it, ags_frame *f, ags_value *owner, PyObject *name,
         Py_DECREF(answer);
         return AGS_ERROR;
     }
+    if (how == AGS_ATTR_METHOD
+        && (Py_IS_TYPE(value, &PyMethodDescr_Type)
+            || Py_IS_TYPE(value, &PyClassMethodDescr_Type))) {
+        /* a builtin type's method: the owner's guard checks its exact
+         * type, which implies the method; an instance has no attribute
+         * the guard could load for it */
+        Py_CLEAR(src);
+    }
     if (how == AGS_ATTR_VALUE || how == AGS_ATTR_METHOD) {
         if (src != NULL) {
             rc = ags_load_object(it, src, value, &v);
@@ -183,8 +191,15 @@ ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method)
     ags_value owner = ags_pop(f);
     int rc;
 
-    if (method && ags_can_shadow(&owner)) {
-        /* a method of a list or dict of the program: called on its shadow */
+    rc = method && ags_can_shadow(&owner) ? ags_is_mutator(owner.obj, name)
+                                          : 0;
+    if (rc < 0) {
+        ags_value_clear(&owner);
+        return AGS_ERROR;
+    }
+    if (rc == 1) {
+        /* a method that changes a list or dict of the program: called on
+         * its shadow */
         rc = ags_shadow(it, &owner);
         if (rc != AGS_GO) {
             ags_value_clear(&owner);
@@ -197,7 +212,8 @@ ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method)
                                                  owner.obj, name));
     }
     else if (owner.kind == AGS_VK_TENSOR || owner.kind == AGS_VK_LIST
-             || owner.kind == AGS_VK_DICT || owner.kind == AGS_VK_TUPLE) {
+             || owner.kind == AGS_VK_DICT || owner.kind == AGS_VK_TUPLE
+             || owner.kind == AGS_VK_SET) {
         if (!method) {
             rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_ATTRIBUTE,
                            "attribute %R of a %s",

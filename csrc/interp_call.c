@@ -59,6 +59,29 @@ pack_args(ags_interp *it, const ags_value *first, ags_value *args, int nargs,
     return AGS_GO;
 }
 
+/* A list, dict, set or iterator that a fold or a container method just
+ * made, which nothing else refers to, cannot be an object of the program:
+ * the capture owns it (it may mutate or step it).  out: borrowed. */
+static int
+fresh_container(ags_interp *it, int op, PyObject *out)
+{
+    if ((op != AGS_BOP_FOLD && op != AGS_BOP_CONTAINER_METHOD)
+        || Py_REFCNT(out) != 1) {
+        return 0;
+    }
+    if (PyList_CheckExact(out) || PyDict_CheckExact(out)
+        || PySet_CheckExact(out) || PyIter_Check(out)) {
+        return ags_own(it, out);
+    }
+    if (PyDict_Check(out)
+        && !(Py_TYPE(out)->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+        /* OrderedDict, defaultdict: C types whose methods call no user
+         * code (a defaultdict's factory is checked by the builder) */
+        return ags_own(it, out);
+    }
+    return 0;
+}
+
 /* Calls the builder's operation `op` (an AGS_BOP_*) as op(extra, args,
  * kwargs) and sets *result. */
 int
@@ -74,7 +97,8 @@ ags_builder_call(ags_interp *it, int op, PyObject *extra,
         if (out == NULL) {
             rc = ags_take_break(it);
         }
-        else if (ags_value_of(it, out, result) < 0) {
+        else if (fresh_container(it, op, out) < 0
+                 || ags_value_of(it, out, result) < 0) {
             rc = AGS_ERROR;
         }
     }
@@ -269,6 +293,16 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
         rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "calling %R",
                        callable->obj);
         break;
+    case AGS_PLAN_MAP:
+    case AGS_PLAN_FILTER:
+    case AGS_PLAN_REDUCE:
+    case AGS_PLAN_PARTIAL:
+        rc = self != NULL
+                 ? ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "calling %R",
+                             callable->obj)
+                 : ags_call_iter_plan(it, f, kind, plan, args, nargs,
+                                      kwnames, result);
+        break;
     default:
         Py_UNREACHABLE();
     }
@@ -344,21 +378,23 @@ op_call_function_ex(ags_interp *it, ags_frame *f, const ags_instr *ins)
     ags_value kwargs = (ins->arg & 1) ? ags_pop(f)
                                       : ags_value_make(AGS_VK_UNBOUND, NULL, NULL);
     ags_value posargs = ags_pop(f);
-    PyObject *elems = NULL, *kwnames = NULL;
+    PyObject *elems = NULL, *kwnames = NULL, *items = NULL;
     int rc, n = 0, nkw = 0;
 
     rc = ags_elements(it, &posargs, &elems);
     if (rc == AGS_GO && kwargs.kind != AGS_VK_UNBOUND) {
-        if (kwargs.kind != AGS_VK_DICT && !(kwargs.kind == AGS_VK_CONST
-                                            && PyDict_CheckExact(kwargs.obj))) {
-            rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
-                           "**kwargs from a %s",
-                           AGS_DESCRIBE(&kwargs));
-        }
-        else {
-            kwnames = PySequence_Tuple(kwargs.obj);
+        /* a dict the capture built, or a program's dict read item by item */
+        rc = ags_mapping_items(it, &kwargs, &items);
+        if (rc == AGS_GO) {
+            kwnames = PySequence_Tuple(items);
             rc = kwnames ? AGS_GO : AGS_ERROR;
             nkw = kwnames ? (int)PyTuple_GET_SIZE(kwnames) : 0;
+        }
+        for (int i = 0; rc == AGS_GO && i < nkw; i++) {
+            if (!PyUnicode_Check(PyTuple_GET_ITEM(kwnames, i))) {
+                rc = ags_stopf(it, AGS_REASON_BAD_CALL,
+                               "keywords must be strings");
+            }
         }
     }
     if (rc == AGS_GO) {
@@ -379,7 +415,7 @@ op_call_function_ex(ags_interp *it, ags_frame *f, const ags_instr *ins)
     }
     for (int i = 0; rc == AGS_GO && i < n + nkw; i++) {
         PyObject *item = i < n ? PyTuple_GET_ITEM(elems, i)
-                               : PyDict_GetItem(kwargs.obj,
+                               : PyDict_GetItem(items,
                                                 PyTuple_GET_ITEM(kwnames, i - n));
         ags_value v;
         rc = ags_value_of(it, item, &v) < 0 ? AGS_ERROR : ags_push(f, v);
@@ -389,6 +425,7 @@ op_call_function_ex(ags_interp *it, ags_frame *f, const ags_instr *ins)
     }
     Py_XDECREF(elems);
     Py_XDECREF(kwnames);
+    Py_XDECREF(items);
     ags_value_clear(&posargs);
     ags_value_clear(&kwargs);
     return rc;

@@ -72,6 +72,12 @@ load_local(ags_interp *it, ags_frame *f, uint32_t i)
             f->locals[i] = shadow;
         }
     }
+    if (f->locals[i].kind == AGS_VK_CONST) {
+        int rc = ags_own_varkw(it, f, (int)i);
+        if (rc != AGS_GO) {
+            return rc;
+        }
+    }
     if (f->locals[i].kind == AGS_VK_UNBOUND) {
         return ags_stopf(it, AGS_REASON_UNBOUND_LOCAL, "local %R is not bound",
                          PyTuple_GET_ITEM(f->code->co_localsplusnames, i));
@@ -607,14 +613,26 @@ op_build_slice(ags_interp *it, ags_frame *f, const ags_instr *ins)
 static int
 subscript(ags_interp *it, ags_frame *f, ags_value *container, ags_value *index)
 {
-    PyObject *c = ags_graph_arg(it, container), *i = NULL, *out;
+    /* a built dict is read in place: a defaultdict's missing key is added
+     * to it, not to a copy */
+    PyObject *c = container->kind == AGS_VK_DICT
+                      ? Py_NewRef(container->obj)
+                      : ags_graph_arg(it, container);
+    PyObject *i = NULL, *out;
     PyObject *source = NULL;
     ags_value v;
     int rc;
 
+    int had = 1;
+
     if (c == NULL || (i = ags_graph_arg(it, index)) == NULL) {
         Py_XDECREF(c);
         return AGS_BREAK;
+    }
+    if (container->kind == AGS_VK_DICT
+        && (had = PyDict_Contains(c, i)) < 0) {
+        PyErr_Clear();  /* unhashable: the builder's lookup breaks */
+        had = 1;
     }
     if (container->kind == AGS_VK_CONST) {
         source = ags_source_of(it, container);
@@ -637,6 +655,10 @@ subscript(ags_interp *it, ags_frame *f, ags_value *container, ags_value *index)
     else if (PyTuple_Check(out) && PyTuple_GET_SIZE(out) == 2) {
         rc = ags_value_of(it, PyTuple_GET_ITEM(out, 0), &v) < 0 ? AGS_ERROR
                                                                 : AGS_GO;
+        if (rc == AGS_GO && !had) {
+            /* a defaultdict's factory made it here */
+            rc = ags_own_created(it, &v);
+        }
     }
     else {
         PyErr_SetString(PyExc_SystemError, "builder.getitem: bad answer");

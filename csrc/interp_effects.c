@@ -46,6 +46,39 @@ ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out)
     return 1;
 }
 
+/* Does calling method `name` of a list or dict change it?  Only those
+ * make a shadow: a method that only reads is answered from the original,
+ * guarded on what it read (interp_call.c, agspeed/_stdlib.py).  The names
+ * are kept as two frozensets, made on first use. */
+int
+ags_is_mutator(PyObject *container, PyObject *name)
+{
+    static PyObject *list_mutators, *dict_mutators;
+    PyObject *names;
+
+    if (list_mutators == NULL) {
+        PyObject *l = Py_BuildValue(
+            "(sssssssssss)", "append", "extend", "insert", "pop", "remove",
+            "clear", "sort", "reverse", "__setitem__", "__delitem__",
+            "__iadd__");
+        PyObject *d = Py_BuildValue(
+            "(ssssssss)", "pop", "popitem", "setdefault", "update", "clear",
+            "__setitem__", "__delitem__", "__ior__");
+
+        list_mutators = l ? PyFrozenSet_New(l) : NULL;
+        dict_mutators = d ? PyFrozenSet_New(d) : NULL;
+        Py_XDECREF(l);
+        Py_XDECREF(d);
+        if (list_mutators == NULL || dict_mutators == NULL) {
+            Py_CLEAR(list_mutators);
+            Py_CLEAR(dict_mutators);
+            return -1;
+        }
+    }
+    names = PyList_CheckExact(container) ? list_mutators : dict_mutators;
+    return PySet_Contains(names, name);
+}
+
 /* Is v a list or dict of the program that a shadow can stand for? */
 int
 ags_can_shadow(const ags_value *v)

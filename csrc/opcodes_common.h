@@ -69,7 +69,14 @@
     X(CHECK_EG_MATCH, op_exception_path, "except* T: never reached") \
     X(WITH_EXCEPT_START, op_exception_path, "a with's exit on a raise") \
     X(POP_EXCEPT, op_exception_path, "a handler ends: never reached") \
-    X(RERAISE, op_exception_path, "re-raise: never reached")
+    X(RERAISE, op_exception_path, "re-raise: never reached") \
+    X(BUILD_SET, op_build_set, "pack the top arg values into a set") \
+    X(SET_ADD, op_set_add, "add the top to a built set") \
+    X(SET_UPDATE, op_set_update, "add the elements of the top to a set") \
+    X(DICT_MERGE, op_dict_merge, "f(**m): merge, a repeated key fails") \
+    X(DICT_UPDATE, op_dict_update, "{**m}: update a built dict") \
+    X(IMPORT_NAME, op_import_name, "a module already in sys.modules") \
+    X(IMPORT_FROM, op_import_from, "an attribute of the imported module")
 
 /* 3.12 and later. */
 #define AGS_INTERP_OPS_SINCE_312(X) \

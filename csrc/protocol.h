@@ -146,7 +146,13 @@
     X(CONST, "(CONST, value): a call whose result is known") \
     X(SUPER, "(SUPER,): super() of the running method") \
     X(CTX, "(CTX, fn): a context manager the builder models (grad mode, " \
-           "autocast): made, entered or left by ctx()")
+           "autocast): made, entered or left by ctx()") \
+    X(MAP, "(MAP,): map(fn, *iterables), fn called per element " \
+           "(interp_iter.c)") \
+    X(FILTER, "(FILTER,): filter(fn or None, iterable)") \
+    X(REDUCE, "(REDUCE,): functools.reduce(fn, iterable[, initial])") \
+    X(PARTIAL, "(PARTIAL, func, args, keywords): a call through a " \
+               "functools.partial, its arguments graph arguments")
 
 /* Where an attribute was found: the first item of attr's answer. */
 #define AGS_ATTR_LIST(X) \
