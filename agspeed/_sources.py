@@ -71,6 +71,7 @@ def is_namedtuple_type(cls: Any) -> bool:
             and _class_lookup(cls, "__getitem__") is tuple.__getitem__)
 
 
+_TYPE_NAMES = {name: type.__dict__[name] for name in ("__name__", "__qualname__")}
 _TUPLEGETTER = type(collections.namedtuple("_Probe", "field").field)
 
 
@@ -90,8 +91,8 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
     """``(how, value)`` for ``obj.name`` found without running user code.
 
     how is an ``agspeed.protocol.Attr``: ``VALUE`` (an instance or module-store value, a
-    class constant), ``METHOD`` (a plain function found on the class: value is the
-    function), ``PROPERTY`` (value is the property object), ``MISSING``, or
+    class constant), ``METHOD`` (a plain function found on the class, or a classmethod's
+    function: value is the function), ``PROPERTY`` (value is the property object), ``MISSING``, or
     ``UNSUPPORTED`` (a descriptor or ``__getattr__`` that only running code could answer;
     value says which).
     """
@@ -111,6 +112,8 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
         if kind is _TUPLEGETTER:  # a namedtuple field: an item of the tuple
             return Attr.VALUE, found.__get__(obj, cls)
         if hasattr(kind, "__set__") or hasattr(kind, "__delete__"):
+            if issubclass(cls, type) and name in _TYPE_NAMES and found is _TYPE_NAMES[name]:
+                return Attr.VALUE, found.__get__(obj, cls)   # a class's own name
             if kind is types.MemberDescriptorType or kind is types.GetSetDescriptorType:
                 if cls.__module__ == "builtins" or kind is types.MemberDescriptorType \
                         or _is_type_info(cls):
@@ -124,15 +127,21 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
     except AttributeError:
         d = None
     if d is not None and name in d:
-        return Attr.VALUE, d[name]
+        value = d[name]
+        if issubclass(cls, type):   # a class's own dict: its descriptors, unbound
+            if type(value) is staticmethod:
+                return Attr.VALUE, value.__func__
+            if type(value) is classmethod and type(value.__func__) is types.FunctionType:
+                return Attr.METHOD, value.__func__   # called with the class as self
+        return Attr.VALUE, value
     if found is not MISSING:
         kind = type(found)
         if kind is types.FunctionType:
             return (Attr.METHOD, found) if not issubclass(cls, type) else (Attr.VALUE, found)
         if kind is staticmethod:
             return Attr.VALUE, found.__func__
-        if kind is classmethod:
-            return Attr.UNSUPPORTED, "classmethod"
+        if kind is classmethod and type(found.__func__) is types.FunctionType:
+            return Attr.METHOD, found.__func__   # called with the class as self
         if hasattr(kind, "__get__") and kind not in (types.BuiltinFunctionType, type):
             if kind in (types.MethodDescriptorType, types.WrapperDescriptorType):
                 return Attr.UNSUPPORTED, "method of a builtin type"
@@ -152,6 +161,8 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
         if value is not MISSING:
             if type(value) is staticmethod:
                 return Attr.VALUE, value.__func__
+            if type(value) is classmethod and type(value.__func__) is types.FunctionType:
+                return Attr.METHOD, value.__func__
             if type(value) in (classmethod, property):
                 return Attr.UNSUPPORTED, type(value).__name__
             return Attr.VALUE, value

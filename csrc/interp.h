@@ -8,6 +8,8 @@
  *   interp_func.c  functions: binding arguments and closures, making them
  *   interp_ops.c   operators and f-strings
  *   interp_flow.c  comparisons, truth, jumps, iteration, returns
+ *   interp_object.c  objects the capture makes: class calls, their
+ *                  attribute writes
  *
  * Abstract values.  A value is one of AGS_VALUE_KINDS.  It owns a
  * reference to `obj` and to `source` (how the value is reached from the
@@ -175,6 +177,13 @@ int ags_bind_closure(ags_interp *it, ags_frame *f, PyObject *func,
 /* interp_ops.c */
 int ags_ops_init(void);
 PyObject *ags_binary_fn(uint32_t op);
+
+/* interp_object.c */
+int ags_call_new(ags_interp *it, ags_frame *f, PyObject *plan,
+                 ags_value *args, int nargs, PyObject *kwnames,
+                 ags_value *result);
+int ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
+                   PyObject *name, ags_value *value);
 
 /* interp_flow.c */
 int ags_truth(ags_interp *it, const ags_value *v, int *truth);

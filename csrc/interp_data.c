@@ -715,17 +715,15 @@ op_store_subscr(ags_interp *it, ags_frame *f, const ags_instr *ins)
     return rc;
 }
 
-/* obj.name = value: a write to the program's objects, which the graph
- * cannot replay; the frame runs eager. */
+/* obj.name = value: stored on an object the capture made; a write to the
+ * program's objects is a side effect the graph cannot replay
+ * (interp_object.c). */
 AGS_HANDLER
 op_store_attr(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     ags_value owner = ags_pop(f), value = ags_pop(f);
     PyObject *name = PyTuple_GET_ITEM(f->code->co_names, ins->arg);
-    int rc = ags_stopf(it, AGS_REASON_SIDE_EFFECT,
-                       "setting attribute %R of a %s", name,
-                       owner.kind == AGS_VK_CONST ? Py_TYPE(owner.obj)->tp_name
-                                                  : AGS_DESCRIBE(&owner));
+    int rc = ags_store_attr(it, f, &owner, name, &value);
 
     ags_value_clear(&owner);
     ags_value_clear(&value);

@@ -116,7 +116,12 @@
     X(COMPARE, "compare(Compare, a, b) -> node or bool") \
     X(TRUTH, "truth(obj) -> bool, decided without running user code") \
     X(ITERATE, "iterate(obj, source) -> ((element, source or None), ...)") \
-    X(FORMAT, "format(value, conversion, spec) -> str: an f-string part")
+    X(FORMAT, "format(value, conversion, spec) -> str: an f-string part") \
+    X(NEW_OBJECT, "new_object(cls) -> object: a fresh instance made by the " \
+                  "class's builtin __new__, owned by the capture") \
+    X(STORE_ATTR, "store_attr(obj, name, value) -> None once stored on an " \
+                  "object the capture made, or a __setattr__ to inline as " \
+                  "f(obj, name, value)")
 
 /* How a call is captured: the first item of plan_call's answer. */
 #define AGS_PLAN_LIST(X) \
@@ -129,7 +134,9 @@
     X(GETATTR, "(GETATTR,): getattr() with a constant name") \
     X(HASATTR, "(HASATTR,): hasattr() with a constant name") \
     X(CONST, "(CONST, value): a call whose result is known") \
-    X(SUPER, "(SUPER,): super() of the running method")
+    X(SUPER, "(SUPER,): super() of the running method") \
+    X(NEW, "(NEW, cls, __init__ or None): an instance made by new_object, " \
+           "its __init__ inlined on it")
 
 /* Where an attribute was found: the first item of attr's answer. */
 #define AGS_ATTR_LIST(X) \
