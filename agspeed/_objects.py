@@ -134,7 +134,8 @@ class Objects:
     objects: dict[int, Any]
 
     def is_owned(self, obj: Any) -> bool:
-        return self.objects.get(id(obj)) is obj
+        """Whether the capture made ``obj`` (so writes to it are its own)."""
+        return obj is not None and self.objects.get(id(obj)) is obj
 
     def _own(self, obj: Any) -> Any:
         self.objects[id(obj)] = obj
@@ -228,7 +229,9 @@ class Objects:
             if not is_namedtuple_type(fn) and not issubclass(fn, self._torch.nn.Module) \
                     and self._plain_class(fn):
                 init = _class_lookup(fn, "__init__")
-                return (Plan.NEW, fn, init if type(init) is types.FunctionType else None)
+                if type(init) is not types.FunctionType:
+                    return (Plan.NEW, fn, None, None)
+                return (Plan.NEW, fn, init, _init_source(fn, source))
         if fn is object.__setattr__ or fn is object.__init__:
             return (Plan.FOLD, fn)
         if type(fn) in _BUILTIN_BOUND and self.is_owned(getattr(fn, "__self__", None)):
@@ -351,6 +354,18 @@ class Objects:
         return graph.call_function(_rebuilder(type(value)), (
             tuple((k, inner(v)) for k, v in attrs),
             tuple((k, inner(v)) for k, v in items)))
+
+
+def _init_source(cls: type, source: Any) -> Any:
+    """The source of ``cls.__init__`` through the class that defines it (its closure
+    cells are guarded on it), or None."""
+    if source is None:
+        return None
+    for k, klass in enumerate(cls.__mro__):
+        if "__init__" in klass.__dict__:
+            owner = source if k == 0 else ("item", ("attr", source, "__mro__"), k)
+            return ("attr", owner, "__init__")
+    return None
 
 
 def _super_builtin(sup: super, name: str) -> Any:

@@ -71,7 +71,8 @@ def is_namedtuple_type(cls: Any) -> bool:
             and _class_lookup(cls, "__getitem__") is tuple.__getitem__)
 
 
-_TYPE_NAMES = {name: type.__dict__[name] for name in ("__name__", "__qualname__")}
+# a class's names and its method resolution order: type's own getters, no user code
+_TYPE_NAMES = {name: type.__dict__[name] for name in ("__name__", "__qualname__", "__mro__")}
 _TUPLEGETTER = type(collections.namedtuple("_Probe", "field").field)
 
 

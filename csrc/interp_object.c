@@ -15,14 +15,15 @@
  */
 #include "interp.h"
 
-/* Runs the plan (NEW, cls, __init__ or None) on args (borrowed), setting
- * *result to the new object. */
+/* Runs the plan (NEW, cls, __init__ or None, its source or None) on args
+ * (borrowed), setting *result to the new object. */
 int
 ags_call_new(ags_interp *it, ags_frame *f, PyObject *plan, ags_value *args,
              int nargs, PyObject *kwnames, ags_value *result)
 {
     PyObject *cls = PyTuple_GET_ITEM(plan, 1);
     PyObject *init = PyTuple_GET_ITEM(plan, 2);
+    PyObject *isrc = PyTuple_GET_ITEM(plan, 3);
     PyObject *obj;
     ags_value self, ret, *all = NULL;
     int rc;
@@ -54,7 +55,8 @@ ags_call_new(ags_interp *it, ags_frame *f, PyObject *plan, ags_value *args,
     for (int i = 0; i < nargs; i++) {
         all[i + 1] = args[i];  /* borrowed from the caller */
     }
-    rc = ags_inline(it, f, init, NULL, all, nargs + 1, kwnames, &ret);
+    rc = ags_inline(it, f, init, isrc == Py_None ? NULL : isrc, all,
+                    nargs + 1, kwnames, &ret);
     if (rc == AGS_GO) {
         if (ret.kind != AGS_VK_CONST || ret.obj != Py_None) {
             rc = ags_stopf(it, AGS_REASON_BAD_CALL,

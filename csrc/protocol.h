@@ -135,8 +135,8 @@
     X(HASATTR, "(HASATTR,): hasattr() with a constant name") \
     X(CONST, "(CONST, value): a call whose result is known") \
     X(SUPER, "(SUPER,): super() of the running method") \
-    X(NEW, "(NEW, cls, __init__ or None): an instance made by new_object, " \
-           "its __init__ inlined on it")
+    X(NEW, "(NEW, cls, __init__ or None, its source or None): an instance " \
+           "made by new_object, its __init__ inlined on it")
 
 /* Where an attribute was found: the first item of attr's answer. */
 #define AGS_ATTR_LIST(X) \
