@@ -30,13 +30,15 @@ graph runs: a call node of the structseq or namedtuple class, or of ``rebuild_ob
 
 from __future__ import annotations
 
+import contextvars
+import dataclasses
 import sys
 import types
 from collections import OrderedDict
 from typing import Any
 
 from agspeed._builder_types import GraphBreak
-from agspeed._sources import MISSING, _class_lookup, is_namedtuple_type
+from agspeed._sources import MISSING, _class_lookup, is_namedtuple_type, static_attr
 from agspeed.protocol import Attr, Plan, Reason
 
 __all__ = ["Objects", "is_structseq_type", "rebuild_object"]
@@ -47,6 +49,7 @@ _DICT_READERS = frozenset({"keys", "values", "items", "get", "__getitem__", "__c
                            "__len__", "__iter__", "copy"})
 _OWNED_WRITERS = frozenset({"__setattr__", "__setitem__", "__init__", "__delattr__"})
 _BUILTIN_BOUND = (types.BuiltinMethodType, types.MethodWrapperType)
+_CVAR_GET = contextvars.ContextVar.get
 
 
 def is_structseq_type(cls: Any) -> bool:
@@ -232,7 +235,8 @@ class Objects:
                 if type(init) is not types.FunctionType:
                     return (Plan.NEW, fn, None, None)
                 return (Plan.NEW, fn, init, _init_source(fn, source))
-        if fn is object.__setattr__ or fn is object.__init__:
+        if fn is object.__setattr__ or fn is object.__init__ or fn is _CVAR_GET or \
+                fn is dataclasses.fields:
             return (Plan.FOLD, fn)
         if type(fn) in _BUILTIN_BOUND and self.is_owned(getattr(fn, "__self__", None)):
             return (Plan.FOLD, fn)
@@ -253,6 +257,11 @@ class Objects:
             if not args or not self.is_owned(args[0]):
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"ModelOutput.{fn.__name__}")
             return self._run(fn, args, kwargs)
+        if fn is _CVAR_GET:
+            return self._context_var(args, kwargs)
+        if fn is dataclasses.fields and len(args) == 1 and not kwargs and (
+                self.is_owned(args[0]) or isinstance(args[0], type)):
+            return self._run(fn, args, kwargs)   # the class's Field objects
         if fn is object.__setattr__ or fn is object.__init__:
             if not args or not self.is_owned(args[0]):
                 raise GraphBreak(Reason.SIDE_EFFECT, f"object.{fn.__name__} of an object of "
@@ -263,10 +272,37 @@ class Objects:
         if fn in (str, repr) and len(args) == 1 and not kwargs and isinstance(args[0], type) \
                 and _class_lookup(type(args[0]), "__repr__") is type.__repr__:
             return fn(args[0])
-        if fn is hasattr and len(args) == 2 and isinstance(args[0], self.node_type) and \
-                type(args[1]) is str:
-            return hasattr(self._real_type_view(args[0]), args[1])
+        if fn is hasattr and len(args) == 2 and type(args[1]) is str:
+            # of a tensor or a container built here: its type answers, which no user
+            # code defines (the tensor's type is guarded)
+            if isinstance(args[0], self.node_type):
+                return hasattr(self._real_type_view(args[0]), args[1])
+            kind = type(args[0])
+            if kind in (tuple, list, dict) or is_structseq_type(kind) or \
+                    is_namedtuple_type(kind):
+                return hasattr(args[0], args[1])
         return super().fold(fn, args, kwargs)  # type: ignore[misc]
+
+    def _context_var(self, args: tuple, kwargs: dict) -> Any:
+        """``var.get([default])``: its value now, guarded on ``("cvar", var's source)``."""
+        var = args[0] if args else None
+        known = self.known.get(id(var))
+        if type(var) is not contextvars.ContextVar or kwargs or len(args) > 2:
+            raise GraphBreak(Reason.BAD_CALL, "ContextVar.get() with these arguments")
+        if known is None or known[0] is not var:
+            raise GraphBreak(Reason.UNGUARDABLE_GLOBAL, "a ContextVar reached by no source")
+        try:
+            value = var.get()
+        except LookupError:
+            value = MISSING
+        out = value if value is not MISSING else args[1] if len(args) == 2 else MISSING
+        if out is MISSING:
+            raise GraphBreak(Reason.OP_FAILED, f"ContextVar {var.name!r} has no value")
+        if value is not MISSING and not self._is_static(value):
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE,
+                             f"ContextVar {var.name!r} holds a {type(value).__name__}")
+        self.assumptions.append((("cvar", known[1]), value))
+        return out
 
     def _run(self, fn: Any, args: tuple, kwargs: dict) -> Any:
         try:
@@ -292,11 +328,30 @@ class Objects:
             found = _super_builtin(obj, name)
             if found is not None:
                 return Attr.VALUE, found, None
-        if self.is_owned(obj) and name in _DICT_READERS and _dict_base(type(obj)):
-            found = _class_lookup(type(obj), name)
-            if type(found) in (types.MethodDescriptorType, types.WrapperDescriptorType):
-                return Attr.VALUE, getattr(obj, name), None
+        if self.is_owned(obj):
+            if name == "__class__":
+                return Attr.VALUE, type(obj), None   # fixed when it was made
+            if name in _DICT_READERS and _dict_base(type(obj)):
+                found = _class_lookup(type(obj), name)
+                if type(found) in (types.MethodDescriptorType, types.WrapperDescriptorType):
+                    return Attr.VALUE, getattr(obj, name), None
+            self._guard_class_attr(obj, name)
         return super().attr(obj, name)  # type: ignore[misc]
+
+    def _guard_class_attr(self, obj: Any, name: str) -> None:
+        """An owned object's attribute that its class answers (a method, a class
+        constant) is guarded on the class's source: the object has none, but a later
+        call must not run with the class changed."""
+        attrs, _ = _state(obj)
+        if any(k == name for k, _ in attrs):
+            return
+        cls = type(obj)
+        known = self.known.get(id(cls))
+        if known is None or known[0] is not cls:
+            return
+        how, value = static_attr(cls, name)
+        if how in (Attr.VALUE, Attr.METHOD, Attr.MISSING):
+            self.assumptions.append((("attr", known[1], name), value))
 
     def getitem(self, container: Any, index: Any, source: Any) -> tuple[Any, Any]:
         if is_structseq_type(type(container)):

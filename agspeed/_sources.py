@@ -9,7 +9,8 @@ The interpreter (csrc/interp*.c) gives every value it loads a *source*, a nested
 * ``("item", base, key)``: ``base[key]`` of a tuple, list or dict;
 * ``("cell", function, index)``: the contents of a closure cell of a function;
 * ``("fget", property)``: the getter of a property;
-* ``("type", base)``: the type of a value.
+* ``("type", base)``: the type of a value;
+* ``("cvar", base)``: the value of a ``contextvars.ContextVar`` (``var.get()``).
 
 Guards check each source's value on every call, and a cache hit reads the graph's inputs
 by their sources, so resolving must run no user code: ``static_attr`` reads instance and
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import contextvars
 import sys
 import types
 from typing import Any
@@ -106,6 +108,8 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
     if issubclass(cls, super):
         return _super_attr(obj, name)
     found = _class_lookup(cls, name)
+    if cls is contextvars.ContextVar and name == "get":
+        return Attr.METHOD, found   # a read the capture models (its value is guarded)
     if found is not MISSING:
         kind = type(found)
         if kind is property:
@@ -242,6 +246,13 @@ def resolve_step(kind: str, base: Any, key: Any) -> Any:
             return MISSING
     if kind == "fget":
         return base.fget if type(base) is property else MISSING
+    if kind == "cvar":
+        if type(base) is not contextvars.ContextVar:
+            return MISSING
+        try:
+            return base.get()
+        except LookupError:
+            return MISSING
     if kind == "type":
         return type(base)
     if kind == "gmod":  # base: the module
@@ -270,6 +281,8 @@ def describe(source: tuple) -> str:
         return f"{base}.__closure__[{source[2]}]"
     if kind == "fget":
         return f"{base}.fget"
+    if kind == "cvar":
+        return f"{base}.get()"
     if kind == "type":
         return f"type({base})"
     return repr(source)

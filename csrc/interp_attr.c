@@ -252,8 +252,9 @@ ags_call_getattr(ags_interp *it, ags_frame *f, int has, ags_value *args,
                          "%s() with a name that is not "
                          "a constant string", fn);
     }
-    if (args[0].kind == AGS_VK_TENSOR && has) {
-        /* decided by the tensor's type, which its guard checks */
+    if (has && (args[0].kind == AGS_VK_TENSOR || args[0].kind == AGS_VK_TUPLE
+                || args[0].kind == AGS_VK_LIST || args[0].kind == AGS_VK_DICT)) {
+        /* decided by the value's type (a tensor's is guarded) */
         PyObject *fn = PyDict_GetItemString(f->builtins, "hasattr");
         if (fn == NULL) {
             return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,

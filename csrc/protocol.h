@@ -176,7 +176,9 @@
     X(ITEM, "(item, base, key): an item of a tuple, list or dict") \
     X(CELL, "(cell, function, index): the contents of a closure cell") \
     X(TYPE, "(type, base): the exact type of the base") \
-    X(FGET, "(fget, base): the getter of a property")
+    X(FGET, "(fget, base): the getter of a property") \
+    X(CVAR, "(cvar, base): the value of a contextvars.ContextVar in the " \
+            "running context (its get()), or missing when it has none")
 
 /* What a guard checks of one value (guards/check.c has a row of
  * behaviour for each; agspeed/guards/checks.py a class). */
