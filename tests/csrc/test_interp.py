@@ -75,7 +75,8 @@ class Recorder:
             raise GraphBreakLike(Reason.UNSUPPORTED_ATTRIBUTE, value)
         if how is Attr.MISSING:
             return how, MISSING, None
-        return how, value, obj if how is Attr.METHOD else None
+        bound = obj.__self__ if isinstance(obj, super) else obj
+        return how, value, bound if how is Attr.METHOD else None
 
     def plan_call(self, fn, source):
         if fn is getattr or fn is hasattr:
@@ -479,6 +480,23 @@ def test_objects_made_in_the_frame_take_writes_and_read_them_back():
     assert type(box) is Box and box.k == 3 and box.y.label == "add#2"
     assert type(dbl) is Doubling and dbl.x is z and z.label == "mul#3"
     assert b.ops[2][1] == (box.y, 2)   # Doubling's __setattr__ ran inlined
+
+
+class Based(Box):
+    def __init__(self, x):
+        super().__init__(x, 2)   # LOAD_SUPER_ATTR on 3.12+, a super() call before
+        self.z = self.x + 1
+
+
+def makes_a_subclass_object(x):
+    return Based(x).z
+
+
+def test_super_init_of_an_object_made_here_is_inlined():
+    out, b = capture(makes_a_subclass_object, Recorder(classes=(Based,)), x=T())
+    assert out["status"] == "graph", out.get("detail")
+    assert [op[0] for op in b.ops] == ["mul", "add"]
+    assert out["result"].label == "add#2"
 
 
 def calls_with_wrong_arguments(x):
