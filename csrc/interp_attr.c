@@ -252,8 +252,10 @@ ags_call_getattr(ags_interp *it, ags_frame *f, int has, ags_value *args,
                          "%s() with a name that is not "
                          "a constant string", fn);
     }
-    if (has && (args[0].kind == AGS_VK_TENSOR || args[0].kind == AGS_VK_TUPLE
-                || args[0].kind == AGS_VK_LIST || args[0].kind == AGS_VK_DICT)) {
+    if (has && (args[0].kind == AGS_VK_TENSOR
+                || args[0].kind == AGS_VK_TUPLE
+                || args[0].kind == AGS_VK_LIST
+                || args[0].kind == AGS_VK_DICT)) {
         /* decided by the value's type (a tensor's is guarded) */
         PyObject *fn = PyDict_GetItemString(f->builtins, "hasattr");
         if (fn == NULL) {
