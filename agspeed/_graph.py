@@ -119,6 +119,8 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding):
         self.aliases: list[tuple[tuple, tuple]] = []  # (source, first source of the tensor)
         self.known: dict[int, tuple[Any, Any]] = {}  # id -> (object, source), shared with C
         self.objects: dict[int, Any] = {}  # id -> object the capture made (_objects.py)
+        self._escaping: set[int] = set()    # objects check_output is inside of
+        self._escaped: dict[int, Any] = {}  # id -> the node rebuilding it (escape)
         self._inputs: dict[Any, tuple[Any, Any]] = {}  # source -> (node, real value)
         self._by_id: dict[int, tuple[Any, Any]] = {}  # id(tensor) -> (node, source)
         self._static = (torch.dtype, torch.device, torch.layout, torch.memory_format,
@@ -361,8 +363,15 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding):
                 self.check_output(v)
             return
         if self.can_escape(result):
-            for v in self.escape_parts(result):
-                self.check_output(v)
+            if id(result) in self._escaping:
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"returning a "
+                                 f"{type(result).__name__} that holds itself")
+            self._escaping.add(id(result))
+            try:
+                for v in self.escape_parts(result):
+                    self.check_output(v)
+            finally:
+                self._escaping.discard(id(result))
             return
         raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"returning a {type(result).__name__}")
 

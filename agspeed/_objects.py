@@ -135,6 +135,7 @@ class Objects:
     """The part of ``GraphBuilder`` that makes, reads, writes and returns objects."""
 
     objects: dict[int, Any]
+    _escaped: dict[int, Any]
 
     def is_owned(self, obj: Any) -> bool:
         """Whether the capture made ``obj`` (so writes to it are its own)."""
@@ -405,10 +406,14 @@ class Objects:
         graph = self.graph
         if is_structseq_type(type(value)):
             return graph.call_function(type(value), (tuple(inner(v) for v in value),))
+        done = self._escaped.get(id(value))
+        if done is not None:
+            return done   # one object reached twice is rebuilt once
         attrs, items = _state(value)
-        return graph.call_function(_rebuilder(type(value)), (
+        node = self._escaped[id(value)] = graph.call_function(_rebuilder(type(value)), (
             tuple((k, inner(v)) for k, v in attrs),
             tuple((k, inner(v)) for k, v in items)))
+        return node
 
 
 def _init_source(cls: type, source: Any) -> Any:

@@ -90,7 +90,10 @@ ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
                          "setting attribute %R of a %s", name,
                          AGS_DESCRIBE(owner));
     }
-    arg = ags_graph_arg(it, value);
+    /* A list or dict built here is stored itself, not a frozen copy: the
+     * object and the code share it, as in Python. */
+    arg = value->kind == AGS_VK_LIST || value->kind == AGS_VK_DICT
+              ? Py_NewRef(value->obj) : ags_graph_arg(it, value);
     if (arg == NULL) {
         return AGS_BREAK;
     }

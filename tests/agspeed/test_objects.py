@@ -431,3 +431,35 @@ def test_fields_class_and_hasattr_of_structures():
         return o.__class__.total(o) * n, isinstance(o, Pair)
 
     check(f, (3, 4))
+
+
+class Holder:
+    def __init__(self, x):
+        self.items = [x]
+
+
+def test_containers_stored_on_objects_are_shared():
+    def f(x):
+        h = Holder(x * 2)
+        h.items.append(x + 1)
+        h.extra = {"k": h.items[0]}
+        h.extra["j"] = x
+        return h, h
+
+    got = check(f, (3, 4))
+    assert got[0] is got[1] and len(got[0].items) == 2 and sorted(got[0].extra) == ["j", "k"]
+
+
+def test_an_object_holding_itself_runs_eager():
+    class Loop:
+        def __init__(self, x):
+            self.x = x
+            self.me = self
+
+    def f(x):
+        return Loop(x * 2)
+
+    e = agspeed.explain(f, torch.randn(3))
+    assert e.graph_count == 0 and [b.reason for b in e.break_reasons][:1] == ["unsupported_value"]
+    out = agspeed.optimize(f)(torch.ones(2))
+    assert out.me is out and torch.equal(out.x, torch.full((2,), 2.0))
