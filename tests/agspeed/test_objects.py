@@ -12,6 +12,7 @@ import collections
 import contextvars
 import dataclasses
 import gc
+import sys
 
 import pytest
 
@@ -463,3 +464,46 @@ def test_an_object_holding_itself_runs_eager():
     assert e.graph_count == 0 and [b.reason for b in e.break_reasons][:1] == ["unsupported_value"]
     out = agspeed.optimize(f)(torch.ones(2))
     assert out.me is out and torch.equal(out.x, torch.full((2,), 2.0))
+
+
+def test_classes_are_not_kept_alive_by_captures():
+    def f(x):
+        return Child(x.sin(), x), x.max(1)
+
+    agspeed.explain(f, torch.randn(3, 4))
+    gc.collect()
+    before = sys.getrefcount(Child), sys.getrefcount(torch.return_types.max)
+    for _ in range(3):
+        agspeed.explain(f, torch.randn(3, 4))
+    gc.collect()
+    assert (sys.getrefcount(Child), sys.getrefcount(torch.return_types.max)) == before
+
+
+def test_model_outputs_between_modules():
+    mo = pytest.importorskip("transformers.modeling_outputs")
+
+    class Body(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x, return_dict=True):
+            h = self.lin(x).relu()
+            if not return_dict:
+                return (h,)
+            return mo.BaseModelOutput(last_hidden_state=h, hidden_states=(x, h))
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.out = Body(), torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            outputs = self.body(x)
+            logits = self.out(outputs[0]) + outputs.hidden_states[0].sum()
+            return mo.CausalLMOutputWithPast(logits=logits, hidden_states=outputs.hidden_states)
+
+    model = Head()
+    got = check(model, (2, 4))
+    assert type(got) is mo.CausalLMOutputWithPast and list(got.keys()) == ["logits",
+                                                                           "hidden_states"]
