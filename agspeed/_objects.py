@@ -205,7 +205,8 @@ class Objects:
 
     def store_attr(self, obj: Any, name: str, value: Any) -> Any:
         """``obj.name = value``: on an owned object, stored (None), or the Python
-        ``__setattr__`` to inline as ``f(obj, name, value)``; else a side effect."""
+        ``__setattr__`` to inline as ``f(obj, name, value)``, or a property's setter to
+        inline as ``fset(obj, value)``; on any other object, a side effect."""
         if not self.is_owned(obj):
             raise GraphBreak(Reason.SIDE_EFFECT,
                              f"setting attribute {name!r} of a {type(obj).__name__}")
@@ -214,6 +215,8 @@ class Objects:
         if type(setter) is types.FunctionType:
             return setter
         found = _class_lookup(cls, name)
+        if type(found) is property and type(found.fset) is types.FunctionType:
+            return found.fset   # inlined as fset(obj, value)
         if found is not MISSING and hasattr(type(found), "__set__") and \
                 type(found) is not types.MemberDescriptorType:
             raise GraphBreak(Reason.UNSUPPORTED_ATTRIBUTE,

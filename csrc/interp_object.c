@@ -10,8 +10,9 @@
  *
  * obj.name = value goes to the builder's store_attr, which stores the
  * graph argument on an owned object, answers a __setattr__ written in
- * Python to inline as f(obj, name, value), or breaks (a write to an
- * object of the program is a side effect).
+ * Python to inline as f(obj, name, value) or a property's setter to
+ * inline as fset(obj, value), or breaks (a write to an object of the
+ * program is a side effect).
  */
 #include "interp.h"
 
@@ -83,7 +84,7 @@ ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
 {
     PyObject *arg, *out;
     ags_value args[3], ret;
-    int rc;
+    int rc, setter;
 
     if (owner->kind != AGS_VK_CONST) {
         return ags_stopf(it, AGS_REASON_SIDE_EFFECT,
@@ -107,17 +108,25 @@ ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
         Py_DECREF(out);
         return AGS_GO;
     }
-    /* A __setattr__ written in Python: inlined as out(owner, name, value). */
+    /* A __setattr__ written in Python, inlined as out(owner, name, value),
+     * or a property's setter, as out(owner, value). */
+    if (!PyFunction_Check(out)) {
+        rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "calling %R", out);
+        Py_DECREF(out);
+        return rc;
+    }
+    setter = ((PyCodeObject *)PyFunction_GET_CODE(out))->co_argcount == 2;
     args[0] = *owner;
-    args[1] = ags_value_make(AGS_VK_CONST, Py_NewRef(name), NULL);
+    args[1] = setter ? *value
+                     : ags_value_make(AGS_VK_CONST, Py_NewRef(name), NULL);
     args[2] = *value;
-    rc = PyFunction_Check(out)
-             ? ags_inline(it, f, out, NULL, args, 3, NULL, &ret)
-             : ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "calling %R", out);
+    rc = ags_inline(it, f, out, NULL, args, setter ? 2 : 3, NULL, &ret);
     if (rc == AGS_GO) {
         ags_value_clear(&ret);
     }
-    ags_value_clear(&args[1]);
+    if (!setter) {
+        ags_value_clear(&args[1]);
+    }
     Py_DECREF(out);
     return rc;
 }

@@ -120,8 +120,9 @@
     X(NEW_OBJECT, "new_object(cls) -> object: a fresh instance made by the " \
                   "class's builtin __new__, owned by the capture") \
     X(STORE_ATTR, "store_attr(obj, name, value) -> None once stored on an " \
-                  "object the capture made, or a __setattr__ to inline as " \
-                  "f(obj, name, value)")
+                  "object the capture made, or a function to inline: a " \
+                  "__setattr__ as f(obj, name, value), a property's setter " \
+                  "as f(obj, value)")
 
 /* How a call is captured: the first item of plan_call's answer. */
 #define AGS_PLAN_LIST(X) \

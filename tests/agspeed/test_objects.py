@@ -507,3 +507,25 @@ def test_model_outputs_between_modules():
     got = check(model, (2, 4))
     assert type(got) is mo.CausalLMOutputWithPast and list(got.keys()) == ["logits",
                                                                            "hidden_states"]
+
+
+class Celsius:
+    def __init__(self, t):
+        self.kelvin = t + 273.0
+
+    @property
+    def celsius(self):
+        return self.kelvin - 273.0
+
+    @celsius.setter
+    def celsius(self, value):
+        self.kelvin = value + 273.0
+
+
+def test_property_setters_are_inlined():
+    def f(x):
+        c = Celsius(x)
+        c.celsius = c.celsius * 2
+        return c.kelvin, c
+
+    check(f, (3, 4))
