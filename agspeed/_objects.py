@@ -238,7 +238,10 @@ class Objects:
                 init = _class_lookup(fn, "__init__")
                 if type(init) is not types.FunctionType:
                     return (Plan.NEW, fn, None, None)
-                return (Plan.NEW, fn, init, _init_source(fn, source))
+                isrc = _init_source(fn, source)
+                if isrc is not None:   # a later call must not run a replaced __init__
+                    self.assumptions.append((isrc, init))
+                return (Plan.NEW, fn, init, isrc)
         if fn is object.__setattr__ or fn is object.__init__ or fn is _CVAR_GET or \
                 fn is dataclasses.fields:
             return (Plan.FOLD, fn)

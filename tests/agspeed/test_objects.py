@@ -529,3 +529,19 @@ def test_property_setters_are_inlined():
         return c.kelvin, c
 
     check(f, (3, 4))
+
+
+def test_a_replaced_init_is_seen():
+    def f(x):
+        return Child(x, x * 2).w
+
+    opt = agspeed.optimize(f)
+    x = torch.randn(3)
+    torch.testing.assert_close(opt(x), x * 2)
+    init = Child.__dict__["__init__"]
+    try:
+        Child.__init__ = lambda self, v, w: object.__setattr__(self, "w", w + 1)
+        torch.testing.assert_close(opt(x), x * 2 + 1)
+    finally:
+        Child.__init__ = init
+    torch.testing.assert_close(opt(x), x * 2)
