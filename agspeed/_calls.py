@@ -70,6 +70,9 @@ class CallPolicy:
         if how is Attr.MISSING:
             return how, MISSING, None
         bound = obj.__self__ if isinstance(obj, super) else obj
+        if how is Attr.METHOD and not isinstance(bound, type) and \
+                type(_class_lookup(type(bound), name)) is classmethod:
+            bound = type(bound)   # a classmethod called on an instance
         return how, value, bound if how is Attr.METHOD else None
 
     def plan_call(self, fn: Any, source: Any) -> tuple:

@@ -53,6 +53,7 @@ from agspeed._calls import CallPolicy
 from agspeed._effects import SideEffects
 from agspeed._ctx import ContextPolicy
 from agspeed._folds import Folds
+from agspeed._objects import Objects, is_structseq_type
 from agspeed._sources import is_namedtuple_type, name_of
 from agspeed.protocol import Reason, check_builder
 
@@ -79,12 +80,13 @@ def _target_name(kind: str, target: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
-class GraphBuilder(CallPolicy, Folds, Binding, SideEffects, ContextPolicy):
+class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPolicy):
     """One graph being captured: inputs by source, nodes with fake example values.
 
     The recording of nodes lives here; planning calls (``CallPolicy``), evaluating known
-    values (``Folds``), binding arguments (``Binding``) and context managers
-    (``ContextPolicy``) are its other parts."""
+    values (``Folds``), binding arguments (``Binding``), the objects the capture makes
+    (``Objects``), side effects on the program's objects (``SideEffects``) and context
+    managers (``ContextPolicy``) are its other parts."""
 
     def __init__(self, shapes: Any = None, symbolic: bool = False) -> None:
         import torch
@@ -122,6 +124,9 @@ class GraphBuilder(CallPolicy, Folds, Binding, SideEffects, ContextPolicy):
         self.assumptions: list[tuple[tuple, Any]] = []
         self.aliases: list[tuple[tuple, tuple]] = []  # (source, first source of the tensor)
         self.known: dict[int, tuple[Any, Any]] = {}  # id -> (object, source), shared with C
+        self.objects: dict[int, Any] = {}  # id -> object the capture made (_objects.py)
+        self._escaping: set[int] = set()    # objects check_output is inside of
+        self._escaped: dict[int, Any] = {}  # id -> the node rebuilding it (escape)
         self._inputs: dict[Any, tuple[Any, Any]] = {}  # source -> (node, real value)
         self._effects_init()
         self._by_id: dict[int, tuple[Any, Any]] = {}  # id(tensor) -> (node, source)
@@ -210,6 +215,12 @@ class GraphBuilder(CallPolicy, Folds, Binding, SideEffects, ContextPolicy):
 
     def call_method(self, name: str, args: tuple, kwargs: dict | None = None) -> Any:
         """Record ``args[0].name(*args[1:], **kwargs)`` on a tensor node."""
+        if name == "type" and len(args) == 2 and not kwargs and \
+                type(args[1]) is type(self._torch.DoubleTensor):
+            # x.type(torch.DoubleTensor): graph code cannot name the legacy class
+            cls = args[1]
+            return self._record("call_method", "to", (args[0],), {
+                "device": "cuda" if cls.is_cuda else "cpu", "dtype": cls.dtype})
         if name in _UNSUPPORTED_METHODS:
             if name in ("item", "tolist"):
                 raise GraphBreak(Reason.DATA_DEPENDENT, f"Tensor.{name}()")
@@ -271,7 +282,10 @@ class GraphBuilder(CallPolicy, Folds, Binding, SideEffects, ContextPolicy):
                     items.append(item)
                 else:
                     items.append(v)
-            return SymShape(items) if isinstance(out, torch.Size) else tuple(items)
+            if isinstance(out, torch.Size):
+                return SymShape(items)
+            # torch.return_types results keep their type: .values, .indices
+            return type(out)(items) if is_structseq_type(type(out)) else tuple(items)
         self.graph.erase_node(node)
         raise GraphBreak(Reason.NON_TENSOR_RESULT,
                          f"{_target_name(kind, target)} returned a {type(out).__name__}")
@@ -369,6 +383,17 @@ class GraphBuilder(CallPolicy, Folds, Binding, SideEffects, ContextPolicy):
             for v in result:
                 self.check_output(v)
             return
+        if self.can_escape(result):
+            if id(result) in self._escaping:
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"returning a "
+                                 f"{type(result).__name__} that holds itself")
+            self._escaping.add(id(result))
+            try:
+                for v in self.escape_parts(result):
+                    self.check_output(v)
+            finally:
+                self._escaping.discard(id(result))
+            return
         raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"returning a {type(result).__name__}")
 
     def output(self, result: Any) -> Any:
@@ -405,6 +430,8 @@ class GraphBuilder(CallPolicy, Folds, Binding, SideEffects, ContextPolicy):
             return type(value)(self._build_namedtuples(v) for v in value)
         if type(value) is dict:
             return {k: self._build_namedtuples(v) for k, v in value.items()}
+        if not isinstance(value, self.node_type) and self.can_escape(value):
+            return self.escape(value, self._build_namedtuples)
         return self._build_collection(value)
 
     def _build_collection(self, value: Any) -> Any:

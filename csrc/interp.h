@@ -14,6 +14,8 @@
  *   interp_build.c sets and dict merges assembled at run time
  *   interp_import.c  imports of loaded modules
  *   interp_iter.c  owned iterators; map, filter, reduce, partial calls
+ *   interp_object.c  objects the capture makes: class calls, their
+ *                  attribute writes
  *
  * Abstract values.  A value is one of AGS_VALUE_KINDS.  It owns a
  * reference to `obj` and to `source` (how the value is reached from the
@@ -208,6 +210,14 @@ int ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out);
 int ags_can_shadow(const ags_value *v);
 int ags_is_mutator(PyObject *container, PyObject *name);
 int ags_shadow(ags_interp *it, ags_value *v);
+int ags_effect_setattr(ags_interp *it, ags_value *owner, PyObject *name,
+                       ags_value *value);
+/* interp_object.c */
+int ags_call_new(ags_interp *it, ags_frame *f, PyObject *plan,
+                 ags_value *args, int nargs, PyObject *kwnames,
+                 ags_value *result);
+int ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
+                   PyObject *name, ags_value *value);
 
 /* interp_flow.c */
 int ags_truth(ags_interp *it, const ags_value *v, int *truth);

@@ -7,7 +7,9 @@
  * ("attr", owner's source, name).  An attribute of a tensor is metadata
  * (a constant: shape, dtype, device...) or a tensor view (.T); a method
  * load gives a METHOD value.  getattr()/hasattr() with a constant name
- * load as LOAD_ATTR does, a missing attribute guarded absent; super()
+ * load as LOAD_ATTR does, a missing attribute guarded absent (hasattr of a
+ * tensor is asked of its type); fields of structseqs and namedtuples
+ * the capture built are read as attributes of known objects; super()
  * objects find attributes in the classes after the given one.
  */
 #include "interp.h"
@@ -211,6 +213,11 @@ ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method)
                                                  "(OO)",
                                                  owner.obj, name));
     }
+    else if (owner.kind == AGS_VK_TUPLE && !method
+             && !PyTuple_CheckExact(owner.obj)) {
+        /* a field of a structseq (x.max(1).values) or namedtuple */
+        rc = known_attr(it, f, &owner, name, 0);
+    }
     else if (owner.kind == AGS_VK_TENSOR || owner.kind == AGS_VK_LIST
              || owner.kind == AGS_VK_DICT || owner.kind == AGS_VK_TUPLE
              || owner.kind == AGS_VK_SET) {
@@ -278,6 +285,19 @@ ags_call_getattr(ags_interp *it, ags_frame *f, int has, ags_value *args,
         return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
                          "%s() with a name that is not "
                          "a constant string", fn);
+    }
+    if (has && (args[0].kind == AGS_VK_TENSOR
+                || args[0].kind == AGS_VK_TUPLE
+                || args[0].kind == AGS_VK_LIST
+                || args[0].kind == AGS_VK_DICT)) {
+        /* decided by the value's type (a tensor's is guarded) */
+        PyObject *fn = PyDict_GetItemString(f->builtins, "hasattr");
+        if (fn == NULL) {
+            return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
+                             "hasattr() is not a builtin here");
+        }
+        return ags_builder_call(it, AGS_BOP_FOLD, fn, NULL, args, nargs, NULL,
+                                result);
     }
     if (args[0].kind != AGS_VK_CONST) {
         if (has) {

@@ -9,6 +9,8 @@
  *           evaluated now, the result is a constant;
  *   CONST   a call whose answer is known (torch.compiler.is_compiling());
  *   SUPER   super(...): a super object (interp_attr.c);
+ *   NEW     a plain class: an owned instance, __init__ inlined
+ *           (interp_object.c);
  *   GETATTR, HASATTR  with a constant name: as LOAD_ATTR (interp_attr.c).
  * Anything else breaks with the builder's reason.  Tensor methods and the
  * methods of containers the capture built go to the builder directly.
@@ -276,6 +278,12 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
                              callable->obj)
                  : ags_call_getattr(it, f, kind == AGS_PLAN_HASATTR, args, nargs,
                                 kwnames, result);
+        break;
+    case AGS_PLAN_NEW:
+        rc = self != NULL
+                 ? ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "calling %R",
+                             callable->obj)
+                 : ags_call_new(it, f, plan, args, nargs, kwnames, result);
         break;
     case AGS_PLAN_CONST:
         rc = ags_value_of(it, PyTuple_GET_ITEM(plan, 1), result) < 0

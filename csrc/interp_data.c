@@ -756,38 +756,16 @@ op_store_subscr(ags_interp *it, ags_frame *f, const ags_instr *ins)
     return rc;
 }
 
-/* obj.name = value on an object of the program reached by a source: the
- * builder records the write, and the entry replays it after the graph
- * (agspeed/_effects.py).  Anything else stops the capture. */
+/* obj.name = value: stored on an object the capture made
+ * (interp_object.c), or recorded as a side effect on an object of the
+ * program, replayed after the graph (interp_effects.c). */
 AGS_HANDLER
 op_store_attr(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     ags_value owner = ags_pop(f), value = ags_pop(f);
     PyObject *name = PyTuple_GET_ITEM(f->code->co_names, ins->arg);
-    PyObject *arg = NULL, *out = NULL;
-    int rc;
+    int rc = ags_store_attr(it, f, &owner, name, &value);
 
-    if (owner.kind != AGS_VK_CONST || owner.source == NULL) {
-        rc = ags_stopf(it, AGS_REASON_SIDE_EFFECT,
-                       "setting attribute %R of a %s", name,
-                       owner.kind == AGS_VK_CONST ? Py_TYPE(owner.obj)->tp_name
-                                                  : AGS_DESCRIBE(&owner));
-        goto done;
-    }
-    /* an owned list or dict is stored itself, not a copy: later writes to
-     * it are part of what the attribute holds */
-    arg = value.kind == AGS_VK_LIST || value.kind == AGS_VK_DICT
-              ? Py_NewRef(value.obj) : ags_graph_arg(it, &value);
-    if (arg == NULL) {
-        rc = PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
-        goto done;
-    }
-    out = ags_call_builder(it, AGS_BOP_EFFECT_SETATTR, "(OOOO)", owner.obj,
-                           owner.source, name, arg);
-    rc = out == NULL ? ags_take_break(it) : AGS_GO;
-done:
-    Py_XDECREF(arg);
-    Py_XDECREF(out);
     ags_value_clear(&owner);
     ags_value_clear(&value);
     return rc;

@@ -1,4 +1,9 @@
-/* interp_effects.c: lists and dicts of the program, changed during capture.
+/* interp_effects.c: objects of the program changed during capture.
+ *
+ * An attribute written on an object reached from the frame (one with a
+ * source) is handed to the builder (effect_setattr), which records it for
+ * the entry to replay after the graph (agspeed/_effects.py); objects the
+ * capture made take their writes in interp_object.c.
  *
  * A list or dict that existed before the call (a global registry, a list
  * attribute of a module, a dict argument) is a constant to the
@@ -77,6 +82,32 @@ ags_is_mutator(PyObject *container, PyObject *name)
     }
     names = PyList_CheckExact(container) ? list_mutators : dict_mutators;
     return PySet_Contains(names, name);
+}
+
+/* owner.name = value on an object of the program (owner has a source):
+ * the builder records the write and the entry replays it after the graph.
+ * owner, value borrowed. */
+int
+ags_effect_setattr(ags_interp *it, ags_value *owner, PyObject *name,
+                   ags_value *value)
+{
+    PyObject *arg, *out;
+
+    /* an owned list or dict is stored itself, not a copy: later writes to
+     * it are part of what the attribute holds */
+    arg = value->kind == AGS_VK_LIST || value->kind == AGS_VK_DICT
+              ? Py_NewRef(value->obj) : ags_graph_arg(it, value);
+    if (arg == NULL) {
+        return PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
+    }
+    out = ags_call_builder(it, AGS_BOP_EFFECT_SETATTR, "(OOOO)", owner->obj,
+                           owner->source, name, arg);
+    Py_DECREF(arg);
+    if (out == NULL) {
+        return ags_take_break(it);
+    }
+    Py_DECREF(out);
+    return AGS_GO;
 }
 
 /* Is v a list or dict of the program that a shadow can stand for? */

@@ -46,7 +46,8 @@
     X(UNPACK_EX, op_unpack_ex, "unpack with one starred target") \
     X(BINARY_SUBSCR, op_binary_subscr, "container[index]") \
     X(STORE_SUBSCR, op_store_subscr, "container[index] = value") \
-    X(STORE_ATTR, op_store_attr, "obj.name = value: breaks (a side effect)") \
+    X(STORE_ATTR, op_store_attr, "obj.name = value: on an object made here, " \
+                                 "else breaks (a side effect)") \
     X(BUILD_STRING, op_build_string, "join arg known strings") \
     X(GET_ITER, op_get_iter, "an iterator over a known sequence") \
     X(FOR_ITER, op_for_iter, "next element, or leave the loop") \

@@ -131,7 +131,13 @@
                   "a with block calls, enter() on entry and exit(None, " \
                   "None, None) when the block ends normally") \
     X(CTX, "ctx(fn, args, kwargs) -> value: a context manager's " \
-           "construction, enter or exit, modelled by the builder")
+           "construction, enter or exit, modelled by the builder") \
+    X(NEW_OBJECT, "new_object(cls) -> object: a fresh instance made by the " \
+                  "class's builtin __new__, owned by the capture") \
+    X(STORE_ATTR, "store_attr(obj, name, value) -> None once stored on an " \
+                  "object the capture made, or a function to inline: a " \
+                  "__setattr__ as f(obj, name, value), a property's setter " \
+                  "as f(obj, value)")
 
 /* How a call is captured: the first item of plan_call's answer. */
 #define AGS_PLAN_LIST(X) \
@@ -152,7 +158,9 @@
     X(FILTER, "(FILTER,): filter(fn or None, iterable)") \
     X(REDUCE, "(REDUCE,): functools.reduce(fn, iterable[, initial])") \
     X(PARTIAL, "(PARTIAL, func, args, keywords): a call through a " \
-               "functools.partial, its arguments graph arguments")
+               "functools.partial, its arguments graph arguments") \
+    X(NEW, "(NEW, cls, __init__ or None, its source or None): an instance " \
+           "made by new_object, its __init__ inlined on it")
 
 /* Where an attribute was found: the first item of attr's answer. */
 #define AGS_ATTR_LIST(X) \
@@ -194,7 +202,9 @@
     X(ITEM, "(item, base, key): an item of a tuple, list or dict") \
     X(CELL, "(cell, function, index): the contents of a closure cell") \
     X(TYPE, "(type, base): the exact type of the base") \
-    X(FGET, "(fget, base): the getter of a property")
+    X(FGET, "(fget, base): the getter of a property") \
+    X(CVAR, "(cvar, base): the value of a contextvars.ContextVar in the " \
+            "running context (its get()), or missing when it has none")
 
 /* What a guard checks of one value (guards/check.c has a row of
  * behaviour for each; agspeed/guards/checks.py a class). */

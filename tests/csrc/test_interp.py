@@ -59,11 +59,25 @@ class Recorder:
     node_type = Node
     FOLDS = (len, range, enumerate, zip, isinstance, min, max, int, tuple, list)
 
-    def __init__(self, allowed=(), non_tensor=(), fail_on=()):
+    def __init__(self, allowed=(), non_tensor=(), fail_on=(), classes=()):
         self.ops, self.inputs = [], []
         self.allowed, self.non_tensor, self.fail_on = allowed, non_tensor, fail_on
         self.assumptions, self.known = [], {}
         self.writes, self.shadows = [], []
+        self.classes, self.made = classes, []  # classes called as plain classes
+
+    def new_object(self, cls):
+        self.made.append(object.__new__(cls))
+        return self.made[-1]
+
+    def store_attr(self, obj, name, value):
+        if not any(o is obj for o in self.made):
+            raise GraphBreakLike(Reason.SIDE_EFFECT, f"setting attribute {name!r}")
+        setter = type(obj).__setattr__
+        if type(setter) is types.FunctionType:
+            return setter
+        object.__setattr__(obj, name, value)
+        return None
 
     def input(self, source, value):
         self.inputs.append(source[1] if source[0] == "local" else source)
@@ -75,7 +89,8 @@ class Recorder:
             raise GraphBreakLike(Reason.UNSUPPORTED_ATTRIBUTE, value)
         if how is Attr.MISSING:
             return how, MISSING, None
-        return how, value, obj if how is Attr.METHOD else None
+        bound = obj.__self__ if isinstance(obj, super) else obj
+        return how, value, bound if how is Attr.METHOD else None
 
     def plan_call(self, fn, source):
         if fn is Mode or (type(fn) is types.MethodType and isinstance(fn.__self__, Mode)):
@@ -84,6 +99,11 @@ class Recorder:
             return (Plan.GETATTR,) if fn is getattr else (Plan.HASATTR,)
         if type(fn) is types.MethodType:
             return (Plan.INLINE, fn.__func__, fn.__self__, None)
+        if fn in self.classes:
+            init = fn.__dict__.get("__init__")
+            return (Plan.NEW, fn, init, None)
+        if fn is object.__setattr__:
+            return (Plan.FOLD, fn)
         if fn in self.allowed or getattr(fn, "__module__", None) in ("operator", "_operator"):
             return (Plan.GRAPH, fn)
         if fn in self.FOLDS:
@@ -484,6 +504,69 @@ def test_lists_and_dicts_of_the_program_are_changed_in_shadows_only():
     assert shadow_dict == {"old": 0, "seen": 2}
     assert out["result"][1] == 3
     assert b.ops[-1][0] == "mul" and b.ops[-1][1][1] == 2
+
+
+class Box:
+    def __init__(self, x, k):
+        self.x = x * k
+        self.k = k
+
+
+class Doubling:
+    def __init__(self, x):
+        self.x = x
+
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value * 2)
+
+
+class Bare:
+    pass
+
+
+def makes_objects(x, k):
+    b = Box(x, k)
+    b.y = b.x + b.k
+    d = Doubling(b.y)
+    e = Bare()
+    e.z = d.x
+    return e.z, b, d
+
+
+def test_objects_made_in_the_frame_take_writes_and_read_them_back():
+    out, b = capture(makes_objects, Recorder(classes=(Box, Doubling, Bare)), x=T(), k=3)
+    assert out["status"] == "graph"
+    assert [op[0] for op in b.ops] == ["mul", "add", "mul"]
+    z, box, dbl = out["result"]
+    assert type(box) is Box and box.k == 3 and box.y.label == "add#2"
+    assert type(dbl) is Doubling and dbl.x is z and z.label == "mul#3"
+    assert b.ops[2][1] == (box.y, 2)   # Doubling's __setattr__ ran inlined
+
+
+class Based(Box):
+    def __init__(self, x):
+        super().__init__(x, 2)   # LOAD_SUPER_ATTR on 3.12+, a super() call before
+        self.z = self.x + 1
+
+
+def makes_a_subclass_object(x):
+    return Based(x).z
+
+
+def test_super_init_of_an_object_made_here_is_inlined():
+    out, b = capture(makes_a_subclass_object, Recorder(classes=(Based,)), x=T())
+    assert out["status"] == "graph", out.get("detail")
+    assert [op[0] for op in b.ops] == ["mul", "add"]
+    assert out["result"].label == "add#2"
+
+
+def calls_with_wrong_arguments(x):
+    return Box(x)
+
+
+def test_an_object_made_with_bad_arguments_breaks_as_a_bad_call():
+    out, _ = capture(calls_with_wrong_arguments, Recorder(classes=(Box,)), x=T())
+    assert out["status"] == "break" and out["reason"] == Reason.BAD_CALL
 
 
 def nested_functions(x, k):
