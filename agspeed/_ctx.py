@@ -178,7 +178,8 @@ class ContextPolicy:
         if isinstance(cm, self.node_type):
             raise GraphBreak(Reason.UNSUPPORTED_VALUE, "a with block on a tensor")
         cls = type(cm)
-        if source is None:
+        made_here = self.is_owned(cm)  # type: ignore[attr-defined]  # agspeed._objects
+        if source is None and not made_here:
             raise GraphBreak(Reason.UNSUPPORTED_VALUE,
                              f"a {cls.__qualname__} reached by no source")
         if self._modelled(cls):
@@ -191,7 +192,8 @@ class ContextPolicy:
                 raise GraphBreak(Reason.UNSUPPORTED_CALL,
                                  f"{cls.__qualname__}.{name} is not a Python method")
             methods.append(types.MethodType(func, cm))
-        self.assumptions.append((("type", source), cls))
+        if not made_here:  # (the type of an object made here is its class, guarded already)
+            self.assumptions.append((("type", source), cls))
         return methods[0], methods[1]
 
     def _from_instance(self, cm: Any, source: Any) -> _Ctx:

@@ -22,7 +22,12 @@ call (and the caller) sees exactly the state eager would have left.
 * Calls replayed (``replay_call``): logging (``logger.info(...)``, the ``logging``
   module's functions, transformers' ``warning_once``).  The call is made again on every
   run of the entry, with the tensors the graph computed, so the logger's own level check
-  decides at run time, as in eager, whether anything is written.
+  decides at run time, as in eager, whether anything is written.  ``warnings.warn`` is
+  replayed as ``warnings.warn_explicit`` at the place eager's would name: the line of the
+  frame ``stacklevel`` frames up from the call, read from the interpreter
+  (``_C.capture_site``), with that module's registry, so warning filters ("once per
+  location") see what they see in eager.  A stacklevel that names a caller of the
+  optimized frame breaks.
 * Values.  Each tensor a replayed effect needs is an output of the graph: the graph
   returns ``(result, tensors)``, and each effect keeps a template of its value in which
   the tensors are slots filled from that tuple.
@@ -45,8 +50,10 @@ call (and the caller) sees exactly the state eager would have left.
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any, Callable, NamedTuple
 
+from agspeed import _C
 from agspeed._builder_types import GraphBreak
 from agspeed.protocol import Reason
 
@@ -67,7 +74,46 @@ def _logging_calls() -> frozenset:
              "log", "warning_once", "info_once")
     found = [getattr(logging.Logger, n, None) for n in names]
     found += [getattr(logging, n, None) for n in names]
-    return frozenset(f for f in found if f is not None)
+    return frozenset([f for f in found if f is not None] + [warnings.warn])
+
+
+class _Globals:
+    """A module's globals in a replayed warning (kept whole: templates copy dicts)."""
+
+    __slots__ = ("globals",)
+
+    def __init__(self, globs: dict) -> None:
+        self.globals = globs
+
+
+def _warn_at(message: Any, category: Any, filename: str, lineno: int, where: _Globals) -> None:
+    """``warnings.warn`` as eager's would have been, from ``filename:lineno``."""
+    if isinstance(message, Warning):
+        category = type(message)
+    elif category is None:
+        category = UserWarning
+    globs = where.globals
+    registry = globs.setdefault("__warningregistry__", {})
+    warnings.warn_explicit(message, category, filename, lineno, globs.get("__name__"),
+                           registry, globs)
+
+
+def _warn_args(args: tuple, kwargs: dict) -> tuple:
+    """The ``_warn_at`` arguments of ``warnings.warn(*args, **kwargs)`` made now."""
+    names = ("message", "category", "stacklevel")
+    if len(args) > 3 or set(kwargs) - set(names) or any(n in kwargs for n in names[:len(args)]):
+        raise GraphBreak(Reason.UNSUPPORTED_CALL, "warnings.warn with these arguments")
+    given = dict(zip(names, args), **kwargs)
+    level = given.get("stacklevel", 1)
+    site = _C.capture_site()
+    if type(level) is not int or not 1 <= level <= len(site):
+        raise GraphBreak(Reason.UNSUPPORTED_CALL,
+                         "warnings.warn naming a caller of the optimized frame")
+    code, offset, globs = site[level - 1]
+    positions = list(code.co_positions())
+    line = positions[offset // 2][0] if 0 <= offset // 2 < len(positions) else None
+    return (given.get("message"), given.get("category"), code.co_filename,
+            line if line is not None else code.co_firstlineno, _Globals(globs))
 
 
 class SideEffects:
@@ -96,6 +142,8 @@ class SideEffects:
 
     def replay_call(self, fn: Any, args: tuple, kwargs: dict) -> None:
         """Record a call of ``fn`` made for its effect; it answers None to the frame."""
+        if fn is warnings.warn:
+            fn, args, kwargs = _warn_at, _warn_args(tuple(args), dict(kwargs)), {}
         self._effects.append((_CALL, fn, self._template(tuple(args)),
                               self._template(dict(kwargs))))
 

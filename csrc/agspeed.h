@@ -266,6 +266,7 @@ int ags_interp_init(void);
 PyObject *ags_interp_capture(PyCodeObject *code, PyObject *f_locals,
                              PyObject *globals, PyObject *builtins,
                              PyObject *builder, PyObject *tensor_type);
+PyObject *ags_interp_site(void);
 
 /* ------------------------------------------------------------------ */
 /* Types and functions registered by module.c from each file. */

@@ -200,6 +200,39 @@ ags_push_callable(ags_frame *f, ags_value callable, ags_value *self)
     return ags_push(f, null);
 }
 
+/* The capture running on this interpreter (the GIL is held throughout),
+ * for ags_interp_site; NULL between captures. */
+static ags_interp *running;
+
+/* New reference: where the running capture is, innermost first, as
+ * ((code, offset, globals), ...): each interpreted frame's code, the
+ * offset of its current instruction and its globals; () between
+ * captures.  For what the builder replays at the program's place
+ * (warnings, agspeed/_effects.py). */
+PyObject *
+ags_interp_site(void)
+{
+    PyObject *out = PyList_New(0);
+
+    if (out == NULL) {
+        return NULL;
+    }
+    for (ags_frame *f = running ? running->top : NULL; f; f = f->parent) {
+        PyObject *row = Py_BuildValue(
+            "(Oi O)", (PyObject *)f->code,
+            f->pc < f->bc.n ? f->bc.instrs[f->pc].offset : -1, f->globals);
+
+        if (row == NULL || PyList_Append(out, row) < 0) {
+            Py_XDECREF(row);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(row);
+    }
+    Py_SETREF(out, PyList_AsTuple(out));
+    return out;
+}
+
 /* ------------------------------------------------------------------ */
 /* Graph arguments, sources and assumptions */
 
@@ -554,8 +587,22 @@ frame_init(ags_frame *f, ags_frame *parent, PyCodeObject *code,
  * set), yields (AGS_YIELD, retval set to the value; f->pc stays on the
  * YIELD_VALUE), breaks or fails.  A generator's frame (interp_gen.c) is
  * run again from past its YIELD_VALUE. */
+static int frame_loop(ags_interp *it, ags_frame *f, Py_ssize_t pc);
+
 int
 ags_frame_run_from(ags_interp *it, ags_frame *f, Py_ssize_t pc)
+{
+    ags_frame *outer = it->top;
+    int rc;
+
+    it->top = f;
+    rc = frame_loop(it, f, pc);
+    it->top = outer;
+    return rc;
+}
+
+static int
+frame_loop(ags_interp *it, ags_frame *f, Py_ssize_t pc)
 {
     int rc = AGS_GO;
 
@@ -724,7 +771,7 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
                    PyObject *builtins, PyObject *builder,
                    PyObject *tensor_type)
 {
-    ags_interp it;
+    ags_interp it, *outer;
     ags_frame f;
     PyObject *out = NULL;
     int rc;
@@ -740,6 +787,8 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
         return NULL;
     }
     it.builder = builder;
+    outer = running;
+    running = &it;
     it.tensor_type = tensor_type;
     it.node_type = PyObject_GetAttrString(builder, "node_type");
     it.assumptions = PyObject_GetAttrString(builder, "assumptions");
@@ -787,6 +836,7 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
                             it.assumptions);
     }
 done:
+    running = outer;
     ags_frame_release(&f);
     Py_XDECREF(it.node_type);
     Py_XDECREF(it.assumptions);

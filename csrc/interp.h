@@ -115,6 +115,7 @@ typedef struct {
     PyObject *shadows;          /* dict: id of a list or dict of the program
                                    -> its shadow (interp_effects.c) */
     long steps;
+    ags_frame *top;             /* the innermost frame running */
     /* Where capture stopped: the innermost frame's code and instruction. */
     int brk_reason;             /* an AGS_REASON_*, or -1 before a break */
     PyObject *brk_detail;       /* strong str */

@@ -248,6 +248,14 @@ capture(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *
+capture_site(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return ags_interp_site();
+}
+
+static PyObject *
 evict(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
@@ -321,6 +329,9 @@ static PyMethodDef module_methods[] = {
     {"capture", (PyCFunction)(void (*)(void))capture, METH_FASTCALL,
      "capture(code, f_locals, globals, builtins, builder, tensor_type) -> "
      "dict: run the symbolic interpreter over code (see csrc/interp.c)."},
+    {"capture_site", capture_site, METH_NOARGS,
+     "capture_site() -> ((code, offset, globals), ...): the frames of the "
+     "capture running on this thread, innermost first; () outside one"},
     {"signature_hash", (PyCFunction)(void (*)(void))signature_hash,
      METH_VARARGS | METH_KEYWORDS,
      "signature_hash(data, seed=0) -> int: XXH3-64 of a bytes-like "

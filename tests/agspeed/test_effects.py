@@ -5,6 +5,7 @@ cannot be replayed safely still break."""
 
 import gc
 import logging
+import warnings
 import sys
 import weakref
 
@@ -347,3 +348,43 @@ def test_a_list_only_read_writes_nothing_and_one_returned_has_its_contents():
     assert SEEN == [2.0, 1] and out == SEEN  # (a copy: see agspeed/_effects.py)
     torch.testing.assert_close(y, torch.full((1,), 2.0))
     SEEN.clear()
+
+
+def _warns(x):
+    warnings.warn("scale is deprecated", DeprecationWarning)  # the line eager names
+    return x * 2
+
+
+def _warns_for_caller(x):
+    _helper_that_warns()  # stacklevel=2 names this line
+    return x + 1
+
+
+def _helper_that_warns():
+    warnings.warn("called from the frame", UserWarning, stacklevel=2)
+
+
+def _warns_above(x):
+    warnings.warn("names a caller", UserWarning, stacklevel=2)
+    return x - 1
+
+
+@pytest.mark.parametrize("fn", [_warns, _warns_for_caller])
+def test_warnings_are_replayed_where_eager_would_warn(fn):
+    report = agspeed.explain(fn, torch.ones(2))
+    assert (report.graph_count, report.graph_break_count) == (1, 0)
+    fast = agspeed.optimize(fn, backend="eager")
+    fast(torch.ones(2))  # the capture
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            torch.testing.assert_close(fast(torch.ones(2)), fn(torch.ones(2)))
+        ours, eager = got[0], got[1]
+        assert len(got) == 2
+        assert (str(ours.message), ours.category, ours.filename, ours.lineno) == \
+            (str(eager.message), eager.category, eager.filename, eager.lineno)
+
+
+def test_a_warning_naming_a_caller_of_the_optimized_frame_breaks():
+    report = agspeed.explain(_warns_above, torch.ones(2))
+    assert report.graph_count == 0 and report.break_reasons[0].reason == "unsupported_call"

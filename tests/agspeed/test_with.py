@@ -87,6 +87,12 @@ def w_python_manager(x, w):
     return y + j
 
 
+def w_manager_made_here(x, w):
+    with Scaled(2.0) as k:   # made in the frame: an object the capture owns
+        y = x @ w * k
+    return y
+
+
 def w_try_except_finally(x, w):
     y = x @ w
     try:
@@ -154,6 +160,7 @@ FUNCTIONS = {
     "autocast": w_autocast,
     "amp_autocast": w_amp_autocast,
     "null_context": w_null_context,
+    "manager_made_here": w_manager_made_here,
     "try_except_finally": w_try_except_finally,
     "inlined_callee": w_inlined_callee,
     "decorator_manager": w_decorator_manager,

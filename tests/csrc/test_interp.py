@@ -925,3 +925,34 @@ def test_with_blocks_leave_no_references_behind():
         capture(with_modelled, x=T(), flag=2)
         capture(with_unsupported, x=T(), cm=SCOPED)
     assert [sys.getrefcount(o) for o in (SCOPED, Scoped, Mode, Scoped.__exit__)] == before
+
+
+# -- where a capture is, for what the builder replays at the program's place ---------------
+
+
+class SiteRecorder(Recorder):
+    def call_function(self, fn, args, kwargs):
+        self.sites = _C.capture_site()
+        return super().call_function(fn, args, kwargs)
+
+
+def _site_inner(x):
+    return tlib.relu(x)
+
+
+def site_outer(x):
+    y = x * 2
+    return _site_inner(y)
+
+
+def test_the_capture_site_names_each_interpreted_frame_innermost_first():
+    assert _C.capture_site() == ()
+    builder = SiteRecorder(allowed=(tlib.relu,))
+    out, _ = capture(site_outer, builder=builder, x=T())
+    assert out["status"] == "graph", out
+    (inner, i_off, i_glob), (outer, o_off, o_glob) = builder.sites
+    assert inner is _site_inner.__code__ and outer is site_outer.__code__
+    assert i_glob is o_glob is globals()
+    lines = {o: p[0] for o, p in zip(range(0, 10**6, 2), outer.co_positions())}
+    assert lines[o_off] == site_outer.__code__.co_firstlineno + 2  # the call's line
+    assert _C.capture_site() == ()
