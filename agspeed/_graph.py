@@ -44,7 +44,9 @@ from __future__ import annotations
 
 import builtins
 import collections
+import functools
 import operator
+import types
 from typing import Any, Callable
 
 from agspeed._binding import Binding
@@ -358,6 +360,12 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
             return getattr(fake, name)
         if name in _TENSOR_VIEWS:
             return self._record("call_function", getattr, (node, name), {})
+        method = getattr(self._torch.Tensor, name, None)
+        if type(method) in (types.MethodDescriptorType, types.WrapperDescriptorType) and \
+                name not in _UNSUPPORTED_METHODS and not name.startswith("_"):
+            # a method taken as a value (``x.view`` called with ``*shape``): bound to the
+            # node, and called through the interpreter's partial plan as Tensor.view(x, ...)
+            return functools.partial(method, node)
         raise GraphBreak(Reason.UNSUPPORTED_ATTRIBUTE, f"Tensor.{name}")
 
     def setitem(self, container: Any, index: Any, value: Any) -> None:

@@ -322,3 +322,25 @@ def test_namedtuple_construction_in_an_eager_frame_is_not_a_second_break(capsys)
     assert out.graph_break_count == 1  # the print; not the namedtuple's generated __new__
     assert out.break_reasons[0].function == "builds_in_eager"
     assert type(out.result) is Pair
+
+
+def views_by_a_method_value(x, w):
+    shape = (*x.shape[:-1], 2, -1)
+    y = (x @ w).view(*shape).transpose(1, 2)  # LOAD_ATTR view, then CALL_FUNCTION_EX
+    total = x.sum
+    return y, total(dim=0)
+
+
+def test_a_tensor_method_taken_as_a_value_is_called_in_the_graph():
+    x, w = torch.randn(3, 4, requires_grad=True), torch.randn(4, 4)
+    report = agspeed.explain(views_by_a_method_value, x, w)
+    assert (report.graph_count, report.graph_break_count) == (1, 0)
+    fast = agspeed.optimize(views_by_a_method_value, backend="eager")
+    for _ in range(2):
+        x = torch.randn(3, 4, requires_grad=True)
+        got, expected = fast(x, w), views_by_a_method_value(x, w)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b)
+        ga = torch.autograd.grad(sum(t.sum() for t in got), x)
+        gb = torch.autograd.grad(sum(t.sum() for t in expected), x)
+        torch.testing.assert_close(ga[0], gb[0])
