@@ -344,3 +344,34 @@ op_dict_update(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     return merge(it, f, ins, 0);
 }
+
+/* {k: v for ...}: value on top, key below it, the dict arg below them
+ * (once both are popped). */
+AGS_HANDLER
+op_map_add(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    ags_value value = ags_pop(f), key = ags_pop(f);
+    ags_value *dict = ags_peek(f, (int)ins->arg);
+    PyObject *k = NULL, *v = NULL;
+    int rc;
+
+    if (dict->kind != AGS_VK_DICT || key.kind == AGS_VK_TENSOR) {
+        rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                       "MAP_ADD of a %s key to a %s", AGS_DESCRIBE(&key),
+                       AGS_DESCRIBE(dict));
+        goto done;
+    }
+    k = ags_graph_arg(it, &key);
+    v = k ? ags_graph_arg(it, &value) : NULL;
+    if (v == NULL) {
+        rc = PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
+        goto done;
+    }
+    rc = PyDict_SetItem(dict->obj, k, v) < 0 ? AGS_ERROR : AGS_GO;
+done:
+    Py_XDECREF(k);
+    Py_XDECREF(v);
+    ags_value_clear(&key);
+    ags_value_clear(&value);
+    return rc;
+}

@@ -76,6 +76,7 @@
     X(SET_UPDATE, op_set_update, "add the elements of the top to a set") \
     X(DICT_MERGE, op_dict_merge, "f(**m): merge, a repeated key fails") \
     X(DICT_UPDATE, op_dict_update, "{**m}: update a built dict") \
+    X(MAP_ADD, op_map_add, "{k: v for ...}: set an item of a built dict") \
     X(IMPORT_NAME, op_import_name, "a module already in sys.modules") \
     X(IMPORT_FROM, op_import_from, "an attribute of the imported module")
 

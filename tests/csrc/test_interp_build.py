@@ -82,3 +82,25 @@ def test_dict_updates_and_kwargs_passed_on_by_an_inlined_function():
     assert out["status"] == "graph", out
     assert out["result"][1] == {"scale": 5, "shift": 4}
     assert [(op[0], op[1][1]) for op in b.ops] == [("mul", 5), ("add", 4)]
+
+
+def dict_comprehensions(x, names):
+    d = {n: tlib.relu(x) for n in names}
+    e = {k: i for i, k in enumerate(d) if k != "a"}
+    return d["b"], e
+
+
+def test_dict_comprehensions_build_one_owned_dict_each():
+    out, b = capture(dict_comprehensions, x=T(), names=("a", "b"))
+    assert out["status"] == "graph", out
+    node, e = out["result"]
+    assert e == {"b": 1} and [op[0] for op in b.ops] == ["relu", "relu"]
+
+
+def tensor_keyed(x):
+    return {x: 1 for _ in range(1)}
+
+
+def test_a_dict_comprehension_keyed_by_a_tensor_breaks():
+    out, _ = capture(tensor_keyed, x=T())
+    assert out["status"] == "break" and out["reason"] == Reason.UNSUPPORTED_VALUE
