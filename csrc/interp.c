@@ -550,6 +550,9 @@ frame_run(ags_interp *it, ags_frame *f)
         const ags_instr *ins = &f->bc.instrs[f->pc];
         ags_handler h = handlers[ins->opcode];
 
+        if (f->depth == 0 && ins->offset == it->stop_at) {
+            return AGS_STOPPED;
+        }
         if (f->handled != NULL && f->handled[f->pc]) {
             rc = ags_stopf(it, AGS_REASON_EXCEPTION_HANDLER,
                            "code under try/except or "
@@ -570,6 +573,9 @@ frame_run(ags_interp *it, ags_frame *f)
             it->brk_code = f->code;
             it->brk_offset = ins->offset;
             it->brk_opcode = ins->opcode;
+        }
+        if (rc == AGS_BREAK && f->depth == 0) {
+            it->root_offset = ins->offset;
         }
         if (rc != AGS_GO) {
             break;
@@ -672,6 +678,34 @@ bind_locals(ags_interp *it, ags_frame *f, PyObject *f_locals)
     return AGS_GO;
 }
 
+/* builder.stop_at, when it has one: the root offset to stop before. */
+static int
+stop_at(PyObject *builder, int *out)
+{
+    PyObject *v;
+    long at;
+
+    v = PyObject_GetAttrString(builder, "stop_at");
+    if (v == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return 0;
+    }
+    if (v == Py_None) {
+        Py_XDECREF(v);
+        return 0;
+    }
+    at = PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (at == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *out = (int)at;
+    return 0;
+}
+
 int
 ags_interp_init(void)
 {
@@ -700,6 +734,7 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
 
     memset(&it, 0, sizeof(it));
     it.brk_reason = -1;
+    it.root_offset = it.stop_at = -1;
     memset(&f, 0, sizeof(f));
     if (!PyType_Check(tensor_type) || !PyDict_Check(f_locals)
         || !PyDict_Check(globals)) {
@@ -725,7 +760,8 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
                         "a dict");
         goto done;
     }
-    if (frame_init(&f, NULL, code, globals, builtins) < 0) {
+    if (stop_at(builder, &it.stop_at) < 0
+        || frame_init(&f, NULL, code, globals, builtins) < 0) {
         goto done;
     }
     rc = bind_locals(&it, &f, f_locals);
@@ -745,10 +781,16 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
     }
     if (rc == AGS_BREAK) {
         PyCodeObject *where = it.brk_code ? it.brk_code : code;
-        out = Py_BuildValue("{s:s,s:O,s:i,s:i,s:i,s:O,s:O}", "status", "break",
-                            "code", (PyObject *)where, "offset", it.brk_offset,
-                            "opcode", it.brk_opcode, "reason", it.brk_reason,
-                            "detail", it.brk_detail, "assumptions",
+        out = Py_BuildValue("{s:s,s:O,s:i,s:i,s:i,s:O,s:O,s:i}", "status",
+                            "break", "code", (PyObject *)where, "offset",
+                            it.brk_offset, "opcode", it.brk_opcode, "reason",
+                            it.brk_reason, "detail", it.brk_detail,
+                            "assumptions", it.assumptions, "root_offset",
+                            it.root_offset);
+    }
+    if (rc == AGS_STOPPED) {
+        out = Py_BuildValue("{s:s,s:N,s:O}", "status", "stopped", "state",
+                            ags_frame_state(&f), "assumptions",
                             it.assumptions);
     }
 done:

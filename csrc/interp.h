@@ -8,6 +8,7 @@
  *   interp_func.c  functions: binding arguments and closures, making them
  *   interp_ops.c   operators and f-strings
  *   interp_flow.c  comparisons, truth, jumps, iteration, returns
+ *   interp_resume.c  the root frame's state where capture stops (resume)
  *
  * Abstract values.  A value is one of AGS_VALUE_KINDS.  It owns a
  * reference to `obj` and to `source` (how the value is reached from the
@@ -64,6 +65,7 @@ typedef struct {
 #define AGS_DONE 1      /* the frame returned: its retval is set */
 #define AGS_ERROR (-1)  /* a Python exception is set: a bug or MemoryError */
 #define AGS_BREAK (-2)  /* capture stops here; the capture's brk_* say why */
+#define AGS_STOPPED (-3) /* the root frame reached it->stop_at, not run */
 
 /* Inlining deeper than this ends the capture (recursion). */
 #define AGS_MAX_DEPTH 32
@@ -106,6 +108,10 @@ typedef struct {
     PyObject *brk_detail;       /* strong str */
     PyCodeObject *brk_code;     /* borrowed (alive while capturing) */
     int brk_offset, brk_opcode;
+    /* Resuming (interp_resume.c): the root instruction capture stopped
+     * in (where an inlined callee's break surfaces), and the root offset
+     * to stop before without running it; -1 for none. */
+    int root_offset, stop_at;
 } ags_interp;
 
 typedef int (*ags_handler)(ags_interp *, ags_frame *, const ags_instr *);
@@ -179,6 +185,11 @@ PyObject *ags_binary_fn(uint32_t op);
 /* interp_flow.c */
 int ags_truth(ags_interp *it, const ags_value *v, int *truth);
 int ags_elements(ags_interp *it, const ags_value *v, PyObject **elems);
+
+/* interp_resume.c */
+/* New reference: {"stack": [...], "locals": [...], "cells": bool}, each
+ * value as (kind name, payload, source). */
+PyObject *ags_frame_state(const ags_frame *f);
 
 /* The handlers of every file, by name, for the version tables. */
 #define AGS_DECLARE_HANDLER(op, handler, doc) \
