@@ -80,6 +80,9 @@ class GraphBuilder(CallPolicy, Folds, Binding):
     The recording of nodes lives here; planning calls (``CallPolicy``), evaluating known
     values (``Folds``) and binding arguments (``Binding``) are its other parts."""
 
+    # a root byte offset the interpreter stops before (agspeed._resume), or None
+    stop_at: int | None = None
+
     def __init__(self, shapes: Any = None, symbolic: bool = False) -> None:
         import torch
         import torch.fx

@@ -236,6 +236,13 @@ class Context:
                                                         f_builtins)
         if brk is not None and self.options.get("fullgraph"):
             raise self._graph_break_error(code, where, brk)
+        if brk is not None:
+            resumed = self._resume(code, where, brk, f_locals, f_globals, f_builtins, shapes)
+            if resumed is not None:
+                entry, guard = resumed
+                self.policy.admit(code, where, entries, guard, shapes, True,
+                                  (f_locals, f_globals, f_builtins))
+                return entry, f"captured up to a graph break, resumed after it ({brk})"
         self.policy.admit(code, where, entries, guard, shapes, graph is not None,
                           (f_locals, f_globals, f_builtins))
         if graph is None:
@@ -260,6 +267,51 @@ class Context:
             return result, None, result.guard, shapes
         brk, guard = result
         return None, brk, guard, shapes
+
+    def _resume(self, code: Any, where: str, brk: Any, f_locals: dict, f_globals: dict,
+                f_builtins: dict, shapes: Any) -> tuple | None:
+        """The CALL entry of a frame that broke at ``brk`` and resumes after it
+        (``agspeed._resume``), with its guard; None where it cannot resume (logged),
+        and the frame runs eager as before."""
+        from agspeed import _resume
+        from agspeed._capture import Capture, Stopped, _guard, capture
+        from agspeed._compile import compile_capture
+        from agspeed._tensor_check import arg_check
+
+        site = _resume.break_site(code, brk.root_offset)
+        if not isinstance(site, str):
+            stopped = capture(code, f_locals, f_globals, f_builtins, shapes,
+                              stop_at=site.offset)
+            site = "capture did not reach the break again" \
+                if not isinstance(stopped, Stopped) else site
+        if not isinstance(site, str):
+            builder = stopped.builder
+            layout = _resume.layout_of(stopped.state, code, builder)
+            site = layout if isinstance(layout, str) else site
+        if isinstance(site, str):
+            if log.enabled("graph_breaks"):
+                _graph_breaks_log.info("%s: not resumed: %s", where, site)
+            return None
+        import torch
+
+        ops = any(n.op in ("call_function", "call_method") for n in builder.graph.nodes)
+        gm = builder.output(layout.outputs)
+        guard = _guard(torch, builder, f_locals, code)
+        fn, resumes = _resume.generated(code, f_globals, site, layout)
+        if ops:
+            cap = Capture(gm, builder.sources, guard, builder.example_inputs())
+            graph = compile_capture(self, cap, where)
+            self._observe("graph", code, cap)
+        else:
+            graph = gm
+        self._note_break(code, where, brk)
+        self._observe("resume", code, (brk, [r.__code__ for r in resumes]))
+        run = _resume.runner(graph, guard.read, layout, fn)
+        signed = guard.sym is None
+        entry = _C.CacheEntry(_C.ACTION_CALL, guard=guard, compiled=run, context=self,
+                              signed=signed,
+                              arg_check=arg_check(code, f_locals) if signed else None)
+        return entry, guard
 
     def _eager_entry(self, code: Any, where: str, brk: Any, guard: Any,
                      f_locals: dict) -> tuple[Any, str]:

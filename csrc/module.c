@@ -242,6 +242,17 @@ emit(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *
+call_user(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "call_user(fn, args)");
+        return NULL;
+    }
+    return ags_hook_call_user(args[0], args[1]);
+}
+
+static PyObject *
 evict(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
@@ -315,6 +326,9 @@ static PyMethodDef module_methods[] = {
      "assembled from [(opcode, arg, target index, position)], exception "
      "ranges [(start, end, handler, depth, lasti)] and code.replace() "
      "fields."},
+    {"call_user", (PyCFunction)(void (*)(void))call_user, METH_FASTCALL,
+     "call_user(fn, args): fn(*args) with the hook seeing the frames it "
+     "starts, though the runtime is busy (code a graph break generated)."},
     {"capture", (PyCFunction)(void (*)(void))capture, METH_FASTCALL,
      "capture(code, f_locals, globals, builtins, builder, tensor_type) -> "
      "dict: run the symbolic interpreter over code (see csrc/interp.c)."},
