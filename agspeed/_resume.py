@@ -230,10 +230,10 @@ def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handle
     return types.FunctionType(new, f_globals, name)
 
 
-def _tail(instrs_out: list, nv: int, nstack: int, unbound: tuple, fn: Any,
+def _tail(instrs_out: list, nv: int, nstack: int, below: list, unbound: tuple, fn: Any,
           consts: list, pos: Any) -> None:
-    """Call ``fn(*locals, *stack)`` with the ``nstack`` values on the stack and
-    return its result."""
+    """Return ``fn(*locals, *below, *top)``: ``top`` the ``nstack`` values on the
+    stack, ``below`` the parameters holding the stack slots under them."""
     def const(obj: Any) -> int:
         consts.append(obj)
         return len(consts) - 1
@@ -244,7 +244,8 @@ def _tail(instrs_out: list, nv: int, nstack: int, unbound: tuple, fn: Any,
     for i in range(nv):
         out.append((_OP["LOAD_CONST"], none, _NO_OP, pos) if unbound[i]
                    else (_OP["LOAD_FAST"], i, _NO_OP, pos))
-    out.append((_OP["BUILD_TUPLE"], nv, _NO_OP, pos))
+    out += [(_OP["LOAD_FAST"], p, _NO_OP, pos) for p in below]
+    out.append((_OP["BUILD_TUPLE"], nv + len(below), _NO_OP, pos))
     out.append((_OP["SWAP"], 2, _NO_OP, pos))
     out.append((_OP["BINARY_OP"], 0, _NO_OP, pos))   # locals + stack
     fi = const(fn)
@@ -277,40 +278,41 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
         elif dis.opname[op] not in ("KW_NAMES",):
             effect += dis.stack_effect(op, arg, jump=False)
     after = depth + effect
-    if after < 0 or any(stack_nulls[:depth - _consumed(instrs, site, depth)]):
-        raise ValueError("a NULL below the operands of the break instruction")
-    after_nulls = (False,) * after
+    consumed = _consumed(instrs, site, depth, stack_nulls)
+    keep = depth - consumed         # slots below the operands, left as they are
+    produced = after - keep
+    if produced < 0:
+        raise ValueError("the break instruction's stack effect is not modelled")
     resumes = []
     targets = [site.last + 1]
     if site.branch:
         targets.append(instrs[site.last][2])
     for target in targets:
         resumes.append(_resume_function(code, f_globals, instrs, handlers, target,
-                                        after_nulls, unbound))
+                                        stack_nulls[:keep] + (False,) * produced, unbound))
     consts = list(code.co_consts)
     pos0 = instrs[site.first][3]
     out: list = [(_OP["RESUME"], 0, _NO_OP, pos0)]
-    k = 0
+    params = []                     # parameter index of each non-NULL stack slot
     for null in stack_nulls:
-        if null:
-            out.append((_OP["PUSH_NULL"], 0, _NO_OP, pos0))
-        else:
-            out.append((_OP["LOAD_FAST"], nv + k, _NO_OP, pos0))
-            k += 1
+        params.append(None if null else nv + sum(1 for p in params if p is not None))
+    for j in range(keep, depth):
+        out.append((_OP["PUSH_NULL"], 0, _NO_OP, pos0) if params[j] is None
+                   else (_OP["LOAD_FAST"], params[j], _NO_OP, pos0))
     branch_at = None
     for i in range(site.first, site.last + 1):
         op, arg, _t, pos = instrs[i]
         if i == site.last and site.branch:
             branch_at = len(out)
-            out.append((op, arg, _NO_OP, pos))   # target patched below
-        else:
-            out.append((op, arg, _NO_OP, pos))
+        out.append((op, arg, _NO_OP, pos))
     last_pos = instrs[site.last][3]
-    _tail(out, nv, after, unbound, resumes[0], consts, last_pos)
+    below = [p for p in params[:keep] if p is not None]
+    _tail(out, nv, produced, below, unbound, resumes[0], consts, last_pos)
     if branch_at is not None:
         op, arg, _t, pos = out[branch_at]
         out[branch_at] = (op, arg, len(out), pos)
-        _tail(out, nv, after, unbound, resumes[1], consts, last_pos)
+        _tail(out, nv, produced, below, unbound, resumes[1], consts, last_pos)
+    k = sum(1 for p in params if p is not None)
     nstack = k
     varnames = code.co_varnames + tuple(f"___stack{i}" for i in range(nstack))
     name = f"break_in_{code.co_name}_at_{_line(code, instrs, site.last)}"
@@ -326,17 +328,18 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
     return fn, resumes
 
 
-def _consumed(instrs: list, site: BreakSite, depth: int) -> int:
-    """How many stack slots the break instructions read (the call's operands)."""
+def _consumed(instrs: list, site: BreakSite, depth: int, stack_nulls: tuple) -> int:
+    """How many stack slots, from the top, the break instructions read: a call's
+    callable and arguments, a branch's condition; all of them for anything else
+    (then no NULL may be among them)."""
     op, arg = instrs[site.last][0], instrs[site.last][1]
-    name = dis.opname[op]
     if site.branch:
         return 1
-    if name == "CALL":
+    if dis.opname[op] == "CALL":
         return arg + 2
-    # a plain operation reads what it does not push back
-    pushed = 1
-    return min(depth, max(0, pushed - dis.stack_effect(op, arg, jump=False)))
+    if any(stack_nulls):
+        raise ValueError("a NULL on the stack at a break that is not a call")
+    return depth
 
 
 def runner(graph: Any, read: Any, layout: Layout, fn: Any) -> Any:

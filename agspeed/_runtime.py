@@ -297,7 +297,12 @@ class Context:
         ops = any(n.op in ("call_function", "call_method") for n in builder.graph.nodes)
         gm = builder.output(layout.outputs)
         guard = _guard(torch, builder, f_locals, code)
-        fn, resumes = _resume.generated(code, f_globals, site, layout)
+        try:
+            fn, resumes = _resume.generated(code, f_globals, site, layout)
+        except ValueError as exc:   # a layout the generated code cannot rebuild
+            if log.enabled("graph_breaks"):
+                _graph_breaks_log.info("%s: not resumed: %s", where, exc)
+            return None
         if ops:
             cap = Capture(gm, builder.sources, guard, builder.example_inputs())
             graph = compile_capture(self, cap, where)
