@@ -494,6 +494,11 @@ stack_depth(const emit_ins *ins, Py_ssize_t n, const emit_handler *h,
         int d = depth[i], op = ins[i].op, arg = (int)ins[i].arg;
 
         *max = d > *max ? d : *max;
+        if (d + effect(op, arg, 0) < 0) {
+            PyErr_Format(PyExc_ValueError, "emit: stack underflow at "
+                         "instruction %zd", i);
+            goto done;
+        }
         for (Py_ssize_t k = 0; k < nh; k++) {
             if (h[k].start <= i && i < h[k].end) {
                 int hd = h[k].depth + (h[k].lasti != 0) + 1;
