@@ -60,6 +60,12 @@ _REFUSED = set(dis.haslocal) | set(dis.hasfree) | {
                      "PUSH_EXC_INFO", "POP_EXCEPT", "RETURN_GENERATOR", "SETUP_ANNOTATIONS",
                      "IMPORT_STAR", "LOAD_LOCALS", "EXTENDED_ARG")
     if n in _OP}
+# Loads that may push the call protocol's NULL (a method load, a global or attribute
+# loaded for a call: the argument's low bit): a break code cannot hand a NULL it did
+# not know of to a resume function, so a break there is not resumed.
+_NULL_LOADS = {_OP[n] for n in ("LOAD_METHOD", "PUSH_NULL") if n in _OP}
+_NULL_BIT_LOADS = {_OP[n] for n in (("LOAD_GLOBAL",) if sys.version_info < (3, 12)
+                                     else ("LOAD_GLOBAL", "LOAD_ATTR", "LOAD_SUPER_ATTR"))}
 _CO_VAR = 0x04 | 0x08  # CO_VARARGS | CO_VARKEYWORDS: a resume function takes a tuple
 _UNRESUMABLE = 0x20 | 0x80 | 0x100 | 0x200  # generators, coroutines
 
@@ -120,7 +126,8 @@ def break_site(code: types.CodeType, root_offset: int) -> BreakSite | str:
         first -= 1
     if op in _BRANCHES:
         return BreakSite(first, at, rows[first][1], True)
-    if op in _REFUSED or rows[at][4] >= 0 or dis.opname[op] in _CALL_PREFIX:
+    if op in _REFUSED or rows[at][4] >= 0 or dis.opname[op] in _CALL_PREFIX \
+            or op in _NULL_LOADS or (op in _NULL_BIT_LOADS and rows[at][3] & 1):
         return f"{dis.opname[op]} cannot be run by a break code"
     return BreakSite(first, at, rows[first][1], False)
 

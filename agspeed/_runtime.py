@@ -47,6 +47,7 @@ from agspeed import _C, log
 from agspeed._compile import compiled_entry
 from agspeed._policy import EntryPolicy, RecompileRecord, recompiles, widened
 from agspeed._policy import clear as _clear_policy
+from agspeed._resume import is_generated as is_break_code
 from agspeed.errors import GraphBreakError
 
 __all__ = ["Context", "context_for", "FrameRecord", "frame_records", "clear", "recompiles",
@@ -198,7 +199,8 @@ class Context:
             return _C.CacheEntry(_SKIP)
 
     def _decide(self, code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
-        if is_runtime_code(code.co_filename) or _is_namedtuple_new(code, f_globals):
+        if is_runtime_code(code.co_filename) or _is_namedtuple_new(code, f_globals) \
+                or is_break_code(code):
             if log.enabled("frames"):
                 _frames_log.info("%s (%s:%s) -> skip (runtime code)", code.co_name,
                                  os.path.basename(code.co_filename), code.co_firstlineno)
