@@ -342,8 +342,13 @@ def _consumed(instrs: list, site: BreakSite, depth: int, stack_nulls: tuple) -> 
     op, arg = instrs[site.last][0], instrs[site.last][1]
     if site.branch:
         return 1
-    if dis.opname[op] == "CALL":
-        return arg + 2
+    name = dis.opname[op]
+    if name == "CALL":
+        return arg + 2              # callable and self-or-NULL, then the arguments
+    if name == "CALL_KW":
+        return arg + 3              # ... and the tuple of keyword names (3.13)
+    if name == "CALL_FUNCTION_EX":
+        return 3 + (arg & 1)        # NULL, callable, args tuple, kwargs dict
     if any(stack_nulls):
         raise ValueError("a NULL on the stack at a break that is not a call")
     return depth
