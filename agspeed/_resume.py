@@ -48,8 +48,8 @@ _NO_OP = -1
 # CALL_FUNCTION_EX takes [NULL, callable, args] on 3.11/3.12, [callable, NULL, args]
 # on 3.13: pushing these two in this order and then SWAP 3 puts the callable where it
 # belongs (the args tuple comes first).
-_CALL_EX_PUSH = {(3, 11): ("LOAD_CONST", "PUSH_NULL"), (3, 12): ("LOAD_CONST", "PUSH_NULL"),
-                 (3, 13): ("PUSH_NULL", "LOAD_CONST")}[sys.version_info[:2]]
+_CALL_EX_PUSH = {(3, 11): ("LOAD_FAST", "PUSH_NULL"), (3, 12): ("LOAD_FAST", "PUSH_NULL"),
+                 (3, 13): ("PUSH_NULL", "LOAD_FAST")}[sys.version_info[:2]]
 # Instructions that belong with the CALL after them (they only set up the call).
 _CALL_PREFIX = {n for n in ("KW_NAMES", "PRECALL") if n in _OP}
 _BRANCHES = {_OP[n] for n in _OP if n.startswith("POP_JUMP") and "IF_" in n}
@@ -163,14 +163,14 @@ def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
             except Exception:
                 return f"a {kind.lower()} the graph cannot return"
             outputs.append(payload)
-            return ("graph", len(outputs) - 1)
+            return ("output", len(outputs) - 1)
         if kind in ("LAZY", "CONST"):
             if type(source) is tuple and len(source) == 2 and source[0] == "local":
                 return ("local", source[1])
-            return ("const", payload)
+            return ("constant", payload)
         if kind == "METHOD":
             import torch
-            return ("const", getattr(torch.Tensor, payload))
+            return ("constant", getattr(torch.Tensor, payload))
         return f"a {kind.lower()} value at the break"
 
     stack, local = [], []
@@ -229,7 +229,7 @@ def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handle
     moved = [(s + shift, e + shift, h + shift, d, lasti) for s, e, h, d, lasti in handlers]
     line = _line(code, instrs, target)
     name = f"resume_in_{code.co_name}_at_{line}"
-    varnames = code.co_varnames + tuple(f"___stack{i}" for i in range(nstack))
+    varnames = code.co_varnames + tuple(f".stack{i}" for i in range(nstack))
     new = _C.emit(code, pro + body, moved, {
         "co_name": name, "co_qualname": name, "co_varnames": varnames,
         "co_argcount": len(varnames), "co_posonlyargcount": 0, "co_kwonlyargcount": 0,
@@ -237,7 +237,7 @@ def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handle
     return types.FunctionType(new, f_globals, name)
 
 
-def _tail(instrs_out: list, nv: int, nstack: int, below: list, unbound: tuple, fn: Any,
+def _tail(instrs_out: list, nv: int, nstack: int, below: list, unbound: tuple, fn: int,
           consts: list, pos: Any) -> None:
     """Return ``fn(*locals, *below, *top)``: ``top`` the ``nstack`` values on the
     stack, ``below`` the parameters holding the stack slots under them."""
@@ -255,9 +255,8 @@ def _tail(instrs_out: list, nv: int, nstack: int, below: list, unbound: tuple, f
     out.append((_OP["BUILD_TUPLE"], nv + len(below), _NO_OP, pos))
     out.append((_OP["SWAP"], 2, _NO_OP, pos))
     out.append((_OP["BINARY_OP"], 0, _NO_OP, pos))   # locals + stack
-    fi = const(fn)
-    for name in _CALL_EX_PUSH:
-        out.append((_OP[name], fi if name == "LOAD_CONST" else 0, _NO_OP, pos))
+    for name in _CALL_EX_PUSH:     # fn: the parameter holding the resume function
+        out.append((_OP[name], fn if name == "LOAD_FAST" else 0, _NO_OP, pos))
     out.append((_OP["SWAP"], 3, _NO_OP, pos))
     out.append((_OP["CALL_FUNCTION_EX"], 0, _NO_OP, pos))
     out.append((_OP["RETURN_VALUE"], 0, _NO_OP, pos))
@@ -314,14 +313,16 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
         out.append((op, arg, _NO_OP, pos))
     last_pos = instrs[site.last][3]
     below = [p for p in params[:keep] if p is not None]
-    _tail(out, nv, produced, below, unbound, resumes[0], consts, last_pos)
+    nstack = sum(1 for p in params if p is not None)
+    _tail(out, nv, produced, below, unbound, nv + nstack, consts, last_pos)
     if branch_at is not None:
         op, arg, _t, pos = out[branch_at]
         out[branch_at] = (op, arg, len(out), pos)
-        _tail(out, nv, produced, below, unbound, resumes[1], consts, last_pos)
-    k = sum(1 for p in params if p is not None)
-    nstack = k
-    varnames = code.co_varnames + tuple(f"___stack{i}" for i in range(nstack))
+        _tail(out, nv, produced, below, unbound, nv + nstack + 1, consts, last_pos)
+    # the resume functions are parameters with defaults, not constants: a tool that
+    # traces this code (torch._dynamo) need not model a function constant
+    varnames = code.co_varnames + tuple(f".stack{i}" for i in range(nstack)) + \
+        tuple(f".resume{i}" for i in range(len(resumes)))
     name = f"break_in_{code.co_name}_at_{_line(code, instrs, site.last)}"
     new = _C.emit(code, out, [], {
         "co_name": name, "co_qualname": name, "co_varnames": varnames,
@@ -330,7 +331,7 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
         "co_flags": code.co_flags & ~_CO_VAR})
     _C.mark_skip(new)
     _GENERATED.add(new)
-    fn = types.FunctionType(new, f_globals, name)
+    fn = types.FunctionType(new, f_globals, name, tuple(resumes))
     per_code[key] = (fn, resumes, f_globals)
     return fn, resumes
 
@@ -359,7 +360,7 @@ def runner(graph: Any, read: Any, layout: Layout, fn: Any) -> Any:
     inputs ``read`` gathers, rebuild the locals and stack from its outputs, the
     frame's locals and constants, and call the break function ``fn`` with them
     (through the hook, so the resume functions it calls are captured)."""
-    names = ("graph", "const", "local", "unbound")
+    names = ("output", "constant", "local", "unbound")
     plan = tuple((names.index(s[0]), s[1] if len(s) > 1 else None)
                  for s in layout.locals + layout.stack if s[0] != "null")
 

@@ -238,9 +238,17 @@ class Context:
                                                         f_builtins)
         if brk is not None and self.options.get("fullgraph"):
             raise self._graph_break_error(code, where, brk)
-        if brk is not None:
-            resumed = self._resume(code, where, brk, f_locals, f_globals, f_builtins, shapes)
-            if resumed is not None:
+        not_resumed = ""
+        if brk is not None and _recurs_with_new_values(guard, entries):
+            # a value the resumed entries relied on changes from call to call (a
+            # counter): each would recapture, so the frame runs eager for all of them
+            not_resumed = " (not resumed: a plain value it read changes between calls)"
+        elif brk is not None:
+            resumed = self._resume(code, where, brk, guard, f_locals, f_globals, f_builtins,
+                                   shapes)
+            if isinstance(resumed, str):    # why not: said in the frame's record
+                not_resumed = f" (not resumed: {resumed})"
+            else:
                 entry, guard = resumed
                 self.policy.admit(code, where, entries, guard, shapes, True,
                                   (f_locals, f_globals, f_builtins))
@@ -248,7 +256,9 @@ class Context:
         self.policy.admit(code, where, entries, guard, shapes, graph is not None,
                           (f_locals, f_globals, f_builtins))
         if graph is None:
-            return self._eager_entry(code, where, brk, widened(guard, entries), f_locals)
+            entry, decision = self._eager_entry(code, where, brk, widened(guard, entries),
+                                                f_locals)
+            return entry, decision + not_resumed
         entry = compiled_entry(self, code, where, graph, f_locals)
         self._observe("graph", code, graph)
         return entry, "captured"
@@ -270,11 +280,11 @@ class Context:
         brk, guard = result
         return None, brk, guard, shapes
 
-    def _resume(self, code: Any, where: str, brk: Any, f_locals: dict, f_globals: dict,
-                f_builtins: dict, shapes: Any) -> tuple | None:
+    def _resume(self, code: Any, where: str, brk: Any, brk_guard: Any, f_locals: dict,
+                f_globals: dict, f_builtins: dict, shapes: Any) -> tuple | str:
         """The CALL entry of a frame that broke at ``brk`` and resumes after it
-        (``agspeed._resume``), with its guard; None where it cannot resume (logged),
-        and the frame runs eager as before."""
+        (``agspeed._resume``), with its guard; where it cannot resume, why not (the
+        frame then runs eager as before)."""
         from agspeed import _resume
         from agspeed._capture import Capture, Stopped, _guard, capture
         from agspeed._compile import compile_capture
@@ -291,20 +301,20 @@ class Context:
             layout = _resume.layout_of(stopped.state, code, builder)
             site = layout if isinstance(layout, str) else site
         if isinstance(site, str):
-            if log.enabled("graph_breaks"):
-                _graph_breaks_log.info("%s: not resumed: %s", where, site)
-            return None
+            return site
         import torch
 
         ops = any(n.op in ("call_function", "call_method") for n in builder.graph.nodes)
+        if not ops and not any(isinstance(v, torch.Tensor) for v in f_locals.values()):
+            # no tensors here at all: generated code would only slow plain Python down
+            return "no tensor work"
         gm = builder.output(layout.outputs)
         guard = _guard(torch, builder, f_locals, code)
+        guard.break_at = getattr(brk_guard, "break_at", None)
         try:
             fn, resumes = _resume.generated(code, f_globals, site, layout)
         except ValueError as exc:   # a layout the generated code cannot rebuild
-            if log.enabled("graph_breaks"):
-                _graph_breaks_log.info("%s: not resumed: %s", where, exc)
-            return None
+            return str(exc)
         if ops:
             cap = Capture(gm, builder.sources, guard, builder.example_inputs())
             graph = compile_capture(self, cap, where)
@@ -354,6 +364,17 @@ class Context:
     def _observe(self, kind: str, code: Any, payload: Any) -> None:
         if self.observer is not None:
             self.observer(kind, code, payload)
+
+
+def _recurs_with_new_values(guard: Any, entries: list) -> bool:
+    """Whether an entry of ``entries`` stopped at the same break as ``guard`` and
+    expected other plain values (what ``widened`` would drop)."""
+    at = getattr(guard, "break_at", None)
+    if at is None:
+        return False
+    n = len(guard.checks)
+    return any(getattr(old.guard, "break_at", None) == at and
+               len(guard.widened(old.guard).checks) < n for old in entries)
 
 
 def _record_frame(code: Any, f_locals: dict, decision: str) -> None:
