@@ -38,7 +38,8 @@ class ExplainOutput:
 
     graphs            the captured ``torch.fx.GraphModule``s, in capture order
     graph_count       len(graphs)
-    graph_break_count how many frames stopped at a graph break (and ran eager)
+    graph_break_count how many frames stopped at a graph break (resumed after it, or run
+                      eager where they could not resume)
     break_reasons     a ``BreakReason`` per break
     guards            every guard of every captured graph, readable, in graph order
     guards_per_graph  the same, one list per graph

@@ -678,34 +678,6 @@ bind_locals(ags_interp *it, ags_frame *f, PyObject *f_locals)
     return AGS_GO;
 }
 
-/* builder.stop_at, when it has one: the root offset to stop before. */
-static int
-stop_at(PyObject *builder, int *out)
-{
-    PyObject *v;
-    long at;
-
-    v = PyObject_GetAttrString(builder, "stop_at");
-    if (v == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            return -1;
-        }
-        PyErr_Clear();
-        return 0;
-    }
-    if (v == Py_None) {
-        Py_XDECREF(v);
-        return 0;
-    }
-    at = PyLong_AsLong(v);
-    Py_DECREF(v);
-    if (at == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    *out = (int)at;
-    return 0;
-}
-
 int
 ags_interp_init(void)
 {
@@ -760,7 +732,7 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
                         "a dict");
         goto done;
     }
-    if (stop_at(builder, &it.stop_at) < 0
+    if (ags_stop_at(builder, &it.stop_at) < 0
         || frame_init(&f, NULL, code, globals, builtins) < 0) {
         goto done;
     }

@@ -190,6 +190,9 @@ int ags_elements(ags_interp *it, const ags_value *v, PyObject **elems);
 /* New reference: {"stack": [...], "locals": [...], "cells": bool}, each
  * value as (kind name, payload, source). */
 PyObject *ags_frame_state(const ags_frame *f);
+/* builder.stop_at into *out when the builder has one (else *out is left
+ * alone).  0, or -1 with an exception set. */
+int ags_stop_at(PyObject *builder, int *out);
 
 /* The handlers of every file, by name, for the version tables. */
 #define AGS_DECLARE_HANDLER(op, handler, doc) \

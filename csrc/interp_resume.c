@@ -61,3 +61,31 @@ ags_frame_state(const ags_frame *f)
                          export_values(f->locals, f->nlocals), "cells",
                          cells ? Py_True : Py_False);
 }
+
+/* builder.stop_at, when it has one: the root offset to stop before. */
+int
+ags_stop_at(PyObject *builder, int *out)
+{
+    PyObject *v;
+    long at;
+
+    v = PyObject_GetAttrString(builder, "stop_at");
+    if (v == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return 0;
+    }
+    if (v == Py_None) {
+        Py_XDECREF(v);
+        return 0;
+    }
+    at = PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (at == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *out = (int)at;
+    return 0;
+}
