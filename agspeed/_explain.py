@@ -107,8 +107,9 @@ class ExplainOutput:
                 resumed = [r for r in self.resumed_breaks if r[0] is brk]
                 if resumed:
                     _b, before, after = resumed[0]
-                    out.append(f"    Resumed: graph before {before + 1 if before is not None else '-'}"
-                               f", graphs after {[i + 1 for i in after] or '-'}")
+                    first = before + 1 if before is not None else "-"
+                    out.append(f"    Resumed: graph before {first}, "
+                               f"graphs after {[i + 1 for i in after] or '-'}")
                 else:
                     out.append("    Frame run eager")
                 if brk.hint:
