@@ -12,6 +12,7 @@ assumptions, so the guard checks it.
 
 from __future__ import annotations
 
+import logging
 import types
 from typing import Any
 
@@ -56,6 +57,9 @@ class CallPolicy:
 
     def attr(self, obj: Any, name: str) -> tuple[Attr, Any, Any]:
         """``(how, value, self)`` for ``obj.name`` (see ``_sources.static_attr``)."""
+        written = self.written(obj, name)  # type: ignore[attr-defined]
+        if written is not None:
+            return Attr.WRITTEN, written[0], None
         how, value = static_attr(obj, name)
         if how is Attr.UNSUPPORTED:
             raise GraphBreak(Reason.UNSUPPORTED_ATTRIBUTE,
@@ -73,6 +77,10 @@ class CallPolicy:
             return (Plan.CONST, const[1])
         if isinstance(fn, torch.nn.Module):
             return self._plan_module(fn, source)
+        if fn in self.replayed_calls:  # type: ignore[attr-defined]
+            return (Plan.GRAPH, fn)  # recorded by call_function, replayed after the graph
+        if fn is logging.getLogger:  # the same logger for the same name, made at most once
+            return (Plan.FOLD, fn)
         if fn is super:
             return (Plan.SUPER,)
         if fn is getattr or fn is hasattr:

@@ -32,11 +32,15 @@ then) and logs it, or raises it under ``fullgraph=True``.
 
 from __future__ import annotations
 
+import contextlib
 import dis
+import logging
 import os
+import threading
 from typing import Any, NamedTuple
 
 from agspeed import _C
+from agspeed._effects import replay
 from agspeed._graph import GraphBreak, GraphBuilder
 from agspeed._shapes import NeedsSymbolic
 from agspeed.protocol import Reason
@@ -79,9 +83,11 @@ class Capture(NamedTuple):
     """A finished capture: the graph, its inputs' sources, its guard."""
 
     graph_module: Any
-    sources: list
+    sources: list  # what the entry reads: the graph's inputs, then written objects
     guard: Guard
     example_inputs: list
+    effects: tuple = ()  # agspeed._effects.SideEffects.effect_plan
+    n_inputs: int = 0  # how many of ``sources`` the graph takes
 
 
 class Stopped(NamedTuple):
@@ -102,18 +108,44 @@ def capture(code: Any, f_locals: dict, f_globals: dict, f_builtins: dict,
     import torch
 
     symbolic = False
-    while True:
-        builder = GraphBuilder(shapes, symbolic)
-        builder.stop_at = stop_at
-        try:
-            out = _C.capture(code, f_locals, f_globals, f_builtins, builder, torch.Tensor)
-            return _finish(torch, code, f_locals, builder, out)
-        except NeedsSymbolic:   # a dynamic input turned up: again, under a ShapeEnv
-            symbolic = True
-        except _Unguardable:    # a size fact the guard cannot check: capture static
-            if shapes is None:
-                raise
-            shapes, symbolic = None, False
+    with _quiet_fake_tensors():
+        while True:
+            builder = GraphBuilder(shapes, symbolic)
+            builder.stop_at = stop_at
+            try:
+                out = _C.capture(code, f_locals, f_globals, f_builtins, builder, torch.Tensor)
+                return _finish(torch, code, f_locals, builder, out)
+            except NeedsSymbolic:   # a dynamic input turned up: again, under a ShapeEnv
+                symbolic = True
+            except _Unguardable:    # a size fact the guard cannot check: capture static
+                if shapes is None:
+                    raise
+                shapes, symbolic = None, False
+
+
+class _DropOwnThread(logging.Filter):
+    """Drops the records of one thread: an op that fails on fake tensors during capture
+    is a graph break (the frame then runs eager and raises eager's own error), not
+    something to print, and torch's fake-tensor layer logs each such failure with its
+    traceback."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensors() -> Any:
+    drop = _DropOwnThread()
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 class _Unguardable(Exception):
@@ -153,7 +185,8 @@ def _finish(torch: Any, code: Any, f_locals: dict, builder: GraphBuilder, out: d
         return None, ArgumentTypes(f_locals)
     gm = builder.output(result)
     guard = _guard(torch, builder, f_locals, code)
-    return Capture(gm, builder.sources, guard, builder.example_inputs())
+    return Capture(gm, builder.read_sources, guard, builder.example_inputs(),
+                   builder.effect_plan(), len(builder.sources))
 
 
 def make_entry(cap: Capture, compiled: Any, context: Any, arg_check: Any = None) -> Any:
@@ -162,6 +195,8 @@ def make_entry(cap: Capture, compiled: Any, context: Any, arg_check: Any = None)
     guard = cap.guard
     assert guard.inputs == tuple(cap.sources)
     read = guard.read
+    if cap.effects:  # writes to the program's objects, applied after the graph
+        compiled = replay(cap.effects, cap.n_inputs, compiled)
 
     def run(f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
         return compiled(*read(f_locals, f_globals, f_builtins))

@@ -9,6 +9,7 @@ optimized elsewhere keeps its own entries.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import Any, NamedTuple
@@ -160,7 +161,7 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainOutput:
     returns what eager would; ``result`` holds it.  Nothing is left cached: the next
     call of the function, optimized or not, is unaffected.
     """
-    from agspeed import _C, _runtime
+    from agspeed import _C, _roots, _runtime
     from agspeed.errors import InvalidArgumentError
 
     if not callable(fn_or_module):
@@ -193,13 +194,16 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainOutput:
 
     ctx = _runtime.Context("eager", eager, {}, observer=observe)
     torch = sys.modules.get("torch")
+    is_module = torch is not None and isinstance(fn_or_module, torch.nn.Module)
     try:
-        if torch is not None and isinstance(fn_or_module, torch.nn.Module):
+        if is_module:
             from agspeed._module import optimize_module
 
             target = optimize_module(fn_or_module, ctx, {"backend": "eager", "options": {}})
         else:
-            target = _C.Region(fn_or_module, ctx)
+            root = _roots.take(fn_or_module, False)
+            target = _C.Region(fn_or_module if root is None else functools.partial(
+                _roots.call_expecting, root, fn_or_module), ctx)
         report.result = target(*args, **kwargs)
     finally:
         _C.clear_caches(ctx)

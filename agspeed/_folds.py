@@ -11,6 +11,7 @@ taken at its current value, which the ShapeEnv then guards.
 from __future__ import annotations
 
 import builtins
+import logging
 import operator
 import types
 from typing import Any
@@ -25,6 +26,9 @@ _VALUE_FOLDS = (range, min, max, abs, int, float, bool, str, sum, any, all, roun
                 pow, sorted, repr, hash, ord, chr, slice)
 #: every builtin ``fold`` evaluates (the call policy plans them as folds)
 FOLDABLE = frozenset(_STRUCTURAL_FOLDS + _TYPE_FOLDS + _VALUE_FOLDS)
+# Folds whose result is an object rather than a plain value: the same object for the same
+# arguments, so reading it again on a later call needs no guard.
+_OBJECT_FOLDS = frozenset({logging.getLogger})
 _COMPARE = {Compare.LT: operator.lt, Compare.LE: operator.le, Compare.EQ: operator.eq,
             Compare.NE: operator.ne, Compare.GT: operator.gt, Compare.GE: operator.ge}
 
@@ -63,6 +67,9 @@ class Folds:
         if fn in _TYPE_FOLDS:
             args = tuple(self._real_type_view(a) for a in args)
             return fn(*args, **kwargs)
+        if fn is sum and args and type(args[0]) in (tuple, list) and \
+                any(isinstance(a, self.node_type) for a in args[0]):
+            return self._sum_nodes(args, kwargs)
         if any(isinstance(a, self.node_type) for a in (*args, *kwargs.values())):
             if fn in (min, max, abs, pow, round):
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{fn.__name__}() of a tensor")
@@ -79,10 +86,20 @@ class Folds:
         except Exception as exc:
             raise GraphBreak(Reason.OP_FAILED, f"{describe_callable(fn)} raised "
                              f"{type(exc).__name__}: {exc}") from exc
-        if isinstance(out, (range, slice)) or self._is_static(out):
+        if isinstance(out, (range, slice)) or self._is_static(out) or fn in _OBJECT_FOLDS:
             return out
         raise GraphBreak(Reason.NON_TENSOR_RESULT, f"{describe_callable(fn)} returned a "
                          f"{type(out).__name__}")
+
+    def _sum_nodes(self, args: tuple, kwargs: dict) -> Any:
+        """``sum(items, start)`` over items holding tensors: the additions eager makes, in
+        its order (``start + items[0] + items[1] ...``), recorded."""
+        if len(args) > 2 or set(kwargs) - {"start"} or (len(args) == 2 and kwargs):
+            raise GraphBreak(Reason.BAD_CALL, "sum() with these arguments")
+        total = args[1] if len(args) == 2 else kwargs.get("start", 0)
+        for item in args[0]:
+            total = self.call_function(operator.add, (total, item))
+        return total
 
     def _materialize(self, obj: Any) -> Any:
         """A module container as a tuple of its members, each loaded from its source

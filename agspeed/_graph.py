@@ -48,6 +48,7 @@ from typing import Any, Callable
 from agspeed._binding import Binding
 from agspeed._builder_types import GraphBreak, SymShape, concrete
 from agspeed._calls import CallPolicy
+from agspeed._effects import SideEffects
 from agspeed._folds import Folds
 from agspeed._sources import is_namedtuple_type, name_of
 from agspeed.protocol import Reason, check_builder
@@ -74,7 +75,7 @@ def _target_name(kind: str, target: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
-class GraphBuilder(CallPolicy, Folds, Binding):
+class GraphBuilder(CallPolicy, Folds, Binding, SideEffects):
     """One graph being captured: inputs by source, nodes with fake example values.
 
     The recording of nodes lives here; planning calls (``CallPolicy``), evaluating known
@@ -120,6 +121,7 @@ class GraphBuilder(CallPolicy, Folds, Binding):
         self.aliases: list[tuple[tuple, tuple]] = []  # (source, first source of the tensor)
         self.known: dict[int, tuple[Any, Any]] = {}  # id -> (object, source), shared with C
         self._inputs: dict[Any, tuple[Any, Any]] = {}  # source -> (node, real value)
+        self._effects_init()
         self._by_id: dict[int, tuple[Any, Any]] = {}  # id(tensor) -> (node, source)
         self._static = (torch.dtype, torch.device, torch.layout, torch.memory_format,
                         torch.Size, torch.finfo, torch.iinfo, *_PLAIN)
@@ -179,6 +181,12 @@ class GraphBuilder(CallPolicy, Folds, Binding):
         """The inputs' sources, in placeholder order."""
         return list(self._inputs)
 
+    @property
+    def read_sources(self) -> list:
+        """What the cache entry reads on each call: the inputs' sources, then the
+        sources of the objects the frame writes to (``agspeed._effects``)."""
+        return self.sources + self.owner_sources
+
     def example_inputs(self) -> list[Any]:
         """The real values of the inputs, in placeholder order (for backends)."""
         return [value for _, value in self._inputs.values()]
@@ -191,7 +199,10 @@ class GraphBuilder(CallPolicy, Folds, Binding):
         return torch.fx.node.map_arg(value, lambda node: node.meta["example_value"])
 
     def call_function(self, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
-        """Record ``fn(*args, **kwargs)``; args may hold nodes, constants and containers."""
+        """Record ``fn(*args, **kwargs)``; args may hold nodes, constants and containers.
+        A call made for its effect (logging) is replayed after the graph instead."""
+        if fn in self.replayed_calls:
+            return self.replay_call(fn, args, kwargs or {})
         return self._record("call_function", fn, tuple(args), dict(kwargs or {}))
 
     def call_method(self, name: str, args: tuple, kwargs: dict | None = None) -> Any:
@@ -357,6 +368,8 @@ class GraphBuilder(CallPolicy, Folds, Binding):
         """Finish the graph returning ``result`` (nodes, constants, tuples/lists/dicts)."""
         import torch.fx
 
+        if self.has_effects:  # the values the writes store come out of the graph too
+            result = (result, tuple(self.effect_values()))
         self.graph.output(self._build_namedtuples(result))
         self._drop_unused_sizes()
         self.graph.lint()

@@ -74,7 +74,7 @@ import copy
 import functools
 from typing import Any
 
-from agspeed import _C
+from agspeed import _C, _roots
 
 # The metaclasses whose class-building ignores the bases, so that a view class can be made
 # over _Blank and rebased without running the user's __init_subclass__.
@@ -98,13 +98,15 @@ class _View:
     made at optimize() time, over the class the original had then.
     """
 
-    __slots__ = ("original", "root", "nested", "spec", "region", "home")
+    __slots__ = ("original", "root", "nested", "spec", "region", "home", "root_code")
 
     def __init__(self, original: Any, ctx: Any, spec: dict) -> None:
         self.original = original
         self.nested = _is_view(original)
         self.root = _record(original).root if self.nested else original
         self.spec = spec
+        # the forward's code when it is torch's (agspeed._roots): captured all the same
+        self.root_code = None if self.nested else _roots.take(original, True)
         self.region = _C.Region(functools.partial(_call, self), ctx)
         self.home = _view_class(type(original), self)
 
@@ -132,7 +134,10 @@ def _sync(view: Any) -> bool:
 def _call(record: _View, view: Any, /, *args: Any, **kwargs: Any) -> Any:
     """The function a view's Region runs: the original class's ``__call__``, as it is now."""
     _sync(view)
-    return type(record.original).__call__(view, *args, **kwargs)
+    if record.root_code is None:
+        return type(record.original).__call__(view, *args, **kwargs)
+    return _roots.call_expecting(record.root_code, type(record.original).__call__, view,
+                                 *args, **kwargs)
 
 
 # -- the view class's attributes -------------------------------------------------------------

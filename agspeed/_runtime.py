@@ -43,7 +43,7 @@ import threading
 import weakref
 from typing import Any, NamedTuple
 
-from agspeed import _C, log
+from agspeed import _C, _roots, log
 from agspeed._compile import compiled_entry
 from agspeed._policy import EntryPolicy, RecompileRecord, recompiles, widened
 from agspeed._policy import clear as _clear_policy
@@ -76,6 +76,19 @@ class FrameRecord(NamedTuple):
 
 _RECORDS: collections.deque[FrameRecord] = collections.deque(maxlen=1024)
 _records_lock = threading.Lock()
+_records_total = 0  # records ever made: marks count from it
+
+
+def records_mark() -> int:
+    """A mark for ``records_since``."""
+    return _records_total
+
+
+def records_since(mark: int) -> list[FrameRecord]:
+    """The records made after ``mark`` (those still kept)."""
+    with _records_lock:
+        n = min(_records_total - mark, len(_RECORDS))
+        return list(_RECORDS)[len(_RECORDS) - n:] if n > 0 else []
 
 
 def frame_records() -> list[FrameRecord]:
@@ -159,6 +172,7 @@ def _is_namedtuple_new(code: Any, f_globals: dict) -> bool:
 
 _SKIP = _C.ACTION_SKIP
 _RUN_EAGER = _C.ACTION_RUN_EAGER
+_PASS = _C.ACTION_PASS
 
 
 def _where(code: Any) -> str:
@@ -199,8 +213,11 @@ class Context:
             return _C.CacheEntry(_SKIP)
 
     def _decide(self, code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
-        if is_runtime_code(code.co_filename) or _is_namedtuple_new(code, f_globals) \
-                or is_break_code(code):
+        if is_runtime_code(code.co_filename) and _roots.is_root(code) \
+                and not _roots.claim(code):
+            return _C.CacheEntry(_PASS)  # an optimized root's code, reached elsewhere
+        if (is_runtime_code(code.co_filename) and not _roots.is_root(code)) \
+                or _is_namedtuple_new(code, f_globals) or is_break_code(code):
             if log.enabled("frames"):
                 _frames_log.info("%s (%s:%s) -> skip (runtime code)", code.co_name,
                                  os.path.basename(code.co_filename), code.co_firstlineno)
@@ -384,8 +401,10 @@ def _record_frame(code: Any, f_locals: dict, decision: str) -> None:
         tuple((k, _describe(v)) for k, v in f_locals.items()),
         decision, weakref.ref(code),
     )
+    global _records_total
     with _records_lock:
         _RECORDS.append(record)
+        _records_total += 1
     if log.enabled("frames"):
         _frames_log.info("%s", record)
 

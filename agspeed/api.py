@@ -7,7 +7,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-from agspeed import _C, _runtime, config
+from agspeed import _C, _roots, _runtime, config
 from agspeed.backends import resolve
 from agspeed.errors import InvalidArgumentError, UnknownOptionError
 
@@ -81,11 +81,18 @@ def optimize(obj: Any = None, backend: Any = "auto", **options: Any) -> Any:
     if options.get("disable") or config.disable:
         return obj
     ctx = _runtime.context_for(name, backend_fn, options)
-    if _is_module(obj):
-        from agspeed._module import optimize_module
+    is_module = _is_module(obj)
+    if is_module:
+        from agspeed._module import _record, optimize_module
 
-        return optimize_module(obj, ctx, {"backend": backend, "options": options})
-    return functools.update_wrapper(_C.Region(obj, ctx), obj)
+        view = optimize_module(obj, ctx, {"backend": backend, "options": options})
+        _roots.watch_first_call(_record(view).region, _roots.describe(obj))
+        return view
+    root = _roots.take(obj, False)
+    call = obj if root is None else functools.partial(_roots.call_expecting, root, obj)
+    region = functools.update_wrapper(_C.Region(call, ctx), obj)
+    _roots.watch_first_call(region, _roots.describe(obj))
+    return region
 
 
 class _OpenScopes(threading.local):

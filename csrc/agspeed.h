@@ -46,6 +46,7 @@
     X(arg_check_hits, "of those, hits on the last signed entry found by its " \
                       "argument check, without computing a signature") \
     X(cache_misses, "frames that asked the capture context for a decision") \
+    X(graph_calls, "frames answered by running a compiled entry") \
     X(callback_errors, "decisions that raised: the error propagated out of " \
                        "the frame, which did not run") \
     X(hook_installs, "times the evaluation hook was installed") \

@@ -213,6 +213,9 @@ decide(PyObject *ctx, PyCodeObject *code, struct _PyInterpreterFrame *frame,
     if (entry->action == AGS_ACTION_SKIP) {
         state->flags |= AGS_CODE_SKIP;
     }
+    else if (entry->action == AGS_ACTION_PASS) {
+        ;   /* decided for this frame alone */
+    }
     else if ((entry->guard != Py_None && !entry->has_signature
               && !entry->unsigned_only && sign_entry(entry, code, frame) < 0)
              || ags_cache_insert(state, entry) < 0) {
@@ -250,6 +253,7 @@ call_compiled(ags_entry *entry, PyCodeObject *code,
         Py_XDECREF(inputs);
         return -1;
     }
+    ags_stats.graph_calls++;
     if (inputs != NULL) {
         result = PyObject_Vectorcall(entry->graph, &PyTuple_GET_ITEM(inputs, 0),
                                      (size_t)PyTuple_GET_SIZE(inputs), NULL);

@@ -230,6 +230,10 @@ ags_graph_arg(ags_interp *it, const ags_value *v)
     case AGS_VK_LIST:
     case AGS_VK_DICT:
         return frozen_copy(v->obj);
+    case AGS_VK_GENERATOR:
+        ags_stopf(it, AGS_REASON_GENERATOR, "a generator that leaves the "
+                  "captured code unconsumed (returned, stored or passed on)");
+        return NULL;
     default:
         ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
                   "a %s cannot be a graph argument",
@@ -349,6 +353,10 @@ ags_value_of(ags_interp *it, PyObject *obj, ags_value *out)
         *out = ags_value_make(AGS_VK_TUPLE, Py_NewRef(obj), NULL);
         return 0;
     }
+    owned = ags_shadowed(it, obj, out);
+    if (owned != 0) {
+        return owned < 0 ? -1 : 0;
+    }
     *out = ags_value_make(AGS_VK_CONST, Py_NewRef(obj), known_source(it, obj));
     return 0;
 }
@@ -403,6 +411,12 @@ ags_load_object(ags_interp *it, PyObject *source, PyObject *value,
         *out = ags_value_make(AGS_VK_TENSOR, node, Py_NewRef(source));
         return AGS_GO;
     }
+    switch (ags_shadowed(it, value, out)) {
+    case 1:
+        return AGS_GO;  /* changed during this capture: its shadow */
+    case -1:
+        return AGS_ERROR;
+    }
     if (ags_assume(it, source, value) < 0 || remember(it, value, source) < 0) {
         return AGS_ERROR;
     }
@@ -443,8 +457,8 @@ ags_call_builder(ags_interp *it, int op, const char *fmt, ...)
 /* ------------------------------------------------------------------ */
 /* Frames */
 
-static void
-frame_release(ags_frame *f)
+void
+ags_frame_release(ags_frame *f)
 {
     for (int i = 0; f->locals != NULL && i < f->nlocals; i++) {
         ags_value_clear(&f->locals[i]);
@@ -527,26 +541,21 @@ frame_init(ags_frame *f, ags_frame *parent, PyCodeObject *code,
     return 0;
 }
 
-/* Runs a frame until it returns (AGS_DONE, retval set), breaks or
- * fails. */
-static int
-frame_run(ags_interp *it, ags_frame *f)
+/* Runs a frame from instruction `pc` until it returns (AGS_DONE, retval
+ * set), yields (AGS_YIELD, retval set to the value; f->pc stays on the
+ * YIELD_VALUE), breaks or fails.  A generator's frame (interp_gen.c) is
+ * run again from past its YIELD_VALUE. */
+int
+ags_frame_run_from(ags_interp *it, ags_frame *f, Py_ssize_t pc)
 {
     int rc = AGS_GO;
 
-    if (f->code->co_flags & (CO_GENERATOR | CO_COROUTINE
-                             | CO_ASYNC_GENERATOR)) {
-        it->brk_code = f->code;
-        it->brk_offset = -1;    /* at its start: reported as its first line */
-        it->brk_opcode = -1;
-        return ags_stopf(it, AGS_REASON_GENERATOR,
-                         "generators and coroutines are not captured");
-    }
-    if (PyBytes_GET_SIZE(f->code->co_exceptiontable) > 0
+    if (f->handled == NULL
+        && PyBytes_GET_SIZE(f->code->co_exceptiontable) > 0
         && ags_bc_handled(f->code, &f->bc, &f->handled) < 0) {
         return AGS_ERROR;
     }
-    for (f->pc = 0; rc == AGS_GO && f->pc < f->bc.n;) {
+    for (f->pc = pc; rc == AGS_GO && f->pc < f->bc.n;) {
         const ags_instr *ins = &f->bc.instrs[f->pc];
         ags_handler h = handlers[ins->opcode];
 
@@ -595,6 +604,23 @@ frame_run(ags_interp *it, ags_frame *f)
     return rc;
 }
 
+/* Runs a frame from its start.  Generator code is run by a GENERATOR
+ * value (interp_gen.c), never here: only a root frame of generator or
+ * coroutine code reaches this check. */
+static int
+frame_run(ags_interp *it, ags_frame *f)
+{
+    if (f->code->co_flags & (CO_GENERATOR | CO_COROUTINE
+                             | CO_ASYNC_GENERATOR)) {
+        it->brk_code = f->code;
+        it->brk_offset = -1;    /* at its start: reported as its first line */
+        it->brk_opcode = -1;
+        return ags_stopf(it, AGS_REASON_GENERATOR,
+                         "generators and coroutines are not captured");
+    }
+    return ags_frame_run_from(it, f, 0);
+}
+
 /* Inlines `func(*args)` (args borrowed; the last len(kwnames) by
  * keyword): runs its bytecode in a new frame and sets *result. */
 int
@@ -627,7 +653,7 @@ ags_inline(ags_interp *it, ags_frame *caller, PyObject *func,
     if (frame_init(&f, caller, (PyCodeObject *)PyFunction_GetCode(func),
                    PyFunction_GetGlobals(func), builtins) < 0) {
         Py_DECREF(plan);
-        frame_release(&f);
+        ags_frame_release(&f);
         return AGS_ERROR;
     }
     f.func = func;
@@ -637,6 +663,11 @@ ags_inline(ags_interp *it, ags_frame *caller, PyObject *func,
     if (rc == AGS_GO) {
         rc = ags_bind_closure(it, &f, func, fsource);
     }
+    /* Calling generator code makes a GENERATOR value that owns the frame
+     * from now on (interp_gen.c); nothing runs yet. */
+    if (rc == AGS_GO && ags_gen_code(f.code)) {
+        return ags_gen_new(it, &f, func, fsource, result);
+    }
     if (rc == AGS_GO) {
         rc = frame_run(it, &f);
     }
@@ -645,7 +676,7 @@ ags_inline(ags_interp *it, ags_frame *caller, PyObject *func,
         f.retval = ags_value_make(AGS_VK_UNBOUND, NULL, NULL);
         rc = AGS_GO;
     }
-    frame_release(&f);
+    ags_frame_release(&f);
     return rc;
 }
 
@@ -721,8 +752,9 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
     it.assumptions = PyObject_GetAttrString(builder, "assumptions");
     it.known = PyObject_GetAttrString(builder, "known");
     it.owned = PySet_New(NULL);
+    it.shadows = PyDict_New();
     if (it.node_type == NULL || it.assumptions == NULL || it.known == NULL
-        || it.owned == NULL) {
+        || it.owned == NULL || it.shadows == NULL) {
         goto done;
     }
     if (!PyType_Check(it.node_type) || !PyList_Check(it.assumptions)
@@ -745,6 +777,9 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
         if (result == NULL) {
             rc = it.brk_reason >= 0 ? AGS_BREAK : AGS_ERROR;
             it.brk_code = code;
+            /* at the return: the loop stopped on it */
+            it.brk_offset = f.bc.instrs[f.pc].offset;
+            it.brk_opcode = f.bc.instrs[f.pc].opcode;
         }
         else {
             out = Py_BuildValue("{s:s,s:N,s:O}", "status", "graph", "result",
@@ -766,11 +801,12 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
                             it.assumptions);
     }
 done:
-    frame_release(&f);
+    ags_frame_release(&f);
     Py_XDECREF(it.node_type);
     Py_XDECREF(it.assumptions);
     Py_XDECREF(it.known);
     Py_XDECREF(it.owned);
+    Py_XDECREF(it.shadows);
     Py_XDECREF(it.brk_detail);
     return out;
 }

@@ -9,6 +9,8 @@
  *   interp_ops.c   operators and f-strings
  *   interp_flow.c  comparisons, truth, jumps, iteration, returns
  *   interp_resume.c  the root frame's state where capture stops (resume)
+ *   interp_effects.c  the program's lists and dicts changed in capture
+ *   interp_gen.c   generators: a suspended frame stepped to its next yield
  *
  * Abstract values.  A value is one of AGS_VALUE_KINDS.  It owns a
  * reference to `obj` and to `source` (how the value is reached from the
@@ -38,7 +40,9 @@
     X(LIST, "a list built during capture: obj holds graph arguments") \
     X(DICT, "a dict built during capture: obj holds graph arguments") \
     X(ITER, "an iterator over the tuple obj, at position pos") \
-    X(LAZY, "an argument not read yet: obj is its value, guarded once read")
+    X(LAZY, "an argument not read yet: obj is its value, guarded once read") \
+    X(GENERATOR, "a generator the capture made: obj owns its suspended " \
+      "frame (interp_gen.c)")
 
 typedef enum {
 #define AGS_X(name, doc) AGS_VK_##name,
@@ -66,6 +70,7 @@ typedef struct {
 #define AGS_ERROR (-1)  /* a Python exception is set: a bug or MemoryError */
 #define AGS_BREAK (-2)  /* capture stops here; the capture's brk_* say why */
 #define AGS_STOPPED (-3) /* the root frame reached it->stop_at, not run */
+#define AGS_YIELD 2     /* a generator's frame yielded: its retval is set */
 
 /* Inlining deeper than this ends the capture (recursion). */
 #define AGS_MAX_DEPTH 32
@@ -102,6 +107,8 @@ typedef struct {
     PyObject *assumptions;      /* list of (source, value) */
     PyObject *known;            /* dict: id -> (object, source) */
     PyObject *owned;            /* set of ids of containers built here */
+    PyObject *shadows;          /* dict: id of a list or dict of the program
+                                   -> its shadow (interp_effects.c) */
     long steps;
     /* Where capture stopped: the innermost frame's code and instruction. */
     int brk_reason;             /* an AGS_REASON_*, or -1 before a break */
@@ -148,6 +155,8 @@ int ags_inline(ags_interp *it, ags_frame *caller, PyObject *func,
                PyObject *fsource, ags_value *args, int nargs,
                PyObject *kwnames, ags_value *result);
 int ags_push_callable(ags_frame *f, ags_value callable, ags_value *self);
+void ags_frame_release(ags_frame *f);
+int ags_frame_run_from(ags_interp *it, ags_frame *f, Py_ssize_t pc);
 
 /* interp_data.c */
 int ags_materialize(ags_interp *it, ags_value *v);
@@ -182,6 +191,11 @@ int ags_bind_closure(ags_interp *it, ags_frame *f, PyObject *func,
 int ags_ops_init(void);
 PyObject *ags_binary_fn(uint32_t op);
 
+/* interp_effects.c */
+int ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out);
+int ags_can_shadow(const ags_value *v);
+int ags_shadow(ags_interp *it, ags_value *v);
+
 /* interp_flow.c */
 int ags_truth(ags_interp *it, const ags_value *v, int *truth);
 int ags_elements(ags_interp *it, const ags_value *v, PyObject **elems);
@@ -193,6 +207,34 @@ PyObject *ags_frame_state(const ags_frame *f);
 /* builder.stop_at into *out when the builder has one (else *out is left
  * alone).  0, or -1 with an exception set. */
 int ags_stop_at(PyObject *builder, int *out);
+/* interp_gen.c */
+int ags_gen_code(PyCodeObject *code);
+/* Takes the frame *f (bound, not started) into a new GENERATOR value. */
+int ags_gen_new(ags_interp *it, ags_frame *f, PyObject *func,
+                PyObject *fsource, ags_value *result);
+/* Runs a GENERATOR's frame to its next yield: AGS_GO with *out the value
+ * yielded, AGS_DONE with *out the value returned, or a break / error.
+ * caller: the frame asking, or NULL. */
+int ags_gen_next(ags_interp *it, ags_frame *caller, const ags_value *gen,
+                 ags_value *out);
+/* Runs a GENERATOR to its end: a new tuple of the graph arguments it
+ * yielded. */
+int ags_gen_drain(ags_interp *it, const ags_value *gen, PyObject **elems);
+/* any()/all() of a GENERATOR, stepped only to the first decisive value:
+ * *result is the known bool. */
+int ags_gen_any_all(ags_interp *it, ags_frame *f, int want,
+                    const ags_value *gen, ags_value *result);
+/* Before a builtin fn folds args (borrowed stack slots): any()/all() of a
+ * GENERATOR are answered (AGS_DONE, *result set); every other GENERATOR
+ * argument is run to its end and replaced by the tuple of its values
+ * (AGS_GO).  Or a break / error. */
+int ags_gen_fold(ags_interp *it, ags_frame *f, PyObject *fn, ags_value *args,
+                 int nargs, ags_value *result);
+/* A call the builder cannot plan: next(gen) and next(gen, default) step
+ * the GENERATOR (AGS_GO, *result set); other calls are AGS_GEN_NOT_MINE. */
+#define AGS_GEN_NOT_MINE 3
+int ags_gen_call(ags_interp *it, ags_frame *f, PyObject *fn, ags_value *args,
+                 int nargs, PyObject *kwnames, ags_value *result);
 
 /* The handlers of every file, by name, for the version tables. */
 #define AGS_DECLARE_HANDLER(op, handler, doc) \

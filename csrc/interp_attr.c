@@ -132,6 +132,16 @@ known_attr(ags_interp *it, ags_frame *f, ags_value *owner, PyObject *name,
             rc = method ? ags_push_callable(f, v, NULL) : ags_push(f, v);
         }
     }
+    else if (how == AGS_ATTR_WRITTEN) {
+        /* this capture stored it (a side effect replayed after the graph):
+         * what it stored, not what the object holds now */
+        if (ags_value_of(it, value, &v) < 0) {
+            rc = AGS_ERROR;
+        }
+        else {
+            rc = method ? ags_push_callable(f, v, NULL) : ags_push(f, v);
+        }
+    }
     else if (how == AGS_ATTR_PROPERTY) {
         /* value is the property object; its getter runs inlined. */
         PyObject *fget = PyObject_GetAttrString(value, "fget");
@@ -173,6 +183,14 @@ ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method)
     ags_value owner = ags_pop(f);
     int rc;
 
+    if (method && ags_can_shadow(&owner)) {
+        /* a method of a list or dict of the program: called on its shadow */
+        rc = ags_shadow(it, &owner);
+        if (rc != AGS_GO) {
+            ags_value_clear(&owner);
+            return rc;
+        }
+    }
     if (owner.kind == AGS_VK_TENSOR && !method) {
         rc = push_result(it, f, ags_call_builder(it, AGS_BOP_TENSOR_ATTR,
                                                  "(OO)",

@@ -179,6 +179,11 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
         }
         return rc;
     }
+    if (self == NULL && nargs > 0 && args[0].kind == AGS_VK_GENERATOR
+        && (rc = ags_gen_call(it, f, callable->obj, args, nargs, kwnames,
+                              result)) != AGS_GEN_NOT_MINE) {
+        return rc;  /* next() of a generator (interp_gen.c) */
+    }
     source = ags_source_of(it, callable);
     plan = ags_call_builder(it, AGS_BOP_PLAN_CALL, "(OO)", callable->obj,
                             source ? source : Py_None);
@@ -201,6 +206,15 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
     switch (kind) {
     case AGS_PLAN_GRAPH:
     case AGS_PLAN_FOLD:
+        /* builtins consume generators (interp_gen.c) */
+        rc = kind == AGS_PLAN_FOLD
+                 ? ags_gen_fold(it, f, PyTuple_GET_ITEM(plan, 1), args, nargs,
+                                result)
+                 : AGS_GO;
+        if (rc != AGS_GO) {
+            rc = rc == AGS_DONE ? AGS_GO : rc;
+            break;
+        }
         rc = ags_builder_call(it,
                               kind == AGS_PLAN_GRAPH ? AGS_BOP_CALL_FUNCTION
                                                      : AGS_BOP_FOLD,

@@ -59,6 +59,19 @@ load_local(ags_interp *it, ags_frame *f, uint32_t i)
     if (ags_materialize(it, &f->locals[i]) < 0) {
         return AGS_ERROR;
     }
+    if (f->locals[i].kind == AGS_VK_CONST) {
+        /* a list or dict of the program changed since: its shadow */
+        ags_value shadow;
+        int rc = ags_shadowed(it, f->locals[i].obj, &shadow);
+
+        if (rc < 0) {
+            return AGS_ERROR;
+        }
+        if (rc == 1) {
+            ags_value_clear(&f->locals[i]);
+            f->locals[i] = shadow;
+        }
+    }
     if (f->locals[i].kind == AGS_VK_UNBOUND) {
         return ags_stopf(it, AGS_REASON_UNBOUND_LOCAL, "local %R is not bound",
                          PyTuple_GET_ITEM(f->code->co_localsplusnames, i));
@@ -670,6 +683,12 @@ store_subscript(ags_interp *it, ags_value *container, ags_value *index,
     PyObject *i, *v;
     int rc;
 
+    if (ags_can_shadow(container)) {
+        rc = ags_shadow(it, container);  /* a list or dict of the program */
+        if (rc != AGS_GO) {
+            return rc;
+        }
+    }
     if (container->kind != AGS_VK_TENSOR && container->kind != AGS_VK_LIST
         && container->kind != AGS_VK_DICT) {
         return ags_stopf(it, AGS_REASON_SIDE_EFFECT, "item assignment on a %s",
@@ -715,18 +734,38 @@ op_store_subscr(ags_interp *it, ags_frame *f, const ags_instr *ins)
     return rc;
 }
 
-/* obj.name = value: a write to the program's objects, which the graph
- * cannot replay; the frame runs eager. */
+/* obj.name = value on an object of the program reached by a source: the
+ * builder records the write, and the entry replays it after the graph
+ * (agspeed/_effects.py).  Anything else stops the capture. */
 AGS_HANDLER
 op_store_attr(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     ags_value owner = ags_pop(f), value = ags_pop(f);
     PyObject *name = PyTuple_GET_ITEM(f->code->co_names, ins->arg);
-    int rc = ags_stopf(it, AGS_REASON_SIDE_EFFECT,
+    PyObject *arg = NULL, *out = NULL;
+    int rc;
+
+    if (owner.kind != AGS_VK_CONST || owner.source == NULL) {
+        rc = ags_stopf(it, AGS_REASON_SIDE_EFFECT,
                        "setting attribute %R of a %s", name,
                        owner.kind == AGS_VK_CONST ? Py_TYPE(owner.obj)->tp_name
                                                   : AGS_DESCRIBE(&owner));
-
+        goto done;
+    }
+    /* an owned list or dict is stored itself, not a copy: later writes to
+     * it are part of what the attribute holds */
+    arg = value.kind == AGS_VK_LIST || value.kind == AGS_VK_DICT
+              ? Py_NewRef(value.obj) : ags_graph_arg(it, &value);
+    if (arg == NULL) {
+        rc = PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
+        goto done;
+    }
+    out = ags_call_builder(it, AGS_BOP_EFFECT_SETATTR, "(OOOO)", owner.obj,
+                           owner.source, name, arg);
+    rc = out == NULL ? ags_take_break(it) : AGS_GO;
+done:
+    Py_XDECREF(arg);
+    Py_XDECREF(out);
     ags_value_clear(&owner);
     ags_value_clear(&value);
     return rc;

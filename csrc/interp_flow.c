@@ -33,6 +33,7 @@ ags_truth(ags_interp *it, const ags_value *v, int *truth)
         *truth = PyObject_Length(v->obj) > 0;
         return AGS_GO;
     case AGS_VK_ITER:
+    case AGS_VK_GENERATOR:
         *truth = 1;
         return AGS_GO;
     case AGS_VK_TENSOR:
@@ -70,6 +71,8 @@ ags_elements(ags_interp *it, const ags_value *v, PyObject **elems)
     case AGS_VK_ITER:
         *elems = PyTuple_GetSlice(v->obj, v->pos, PyTuple_GET_SIZE(v->obj));
         return *elems ? AGS_GO : AGS_ERROR;
+    case AGS_VK_GENERATOR:
+        return ags_gen_drain(it, v, elems);  /* runs it to its end */
     case AGS_VK_CONST:
         break;
     default:
@@ -341,9 +344,15 @@ op_jump_if_false_or_pop(ags_interp *it, ags_frame *f, const ags_instr *ins)
 AGS_HANDLER
 op_get_iter(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
-    ags_value v = ags_pop(f);
+    ags_value v;
     PyObject *elems = NULL;
-    int rc = ags_elements(it, &v, &elems);
+    int rc;
+
+    if (ags_peek(f, 1)->kind == AGS_VK_GENERATOR) {
+        return AGS_GO;  /* its own iterator, stepped by FOR_ITER */
+    }
+    v = ags_pop(f);
+    rc = ags_elements(it, &v, &elems);
 
     (void)ins;
     ags_value_clear(&v);
@@ -351,6 +360,25 @@ op_get_iter(ags_interp *it, ags_frame *f, const ags_instr *ins)
         return rc;
     }
     return ags_push(f, ags_value_make(AGS_VK_ITER, elems, NULL));
+}
+
+/* FOR_ITER over a generator: one step of its frame (interp_gen.c). */
+static int
+for_iter_generator(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    ags_value v;
+    int rc = ags_gen_next(it, f, ags_peek(f, 1), &v);
+
+    if (rc == AGS_GO) {
+        return ags_push(f, v);
+    }
+    if (rc == AGS_DONE) {
+        ags_value_clear(&v);
+        ags_drop(f, 1);
+        jump_to(f, ins, AGS_FOR_ITER_SKIP);
+        return AGS_GO;
+    }
+    return rc;
 }
 
 /* Exhausted: the iterator is popped and the jump lands past the loop's
@@ -362,6 +390,9 @@ op_for_iter(ags_interp *it, ags_frame *f, const ags_instr *ins)
     ags_value *iter = ags_peek(f, 1);
     ags_value v;
 
+    if (iter->kind == AGS_VK_GENERATOR) {
+        return for_iter_generator(it, f, ins);
+    }
     if (iter->kind != AGS_VK_ITER) {
         return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
                          "FOR_ITER over a %s",

@@ -195,6 +195,25 @@ mark_skip(PyObject *module, PyObject *code)
     Py_RETURN_NONE;
 }
 
+/* Undoes mark_skip and a SKIP decision: for code that agspeed.optimize()
+ * was handed, which is captured even where it lives among skipped files. */
+static PyObject *
+unmark_skip(PyObject *module, PyObject *code)
+{
+    ags_code_state *state;
+
+    (void)module;
+    if (!is_code(code)) {
+        return NULL;
+    }
+    state = ags_cache_ensure((PyCodeObject *)code);
+    if (state == NULL) {
+        return NULL;
+    }
+    state->flags &= ~AGS_CODE_SKIP;
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 decode(PyObject *module, PyObject *code)
 {
@@ -314,6 +333,8 @@ static PyMethodDef module_methods[] = {
      "code_cache(code) -> dict: what the runtime has cached for code."},
     {"mark_skip", mark_skip, METH_O,
      "mark_skip(code): never hook frames of code again (until reset)."},
+    {"unmark_skip", unmark_skip, METH_O,
+     "unmark_skip(code): the hook looks at code again (undoes a skip)"},
     {"decode", decode, METH_O,
      "decode(code) -> list of (start, offset, opcode, arg, target, next): "
      "the code's instructions, EXTENDED_ARG folded in, caches skipped, "

@@ -28,6 +28,9 @@
  * after its target; 3.11 has no END_FOR. */
 #define AGS_FOR_ITER_SKIP 0
 #define AGS_END_FOR_POPS 0
+/* 3.11's SEND, when the iterator is done, replaces it and the sent value
+ * with the return value. */
+#define AGS_SEND_DONE_POPS 2
 
 /* The opcodes the symbolic interpreter handles (interp*.c): the shared
  * lists of opcodes_common.h and this version's own rows. */

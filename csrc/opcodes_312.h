@@ -22,6 +22,9 @@
  * after its target; END_FOR pops the iterator and the last value. */
 #define AGS_FOR_ITER_SKIP 1
 #define AGS_END_FOR_POPS 2
+/* SEND, when the iterator is done, replaces the sent value with the
+ * return value (END_SEND drops the iterator). */
+#define AGS_SEND_DONE_POPS 1
 
 /* The opcodes the symbolic interpreter handles (interp*.c): the shared
  * lists of opcodes_common.h and this version's own rows. */

@@ -23,6 +23,9 @@
  * after its target; END_FOR pops one; a POP_TOP follows it. */
 #define AGS_FOR_ITER_SKIP 2
 #define AGS_END_FOR_POPS 1
+/* SEND, when the iterator is done, replaces the sent value with the
+ * return value (END_SEND drops the iterator). */
+#define AGS_SEND_DONE_POPS 1
 
 /* The opcodes the symbolic interpreter handles (interp*.c): the shared
  * lists of opcodes_common.h and this version's own rows. */

@@ -56,7 +56,13 @@
     X(RETURN_VALUE, op_return_value, "return the top of the stack") \
     X(RAISE_VARARGS, op_raise, "the code raises: eager raises it") \
     X(LOAD_ASSERTION_ERROR, op_raise, "a failed assert: eager raises it") \
-    X(MAKE_FUNCTION, op_make_function, "a function from a code constant")
+    X(MAKE_FUNCTION, op_make_function, "a function from a code constant") \
+    X(RETURN_GENERATOR, op_return_generator, \
+      "a generator's start: push the None its first step sends") \
+    X(YIELD_VALUE, op_yield_value, "suspend the generator (AGS_YIELD)") \
+    X(GET_YIELD_FROM_ITER, op_get_yield_from_iter, \
+      "yield from: a generator stays, anything else as GET_ITER") \
+    X(SEND, op_send, "step the yield-from iterator, or jump when done")
 
 /* 3.12 and later. */
 #define AGS_INTERP_OPS_SINCE_312(X) \
@@ -71,6 +77,7 @@
     X(POP_JUMP_IF_FALSE, op_pop_jump_if_false, "branch") \
     X(POP_JUMP_IF_TRUE, op_pop_jump_if_true, "branch") \
     X(POP_JUMP_IF_NONE, op_pop_jump_if_none, "branch") \
-    X(POP_JUMP_IF_NOT_NONE, op_pop_jump_if_not_none, "branch")
+    X(POP_JUMP_IF_NOT_NONE, op_pop_jump_if_not_none, "branch") \
+    X(END_SEND, op_end_send, "drop the finished yield-from iterator")
 
 #endif

@@ -30,7 +30,10 @@
                  "through the hook") \
     X(CALL, "call compiled(f_locals, f_globals, f_builtins) and return its " \
             "result from the frame without running the frame's bytecode; an " \
-            "exception it raises propagates from the frame")
+            "exception it raises propagates from the frame") \
+    X(PASS, "run this frame untouched and remember nothing: the answer " \
+            "depends on where the frame is reached (the torch code of an " \
+            "optimized root, reached outside that root's call)")
 
 /* Why capture stopped: a stable id, X(NAME, "what happened", "hint").  The
  * interpreter stops with one (ags_stop), the builder raises GraphBreak
@@ -71,8 +74,10 @@
                          "graph could not run", \
       "move the try block out of the optimized code, or the tensor work " \
       "out of it") \
-    X(GENERATOR, "generators and coroutines run eager", \
-      "return a tensor or a tuple instead") \
+    X(GENERATOR, "a generator that leaves the optimized code, or a " \
+                 "coroutine, runs eager", \
+      "consume the generator where it is made (tuple(gen), a for loop) and " \
+      "return a tensor or a tuple") \
     X(RAISE, "the code raises an exception", \
       "the frame runs eager and raises it") \
     X(TOO_LONG, "too many instructions (a long or endless loop)", \
@@ -116,7 +121,13 @@
     X(COMPARE, "compare(Compare, a, b) -> node or bool") \
     X(TRUTH, "truth(obj) -> bool, decided without running user code") \
     X(ITERATE, "iterate(obj, source) -> ((element, source or None), ...)") \
-    X(FORMAT, "format(value, conversion, spec) -> str: an f-string part")
+    X(FORMAT, "format(value, conversion, spec) -> str: an f-string part") \
+    X(EFFECT_SETATTR, "effect_setattr(obj, source, name, value): " \
+                      "obj.name = value on an object of the program, " \
+                      "replayed after the graph") \
+    X(SHADOW, "shadow(obj, source) -> container: an owned copy of a list " \
+              "or dict of the program, changed in its place; its final " \
+              "contents are written back after the graph")
 
 /* How a call is captured: the first item of plan_call's answer. */
 #define AGS_PLAN_LIST(X) \
@@ -138,7 +149,9 @@
     X(PROPERTY, "a property whose getter is inlined") \
     X(MISSING, "no such attribute") \
     X(UNSUPPORTED, "a descriptor or __getattr__ only running code could " \
-                   "answer (the builder breaks; C never receives it)")
+                   "answer (the builder breaks; C never receives it)") \
+    X(WRITTEN, "a value this capture wrote there (a graph argument, not " \
+               "guarded: the entry stores it after the graph)")
 
 /* A parameter slot of bind's answer that is not an argument index. */
 #define AGS_BIND_LIST(X) \

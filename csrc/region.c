@@ -164,8 +164,6 @@ static PyMethodDef region_methods[] = {
 };
 
 static PyMemberDef region_members[] = {
-    {"__agspeed_fn__", T_OBJECT, offsetof(ags_region, fn), READONLY,
-     "the callable run inside the context"},
     {"__agspeed_ctx__", T_OBJECT, offsetof(ags_region, ctx), READONLY,
      "the capture context (None: runtime disabled inside)"},
     {"__dictoffset__", T_PYSSIZET, offsetof(ags_region, dict), READONLY,
@@ -177,7 +175,31 @@ static PyMemberDef region_members[] = {
     {NULL}
 };
 
+static PyObject *
+region_get_fn(PyObject *op, void *closure)
+{
+    (void)closure;
+    return Py_NewRef(((ags_region *)op)->fn);
+}
+
+/* agspeed.optimize() runs a function's first call through a watcher that
+ * then puts the function itself in its place. */
+static int
+region_set_fn(PyObject *op, PyObject *value, void *closure)
+{
+    (void)closure;
+    if (value == NULL || !PyCallable_Check(value)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "a Region's __agspeed_fn__ must be a callable");
+        return -1;
+    }
+    Py_SETREF(((ags_region *)op)->fn, Py_NewRef(value));
+    return 0;
+}
+
 static PyGetSetDef region_getset[] = {
+    {"__agspeed_fn__", region_get_fn, region_set_fn,
+     "the callable run inside the context", NULL},
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL,
      NULL},
     {NULL}

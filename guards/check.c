@@ -173,12 +173,30 @@ check_EQ_fast(G_FAST_ARGS)
            && PyObject_RichCompareBool(v, c->b, Py_EQ);
 }
 
+/* 1 if v is or holds a list: a value that changes in place, without any
+ * dict the memo watches changing. */
+static int
+holds_list(PyObject *v)
+{
+    if (PyList_Check(v)) {
+        return 1;
+    }
+    if (PyTuple_Check(v)) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); i++) {
+            if (holds_list(PyTuple_GET_ITEM(v, i))) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 static g_memo_rule
 check_EQ_memo(const g_program *p, PyObject *v)
 {
     (void)p;
-    (void)v;
-    return G_MEMO_SKIP;   /* an immutable value found in the same place */
+    /* an immutable value found in the same place is the same value */
+    return holds_list(v) ? G_MEMO_RUN : G_MEMO_SKIP;
 }
 
 static const char *

@@ -134,6 +134,15 @@ class TensorCheck(CheckKind):
         return super().got(value)
 
 
+def _snapshot(value: Any) -> Any:
+    """``value`` with every list in it copied (tuples of plain values stay as they are)."""
+    if type(value) is list:
+        return [_snapshot(v) for v in value]
+    if type(value) is tuple and any(type(v) in (list, tuple) for v in value):
+        return tuple(_snapshot(v) for v in value)
+    return value
+
+
 class EqCheck(CheckKind):
     """A plain value's exact type and equality."""
 
@@ -143,7 +152,9 @@ class EqCheck(CheckKind):
         return builder._is_static(value)
 
     def expect(self, value: Any) -> tuple:
-        return (type(value), value)
+        # a list is compared with what it held then, not with itself: the program may
+        # change it in place between calls
+        return (type(value), _snapshot(value))
 
     def compile(self, expected: tuple, symbols: Symbols) -> tuple:
         return expected

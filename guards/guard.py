@@ -85,7 +85,8 @@ class Guard(_C.GuardProgram):
         self.torch = torch
         self.state = global_state(torch)
         self.break_at: tuple | None = None  # (file, line, instruction, reason) of a break
-        self.inputs = tuple(builder.sources)  # what read() returns: the graph's inputs
+        # what read() returns: the graph's inputs, then the objects the frame writes to
+        self.inputs = tuple(getattr(builder, "read_sources", builder.sources))
         # the argument names in slot order: the hook reads those locals by index
         self.args = arg_names(code) if code is not None else ()
         self._compile()

@@ -50,6 +50,7 @@ class Recorder:
         self.ops, self.inputs = [], []
         self.allowed, self.non_tensor, self.fail_on = allowed, non_tensor, fail_on
         self.assumptions, self.known = [], {}
+        self.writes, self.shadows = [], []
 
     def input(self, source, value):
         self.inputs.append(source[1] if source[0] == "local" else source)
@@ -138,6 +139,14 @@ class Recorder:
     def container_method(self, spec, args, kwargs):
         name, container = spec
         return getattr(container, name)(*args, **kwargs)
+
+    def effect_setattr(self, obj, source, name, value):
+        self.writes.append((source, name, value))
+
+    def shadow(self, obj, source):
+        made = list(obj) if type(obj) is list else dict(obj)
+        self.shadows.append((source, made))
+        return made
 
 
 tlib = types.ModuleType("tlib")
@@ -417,12 +426,36 @@ def stores_attribute(x, h):
     return x * 2
 
 
-def test_attribute_writes_stop_the_capture_as_side_effects():
+def test_attribute_writes_are_handed_to_the_builder_not_done():
     h = Configured()
     out, b = capture(stores_attribute, x=T(), h=h)
-    assert out["reason"] == Reason.SIDE_EFFECT and "'seen'" in out["detail"]
-    assert dis.opname[out["opcode"]] == "STORE_ATTR"
-    assert not hasattr(h, "seen") and b.ops == []
+    assert out["status"] == "graph", out
+    assert b.writes == [(("local", "h"), "seen", 1)]
+    assert not hasattr(h, "seen")  # the capture never writes; the entry replays it
+
+
+REGISTRY = [1]
+
+
+def changes_the_programs_containers(x, table):
+    REGISTRY.append(x)
+    table["seen"] = len(REGISTRY)
+    alias = REGISTRY  # another load of the same list: its shadow
+    alias.append(2)
+    return x * table["seen"], len(REGISTRY)
+
+
+def test_lists_and_dicts_of_the_program_are_changed_in_shadows_only():
+    table = {"old": 0}
+    out, b = capture(changes_the_programs_containers, x=T(), table=table)
+    assert out["status"] == "graph", out
+    assert REGISTRY == [1] and table == {"old": 0}  # the capture changes nothing
+    (src_list, shadow_list), (src_dict, shadow_dict) = b.shadows
+    assert src_list == ("global", "REGISTRY") and src_dict == ("local", "table")
+    assert shadow_list[0] == 1 and shadow_list[2] == 2 and len(shadow_list) == 3
+    assert shadow_dict == {"old": 0, "seen": 2}
+    assert out["result"][1] == 3
+    assert b.ops[-1][0] == "mul" and b.ops[-1][1][1] == 2
 
 
 def nested_functions(x, k):
@@ -503,3 +536,169 @@ def test_code_under_an_exception_handler_stops_the_capture():
     # cleanup-only handlers (3.12+ inlined comprehensions) do not stop it
     out, b = capture(comprehension_only, x=T(), n=3)
     assert out["status"] == "graph", out
+
+
+# Generators: a generator value holds a suspended frame, stepped by its consumers.
+
+class FoldingRecorder(Recorder):
+    FOLDS = Recorder.FOLDS + (any, all, sum, sorted, dict, iter)
+
+
+def two_values(x):
+    yield x * 2
+    yield x + 1
+
+
+def returns_after_a_yield(x):
+    yield x
+    return 5
+
+
+def delegates(x):
+    yield from two_values(x)
+    yield from (7, 8)
+    r = yield from returns_after_a_yield(x)
+    yield r
+
+
+def genexpr_to_tuple(x, ks):
+    return tuple(x * k for k in ks)
+
+
+def loop_over_generator(x):
+    out = x
+    for v in two_values(x):
+        out = out - v
+    return out
+
+
+def comprehension_over_a_generator(x):
+    return [v * 3 for v in two_values(x)]
+
+
+def list_of_delegates(x):
+    return list(delegates(x))
+
+
+def next_with_default(x):
+    g = two_values(x)
+    a = next(g)
+    b = next(g)
+    return a, b, next(g, None)
+
+
+def next_past_the_end(x):
+    g = returns_after_a_yield(x)
+    next(g)
+    return next(g)
+
+
+def any_of_known_then_tensor(x):
+    return any(v for v in (True, x)), all(v for v in (0, x))
+
+
+def any_reaching_a_tensor(x):
+    return any(v for v in (False, x))
+
+
+def genexpr_in_a_genexpr(x, ks):
+    return tuple(a + 1 for a in (x * k for k in ks))
+
+
+def returns_a_generator(x):
+    return two_values(x)
+
+
+def stores_a_generator(x):
+    return [two_values(x)]
+
+
+def measures_a_generator(x):
+    return len(two_values(x))
+
+
+def iter_of_a_generator_is_itself(x):
+    return tuple(iter(two_values(x)))
+
+
+def breaks_with_a_generator_suspended(x):
+    g = two_values(x)
+    v = next(g)
+    print(v)
+    return v
+
+
+def test_generator_expressions_run_one_value_at_a_time():
+    out, b = capture(genexpr_to_tuple, FoldingRecorder(), x=T(), ks=(1, 2, 3))
+    assert out["status"] == "graph", out
+    assert type(out["result"]) is tuple
+    assert [n.label for n in out["result"]] == ["mul#1", "mul#2", "mul#3"]
+    assert [op[1][1] for op in b.ops] == [1, 2, 3]
+    out, b = capture(genexpr_in_a_genexpr, FoldingRecorder(), x=T(), ks=(1, 2))
+    assert out["status"] == "graph", out
+    # the inner generator is stepped by the outer one's FOR_ITER: values interleave
+    assert [op[0] for op in b.ops] == ["mul", "add", "mul", "add"]
+
+
+def test_generator_functions_are_resumed_after_each_yield():
+    out, b = capture(loop_over_generator, x=T())
+    assert out["status"] == "graph", out
+    # FOR_ITER resumes the frame once per iteration: its work interleaves with the body
+    assert [op[0] for op in b.ops] == ["mul", "sub", "add", "sub"]
+    out, b = capture(comprehension_over_a_generator, x=T())
+    assert out["status"] == "graph", out
+    assert [op[0] for op in b.ops] == ["mul", "mul", "add", "mul"]
+    assert [n.label for n in out["result"]] == ["mul#2", "mul#4"]
+    out, b = capture(next_with_default, x=T())
+    assert out["status"] == "graph", out
+    a, c, end = out["result"]
+    assert (a.label, c.label, end) == ("mul#1", "add#2", None)
+    out, b = capture(next_past_the_end, x=T())
+    assert out["reason"] == Reason.RAISE and "StopIteration" in out["detail"]
+
+
+def test_yield_from_passes_values_and_returns_the_inner_result():
+    out, b = capture(list_of_delegates, FoldingRecorder(), x=T())
+    assert out["status"] == "graph", out
+    result = out["result"]
+    assert [getattr(v, "label", v) for v in result] == ["mul#1", "add#2", 7, 8, "x", 5]
+
+
+def test_any_and_all_stop_at_the_first_decisive_value():
+    out, b = capture(any_of_known_then_tensor, FoldingRecorder(), x=T())
+    assert out["status"] == "graph", out
+    assert out["result"] == (True, False)  # the tensor's truth was never asked
+    out, b = capture(any_reaching_a_tensor, FoldingRecorder(), x=T())
+    assert out["reason"] == Reason.DATA_DEPENDENT
+
+
+def test_generators_leaving_the_code_stop_the_capture():
+    for fn in (returns_a_generator, stores_a_generator, measures_a_generator):
+        out, b = capture(fn, x=T())
+        assert out["reason"] == Reason.GENERATOR, out
+        assert "generator" in out["detail"]
+    # builtins that consume an iterable see its values; len() above sees the generator
+    out, b = capture(iter_of_a_generator_is_itself, FoldingRecorder(), x=T())
+    assert out["status"] == "graph" and len(out["result"]) == 2, out
+    out, b = capture(breaks_with_a_generator_suspended, x=T())
+    assert out["reason"] == Reason.UNSUPPORTED_CALL and "print" in out["detail"]
+
+
+def test_generator_frames_are_released():
+    x = T()
+    fns = (genexpr_to_tuple, loop_over_generator, list_of_delegates, next_with_default,
+           any_of_known_then_tensor, returns_a_generator, breaks_with_a_generator_suspended,
+           next_past_the_end)
+
+    def run_all():
+        for fn in fns:
+            b = FoldingRecorder()
+            kw = {"ks": (1, 2, 3)} if fn is genexpr_to_tuple else {}
+            capture(fn, b, x=x, **kw)
+
+    run_all()
+    watched = (x, two_values, delegates, two_values.__code__, returns_after_a_yield)
+    before = [sys.getrefcount(o) for o in watched]
+    for _ in range(30):
+        run_all()
+    assert [sys.getrefcount(o) for o in watched] == before

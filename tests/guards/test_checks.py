@@ -266,9 +266,20 @@ def b_generator(x):
 
 
 class Stateful(nn.Module):
+    """A counter written through a property setter: a write the capture does not replay
+    (agspeed/_effects.py), so the frame breaks and runs eager."""
+
     def __init__(self):
         super().__init__()
-        self.count = 0
+        self._count = 0
+
+    @property
+    def count(self):
+        return self._count
+
+    @count.setter
+    def count(self, value):
+        self._count = value
 
     def forward(self, x):
         self.count += 1
@@ -319,20 +330,30 @@ def uses_generator(x):
     return sum(b_generator(x))
 
 
-def test_generators_run_eager_and_their_callees_capture():
+def boxes_generator(x):
+    (gen,) = [b_generator(x)]   # a generator in a container cannot be a graph argument
+    return sum(gen)
+
+
+def test_generators_capture_where_consumed_and_run_eager_when_they_escape():
     backend = Counting()
     fast = agspeed.optimize(uses_generator, backend=backend)
     x = torch.randn(3)
-    explained = agspeed.explain(uses_generator, x)
-    # the generator's break, then (the frame resumed after the call that made it) the
-    # call of sum() on the generator, which the resume function cannot see into
-    assert [b.reason for b in explained.break_reasons] == ["generator", "unsupported_call"]
-    brk = explained.break_reasons[0]  # reported at the generator's start, its def line
-    assert brk.instruction == "(start)" and brk.line == b_generator.__code__.co_firstlineno
+    assert agspeed.explain(uses_generator, x).break_reasons == []
+    for _ in range(2):
+        torch.testing.assert_close(fast(x), callee(x))
+    assert backend.graphs == 1  # the generator's work, in uses_generator's graph
+    assert len(_C.code_cache(uses_generator.__code__)["entries"]) == 1
+    assert _C.code_cache(b_generator.__code__)["entries"] == []  # generators: never decided
+    backend = Counting()
+    fast = agspeed.optimize(boxes_generator, backend=backend)
+    explained = agspeed.explain(boxes_generator, x)
+    (brk,) = explained.break_reasons
+    assert brk.reason == "generator" and brk.function == "boxes_generator"
     for _ in range(2):
         torch.testing.assert_close(fast(x), callee(x))
     assert backend.graphs == 1  # callee, run from the eager generator's frame
-    assert _C.code_cache(b_generator.__code__)["entries"] == []  # generators: never decided
+    assert _C.code_cache(b_generator.__code__)["entries"] == []
 
 
 # -- dispatch by signature -----------------------------------------------------------------
@@ -393,3 +414,26 @@ def test_recompiles_summary_counts_per_function():
     assert len(row.reasons) == 2 and all("shape=" in r for r in row.reasons)
     agspeed.reset()
     assert agspeed.recompiles() == []
+
+
+class ScaledBySum(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scales = [2.0]
+
+    def forward(self, x):
+        return x * sum(self.scales)
+
+
+def test_a_list_changed_in_place_between_calls_fails_its_guard():
+    # the expectation is a copy (not the list itself), and the structure memo does not
+    # vouch for a list, whose contents change without any watched dict changing
+    model = ScaledBySum()
+    fast = agspeed.optimize(model, backend="eager")
+    x = torch.ones(2)
+    torch.testing.assert_close(fast(x), x * 2)
+    torch.testing.assert_close(fast(x), x * 2)
+    model.scales.append(3.0)
+    torch.testing.assert_close(fast(x), x * 5)
+    model.scales[0] = 1.0
+    torch.testing.assert_close(fast(x), x * 4)

@@ -1,0 +1,280 @@
+"""Side effects: writes to the program's objects and calls made for their effect, recorded
+during capture and replayed after the graph.
+
+A frame may change objects that existed before the call: ``self.calls += 1`` on a module,
+``cfg.last_shape = x.shape`` on a config object, ``self.cache = hidden`` to keep a tensor
+for later; or call something only for what it does: ``logger.info("loss %s", loss)``.
+The graph computes tensors only, so none of these can be a node, and running the whole
+frame eager for them would throw away the graph.  Instead the capture records each one,
+in program order, and the cache entry replays them after the graph has run, so a later
+call (and the caller) sees exactly the state eager would have left.
+
+* Attribute writes (``effect_setattr``): ``(owner's source, owner, name, value)``.  Reads see
+  writes: after ``self.n = 3`` the capture reads ``self.n`` as 3 (``written``, answered to
+  the interpreter as ``Attr.WRITTEN``: a graph argument, not guarded, since it is what
+  this very call stores), even when the write stored a tensor the graph computes.  The
+  owner is reached through its source, whose identity the guard already checks, and the
+  entry reads it again from that source on every call (the entry's extra inputs:
+  ``owner_sources``), so the write lands on the object eager would write to.  A value the
+  frame read before writing it (``self.calls`` in ``self.calls += 1``) is guarded as any
+  read is: such a counter makes each call capture again, until the recompile limit
+  makes the frame run eager.
+* Calls replayed (``replay_call``): logging (``logger.info(...)``, the ``logging``
+  module's functions, transformers' ``warning_once``).  The call is made again on every
+  run of the entry, with the tensors the graph computed, so the logger's own level check
+  decides at run time, as in eager, whether anything is written.
+* Values.  Each tensor a replayed effect needs is an output of the graph: the graph
+  returns ``(result, tensors)``, and each effect keeps a template of its value in which
+  the tensors are slots filled from that tuple.
+* What is refused (a graph break, the frame runs eager as before): an owner whose class
+  defines its own ``__setattr__`` or a data descriptor (a property, say) for the name,
+  since replaying through them could do what the capture did not model; on an
+  ``nn.Module``, replacing a parameter or a submodule, or storing a module or parameter.
+
+* Lists and dicts of the program (``registry.append(x)``, ``cache[key] = y``,
+  ``config.get("a")``): the first method call or item assignment on one makes a
+  *shadow* (``shadow``, called by csrc/interp_effects.c), an owned copy whose items are
+  graph arguments; the capture works on the shadow from then on, and the entry writes
+  its final contents back into the original (``orig[:] = ...``, or ``clear`` then
+  ``update`` for a dict) at the place of the first change.  Each item read into the
+  shadow is guarded; a shadow that ends as it began writes nothing.  Known limit: a
+  frame that returns such a container returns a list or dict with its final contents,
+  not the object itself (containers are copied into graph arguments).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, NamedTuple
+
+from agspeed._builder_types import GraphBreak
+from agspeed.protocol import Reason
+
+__all__ = ["SideEffects", "replay"]
+
+_SET, _CALL, _CONTENTS = 0, 1, 2
+
+
+class _Slot(NamedTuple):
+    """In an effect's template: the graph output that goes here."""
+
+    index: int
+
+
+def _logging_calls() -> frozenset:
+    """The logging functions whose calls are replayed rather than traced."""
+    names = ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal",
+             "log", "warning_once", "info_once")
+    found = [getattr(logging.Logger, n, None) for n in names]
+    found += [getattr(logging, n, None) for n in names]
+    return frozenset(f for f in found if f is not None)
+
+
+class SideEffects:
+    """The part of ``GraphBuilder`` that records effects (``effect_setattr``,
+    ``replay_call``) and answers the reads that follow writes (``written``)."""
+
+    _effects: list
+    _overlay: dict
+    _effect_nodes: list
+
+    def _effects_init(self) -> None:
+        self._effects = []  # (_SET, source, owner, name, template) or (_CALL, fn, a, kw)
+        self._overlay = {}  # (id(owner), name) -> (owner, value): what reads now see
+        self._effect_nodes = []  # the graph nodes the templates' slots stand for
+        self.replayed_calls = _logging_calls()
+        # id(shadow) -> (shadow, original, its items as first copied)
+        self._shadows: dict[int, tuple] = {}
+        self._plan: tuple | None = None  # made once, when the capture ends
+
+    def effect_setattr(self, obj: Any, source: Any, name: str, value: Any) -> None:
+        """Record ``obj.name = value`` (``obj`` reached by ``source``)."""
+        self._check_writable(obj, name, value)
+        self._effects.append((_SET, source, obj, name, value))
+        self._overlay[(id(obj), name)] = (obj, value)
+
+    def replay_call(self, fn: Any, args: tuple, kwargs: dict) -> None:
+        """Record a call of ``fn`` made for its effect; it answers None to the frame."""
+        self._effects.append((_CALL, fn, self._template(tuple(args)),
+                              self._template(dict(kwargs))))
+
+    def shadow(self, obj: Any, source: Any) -> Any:
+        """An owned copy of ``obj`` (an exact list or dict reached by ``source``) whose
+        items are graph arguments; its final contents are written back to ``obj``."""
+        if type(obj) is list:
+            made: Any = [self._shadow_item(source, k, v) for k, v in enumerate(obj)]
+            first: tuple = tuple(made)
+        else:
+            for key in obj:
+                if type(key) not in (str, int, bool, type(None)):
+                    raise GraphBreak(Reason.SIDE_EFFECT,
+                                     f"changing a dict of the program keyed by "
+                                     f"{type(key).__name__}")
+            made = {k: self._shadow_item(source, k, v) for k, v in obj.items()}
+            first = tuple(made.items())
+        self._shadows[id(made)] = (made, obj, first)
+        self._effects.append((_CONTENTS, source, obj, made))
+        return made
+
+    def _shadow_item(self, source: Any, key: Any, value: Any) -> Any:
+        item = ("item", source, key)
+        if isinstance(value, self._torch.Tensor):  # type: ignore[attr-defined]
+            return self.input(item, value)  # type: ignore[attr-defined]
+        self.assumptions.append((item, value))  # type: ignore[attr-defined]
+        self.known.setdefault(id(value), (value, item))  # type: ignore[attr-defined]
+        return value
+
+    def written(self, obj: Any, name: str) -> tuple | None:
+        """``(value,)`` when this capture wrote ``obj.name``, else None."""
+        hit = self._overlay.get((id(obj), name))
+        return (hit[1],) if hit is not None and hit[0] is obj else None
+
+    @property
+    def has_effects(self) -> bool:
+        """Whether the entry has anything to replay (asked when the capture ends)."""
+        return bool(self.effect_plan())
+
+    @property
+    def owner_sources(self) -> list:
+        """The sources of the written objects, each once, in first-write order: the
+        entry reads them after the graph's inputs."""
+        return list(dict.fromkeys(e[1] for e in self._effects if e[0] != _CALL))
+
+    def effect_values(self) -> list:
+        """The graph nodes the effects need, in slot order: the graph's extra outputs."""
+        self.effect_plan()
+        return list(self._effect_nodes)
+
+    def effect_plan(self) -> tuple:
+        """How the entry replays the effects, in order: ``(_SET, owner index, name,
+        template, has slots)`` (the owner index counting in ``owner_sources``) or
+        ``(_CALL, fn, args template, kwargs template, has slots)``, or ``(_CONTENTS,
+        owner index, None, contents template, has slots)``.  Made once, when the capture
+        ends: the values written are read as they are then."""
+        if self._plan is not None:
+            return self._plan
+        owners = {s: k for k, s in enumerate(self.owner_sources)}
+        plan = []
+        for effect in self._effects:
+            if effect[0] == _SET:
+                _, source, _, name, value = effect
+                template = self._template(value)
+                plan.append((_SET, owners[source], name, template, _has_slot(template)))
+            elif effect[0] == _CONTENTS:
+                _, source, _, made = effect
+                if not self._changed(made):
+                    continue
+                contents = self._template(list(made) if type(made) is list else dict(made))
+                plan.append((_CONTENTS, owners[source], None, contents, _has_slot(contents)))
+            else:
+                _, fn, args, kwargs = effect
+                plan.append((_CALL, fn, args, kwargs, _has_slot((args, kwargs))))
+        self._plan = tuple(plan)
+        return self._plan
+
+    def _changed(self, made: Any) -> bool:
+        first = self._shadows[id(made)][2]
+        now = tuple(made) if type(made) is list else tuple(made.items())
+        if len(now) != len(first):
+            return True
+        if type(made) is list:
+            return any(a is not b for a, b in zip(now, first))
+        return any(a[0] != b[0] or a[1] is not b[1] for a, b in zip(now, first))
+
+    def _template(self, value: Any) -> Any:
+        """``value`` with each graph node replaced by a ``_Slot``, and each shadow by
+        the list or dict of the program it stands for."""
+        if type(value) in (list, dict):
+            known = self._shadows.get(id(value))
+            if known is not None and known[0] is value:
+                return known[1]
+        if isinstance(value, self.node_type):  # type: ignore[attr-defined]
+            self._effect_nodes.append(value)
+            return _Slot(len(self._effect_nodes) - 1)
+        if type(value) in (tuple, list):
+            return type(value)(self._template(v) for v in value)
+        if type(value) is dict:
+            return {k: self._template(v) for k, v in value.items()}
+        return value
+
+    # -- what may be written ----------------------------------------------------------
+
+    def _check_writable(self, obj: Any, name: str, value: Any) -> None:
+        torch = self._torch  # type: ignore[attr-defined]
+        kind = type(obj)
+        # an optimized module's view class forwards writes to its original's class
+        setattr_fn = next(k.__dict__["__setattr__"] for k in kind.__mro__
+                          if "__setattr__" in k.__dict__ and "__agspeed_view__" not in k.__dict__)
+        if setattr_fn not in (object.__setattr__, torch.nn.Module.__setattr__):
+            raise GraphBreak(Reason.SIDE_EFFECT,
+                             f"setting {name!r} of a {kind.__name__}, whose class has "
+                             f"its own __setattr__")
+        for klass in kind.__mro__:
+            found = klass.__dict__.get(name)
+            if found is not None:
+                if hasattr(type(found), "__set__") and \
+                        type(found).__name__ != "member_descriptor":
+                    raise GraphBreak(Reason.SIDE_EFFECT,
+                                     f"setting {name!r} of a {kind.__name__}: a "
+                                     f"{type(found).__name__} of its class")
+                break
+        if isinstance(obj, torch.nn.Module):
+            stores = obj.__dict__
+            if name in stores.get("_parameters", ()) or name in stores.get("_modules", ()) \
+                    or isinstance(value, (torch.nn.Module, torch.nn.Parameter)):
+                raise GraphBreak(Reason.SIDE_EFFECT,
+                                 f"replacing {name!r} of a {kind.__name__} (a parameter "
+                                 f"or submodule)")
+            if name in stores.get("_buffers", ()) and \
+                    not isinstance(value, self.node_type):  # type: ignore[attr-defined]
+                raise GraphBreak(Reason.SIDE_EFFECT,
+                                 f"storing a non-tensor in buffer {name!r} of a "
+                                 f"{kind.__name__}")
+
+
+def _has_slot(template: Any) -> bool:
+    if type(template) is _Slot:
+        return True
+    if type(template) in (tuple, list):
+        return any(_has_slot(v) for v in template)
+    if type(template) is dict:
+        return any(_has_slot(v) for v in template.values())
+    return False
+
+
+def _fill(template: Any, outputs: tuple) -> Any:
+    if type(template) is _Slot:
+        return outputs[template.index]
+    if type(template) in (tuple, list):
+        return type(template)(_fill(v, outputs) for v in template)
+    if type(template) is dict:
+        return {k: _fill(v, outputs) for k, v in template.items()}
+    return template
+
+
+def _write_back(container: Any, contents: Any) -> None:
+    if type(container) is list:
+        container[:] = contents
+    else:
+        container.clear()
+        container.update(contents)
+
+
+def replay(plan: tuple, n_inputs: int, compiled: Callable) -> Callable:
+    """A callable over the graph's inputs then the owners: runs ``compiled`` (whose
+    output is ``(result, tensors)``), replays ``plan`` in order and returns the result."""
+    def run(*inputs: Any) -> Any:
+        result, outputs = compiled(*inputs[:n_inputs])
+        owners = inputs[n_inputs:]
+        for kind, target, a, b, slots in plan:
+            if kind == _SET:
+                setattr(owners[target], a, _fill(b, outputs) if slots else b)
+            elif kind == _CONTENTS:
+                _write_back(owners[target], _fill(b, outputs) if slots else b)
+            elif slots:
+                target(*_fill(a, outputs), **_fill(b, outputs))
+            else:
+                target(*a, **b)
+        return result
+
+    return run

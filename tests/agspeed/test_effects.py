@@ -1,0 +1,349 @@
+"""Side effects (agspeed/_effects.py): writes to objects that existed before the call are
+recorded during capture and replayed after the graph, in order, so every later call and
+the caller see the state eager would have left; reads after a write see it; writes that
+cannot be replayed safely still break."""
+
+import gc
+import logging
+import sys
+import weakref
+
+import pytest
+
+import agspeed
+from agspeed import _C
+
+try:
+    import torch
+    from torch import nn
+except ImportError:  # collected on torch-free Pythons, deselected there by -m "not torch"
+    torch = nn = None
+
+pytestmark = pytest.mark.torch
+
+
+def dynamo_graph_count(fn, *args):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    try:
+        return torch._dynamo.explain(fn)(*args).graph_count
+    finally:
+        torch._dynamo.reset()
+
+
+class Config:
+    def __init__(self):
+        self.scale = 2.0
+        self.last_shape = None
+
+
+class KeepsState(nn.Module if nn is not None else object):
+    def __init__(self, cfg):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.cfg = cfg
+        self.hidden = None
+
+    def forward(self, x):
+        h = self.fc(x).relu()
+        self.hidden = h  # a tensor the graph computes, kept on the module
+        self.cfg.last_shape = tuple(x.shape)  # a plain value on another object
+        self.cfg.scale = self.cfg.scale  # a write of what was read
+        return self.hidden * self.cfg.scale  # reads see the writes
+
+
+def test_attribute_writes_are_replayed_after_the_graph():
+    torch.manual_seed(0)
+    cfg_eager, cfg_fast = Config(), Config()
+    eager = KeepsState(cfg_eager)
+    fast_model = KeepsState(cfg_fast)
+    fast_model.load_state_dict(eager.state_dict())
+    report = agspeed.explain(fast_model, torch.randn(3, 4))
+    assert report.graph_count == 1 and report.graph_break_count == 0
+    assert report.graph_count <= dynamo_graph_count(eager, torch.randn(3, 4))
+
+    fast = agspeed.optimize(fast_model, backend="eager")
+    for rows in (3, 3, 5):
+        x = torch.randn(rows, 4)
+        expected, got = eager(x), fast(x)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(fast_model.hidden, eager.hidden)
+        assert cfg_fast.last_shape == cfg_eager.last_shape == (rows, 4)
+        assert type(fast_model.hidden) is torch.Tensor
+        # the kept tensor is the graph's, with its autograd history
+        g_eager = torch.autograd.grad(eager.hidden.sum(), eager.fc.weight)
+        g_fast = torch.autograd.grad(fast_model.hidden.sum(), fast_model.fc.weight)
+        torch.testing.assert_close(g_fast[0], g_eager[0])
+
+
+class Counts(nn.Module if nn is not None else object):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x * 2 + self.calls
+
+
+def test_a_counter_on_the_module_counts_as_eager_does():
+    model, ref = Counts(), Counts()
+    fast = agspeed.optimize(model, backend="eager")
+    for _ in range(4):
+        x = torch.randn(3)
+        torch.testing.assert_close(fast(x), ref(x))
+    assert model.calls == ref.calls == 4
+    out = agspeed.explain(Counts(), torch.randn(3))
+    assert out.graph_count == 1 and out.graph_break_count == 0
+
+
+class Ordered:
+    pass
+
+
+def writes_in_order(x, box):
+    box.a = x + 1
+    box.b = box.a * 2
+    box.a = box.b - 1  # the last write wins, as in eager
+    return box.a + box.b
+
+
+def test_writes_replay_in_order_and_the_last_one_wins():
+    box, ref = Ordered(), Ordered()
+    fast = agspeed.optimize(writes_in_order, backend="eager")
+    x = torch.randn(2)
+    torch.testing.assert_close(fast(x, box), writes_in_order(x, ref))
+    torch.testing.assert_close(box.a, ref.a)
+    torch.testing.assert_close(box.b, ref.b)
+    other = Ordered()  # another object: the guard sees another identity, still right
+    y = torch.randn(2)
+    fast(y, other)
+    torch.testing.assert_close(other.a, (y + 1) * 2 - 1)
+
+
+class Guarded:
+    def __init__(self):
+        self._v = 0
+
+    @property
+    def v(self):
+        return self._v
+
+    @v.setter
+    def v(self, value):
+        self._v = value + 100
+
+
+class CustomSetattr:
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value * 10)
+
+
+def writes_property(x, obj):
+    obj.v = 1
+    return x + obj.v
+
+
+def writes_custom(x, obj):
+    obj.w = 1
+    return x + obj.w
+
+
+@pytest.mark.parametrize("fn, make, attr, expected", [
+    (writes_property, Guarded, "v", 101),
+    (writes_custom, CustomSetattr, "w", 10),
+])
+def test_writes_through_code_the_capture_does_not_model_break_and_stay_right(
+        fn, make, attr, expected):
+    obj = make()
+    report = agspeed.explain(fn, torch.zeros(1), obj)
+    assert report.graph_count == 0  # (__setattr__ itself, run eager, breaks too)
+    assert report.break_reasons[0].reason == "side_effect"
+    obj = make()
+    got = agspeed.optimize(fn, backend="eager")(torch.zeros(1), obj)
+    assert getattr(obj, attr) == expected
+    torch.testing.assert_close(got, torch.full((1,), float(expected)))
+
+
+class Replaces(nn.Module if nn is not None else object):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+        self.spare = nn.Identity()
+
+    def forward(self, x):
+        self.fc = self.spare
+        return self.fc(x)
+
+
+def test_replacing_a_submodule_still_breaks():
+    report = agspeed.explain(Replaces(), torch.randn(1, 2))
+    assert report.graph_count == 0 and report.break_reasons[0].reason == "side_effect"
+
+
+def test_a_written_object_is_not_kept_alive_by_the_cache():
+    box = Ordered()
+    ref = weakref.ref(box)
+    fast = agspeed.optimize(writes_in_order, backend="eager")
+    fast(torch.randn(2), box)
+    fast(torch.randn(2), box)
+    count = sys.getrefcount(box)
+    fast(torch.randn(2), box)
+    assert sys.getrefcount(box) == count
+    del box
+    gc.collect()
+    assert ref() is None
+    assert _C.counters()["graph_calls"] >= 3
+
+
+_probe_log = logging.getLogger("agspeed_tests.effects")
+
+
+def logs_as_it_goes(x):
+    y = x * 2
+    _probe_log.info("y is %s", y)
+    _probe_log.debug("never at INFO")
+    logging.getLogger("agspeed_tests.effects").warning("shape %s", tuple(y.shape))
+    return y + 1
+
+
+class _Keep(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append((record.levelname, record.getMessage()))
+
+
+@pytest.mark.parametrize("level", [logging.DEBUG, logging.INFO, logging.ERROR])
+def test_logging_calls_are_replayed_and_the_level_decides_at_run_time(level):
+    keep = _Keep()
+    _probe_log.addHandler(keep)
+    _probe_log.propagate = False
+    try:
+        _probe_log.setLevel(logging.ERROR)
+        report = agspeed.explain(logs_as_it_goes, torch.ones(2))
+        assert (report.graph_count, report.graph_break_count) == (1, 0)
+        fast = agspeed.optimize(logs_as_it_goes, backend="eager")
+        x = torch.randn(3)
+        fast(x)  # captured with the logger quiet
+        _probe_log.setLevel(level)  # then the level changes: no recapture needed
+        keep.lines.clear()
+        torch.testing.assert_close(fast(x), logs_as_it_goes.__wrapped__(x)
+                                   if hasattr(logs_as_it_goes, "__wrapped__") else x * 2 + 1)
+        got = list(keep.lines)
+        keep.lines.clear()
+        logs_as_it_goes(x)  # eager, for the reference
+        assert got == keep.lines
+        assert len(got) == {logging.DEBUG: 3, logging.INFO: 2, logging.ERROR: 0}[level]
+    finally:
+        _probe_log.removeHandler(keep)
+        _probe_log.propagate = True
+        _probe_log.setLevel(logging.NOTSET)
+
+
+SEEN = []
+
+
+def appends_to_a_global(x):
+    y = x.sin()
+    SEEN.append(y)
+    SEEN.append(len(SEEN))
+    return y * 2
+
+
+def test_appends_to_a_global_list_are_written_back():
+    SEEN.clear()
+    report = agspeed.explain(appends_to_a_global, torch.randn(3))
+    assert (report.graph_count, report.graph_break_count) == (1, 0)
+    assert len(SEEN) == 2  # explain ran it once, as eager would
+    SEEN.clear()
+    fast = agspeed.optimize(appends_to_a_global, backend="eager")
+    xs = [torch.randn(3) for _ in range(3)]
+    outs = [fast(x) for x in xs]
+    got = list(SEEN)
+    SEEN.clear()
+    expected = [appends_to_a_global(x) for x in xs]
+    for a, b in zip(outs, expected):
+        torch.testing.assert_close(a, b)
+    assert len(got) == len(SEEN) == 6
+    for a, b in zip(got, SEEN):
+        if isinstance(b, torch.Tensor):
+            torch.testing.assert_close(a, b)
+        else:
+            assert a == b
+    SEEN.clear()
+
+
+def fills_a_dict(x, table):
+    scale = table.get("scale", 1.0)
+    table["out"] = x * scale
+    table.setdefault("calls", 0)
+    table["calls"] += 1
+    table.pop("drop", None)
+    return table["out"] + 1
+
+
+def test_writes_to_a_dict_argument_are_written_back_and_read_back():
+    fast = agspeed.optimize(fills_a_dict, backend="eager")
+    for scale in (2.0, 2.0, 3.0):
+        mine, ref = {"scale": scale, "drop": 1}, {"scale": scale, "drop": 1}
+        x = torch.randn(2)
+        torch.testing.assert_close(fast(x, mine), fills_a_dict(x, ref))
+        assert mine.keys() == ref.keys() and list(mine) == list(ref)
+        torch.testing.assert_close(mine["out"], ref["out"])
+        assert mine["calls"] == ref["calls"] == 1
+    report = agspeed.explain(fills_a_dict, torch.randn(2), {"scale": 2.0})
+    assert (report.graph_count, report.graph_break_count) == (1, 0)
+
+
+class KeepsHistory(nn.Module if nn is not None else object):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.history = []
+        self.options = {"act": "tanh"}
+
+    def forward(self, x):
+        y = self.fc(x)
+        if self.options.get("act") == "tanh":
+            y = y.tanh()
+        self.history.append(y.detach())
+        return y
+
+
+def test_a_modules_list_attribute_grows_as_in_eager():
+    torch.manual_seed(0)
+    model = KeepsHistory()
+    ref = KeepsHistory()
+    ref.load_state_dict(model.state_dict())
+    fast = agspeed.optimize(model, backend="eager")
+    for _ in range(3):
+        x = torch.randn(2, 3)
+        torch.testing.assert_close(fast(x), ref(x))
+    assert len(model.history) == len(ref.history) == 3
+    for a, b in zip(model.history, ref.history):
+        torch.testing.assert_close(a, b)
+
+
+def reads_a_global_list(x):
+    return x * SEEN[0] + len(SEEN)
+
+
+def returns_the_list(x):
+    SEEN.append(1)
+    return SEEN, x + 1
+
+
+def test_a_list_only_read_writes_nothing_and_one_returned_has_its_contents():
+    SEEN[:] = [2.0]
+    fast = agspeed.optimize(reads_a_global_list, backend="eager")
+    before = SEEN
+    torch.testing.assert_close(fast(torch.ones(2)), torch.full((2,), 3.0))
+    assert SEEN is before and SEEN == [2.0]
+    out, y = agspeed.optimize(returns_the_list, backend="eager")(torch.ones(1))
+    assert SEEN == [2.0, 1] and out == SEEN  # (a copy: see agspeed/_effects.py)
+    torch.testing.assert_close(y, torch.full((1,), 2.0))
+    SEEN.clear()
