@@ -60,6 +60,9 @@ class CallPolicy:
         written = self.written(obj, name)  # type: ignore[attr-defined]
         if written is not None:
             return Attr.WRITTEN, written[0], None
+        pure = self.pure_method(obj, name)
+        if pure is not None:
+            return pure
         how, value = static_attr(obj, name)
         if how is Attr.UNSUPPORTED:
             raise GraphBreak(Reason.UNSUPPORTED_ATTRIBUTE,
@@ -67,6 +70,9 @@ class CallPolicy:
         if how is Attr.MISSING:
             return how, MISSING, None
         bound = obj.__self__ if isinstance(obj, super) else obj
+        if how is Attr.METHOD and not isinstance(bound, type) and \
+                type(_class_lookup(type(bound), name)) is classmethod:
+            bound = type(bound)   # a classmethod called on an instance
         return how, value, bound if how is Attr.METHOD else None
 
     def plan_call(self, fn: Any, source: Any) -> tuple:
@@ -75,6 +81,9 @@ class CallPolicy:
         const = self._consts.get(id(fn))
         if const is not None and const[0] is fn:
             return (Plan.CONST, const[1])
+        ctx = self.plan_ctx(fn)  # type: ignore[attr-defined]  # agspeed._ctx
+        if ctx is not None:
+            return ctx
         if isinstance(fn, torch.nn.Module):
             return self._plan_module(fn, source)
         if fn in self.replayed_calls:  # type: ignore[attr-defined]
@@ -85,6 +94,9 @@ class CallPolicy:
             return (Plan.SUPER,)
         if fn is getattr or fn is hasattr:
             return (Plan.GETATTR,) if fn is getattr else (Plan.HASATTR,)
+        plan = self.stdlib_plan(fn, source)
+        if plan is not None:
+            return plan
         if type(fn) is types.FunctionType and fn in self._dict_views:  # self comes first
             return (Plan.FOLD, fn)
         if type(fn) is types.MethodType:

@@ -192,9 +192,12 @@ def _finish(torch: Any, code: Any, f_locals: dict, builder: GraphBuilder, out: d
 def make_entry(cap: Capture, compiled: Any, context: Any, arg_check: Any = None) -> Any:
     """The CALL entry running ``compiled`` on the inputs its guard program reads;
     ``arg_check`` as ``agspeed._tensor_check.arg_check`` makes it (None: none)."""
+    from agspeed._ctx import restoring_modes
+
     guard = cap.guard
     assert guard.inputs == tuple(cap.sources)
     read = guard.read
+    compiled = restoring_modes(cap.graph_module, compiled)  # with blocks left on a raise
     if cap.effects:  # writes to the program's objects, applied after the graph
         compiled = replay(cap.effects, cap.n_inputs, compiled)
 

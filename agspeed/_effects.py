@@ -86,6 +86,7 @@ class SideEffects:
         # id(shadow) -> (shadow, original, its items as first copied)
         self._shadows: dict[int, tuple] = {}
         self._plan: tuple | None = None  # made once, when the capture ends
+        self._owner_sources: list = []
 
     def effect_setattr(self, obj: Any, source: Any, name: str, value: Any) -> None:
         """Record ``obj.name = value`` (``obj`` reached by ``source``)."""
@@ -136,9 +137,11 @@ class SideEffects:
 
     @property
     def owner_sources(self) -> list:
-        """The sources of the written objects, each once, in first-write order: the
-        entry reads them after the graph's inputs."""
-        return list(dict.fromkeys(e[1] for e in self._effects if e[0] != _CALL))
+        """The sources of the objects the replay writes to, each once, in first-write
+        order: the entry reads them after the graph's inputs (asked when the capture
+        ends)."""
+        self.effect_plan()
+        return self._owner_sources
 
     def effect_values(self) -> list:
         """The graph nodes the effects need, in slot order: the graph's extra outputs."""
@@ -153,17 +156,17 @@ class SideEffects:
         ends: the values written are read as they are then."""
         if self._plan is not None:
             return self._plan
-        owners = {s: k for k, s in enumerate(self.owner_sources)}
+        kept = [e for e in self._effects if e[0] != _CONTENTS or self._changed(e[3])]
+        self._owner_sources = list(dict.fromkeys(e[1] for e in kept if e[0] != _CALL))
+        owners = {s: k for k, s in enumerate(self._owner_sources)}
         plan = []
-        for effect in self._effects:
+        for effect in kept:
             if effect[0] == _SET:
                 _, source, _, name, value = effect
                 template = self._template(value)
                 plan.append((_SET, owners[source], name, template, _has_slot(template)))
             elif effect[0] == _CONTENTS:
                 _, source, _, made = effect
-                if not self._changed(made):
-                    continue
                 contents = self._template(list(made) if type(made) is list else dict(made))
                 plan.append((_CONTENTS, owners[source], None, contents, _has_slot(contents)))
             else:

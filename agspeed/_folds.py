@@ -11,6 +11,7 @@ taken at its current value, which the ShapeEnv then guards.
 from __future__ import annotations
 
 import builtins
+import collections
 import logging
 import operator
 import types
@@ -18,9 +19,10 @@ from typing import Any
 
 from agspeed._builder_types import GraphBreak, SymShape, concrete, describe_callable
 from agspeed._sources import is_namedtuple_type, static_attr
+from agspeed._stdlib import _VIEWS, SAFE_ITERATORS, StdlibFolds
 from agspeed.protocol import Attr, Compare, Reason
 
-_STRUCTURAL_FOLDS = (enumerate, zip, reversed, list, tuple, len, iter, dict)
+_STRUCTURAL_FOLDS = (enumerate, zip, reversed, list, tuple, len, iter, dict, set, frozenset)
 _TYPE_FOLDS = (isinstance, issubclass, type, callable)
 _VALUE_FOLDS = (range, min, max, abs, int, float, bool, str, sum, any, all, round, divmod,
                 pow, sorted, repr, hash, ord, chr, slice)
@@ -29,12 +31,14 @@ FOLDABLE = frozenset(_STRUCTURAL_FOLDS + _TYPE_FOLDS + _VALUE_FOLDS)
 # Folds whose result is an object rather than a plain value: the same object for the same
 # arguments, so reading it again on a later call needs no guard.
 _OBJECT_FOLDS = frozenset({logging.getLogger})
+_COLLECTIONS = (collections.OrderedDict, collections.defaultdict, collections.deque)
 _COMPARE = {Compare.LT: operator.lt, Compare.LE: operator.le, Compare.EQ: operator.eq,
             Compare.NE: operator.ne, Compare.GT: operator.gt, Compare.GE: operator.ge}
 
 
-class Folds:
-    """The part of ``GraphBuilder`` that evaluates known values."""
+class Folds(StdlibFolds):
+    """The part of ``GraphBuilder`` that evaluates known values (the standard library's
+    iterators, itertools, functools and container methods in ``_stdlib``)."""
 
     def fold(self, fn: Any, args: tuple, kwargs: dict) -> Any:
         """``fn(*args, **kwargs)`` evaluated now on known values (sizes the graph would
@@ -49,11 +53,22 @@ class Folds:
                 raise GraphBreak(Reason.BAD_CALL, f"ModuleDict.{self._dict_views[fn]}() with "
                                  f"these arguments")
             return self._module_dict_view(args[0], self._dict_views[fn])
+        if type(fn) is types.MethodType and type(fn.__func__) in (
+                types.MethodDescriptorType, types.ClassMethodDescriptorType):
+            fn, args = fn.__func__, (fn.__self__, *args)
+        handled, out = self.stdlib_fold(fn, args, kwargs)
+        if handled:
+            return out
         if is_namedtuple_type(fn):  # fields may be tensors: it holds their nodes
             try:
                 return fn(*args, **kwargs)
             except TypeError as exc:
                 raise GraphBreak(Reason.BAD_CALL, f"{fn.__qualname__}(): {exc}") from exc
+        if fn is iter and len(args) != 1:
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, "iter() with a sentinel calls a function")
+        for a in args:
+            if type(a) in SAFE_ITERATORS:
+                self.consumable(a)   # an iterator of the program breaks
         if fn in _STRUCTURAL_FOLDS:
             if fn is not len:
                 args = tuple(self._unbind(a) if isinstance(a, self.node_type)
@@ -61,8 +76,8 @@ class Folds:
             if fn is len and isinstance(args[0], self.node_type):
                 return self._tensor_len(args[0])
             out = fn(*args, **kwargs) if fn is not len else len(args[0])
-            if fn is iter:
-                out = tuple(out)
+            if fn is iter:   # a real iterator: next() and for share its position
+                out = iter(tuple(out))
             return out
         if fn in _TYPE_FOLDS:
             args = tuple(self._real_type_view(a) for a in args)
@@ -73,6 +88,10 @@ class Folds:
         if any(isinstance(a, self.node_type) for a in (*args, *kwargs.values())):
             if fn in (min, max, abs, pow, round):
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{fn.__name__}() of a tensor")
+        if fn in (min, max, sum, any, all, sorted) and args and \
+                (type(args[0]) in (*_VIEWS, set, frozenset, *_COLLECTIONS) or
+                 type(args[0]) in SAFE_ITERATORS):
+            args = (tuple(args[0]), *args[1:])
         if not all(self._is_static(a) or isinstance(a, (range, slice))
                    for a in (*args, *kwargs.values())):
             if fn in (min, max, sum, any, all, sorted) and len(args) == 1 and \
@@ -171,22 +190,6 @@ class Folds:
             return value.meta["example_value"]
         return value
 
-    def container_method(self, spec: tuple, args: tuple, kwargs: dict) -> Any:
-        """``container.name(*args)`` for lists, dicts and tuples built while capturing."""
-        name, container = spec
-        allowed = {list: ("append", "extend", "insert", "pop", "index", "count", "copy"),
-                   dict: ("get", "items", "keys", "values", "pop", "setdefault", "update",
-                          "copy"),
-                   tuple: ("index", "count")}.get(type(container), ())
-        if name not in allowed:
-            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{type(container).__name__}.{name}()")
-        if name in ("index", "count") and any(isinstance(a, self.node_type) for a in args):
-            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{name}() of a tensor")
-        out = getattr(container, name)(*args, **kwargs)
-        if name in ("items", "keys", "values"):
-            out = tuple(out) if name != "items" else tuple(tuple(kv) for kv in out)
-        return out
-
     def getitem(self, container: Any, index: Any, source: Any) -> tuple[Any, Any]:
         """``(container[index], its source or None)``."""
         torch = self._torch
@@ -203,7 +206,8 @@ class Folds:
                                   torch.nn.ModuleDict, torch.nn.ParameterList,
                                   torch.nn.ParameterDict)):
             return self._module_item(container, index, source)
-        if type(container) in (tuple, list, dict, str, torch.Size, range, SymShape) or \
+        if type(container) in (tuple, list, dict, str, torch.Size, range, SymShape,
+                               *_COLLECTIONS) or \
                 is_namedtuple_type(type(container)):
             try:
                 out = container[index]
@@ -249,10 +253,15 @@ class Folds:
         if self._sym_types and (self._has_size_node(a) or self._has_size_node(b)):
             # shapes compared as tuples: decided now, the ShapeEnv guards the answer
             a, b = self._specialize(a), self._specialize(b)
+        if nodes and op in (Compare.IN, Compare.NOT_IN) and type(b) in (set, frozenset) and \
+                isinstance(a, self.node_type):
+            # a tensor hashes by identity: membership in a set of nodes is identity
+            return (a in b) is (op is Compare.IN)
         if nodes:
             raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"`{op.op}` with a tensor")
         if op in (Compare.IN, Compare.NOT_IN):
-            if not (type(b) in (tuple, list, dict, str, set, frozenset, range, self._torch.Size)
+            if not (type(b) in (tuple, list, dict, str, set, frozenset, range, self._torch.Size,
+                                *_VIEWS)
                     and (self._is_static(a))):
                 raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"`in` on a {type(b).__name__}")
             found = a in b
@@ -276,7 +285,8 @@ class Folds:
                 return bool(self._specialize(obj))
             raise GraphBreak(Reason.DATA_DEPENDENT, "the truth of a tensor (Python branches on "
                              "its value)")
-        if self._is_static(obj) or type(obj) in (tuple, list, dict, set, frozenset, range):
+        if self._is_static(obj) or type(obj) in (tuple, list, dict, set, frozenset, range,
+                                                 *_VIEWS, *_COLLECTIONS):
             return bool(obj)
         if isinstance(obj, torch.nn.Module):
             if isinstance(obj, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
@@ -309,13 +319,15 @@ class Folds:
         if type(obj) in (tuple, list, torch.Size) or is_namedtuple_type(type(obj)):
             return tuple((v, ("item", source, i) if source is not None and not
                           self._is_static(v) else None) for i, v in enumerate(obj))
-        if type(obj) is dict or type(obj) is str:
+        if type(obj) in (dict, str, set, frozenset, *_COLLECTIONS):
+            if self._of_program(obj) and type(obj) is collections.deque:
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE, "iterating a deque of the program")
             return tuple((k, None) for k in obj)
         if type(obj) is range:
             if len(obj) > 10000:
                 raise GraphBreak(Reason.UNSUPPORTED_VALUE, "a range longer than 10000")
             return tuple((i, None) for i in obj)
-        if type(obj) in (enumerate, zip, reversed):
+        if type(obj) in _VIEWS or (type(obj) in SAFE_ITERATORS and self.consumable(obj)):
             return tuple((v, None) for v in obj)
         if isinstance(obj, self.node_type):
             return tuple((row, None) for row in self._unbind(obj))

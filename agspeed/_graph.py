@@ -42,6 +42,8 @@ torch is imported when a builder is made, never when agspeed is imported.
 
 from __future__ import annotations
 
+import builtins
+import collections
 import operator
 from typing import Any, Callable
 
@@ -49,7 +51,9 @@ from agspeed._binding import Binding
 from agspeed._builder_types import GraphBreak, SymShape, concrete
 from agspeed._calls import CallPolicy
 from agspeed._effects import SideEffects
+from agspeed._ctx import ContextPolicy
 from agspeed._folds import Folds
+from agspeed._objects import Objects, is_structseq_type
 from agspeed._sources import is_namedtuple_type, name_of
 from agspeed.protocol import Reason, check_builder
 
@@ -65,6 +69,7 @@ _TENSOR_META = frozenset({
 })
 _TENSOR_VIEWS = frozenset({"T", "mT", "H", "mH", "real", "imag"})
 _PLAIN = (int, float, bool, str, type(None), complex, bytes)
+_REBUILT_DICTS = (collections.OrderedDict, collections.defaultdict)
 
 
 def _target_name(kind: str, target: Any) -> str:
@@ -75,11 +80,13 @@ def _target_name(kind: str, target: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
-class GraphBuilder(CallPolicy, Folds, Binding, SideEffects):
+class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPolicy):
     """One graph being captured: inputs by source, nodes with fake example values.
 
     The recording of nodes lives here; planning calls (``CallPolicy``), evaluating known
-    values (``Folds``) and binding arguments (``Binding``) are its other parts."""
+    values (``Folds``), binding arguments (``Binding``), the objects the capture makes
+    (``Objects``), side effects on the program's objects (``SideEffects``) and context
+    managers (``ContextPolicy``) are its other parts."""
 
     # a root byte offset the interpreter stops before (agspeed._resume), or None
     stop_at: int | None = None
@@ -120,6 +127,9 @@ class GraphBuilder(CallPolicy, Folds, Binding, SideEffects):
         self.assumptions: list[tuple[tuple, Any]] = []
         self.aliases: list[tuple[tuple, tuple]] = []  # (source, first source of the tensor)
         self.known: dict[int, tuple[Any, Any]] = {}  # id -> (object, source), shared with C
+        self.objects: dict[int, Any] = {}  # id -> object the capture made (_objects.py)
+        self._escaping: set[int] = set()    # objects check_output is inside of
+        self._escaped: dict[int, Any] = {}  # id -> the node rebuilding it (escape)
         self._inputs: dict[Any, tuple[Any, Any]] = {}  # source -> (node, real value)
         self._effects_init()
         self._by_id: dict[int, tuple[Any, Any]] = {}  # id(tensor) -> (node, source)
@@ -128,6 +138,7 @@ class GraphBuilder(CallPolicy, Folds, Binding, SideEffects):
         self._consts = self._constant_calls(torch)
         md = torch.nn.ModuleDict
         self._dict_views = {md.items: "items", md.keys: "keys", md.values: "values"}
+        self._ctx_init()  # grad mode and autocast as the capture goes (agspeed/_ctx.py)
 
     @staticmethod
     def _constant_calls(torch: Any) -> dict:
@@ -207,6 +218,12 @@ class GraphBuilder(CallPolicy, Folds, Binding, SideEffects):
 
     def call_method(self, name: str, args: tuple, kwargs: dict | None = None) -> Any:
         """Record ``args[0].name(*args[1:], **kwargs)`` on a tensor node."""
+        if name == "type" and len(args) == 2 and not kwargs and \
+                type(args[1]) is type(self._torch.DoubleTensor):
+            # x.type(torch.DoubleTensor): graph code cannot name the legacy class
+            cls = args[1]
+            return self._record("call_method", "to", (args[0],), {
+                "device": "cuda" if cls.is_cuda else "cpu", "dtype": cls.dtype})
         if name in _UNSUPPORTED_METHODS:
             if name in ("item", "tolist"):
                 raise GraphBreak(Reason.DATA_DEPENDENT, f"Tensor.{name}()")
@@ -216,7 +233,7 @@ class GraphBuilder(CallPolicy, Folds, Binding, SideEffects):
     def _record(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
         fake_args, fake_kwargs = self._fake(args), self._fake(kwargs)
         try:
-            with self.fake_mode:
+            with self.fake_mode, self.mode_scope():
                 if kind == "call_method":
                     out = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 else:
@@ -268,7 +285,10 @@ class GraphBuilder(CallPolicy, Folds, Binding, SideEffects):
                     items.append(item)
                 else:
                     items.append(v)
-            return SymShape(items) if isinstance(out, torch.Size) else tuple(items)
+            if isinstance(out, torch.Size):
+                return SymShape(items)
+            # torch.return_types results keep their type: .values, .indices
+            return type(out)(items) if is_structseq_type(type(out)) else tuple(items)
         self.graph.erase_node(node)
         raise GraphBreak(Reason.NON_TENSOR_RESULT,
                          f"{_target_name(kind, target)} returned a {type(out).__name__}")
@@ -358,9 +378,24 @@ class GraphBuilder(CallPolicy, Folds, Binding, SideEffects):
             for v in result:
                 self.check_output(v)
             return
-        if type(result) is dict and all(self._is_static(k) for k in result):
+        if type(result) in (dict, *_REBUILT_DICTS) and all(self._is_static(k) for k in result):
             for v in result.values():
                 self.check_output(v)
+            return
+        if type(result) in (set, frozenset, collections.deque):
+            for v in result:
+                self.check_output(v)
+            return
+        if self.can_escape(result):
+            if id(result) in self._escaping:
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"returning a "
+                                 f"{type(result).__name__} that holds itself")
+            self._escaping.add(id(result))
+            try:
+                for v in self.escape_parts(result):
+                    self.check_output(v)
+            finally:
+                self._escaping.discard(id(result))
             return
         raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"returning a {type(result).__name__}")
 
@@ -398,7 +433,32 @@ class GraphBuilder(CallPolicy, Folds, Binding, SideEffects):
             return type(value)(self._build_namedtuples(v) for v in value)
         if type(value) is dict:
             return {k: self._build_namedtuples(v) for k, v in value.items()}
+        if not isinstance(value, self.node_type) and self.can_escape(value):
+            return self.escape(value, self._build_namedtuples)
+        return self._build_collection(value)
+
+    def _build_collection(self, value: Any) -> Any:
+        """A set, OrderedDict, defaultdict or deque the capture built, made by a call node
+        of its type (fx has no literal for them)."""
+        kind = type(value)
+        if kind in (set, frozenset):
+            return self.graph.call_function(kind, ([self._build_namedtuples(v)
+                                                    for v in value],))
+        if kind is collections.deque:
+            return self.graph.call_function(
+                kind, ([self._build_namedtuples(v) for v in value],), {"maxlen": value.maxlen})
+        if kind in _REBUILT_DICTS:
+            items = {k: self._build_namedtuples(v) for k, v in value.items()}
+            if kind is collections.defaultdict:   # fx writes no literal for a type
+                factory = getattr(value.default_factory, "__name__", "None")
+                return self.graph.call_function(_defaultdict, (factory, items))
+            return self.graph.call_function(kind, (items,))
         return value
+
+
+def _defaultdict(factory: str, items: dict) -> collections.defaultdict:
+    """A defaultdict the graph returns; its factory (a builtin type) by name."""
+    return collections.defaultdict(getattr(builtins, factory, None), items)
 
 
 def _legacy_name(source: str) -> str:

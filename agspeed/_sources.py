@@ -9,7 +9,8 @@ The interpreter (csrc/interp*.c) gives every value it loads a *source*, a nested
 * ``("item", base, key)``: ``base[key]`` of a tuple, list or dict;
 * ``("cell", function, index)``: the contents of a closure cell of a function;
 * ``("fget", property)``: the getter of a property;
-* ``("type", base)``: the type of a value.
+* ``("type", base)``: the type of a value;
+* ``("cvar", base)``: the value of a ``contextvars.ContextVar`` (``var.get()``).
 
 Guards check each source's value on every call, and a cache hit reads the graph's inputs
 by their sources, so resolving must run no user code: ``static_attr`` reads instance and
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import contextvars
 import sys
 import types
 from typing import Any
@@ -71,6 +73,8 @@ def is_namedtuple_type(cls: Any) -> bool:
             and _class_lookup(cls, "__getitem__") is tuple.__getitem__)
 
 
+# a class's names and its method resolution order: type's own getters, no user code
+_TYPE_NAMES = {name: type.__dict__[name] for name in ("__name__", "__qualname__", "__mro__")}
 _TUPLEGETTER = type(collections.namedtuple("_Probe", "field").field)
 
 
@@ -90,8 +94,8 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
     """``(how, value)`` for ``obj.name`` found without running user code.
 
     how is an ``agspeed.protocol.Attr``: ``VALUE`` (an instance or module-store value, a
-    class constant), ``METHOD`` (a plain function found on the class: value is the
-    function), ``PROPERTY`` (value is the property object), ``MISSING``, or
+    class constant), ``METHOD`` (a plain function found on the class, or a classmethod's
+    function: value is the function), ``PROPERTY`` (value is the property object), ``MISSING``, or
     ``UNSUPPORTED`` (a descriptor or ``__getattr__`` that only running code could answer;
     value says which).
     """
@@ -104,6 +108,8 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
     if issubclass(cls, super):
         return _super_attr(obj, name)
     found = _class_lookup(cls, name)
+    if cls is contextvars.ContextVar and name == "get":
+        return Attr.METHOD, found   # a read the capture models (its value is guarded)
     if found is not MISSING:
         kind = type(found)
         if kind is property:
@@ -111,6 +117,8 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
         if kind is _TUPLEGETTER:  # a namedtuple field: an item of the tuple
             return Attr.VALUE, found.__get__(obj, cls)
         if hasattr(kind, "__set__") or hasattr(kind, "__delete__"):
+            if issubclass(cls, type) and name in _TYPE_NAMES and found is _TYPE_NAMES[name]:
+                return Attr.VALUE, found.__get__(obj, cls)   # a class's own name
             if kind is types.MemberDescriptorType or kind is types.GetSetDescriptorType:
                 if cls.__module__ == "builtins" or kind is types.MemberDescriptorType \
                         or _is_type_info(cls):
@@ -124,15 +132,21 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
     except AttributeError:
         d = None
     if d is not None and name in d:
-        return Attr.VALUE, d[name]
+        value = d[name]
+        if issubclass(cls, type):   # a class's own dict: its descriptors, unbound
+            if type(value) is staticmethod:
+                return Attr.VALUE, value.__func__
+            if type(value) is classmethod and type(value.__func__) is types.FunctionType:
+                return Attr.METHOD, value.__func__   # called with the class as self
+        return Attr.VALUE, value
     if found is not MISSING:
         kind = type(found)
         if kind is types.FunctionType:
             return (Attr.METHOD, found) if not issubclass(cls, type) else (Attr.VALUE, found)
         if kind is staticmethod:
             return Attr.VALUE, found.__func__
-        if kind is classmethod:
-            return Attr.UNSUPPORTED, "classmethod"
+        if kind is classmethod and type(found.__func__) is types.FunctionType:
+            return Attr.METHOD, found.__func__   # called with the class as self
         if hasattr(kind, "__get__") and kind not in (types.BuiltinFunctionType, type):
             if kind in (types.MethodDescriptorType, types.WrapperDescriptorType):
                 return Attr.UNSUPPORTED, "method of a builtin type"
@@ -152,6 +166,8 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
         if value is not MISSING:
             if type(value) is staticmethod:
                 return Attr.VALUE, value.__func__
+            if type(value) is classmethod and type(value.__func__) is types.FunctionType:
+                return Attr.METHOD, value.__func__
             if type(value) in (classmethod, property):
                 return Attr.UNSUPPORTED, type(value).__name__
             return Attr.VALUE, value
@@ -230,6 +246,13 @@ def resolve_step(kind: str, base: Any, key: Any) -> Any:
             return MISSING
     if kind == "fget":
         return base.fget if type(base) is property else MISSING
+    if kind == "cvar":
+        if type(base) is not contextvars.ContextVar:
+            return MISSING
+        try:
+            return base.get()
+        except LookupError:
+            return MISSING
     if kind == "type":
         return type(base)
     if kind == "gmod":  # base: the module
@@ -258,6 +281,8 @@ def describe(source: tuple) -> str:
         return f"{base}.__closure__[{source[2]}]"
     if kind == "fget":
         return f"{base}.fget"
+    if kind == "cvar":
+        return f"{base}.get()"
     if kind == "type":
         return f"type({base})"
     return repr(source)

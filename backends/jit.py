@@ -463,6 +463,10 @@ def _check_graph(torch: Any, gm: Any, example_inputs: list) -> set[str]:
         if not isinstance(t, torch.Tensor):
             raise RuntimeError(f"jit: graph input {i} is a {type(t).__name__}, not a tensor; "
                                f"TorchScript traces tensor inputs only")
+    if any(n.op == "call_function" and n.target is torch._C._set_grad_enabled
+           for n in gm.graph.nodes):
+        raise RuntimeError("jit: the graph switches grad mode (a with block); a TorchScript "
+                           "trace would record the operations but not the switch")
     devices = {t.device.type for t in example_inputs}
     foreign = devices - {"cpu", "cuda"}
     if foreign:

@@ -22,8 +22,7 @@
  * Exception tables (3.11+, co_exceptiontable): entries of varints in 6-bit
  * groups, bit 0x40 marking another group and bit 0x80 the first byte of an
  * entry; each entry is start, length and handler in code units, then
- * (depth << 1) | lasti.  ags_bc_exceptions decodes them; ags_bc_handled
- * marks the instructions whose exceptions a catching handler receives.
+ * (depth << 1) | lasti.  ags_bc_exceptions decodes them.
  */
 #include "agspeed.h"
 #include <string.h>
@@ -287,43 +286,6 @@ ags_bc_exceptions(PyCodeObject *code, ags_except **out, Py_ssize_t *n_out)
     }
     *out = entries;
     *n_out = count;
-    return 0;
-}
-
-int
-ags_bc_handled(PyCodeObject *code, const ags_bytecode *bc,
-               unsigned char **handled)
-{
-    ags_except *entries;
-    Py_ssize_t n;
-
-    *handled = NULL;
-    if (ags_bc_exceptions(code, &entries, &n) < 0) {
-        return -1;
-    }
-    for (Py_ssize_t k = 0; k < n; k++) {
-        int h = entries[k].handler;
-        /* the handler's first instruction, found by its start offset */
-        Py_ssize_t at = h >= 0 && h % 2 == 0 && h / 2 < bc->n_units
-                            ? bc->index[h / 2] : -1;
-
-        if (at < 0 || bc->instrs[at].opcode != PUSH_EXC_INFO) {
-            continue;   /* a cleanup handler: the exception escapes anyway */
-        }
-        if (*handled == NULL
-            && (*handled = PyMem_Calloc((size_t)bc->n + 1, 1)) == NULL) {
-            PyMem_Free(entries);
-            PyErr_NoMemory();
-            return -1;
-        }
-        for (Py_ssize_t i = 0; i < bc->n; i++) {
-            int offset = bc->instrs[i].offset;
-            if (offset >= entries[k].start && offset < entries[k].end) {
-                (*handled)[i] = 1;
-            }
-        }
-    }
-    PyMem_Free(entries);
     return 0;
 }
 

@@ -71,13 +71,6 @@ typedef struct {
  * caller; NULL when empty).  0, or -1 with ValueError when truncated. */
 int ags_bc_exceptions(PyCodeObject *code, ags_except **out, Py_ssize_t *n);
 
-/* *handled: NULL when no handler of `code` catches, else per instruction
- * of `bc` (PyMem, the caller releases) 1 where a handler that catches
- * (one starting with PUSH_EXC_INFO: except and with blocks) receives its
- * exceptions.  Cleanup handlers that only re-raise (inlined
- * comprehensions) do not count.  0, or -1 with an exception set. */
-int ags_bc_handled(PyCodeObject *code, const ags_bytecode *bc,
-                   unsigned char **handled);
 
 /* New reference: [(start, end, handler, depth, lasti), ...]. */
 PyObject *ags_bc_exceptions_list(PyCodeObject *code);

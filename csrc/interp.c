@@ -214,6 +214,13 @@ frozen_copy(PyObject *obj)
     if (PyDict_CheckExact(obj)) {
         return PyDict_Copy(obj);
     }
+    if (PyDict_Check(obj)) {
+        /* an OrderedDict or defaultdict the capture owns: its C copy() */
+        return PyObject_CallMethod(obj, "copy", NULL);
+    }
+    if (PySet_CheckExact(obj)) {
+        return PySet_New(obj);
+    }
     return Py_NewRef(obj);
 }
 
@@ -229,6 +236,7 @@ ags_graph_arg(ags_interp *it, const ags_value *v)
         return Py_NewRef(v->obj);
     case AGS_VK_LIST:
     case AGS_VK_DICT:
+    case AGS_VK_SET:
         return frozen_copy(v->obj);
     case AGS_VK_GENERATOR:
         ags_stopf(it, AGS_REASON_GENERATOR, "a generator that leaves the "
@@ -338,14 +346,16 @@ ags_value_of(ags_interp *it, PyObject *obj, ags_value *out)
         *out = ags_value_make(AGS_VK_TENSOR, Py_NewRef(obj), NULL);
         return 0;
     }
-    owned = (PyList_CheckExact(obj) || PyDict_CheckExact(obj))
+    owned = (PyList_CheckExact(obj) || PyDict_Check(obj)
+             || PySet_CheckExact(obj))
                 ? ags_is_owned(it, obj) : 0;
     if (owned < 0) {
         return -1;
     }
     if (owned) {
         *out = ags_value_make(PyList_CheckExact(obj) ? AGS_VK_LIST
-                                                     : AGS_VK_DICT,
+                              : PyDict_Check(obj)    ? AGS_VK_DICT
+                                                     : AGS_VK_SET,
                               Py_NewRef(obj), NULL);
         return 0;
     }
@@ -469,7 +479,6 @@ ags_frame_release(ags_frame *f)
         Py_XDECREF(f->cells[i]);
     }
     PyMem_Free(f->cells);
-    PyMem_Free(f->handled);
     PyMem_Free(f->locals);
     PyMem_Free(f->stack);
     ags_bc_release(&f->bc);
@@ -550,11 +559,6 @@ ags_frame_run_from(ags_interp *it, ags_frame *f, Py_ssize_t pc)
 {
     int rc = AGS_GO;
 
-    if (f->handled == NULL
-        && PyBytes_GET_SIZE(f->code->co_exceptiontable) > 0
-        && ags_bc_handled(f->code, &f->bc, &f->handled) < 0) {
-        return AGS_ERROR;
-    }
     for (f->pc = pc; rc == AGS_GO && f->pc < f->bc.n;) {
         const ags_instr *ins = &f->bc.instrs[f->pc];
         ags_handler h = handlers[ins->opcode];
@@ -562,12 +566,8 @@ ags_frame_run_from(ags_interp *it, ags_frame *f, Py_ssize_t pc)
         if (f->depth == 0 && ins->offset == it->stop_at) {
             return AGS_STOPPED;
         }
-        if (f->handled != NULL && f->handled[f->pc]) {
-            rc = ags_stopf(it, AGS_REASON_EXCEPTION_HANDLER,
-                           "code under try/except or "
-                           "with: its handler would not run if the graph raised");
-        }
-        else if (++it->steps > AGS_MAX_STEPS) {
+        /* Code under a try runs as any other (interp_exc.c says why). */
+        if (++it->steps > AGS_MAX_STEPS) {
             rc = ags_stopf(it, AGS_REASON_TOO_LONG,
                            "more than %d instructions "
                            "(a long or endless loop)", AGS_MAX_STEPS);

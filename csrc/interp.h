@@ -11,15 +11,22 @@
  *   interp_resume.c  the root frame's state where capture stops (resume)
  *   interp_effects.c  the program's lists and dicts changed in capture
  *   interp_gen.c   generators: a suspended frame stepped to its next yield
+ *   interp_exc.c   try blocks (exception tables) and with blocks
+ *   interp_build.c sets and dict merges assembled at run time
+ *   interp_import.c  imports of loaded modules
+ *   interp_iter.c  owned iterators; map, filter, reduce, partial calls
+ *   interp_object.c  objects the capture makes: class calls, their
+ *                  attribute writes
  *
  * Abstract values.  A value is one of AGS_VALUE_KINDS.  It owns a
  * reference to `obj` and to `source` (how the value is reached from the
  * root frame, a tuple such as ("attr", ("local", "self"), "fc1"); NULL for
- * computed values).  Containers the capture built (TUPLE, LIST, DICT) hold
- * their elements as "graph arguments": a graph node for a tensor, the
- * object itself for anything else.  Objects that were loaded from a source
- * are remembered in the capture's `known` map (id -> (object, source)), so
- * a module taken back out of a tuple still has its source.
+ * computed values).  Containers the capture built (TUPLE, LIST, DICT,
+ * SET) hold their elements as "graph arguments": a graph node for a
+ * tensor, the object itself for anything else.  Objects that were loaded
+ * from a source are remembered in the capture's `known` map (id ->
+ * (object, source)), so a module taken back out of a tuple still has its
+ * source.
  *
  * Policy lives in the builder (agspeed._graph.GraphBuilder): which calls
  * become graph nodes, which are inlined, how an attribute is found without
@@ -39,6 +46,7 @@
     X(TUPLE, "a tuple built during capture: obj holds graph arguments") \
     X(LIST, "a list built during capture: obj holds graph arguments") \
     X(DICT, "a dict built during capture: obj holds graph arguments") \
+    X(SET, "a set built during capture: obj holds graph arguments") \
     X(ITER, "an iterator over the tuple obj, at position pos") \
     X(LAZY, "an argument not read yet: obj is its value, guarded once read") \
     X(GENERATOR, "a generator the capture made: obj owns its suspended " \
@@ -92,7 +100,6 @@ typedef struct ags_frame {
      * in the cell, as a graph argument, so that writes on either side are
      * seen on the other.  Strong; allocated on first use. */
     PyObject **cells;
-    unsigned char *handled;     /* per instruction: under try/with, or NULL */
     ags_value *stack;
     int sp, stack_cap;
     PyObject *kwnames;          /* borrowed: pending KW_NAMES (3.11, 3.12) */
@@ -187,6 +194,19 @@ int ags_bind_params(ags_interp *it, ags_frame *f, PyObject *plan,
 int ags_bind_closure(ags_interp *it, ags_frame *f, PyObject *func,
                      PyObject *fsource);
 
+/* interp_build.c */
+int ags_mapping_items(ags_interp *it, const ags_value *v, PyObject **items);
+int ags_own_created(ags_interp *it, ags_value *v);
+int ags_own_varkw(ags_interp *it, ags_frame *f, int i);
+
+/* interp_iter.c */
+int ags_owned_iterator(ags_interp *it, const ags_value *v);
+int ags_iter_step(ags_interp *it, ags_frame *f, ags_value *iter,
+                  int *exhausted);
+int ags_call_iter_plan(ags_interp *it, ags_frame *f, int kind,
+                       PyObject *plan, ags_value *args, int nargs,
+                       PyObject *kwnames, ags_value *result);
+
 /* interp_ops.c */
 int ags_ops_init(void);
 PyObject *ags_binary_fn(uint32_t op);
@@ -194,7 +214,16 @@ PyObject *ags_binary_fn(uint32_t op);
 /* interp_effects.c */
 int ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out);
 int ags_can_shadow(const ags_value *v);
+int ags_is_mutator(PyObject *container, PyObject *name);
 int ags_shadow(ags_interp *it, ags_value *v);
+int ags_effect_setattr(ags_interp *it, ags_value *owner, PyObject *name,
+                       ags_value *value);
+/* interp_object.c */
+int ags_call_new(ags_interp *it, ags_frame *f, PyObject *plan,
+                 ags_value *args, int nargs, PyObject *kwnames,
+                 ags_value *result);
+int ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
+                   PyObject *name, ags_value *value);
 
 /* interp_flow.c */
 int ags_truth(ags_interp *it, const ags_value *v, int *truth);

@@ -7,7 +7,9 @@
  * ("attr", owner's source, name).  An attribute of a tensor is metadata
  * (a constant: shape, dtype, device...) or a tensor view (.T); a method
  * load gives a METHOD value.  getattr()/hasattr() with a constant name
- * load as LOAD_ATTR does, a missing attribute guarded absent; super()
+ * load as LOAD_ATTR does, a missing attribute guarded absent (hasattr of a
+ * tensor is asked of its type); fields of structseqs and namedtuples
+ * the capture built are read as attributes of known objects; super()
  * objects find attributes in the classes after the given one.
  */
 #include "interp.h"
@@ -90,6 +92,14 @@ known_attr(ags_interp *it, ags_frame *f, ags_value *owner, PyObject *name,
     if (attr_source(it, owner, name, &src) < 0) {
         Py_DECREF(answer);
         return AGS_ERROR;
+    }
+    if (how == AGS_ATTR_METHOD
+        && (Py_IS_TYPE(value, &PyMethodDescr_Type)
+            || Py_IS_TYPE(value, &PyClassMethodDescr_Type))) {
+        /* a builtin type's method: the owner's guard checks its exact
+         * type, which implies the method; an instance has no attribute
+         * the guard could load for it */
+        Py_CLEAR(src);
     }
     if (how == AGS_ATTR_VALUE || how == AGS_ATTR_METHOD) {
         if (src != NULL) {
@@ -183,8 +193,15 @@ ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method)
     ags_value owner = ags_pop(f);
     int rc;
 
-    if (method && ags_can_shadow(&owner)) {
-        /* a method of a list or dict of the program: called on its shadow */
+    rc = method && ags_can_shadow(&owner) ? ags_is_mutator(owner.obj, name)
+                                          : 0;
+    if (rc < 0) {
+        ags_value_clear(&owner);
+        return AGS_ERROR;
+    }
+    if (rc == 1) {
+        /* a method that changes a list or dict of the program: called on
+         * its shadow */
         rc = ags_shadow(it, &owner);
         if (rc != AGS_GO) {
             ags_value_clear(&owner);
@@ -196,8 +213,14 @@ ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method)
                                                  "(OO)",
                                                  owner.obj, name));
     }
+    else if (owner.kind == AGS_VK_TUPLE && !method
+             && !PyTuple_CheckExact(owner.obj)) {
+        /* a field of a structseq (x.max(1).values) or namedtuple */
+        rc = known_attr(it, f, &owner, name, 0);
+    }
     else if (owner.kind == AGS_VK_TENSOR || owner.kind == AGS_VK_LIST
-             || owner.kind == AGS_VK_DICT || owner.kind == AGS_VK_TUPLE) {
+             || owner.kind == AGS_VK_DICT || owner.kind == AGS_VK_TUPLE
+             || owner.kind == AGS_VK_SET) {
         if (!method) {
             rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_ATTRIBUTE,
                            "attribute %R of a %s",
@@ -262,6 +285,19 @@ ags_call_getattr(ags_interp *it, ags_frame *f, int has, ags_value *args,
         return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
                          "%s() with a name that is not "
                          "a constant string", fn);
+    }
+    if (has && (args[0].kind == AGS_VK_TENSOR
+                || args[0].kind == AGS_VK_TUPLE
+                || args[0].kind == AGS_VK_LIST
+                || args[0].kind == AGS_VK_DICT)) {
+        /* decided by the value's type (a tensor's is guarded) */
+        PyObject *fn = PyDict_GetItemString(f->builtins, "hasattr");
+        if (fn == NULL) {
+            return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
+                             "hasattr() is not a builtin here");
+        }
+        return ags_builder_call(it, AGS_BOP_FOLD, fn, NULL, args, nargs, NULL,
+                                result);
     }
     if (args[0].kind != AGS_VK_CONST) {
         if (has) {

@@ -9,6 +9,8 @@
  *           evaluated now, the result is a constant;
  *   CONST   a call whose answer is known (torch.compiler.is_compiling());
  *   SUPER   super(...): a super object (interp_attr.c);
+ *   NEW     a plain class: an owned instance, __init__ inlined
+ *           (interp_object.c);
  *   GETATTR, HASATTR  with a constant name: as LOAD_ATTR (interp_attr.c).
  * Anything else breaks with the builder's reason.  Tensor methods and the
  * methods of containers the capture built go to the builder directly.
@@ -59,6 +61,29 @@ pack_args(ags_interp *it, const ags_value *first, ags_value *args, int nargs,
     return AGS_GO;
 }
 
+/* A list, dict, set or iterator that a fold or a container method just
+ * made, which nothing else refers to, cannot be an object of the program:
+ * the capture owns it (it may mutate or step it).  out: borrowed. */
+static int
+fresh_container(ags_interp *it, int op, PyObject *out)
+{
+    if ((op != AGS_BOP_FOLD && op != AGS_BOP_CONTAINER_METHOD)
+        || Py_REFCNT(out) != 1) {
+        return 0;
+    }
+    if (PyList_CheckExact(out) || PyDict_CheckExact(out)
+        || PySet_CheckExact(out) || PyIter_Check(out)) {
+        return ags_own(it, out);
+    }
+    if (PyDict_Check(out)
+        && !(Py_TYPE(out)->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+        /* OrderedDict, defaultdict: C types whose methods call no user
+         * code (a defaultdict's factory is checked by the builder) */
+        return ags_own(it, out);
+    }
+    return 0;
+}
+
 /* Calls the builder's operation `op` (an AGS_BOP_*) as op(extra, args,
  * kwargs) and sets *result. */
 int
@@ -74,7 +99,8 @@ ags_builder_call(ags_interp *it, int op, PyObject *extra,
         if (out == NULL) {
             rc = ags_take_break(it);
         }
-        else if (ags_value_of(it, out, result) < 0) {
+        else if (fresh_container(it, op, out) < 0
+                 || ags_value_of(it, out, result) < 0) {
             rc = AGS_ERROR;
         }
     }
@@ -112,8 +138,7 @@ inline_with_self(ags_interp *it, ags_frame *f, PyObject *func,
 }
 
 /* Runs a plan (INLINE or MODULE, func, bound self or None, func's source
- * or None): the function's bytecode, with the bound self first when the
- * call gave none. */
+ * or None): the function's bytecode, with the bound self first. */
 static int
 call_inline(ags_interp *it, ags_frame *f, PyObject *plan,
             const ags_value *self, ags_value *args, int nargs,
@@ -125,7 +150,23 @@ call_inline(ags_interp *it, ags_frame *f, PyObject *plan,
     ags_value bound_value;
     int rc;
 
-    if (bound != Py_None && self == NULL) {
+    if (bound != Py_None && self != NULL) {
+        /* A bound callable in the method slot with a value in the self
+         * slot (a with block's exit(None, None, None)): CPython passes
+         * that value as the first argument, after the bound self. */
+        ags_value *all = PyMem_Calloc((size_t)nargs + 1, sizeof(ags_value));
+
+        if (all == NULL) {
+            PyErr_NoMemory();
+            return AGS_ERROR;
+        }
+        all[0] = *self;
+        memcpy(&all[1], args, (size_t)nargs * sizeof(ags_value));
+        rc = call_inline(it, f, plan, NULL, all, nargs + 1, kwnames, result);
+        PyMem_Free(all);  /* the values are borrowed from the caller */
+        return rc;
+    }
+    if (bound != Py_None) {
         if (ags_value_of(it, bound, &bound_value) < 0) {
             return AGS_ERROR;
         }
@@ -221,6 +262,11 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
                           PyTuple_GET_ITEM(plan, 1), self, args, nargs,
                           kwnames, result);
         break;
+    case AGS_PLAN_CTX:
+        /* a context manager the builder models (interp_exc.c) */
+        rc = ags_builder_call(it, AGS_BOP_CTX, PyTuple_GET_ITEM(plan, 1),
+                              self, args, nargs, kwnames, result);
+        break;
     case AGS_PLAN_INLINE:
     case AGS_PLAN_MODULE:
         rc = call_inline(it, f, plan, self, args, nargs, kwnames, result);
@@ -232,6 +278,12 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
                              callable->obj)
                  : ags_call_getattr(it, f, kind == AGS_PLAN_HASATTR, args, nargs,
                                 kwnames, result);
+        break;
+    case AGS_PLAN_NEW:
+        rc = self != NULL
+                 ? ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "calling %R",
+                             callable->obj)
+                 : ags_call_new(it, f, plan, args, nargs, kwnames, result);
         break;
     case AGS_PLAN_CONST:
         rc = ags_value_of(it, PyTuple_GET_ITEM(plan, 1), result) < 0
@@ -248,6 +300,16 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
         }
         rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "calling %R",
                        callable->obj);
+        break;
+    case AGS_PLAN_MAP:
+    case AGS_PLAN_FILTER:
+    case AGS_PLAN_REDUCE:
+    case AGS_PLAN_PARTIAL:
+        rc = self != NULL
+                 ? ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "calling %R",
+                             callable->obj)
+                 : ags_call_iter_plan(it, f, kind, plan, args, nargs,
+                                      kwnames, result);
         break;
     default:
         Py_UNREACHABLE();
@@ -324,21 +386,23 @@ op_call_function_ex(ags_interp *it, ags_frame *f, const ags_instr *ins)
     ags_value kwargs = (ins->arg & 1) ? ags_pop(f)
                                       : ags_value_make(AGS_VK_UNBOUND, NULL, NULL);
     ags_value posargs = ags_pop(f);
-    PyObject *elems = NULL, *kwnames = NULL;
+    PyObject *elems = NULL, *kwnames = NULL, *items = NULL;
     int rc, n = 0, nkw = 0;
 
     rc = ags_elements(it, &posargs, &elems);
     if (rc == AGS_GO && kwargs.kind != AGS_VK_UNBOUND) {
-        if (kwargs.kind != AGS_VK_DICT && !(kwargs.kind == AGS_VK_CONST
-                                            && PyDict_CheckExact(kwargs.obj))) {
-            rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
-                           "**kwargs from a %s",
-                           AGS_DESCRIBE(&kwargs));
-        }
-        else {
-            kwnames = PySequence_Tuple(kwargs.obj);
+        /* a dict the capture built, or a program's dict read item by item */
+        rc = ags_mapping_items(it, &kwargs, &items);
+        if (rc == AGS_GO) {
+            kwnames = PySequence_Tuple(items);
             rc = kwnames ? AGS_GO : AGS_ERROR;
             nkw = kwnames ? (int)PyTuple_GET_SIZE(kwnames) : 0;
+        }
+        for (int i = 0; rc == AGS_GO && i < nkw; i++) {
+            if (!PyUnicode_Check(PyTuple_GET_ITEM(kwnames, i))) {
+                rc = ags_stopf(it, AGS_REASON_BAD_CALL,
+                               "keywords must be strings");
+            }
         }
     }
     if (rc == AGS_GO) {
@@ -359,7 +423,7 @@ op_call_function_ex(ags_interp *it, ags_frame *f, const ags_instr *ins)
     }
     for (int i = 0; rc == AGS_GO && i < n + nkw; i++) {
         PyObject *item = i < n ? PyTuple_GET_ITEM(elems, i)
-                               : PyDict_GetItem(kwargs.obj,
+                               : PyDict_GetItem(items,
                                                 PyTuple_GET_ITEM(kwnames, i - n));
         ags_value v;
         rc = ags_value_of(it, item, &v) < 0 ? AGS_ERROR : ags_push(f, v);
@@ -369,6 +433,7 @@ op_call_function_ex(ags_interp *it, ags_frame *f, const ags_instr *ins)
     }
     Py_XDECREF(elems);
     Py_XDECREF(kwnames);
+    Py_XDECREF(items);
     ags_value_clear(&posargs);
     ags_value_clear(&kwargs);
     return rc;

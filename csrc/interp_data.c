@@ -72,6 +72,12 @@ load_local(ags_interp *it, ags_frame *f, uint32_t i)
             f->locals[i] = shadow;
         }
     }
+    if (f->locals[i].kind == AGS_VK_CONST) {
+        int rc = ags_own_varkw(it, f, (int)i);
+        if (rc != AGS_GO) {
+            return rc;
+        }
+    }
     if (f->locals[i].kind == AGS_VK_UNBOUND) {
         return ags_stopf(it, AGS_REASON_UNBOUND_LOCAL, "local %R is not bound",
                          PyTuple_GET_ITEM(f->code->co_localsplusnames, i));
@@ -607,14 +613,26 @@ op_build_slice(ags_interp *it, ags_frame *f, const ags_instr *ins)
 static int
 subscript(ags_interp *it, ags_frame *f, ags_value *container, ags_value *index)
 {
-    PyObject *c = ags_graph_arg(it, container), *i = NULL, *out;
+    /* a built dict is read in place: a defaultdict's missing key is added
+     * to it, not to a copy */
+    PyObject *c = container->kind == AGS_VK_DICT
+                      ? Py_NewRef(container->obj)
+                      : ags_graph_arg(it, container);
+    PyObject *i = NULL, *out;
     PyObject *source = NULL;
     ags_value v;
     int rc;
 
+    int had = 1;
+
     if (c == NULL || (i = ags_graph_arg(it, index)) == NULL) {
         Py_XDECREF(c);
         return AGS_BREAK;
+    }
+    if (container->kind == AGS_VK_DICT
+        && (had = PyDict_Contains(c, i)) < 0) {
+        PyErr_Clear();  /* unhashable: the builder's lookup breaks */
+        had = 1;
     }
     if (container->kind == AGS_VK_CONST) {
         source = ags_source_of(it, container);
@@ -637,6 +655,10 @@ subscript(ags_interp *it, ags_frame *f, ags_value *container, ags_value *index)
     else if (PyTuple_Check(out) && PyTuple_GET_SIZE(out) == 2) {
         rc = ags_value_of(it, PyTuple_GET_ITEM(out, 0), &v) < 0 ? AGS_ERROR
                                                                 : AGS_GO;
+        if (rc == AGS_GO && !had) {
+            /* a defaultdict's factory made it here */
+            rc = ags_own_created(it, &v);
+        }
     }
     else {
         PyErr_SetString(PyExc_SystemError, "builder.getitem: bad answer");
@@ -734,38 +756,16 @@ op_store_subscr(ags_interp *it, ags_frame *f, const ags_instr *ins)
     return rc;
 }
 
-/* obj.name = value on an object of the program reached by a source: the
- * builder records the write, and the entry replays it after the graph
- * (agspeed/_effects.py).  Anything else stops the capture. */
+/* obj.name = value: stored on an object the capture made
+ * (interp_object.c), or recorded as a side effect on an object of the
+ * program, replayed after the graph (interp_effects.c). */
 AGS_HANDLER
 op_store_attr(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     ags_value owner = ags_pop(f), value = ags_pop(f);
     PyObject *name = PyTuple_GET_ITEM(f->code->co_names, ins->arg);
-    PyObject *arg = NULL, *out = NULL;
-    int rc;
+    int rc = ags_store_attr(it, f, &owner, name, &value);
 
-    if (owner.kind != AGS_VK_CONST || owner.source == NULL) {
-        rc = ags_stopf(it, AGS_REASON_SIDE_EFFECT,
-                       "setting attribute %R of a %s", name,
-                       owner.kind == AGS_VK_CONST ? Py_TYPE(owner.obj)->tp_name
-                                                  : AGS_DESCRIBE(&owner));
-        goto done;
-    }
-    /* an owned list or dict is stored itself, not a copy: later writes to
-     * it are part of what the attribute holds */
-    arg = value.kind == AGS_VK_LIST || value.kind == AGS_VK_DICT
-              ? Py_NewRef(value.obj) : ags_graph_arg(it, &value);
-    if (arg == NULL) {
-        rc = PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
-        goto done;
-    }
-    out = ags_call_builder(it, AGS_BOP_EFFECT_SETATTR, "(OOOO)", owner.obj,
-                           owner.source, name, arg);
-    rc = out == NULL ? ags_take_break(it) : AGS_GO;
-done:
-    Py_XDECREF(arg);
-    Py_XDECREF(out);
     ags_value_clear(&owner);
     ags_value_clear(&value);
     return rc;

@@ -1,4 +1,9 @@
-/* interp_effects.c: lists and dicts of the program, changed during capture.
+/* interp_effects.c: objects of the program changed during capture.
+ *
+ * An attribute written on an object reached from the frame (one with a
+ * source) is handed to the builder (effect_setattr), which records it for
+ * the entry to replay after the graph (agspeed/_effects.py); objects the
+ * capture made take their writes in interp_object.c.
  *
  * A list or dict that existed before the call (a global registry, a list
  * attribute of a module, a dict argument) is a constant to the
@@ -44,6 +49,65 @@ ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out)
                                                     : AGS_VK_DICT,
                           Py_NewRef(shadow), NULL);
     return 1;
+}
+
+/* Does calling method `name` of a list or dict change it?  Only those
+ * make a shadow: a method that only reads is answered from the original,
+ * guarded on what it read (interp_call.c, agspeed/_stdlib.py).  The names
+ * are kept as two frozensets, made on first use. */
+int
+ags_is_mutator(PyObject *container, PyObject *name)
+{
+    static PyObject *list_mutators, *dict_mutators;
+    PyObject *names;
+
+    if (list_mutators == NULL) {
+        PyObject *l = Py_BuildValue(
+            "(sssssssssss)", "append", "extend", "insert", "pop", "remove",
+            "clear", "sort", "reverse", "__setitem__", "__delitem__",
+            "__iadd__");
+        PyObject *d = Py_BuildValue(
+            "(ssssssss)", "pop", "popitem", "setdefault", "update", "clear",
+            "__setitem__", "__delitem__", "__ior__");
+
+        list_mutators = l ? PyFrozenSet_New(l) : NULL;
+        dict_mutators = d ? PyFrozenSet_New(d) : NULL;
+        Py_XDECREF(l);
+        Py_XDECREF(d);
+        if (list_mutators == NULL || dict_mutators == NULL) {
+            Py_CLEAR(list_mutators);
+            Py_CLEAR(dict_mutators);
+            return -1;
+        }
+    }
+    names = PyList_CheckExact(container) ? list_mutators : dict_mutators;
+    return PySet_Contains(names, name);
+}
+
+/* owner.name = value on an object of the program (owner has a source):
+ * the builder records the write and the entry replays it after the graph.
+ * owner, value borrowed. */
+int
+ags_effect_setattr(ags_interp *it, ags_value *owner, PyObject *name,
+                   ags_value *value)
+{
+    PyObject *arg, *out;
+
+    /* an owned list or dict is stored itself, not a copy: later writes to
+     * it are part of what the attribute holds */
+    arg = value->kind == AGS_VK_LIST || value->kind == AGS_VK_DICT
+              ? Py_NewRef(value->obj) : ags_graph_arg(it, value);
+    if (arg == NULL) {
+        return PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
+    }
+    out = ags_call_builder(it, AGS_BOP_EFFECT_SETATTR, "(OOOO)", owner->obj,
+                           owner->source, name, arg);
+    Py_DECREF(arg);
+    if (out == NULL) {
+        return ags_take_break(it);
+    }
+    Py_DECREF(out);
+    return AGS_GO;
 }
 
 /* Is v a list or dict of the program that a shadow can stand for? */

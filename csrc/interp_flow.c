@@ -30,6 +30,7 @@ ags_truth(ags_interp *it, const ags_value *v, int *truth)
     case AGS_VK_TUPLE:
     case AGS_VK_LIST:
     case AGS_VK_DICT:
+    case AGS_VK_SET:
         *truth = PyObject_Length(v->obj) > 0;
         return AGS_GO;
     case AGS_VK_ITER:
@@ -66,7 +67,8 @@ ags_elements(ags_interp *it, const ags_value *v, PyObject **elems)
         *elems = PySequence_Tuple(v->obj);
         return *elems ? AGS_GO : AGS_ERROR;
     case AGS_VK_DICT:
-        *elems = PySequence_Tuple(v->obj);  /* its keys */
+    case AGS_VK_SET:
+        *elems = PySequence_Tuple(v->obj);  /* a dict's keys */
         return *elems ? AGS_GO : AGS_ERROR;
     case AGS_VK_ITER:
         *elems = PyTuple_GetSlice(v->obj, v->pos, PyTuple_GET_SIZE(v->obj));
@@ -74,6 +76,12 @@ ags_elements(ags_interp *it, const ags_value *v, PyObject **elems)
     case AGS_VK_GENERATOR:
         return ags_gen_drain(it, v, elems);  /* runs it to its end */
     case AGS_VK_CONST:
+        n = ags_owned_iterator(it, v);
+        if (n != 0) {
+            /* consumed, as list(it) does */
+            *elems = n > 0 ? PySequence_Tuple(v->obj) : NULL;
+            return *elems ? AGS_GO : AGS_ERROR;
+        }
         break;
     default:
         return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
@@ -352,9 +360,14 @@ op_get_iter(ags_interp *it, ags_frame *f, const ags_instr *ins)
         return AGS_GO;  /* its own iterator, stepped by FOR_ITER */
     }
     v = ags_pop(f);
-    rc = ags_elements(it, &v, &elems);
+    rc = ags_owned_iterator(it, &v);
 
     (void)ins;
+    if (rc != 0) {
+        /* iter(it) is it: FOR_ITER steps the object itself */
+        return rc < 0 ? AGS_ERROR : ags_push(f, v);
+    }
+    rc = ags_elements(it, &v, &elems);
     ags_value_clear(&v);
     if (rc != AGS_GO) {
         return rc;
@@ -389,25 +402,42 @@ op_for_iter(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     ags_value *iter = ags_peek(f, 1);
     ags_value v;
+    int exhausted = 0, rc;
 
-    if (iter->kind == AGS_VK_GENERATOR) {
+    switch (iter->kind) {
+    case AGS_VK_GENERATOR:
         return for_iter_generator(it, f, ins);
-    }
-    if (iter->kind != AGS_VK_ITER) {
+    case AGS_VK_ITER:
+        exhausted = iter->pos >= PyTuple_GET_SIZE(iter->obj);
+        if (exhausted) {
+            break;
+        }
+        if (ags_value_of(it, PyTuple_GET_ITEM(iter->obj, iter->pos), &v) < 0) {
+            return AGS_ERROR;
+        }
+        iter->pos++;
+        return ags_push(f, v);
+    case AGS_VK_CONST:
+        rc = ags_owned_iterator(it, iter);
+        if (rc <= 0) {
+            return rc < 0 ? AGS_ERROR
+                          : ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                                      "FOR_ITER over a %s",
+                                      AGS_DESCRIBE(iter));
+        }
+        rc = ags_iter_step(it, f, iter, &exhausted);
+        if (rc != AGS_GO || !exhausted) {
+            return rc;
+        }
+        break;
+    default:
         return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
                          "FOR_ITER over a %s",
                          AGS_DESCRIBE(iter));
     }
-    if (iter->pos >= PyTuple_GET_SIZE(iter->obj)) {
-        ags_drop(f, 1);
-        jump_to(f, ins, AGS_FOR_ITER_SKIP);
-        return AGS_GO;
-    }
-    if (ags_value_of(it, PyTuple_GET_ITEM(iter->obj, iter->pos), &v) < 0) {
-        return AGS_ERROR;
-    }
-    iter->pos++;
-    return ags_push(f, v);
+    ags_drop(f, 1);
+    jump_to(f, ins, AGS_FOR_ITER_SKIP);
+    return AGS_GO;
 }
 
 AGS_HANDLER

@@ -121,6 +121,17 @@ ags_bind_closure(ags_interp *it, ags_frame *f, PyObject *func,
         }
         return AGS_GO;
     }
+    if (closure != NULL && fsource == NULL && nfree == 1
+        && PyUnicode_CompareWithASCIIString(
+               PyTuple_GET_ITEM(f->code->co_localsplusnames, f->nlocals - 1),
+               "__class__") == 0
+        && PyType_Check(PyCell_GET(PyTuple_GET_ITEM(closure, 0)))) {
+        /* A method's zero-argument super() cell: the class the method was
+         * defined in, set when the class was made, needs no guard. */
+        return ags_value_of(it, PyCell_GET(PyTuple_GET_ITEM(closure, 0)),
+                            &f->locals[f->nlocals - 1]) < 0 ? AGS_ERROR
+                                                           : AGS_GO;
+    }
     if (closure == NULL || fsource == NULL) {
         return ags_stopf(it, AGS_REASON_CLOSURE,
                          "a closure reached by no source");

@@ -46,7 +46,8 @@
     X(UNPACK_EX, op_unpack_ex, "unpack with one starred target") \
     X(BINARY_SUBSCR, op_binary_subscr, "container[index]") \
     X(STORE_SUBSCR, op_store_subscr, "container[index] = value") \
-    X(STORE_ATTR, op_store_attr, "obj.name = value: breaks (a side effect)") \
+    X(STORE_ATTR, op_store_attr, "obj.name = value: on an object made here, " \
+                                 "else breaks (a side effect)") \
     X(BUILD_STRING, op_build_string, "join arg known strings") \
     X(GET_ITER, op_get_iter, "an iterator over a known sequence") \
     X(FOR_ITER, op_for_iter, "next element, or leave the loop") \
@@ -62,7 +63,21 @@
     X(YIELD_VALUE, op_yield_value, "suspend the generator (AGS_YIELD)") \
     X(GET_YIELD_FROM_ITER, op_get_yield_from_iter, \
       "yield from: a generator stays, anything else as GET_ITER") \
-    X(SEND, op_send, "step the yield-from iterator, or jump when done")
+    X(SEND, op_send, "step the yield-from iterator, or jump when done") \
+    X(BEFORE_WITH, op_before_with, "[cm] -> [exit, what enter returned]") \
+    X(PUSH_EXC_INFO, op_exception_path, "a handler starts: never reached") \
+    X(CHECK_EXC_MATCH, op_exception_path, "except T: never reached") \
+    X(CHECK_EG_MATCH, op_exception_path, "except* T: never reached") \
+    X(WITH_EXCEPT_START, op_exception_path, "a with's exit on a raise") \
+    X(POP_EXCEPT, op_exception_path, "a handler ends: never reached") \
+    X(RERAISE, op_exception_path, "re-raise: never reached") \
+    X(BUILD_SET, op_build_set, "pack the top arg values into a set") \
+    X(SET_ADD, op_set_add, "add the top to a built set") \
+    X(SET_UPDATE, op_set_update, "add the elements of the top to a set") \
+    X(DICT_MERGE, op_dict_merge, "f(**m): merge, a repeated key fails") \
+    X(DICT_UPDATE, op_dict_update, "{**m}: update a built dict") \
+    X(IMPORT_NAME, op_import_name, "a module already in sys.modules") \
+    X(IMPORT_FROM, op_import_from, "an attribute of the imported module")
 
 /* 3.12 and later. */
 #define AGS_INTERP_OPS_SINCE_312(X) \

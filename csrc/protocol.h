@@ -67,13 +67,12 @@
                    "an item)", \
       "return the value instead and store it outside the optimized code") \
     X(UNSUPPORTED_INSTRUCTION, "Python the capture does not model " \
-                               "(try/except, with, del, yield...)", \
+                               "(del, yield, import...)", \
       "move it into a helper called from the optimized code; the helper " \
       "runs eager") \
-    X(EXCEPTION_HANDLER, "code under try/except or with, whose handler the " \
-                         "graph could not run", \
-      "move the try block out of the optimized code, or the tensor work " \
-      "out of it") \
+    X(EXCEPTION_HANDLER, "an exception handler was entered: the code " \
+                         "raised while capturing", \
+      "the frame runs eager, where the handler runs") \
     X(GENERATOR, "a generator that leaves the optimized code, or a " \
                  "coroutine, runs eager", \
       "consume the generator where it is made (tuple(gen), a for loop) and " \
@@ -127,7 +126,18 @@
                       "replayed after the graph") \
     X(SHADOW, "shadow(obj, source) -> container: an owned copy of a list " \
               "or dict of the program, changed in its place; its final " \
-              "contents are written back after the graph")
+              "contents are written back after the graph") \
+    X(ENTER_WITH, "enter_with(cm, source) -> (exit, enter): the callables " \
+                  "a with block calls, enter() on entry and exit(None, " \
+                  "None, None) when the block ends normally") \
+    X(CTX, "ctx(fn, args, kwargs) -> value: a context manager's " \
+           "construction, enter or exit, modelled by the builder") \
+    X(NEW_OBJECT, "new_object(cls) -> object: a fresh instance made by the " \
+                  "class's builtin __new__, owned by the capture") \
+    X(STORE_ATTR, "store_attr(obj, name, value) -> None once stored on an " \
+                  "object the capture made, or a function to inline: a " \
+                  "__setattr__ as f(obj, name, value), a property's setter " \
+                  "as f(obj, value)")
 
 /* How a call is captured: the first item of plan_call's answer. */
 #define AGS_PLAN_LIST(X) \
@@ -140,7 +150,17 @@
     X(GETATTR, "(GETATTR,): getattr() with a constant name") \
     X(HASATTR, "(HASATTR,): hasattr() with a constant name") \
     X(CONST, "(CONST, value): a call whose result is known") \
-    X(SUPER, "(SUPER,): super() of the running method")
+    X(SUPER, "(SUPER,): super() of the running method") \
+    X(CTX, "(CTX, fn): a context manager the builder models (grad mode, " \
+           "autocast): made, entered or left by ctx()") \
+    X(MAP, "(MAP,): map(fn, *iterables), fn called per element " \
+           "(interp_iter.c)") \
+    X(FILTER, "(FILTER,): filter(fn or None, iterable)") \
+    X(REDUCE, "(REDUCE,): functools.reduce(fn, iterable[, initial])") \
+    X(PARTIAL, "(PARTIAL, func, args, keywords): a call through a " \
+               "functools.partial, its arguments graph arguments") \
+    X(NEW, "(NEW, cls, __init__ or None, its source or None): an instance " \
+           "made by new_object, its __init__ inlined on it")
 
 /* Where an attribute was found: the first item of attr's answer. */
 #define AGS_ATTR_LIST(X) \
@@ -182,7 +202,9 @@
     X(ITEM, "(item, base, key): an item of a tuple, list or dict") \
     X(CELL, "(cell, function, index): the contents of a closure cell") \
     X(TYPE, "(type, base): the exact type of the base") \
-    X(FGET, "(fget, base): the getter of a property")
+    X(FGET, "(fget, base): the getter of a property") \
+    X(CVAR, "(cvar, base): the value of a contextvars.ContextVar in the " \
+            "running context (its get()), or missing when it has none")
 
 /* What a guard checks of one value (guards/check.c has a row of
  * behaviour for each; agspeed/guards/checks.py a class). */

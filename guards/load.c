@@ -13,6 +13,7 @@
  *   CELL    the contents of a closure cell of a function
  *   TYPE    the exact type of the parent's value
  *   FGET    the getter of a property
+ *   CVAR    the value of a ContextVar (the Python step)
  *
  * Every op is one row: its load (answers in C, or the Python step), its
  * parse rule (what _set_program accepts) and its memo rule (what the
@@ -463,6 +464,24 @@ parse_FGET(const g_load *ld)
 }
 
 #define depends_FGET depends_nothing
+
+/* CVAR -------------------------------------------------------------- */
+
+static inline PyObject *
+load_CVAR(G_LOAD_ARGS)
+{
+    G_UNUSED_LOAD_ARGS;
+    return step(p, AGS_LOAD_CVAR, base, ld->key);
+}
+
+static const char *
+parse_CVAR(const g_load *ld)
+{
+    return child(ld);
+}
+
+/* A context variable's value changes with no object the memo watches. */
+#define depends_CVAR depends_nothing
 
 /* The table ---------------------------------------------------------- */
 

@@ -554,6 +554,31 @@ def test_a_graph_with_symbolic_sizes_is_refused_with_the_reason():
     assert "static sizes" in backends.why_not(jit(), gm, example_inputs, True)
 
 
+def _frozen_half(x, w):
+    with torch.no_grad():
+        frozen = x @ w
+    return frozen, x @ w
+
+
+def test_a_graph_that_switches_grad_mode_is_refused_and_runs_eager_instead():
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append((gm, list(example_inputs)))
+        return gm.forward
+
+    x, w = torch.randn(3, 4), torch.randn(4, 4, requires_grad=True)
+    agspeed.optimize(_frozen_half, backend=keep)(x, w)
+    gm, example_inputs = graphs[0]
+    with pytest.raises(RuntimeError, match="switches grad mode"):
+        jit()(gm, example_inputs)
+    fast = agspeed.optimize(_frozen_half, backend="jit")
+    for _ in range(2):
+        out, ref = fast(x, w), _frozen_half(x, w)
+        assert [t.requires_grad for t in out] == [t.requires_grad for t in ref] == [False, True]
+        torch.testing.assert_close(out, ref)
+
+
 def test_optimize_dynamic_true_gives_jit_static_graphs_that_compute_like_eager():
     model, ref = seeded(ACTIVATIONS["gelu"])
     run = agspeed.optimize(model, backend="jit", dynamic=True)

@@ -35,6 +35,19 @@ class GraphBreakLike(Exception):
         self.reason = reason
 
 
+class Mode:
+    """Plays a context manager the builder models (as agspeed._ctx does torch.no_grad)."""
+
+    def __init__(self, flag):
+        self.flag = flag
+
+    def enter(self):
+        return self.flag
+
+    def exit(self, *exc):
+        assert exc == (None, None, None)
+
+
 class Recorder:
     """The builder interface the interpreter calls, recording every request.
 
@@ -46,11 +59,25 @@ class Recorder:
     node_type = Node
     FOLDS = (len, range, enumerate, zip, isinstance, min, max, int, tuple, list)
 
-    def __init__(self, allowed=(), non_tensor=(), fail_on=()):
+    def __init__(self, allowed=(), non_tensor=(), fail_on=(), classes=()):
         self.ops, self.inputs = [], []
         self.allowed, self.non_tensor, self.fail_on = allowed, non_tensor, fail_on
         self.assumptions, self.known = [], {}
         self.writes, self.shadows = [], []
+        self.classes, self.made = classes, []  # classes called as plain classes
+
+    def new_object(self, cls):
+        self.made.append(object.__new__(cls))
+        return self.made[-1]
+
+    def store_attr(self, obj, name, value):
+        if not any(o is obj for o in self.made):
+            raise GraphBreakLike(Reason.SIDE_EFFECT, f"setting attribute {name!r}")
+        setter = type(obj).__setattr__
+        if type(setter) is types.FunctionType:
+            return setter
+        object.__setattr__(obj, name, value)
+        return None
 
     def input(self, source, value):
         self.inputs.append(source[1] if source[0] == "local" else source)
@@ -62,13 +89,21 @@ class Recorder:
             raise GraphBreakLike(Reason.UNSUPPORTED_ATTRIBUTE, value)
         if how is Attr.MISSING:
             return how, MISSING, None
-        return how, value, obj if how is Attr.METHOD else None
+        bound = obj.__self__ if isinstance(obj, super) else obj
+        return how, value, bound if how is Attr.METHOD else None
 
     def plan_call(self, fn, source):
+        if fn is Mode or (type(fn) is types.MethodType and isinstance(fn.__self__, Mode)):
+            return (Plan.CTX, fn)
         if fn is getattr or fn is hasattr:
             return (Plan.GETATTR,) if fn is getattr else (Plan.HASATTR,)
         if type(fn) is types.MethodType:
             return (Plan.INLINE, fn.__func__, fn.__self__, None)
+        if fn in self.classes:
+            init = fn.__dict__.get("__init__")
+            return (Plan.NEW, fn, init, None)
+        if fn is object.__setattr__:
+            return (Plan.FOLD, fn)
         if fn in self.allowed or getattr(fn, "__module__", None) in ("operator", "_operator"):
             return (Plan.GRAPH, fn)
         if fn in self.FOLDS:
@@ -147,6 +182,19 @@ class Recorder:
         made = list(obj) if type(obj) is list else dict(obj)
         self.shadows.append((source, made))
         return made
+
+    def enter_with(self, cm, source):
+        """As agspeed._ctx: a modelled manager's own steps, else its methods bound."""
+        if isinstance(cm, Mode):
+            return cm.exit, cm.enter
+        found = [static_attr(cm, name) for name in ("__exit__", "__enter__")]
+        if any(how is not Attr.METHOD for how, _ in found):
+            raise GraphBreakLike(Reason.UNSUPPORTED_CALL, f"with {type(cm).__name__}")
+        return tuple(types.MethodType(fn, cm) for _, fn in found)
+
+    def ctx(self, fn, args, kwargs):
+        self.ops.append((getattr(fn, "__name__", "ctx"), args, kwargs))
+        return fn(*args, **kwargs)
 
 
 tlib = types.ModuleType("tlib")
@@ -458,6 +506,69 @@ def test_lists_and_dicts_of_the_program_are_changed_in_shadows_only():
     assert b.ops[-1][0] == "mul" and b.ops[-1][1][1] == 2
 
 
+class Box:
+    def __init__(self, x, k):
+        self.x = x * k
+        self.k = k
+
+
+class Doubling:
+    def __init__(self, x):
+        self.x = x
+
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value * 2)
+
+
+class Bare:
+    pass
+
+
+def makes_objects(x, k):
+    b = Box(x, k)
+    b.y = b.x + b.k
+    d = Doubling(b.y)
+    e = Bare()
+    e.z = d.x
+    return e.z, b, d
+
+
+def test_objects_made_in_the_frame_take_writes_and_read_them_back():
+    out, b = capture(makes_objects, Recorder(classes=(Box, Doubling, Bare)), x=T(), k=3)
+    assert out["status"] == "graph"
+    assert [op[0] for op in b.ops] == ["mul", "add", "mul"]
+    z, box, dbl = out["result"]
+    assert type(box) is Box and box.k == 3 and box.y.label == "add#2"
+    assert type(dbl) is Doubling and dbl.x is z and z.label == "mul#3"
+    assert b.ops[2][1] == (box.y, 2)   # Doubling's __setattr__ ran inlined
+
+
+class Based(Box):
+    def __init__(self, x):
+        super().__init__(x, 2)   # LOAD_SUPER_ATTR on 3.12+, a super() call before
+        self.z = self.x + 1
+
+
+def makes_a_subclass_object(x):
+    return Based(x).z
+
+
+def test_super_init_of_an_object_made_here_is_inlined():
+    out, b = capture(makes_a_subclass_object, Recorder(classes=(Based,)), x=T())
+    assert out["status"] == "graph", out.get("detail")
+    assert [op[0] for op in b.ops] == ["mul", "add"]
+    assert out["result"].label == "add#2"
+
+
+def calls_with_wrong_arguments(x):
+    return Box(x)
+
+
+def test_an_object_made_with_bad_arguments_breaks_as_a_bad_call():
+    out, _ = capture(calls_with_wrong_arguments, Recorder(classes=(Box,)), x=T())
+    assert out["status"] == "break" and out["reason"] == Reason.BAD_CALL
+
+
 def nested_functions(x, k):
     scale = k * 2
 
@@ -525,15 +636,28 @@ def guarded(x):
     return y
 
 
+def guarded_finally(x):
+    try:
+        y = x * 2
+    finally:
+        x = x + 1
+    return y, x
+
+
 def comprehension_only(x, n):
     return [x * i for i in range(n)]
 
 
-def test_code_under_an_exception_handler_stops_the_capture():
+def test_code_under_a_try_is_captured_and_its_handler_never_entered():
     out, b = capture(guarded, x=T())
-    assert out["reason"] == Reason.EXCEPTION_HANDLER
-    assert [op[0] for op in b.ops] == ["mul"]  # before the try block: fine
-    # cleanup-only handlers (3.12+ inlined comprehensions) do not stop it
+    assert out["status"] == "graph", out
+    assert [op[0] for op in b.ops] == ["mul", "add"]  # the except clause did not run
+    # the normal-path copy of a finally block runs once, after the body
+    out, b = capture(guarded_finally, x=T())
+    assert out["status"] == "graph", out
+    assert [op[0] for op in b.ops] == ["mul", "add"]
+    assert [r.label for r in out["result"]] == ["mul#1", "add#2"]
+    # cleanup-only handlers (3.12+ inlined comprehensions) likewise
     out, b = capture(comprehension_only, x=T(), n=3)
     assert out["status"] == "graph", out
 
@@ -702,3 +826,102 @@ def test_generator_frames_are_released():
     for _ in range(30):
         run_all()
     assert [sys.getrefcount(o) for o in watched] == before
+
+
+def raises_into_handler(x):
+    try:
+        y = x * 2
+        raise ValueError
+    except ValueError:
+        y = x - 1
+    return y
+
+
+def test_a_body_that_raises_ends_the_capture_before_the_handler():
+    out, b = capture(raises_into_handler, x=T())
+    assert out["status"] == "break" and out["reason"] == Reason.RAISE
+    assert dis.opname[out["opcode"]] == "RAISE_VARARGS"
+    assert [op[0] for op in b.ops] == ["mul"]  # the handler's subtraction never recorded
+
+
+class Scoped:
+    """A context manager written in Python: its methods are inlined."""
+
+    scale = 3
+
+    def __enter__(self):
+        return self.scale
+
+    def __exit__(self, kind, value, tb):
+        tlib.relu((kind, value, tb))
+        return None
+
+
+SCOPED = Scoped()
+
+
+def with_python_manager(x):
+    with SCOPED as k:
+        y = x * k
+    return y
+
+
+def test_a_python_context_manager_is_entered_and_left_inline():
+    out, b = capture(with_python_manager, x=T())
+    assert out["status"] == "graph", out
+    assert [op[0] for op in b.ops] == ["mul", "relu"]
+    assert b.ops[0][1][1] == 3  # __enter__'s answer bound by `as`
+    assert b.ops[1][1] == ((None, None, None),)  # __exit__ on the normal path
+    assert out["result"].label == "mul#1"
+
+
+def with_modelled(x, flag):
+    with Mode(flag) as f:
+        with Mode(not flag):
+            y = x * f
+    return y
+
+
+def returns_inside_with(x):
+    with Mode(True):
+        return tlib.relu(x)
+
+
+def calls_with(x):
+    return returns_inside_with(x) + 1
+
+
+def test_modelled_context_managers_nest_and_leave_on_return():
+    out, b = capture(with_modelled, x=T(), flag=2)
+    assert out["status"] == "graph", out
+    assert [op[0] for op in b.ops] == ["Mode", "enter", "Mode", "enter", "mul", "exit",
+                                       "exit"]
+    assert b.ops[0][1] == (2,) and b.ops[2][1] == (False,)
+    assert b.ops[5][1] == (None, None, None)
+    # a return inside the block leaves it first; in an inlined callee as well
+    out, b = capture(calls_with, x=T())
+    assert out["status"] == "graph", out
+    assert [op[0] for op in b.ops] == ["Mode", "enter", "relu", "exit", "add"]
+
+
+def with_unsupported(x, cm):
+    with cm:
+        y = x * 2
+    return y
+
+
+def test_a_manager_without_python_methods_stops_the_capture():
+    import threading
+
+    out, b = capture(with_unsupported, x=T(), cm=threading.Lock())
+    assert out["status"] == "break" and out["reason"] == Reason.UNSUPPORTED_CALL
+    assert dis.opname[out["opcode"]] == "BEFORE_WITH" and b.ops == []
+
+
+def test_with_blocks_leave_no_references_behind():
+    before = [sys.getrefcount(o) for o in (SCOPED, Scoped, Mode, Scoped.__exit__)]
+    for _ in range(20):
+        capture(with_python_manager, x=T())
+        capture(with_modelled, x=T(), flag=2)
+        capture(with_unsupported, x=T(), cm=SCOPED)
+    assert [sys.getrefcount(o) for o in (SCOPED, Scoped, Mode, Scoped.__exit__)] == before

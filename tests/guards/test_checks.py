@@ -255,10 +255,10 @@ def b_item(x):
 
 def b_try(x):
     try:
-        y = callee(x)
+        raise ValueError
     except ValueError:
         y = x
-    return y
+    return callee(y)
 
 
 def b_generator(x):
@@ -296,7 +296,7 @@ class Stateful(nn.Module):
     ("data_dependent", b_data_dependent, "POP_JUMP", "data_dependent", 2, 0),
     ("print", b_print, "CALL", "unsupported_call", 1, 0),
     ("item", b_item, "CALL", "data_dependent", 2, 0),
-    ("try", b_try, "", "exception_handler", 1, 1),
+    ("try", b_try, "RAISE_VARARGS", "raise", 1, 1),
     ("attribute_write", None, "STORE_ATTR", "side_effect", 2, 1),
 ])
 def test_graph_break_paths(name, fn, instruction, reason, graphs, own, capsys):

@@ -4,6 +4,7 @@ kind of source and object, checks pass and fail as the Python checks do, nothing
 The first part is torch-free (programs built by hand); the last tests compile real Guards
 from captures and compare them with their Python evaluation under many changes."""
 
+import contextvars
 import gc
 import sys
 import types
@@ -102,6 +103,8 @@ OBJECTS = {
     "cls": Plain,
     "sup": super(Shadow, Shadow()),
     "prop": Plain.__dict__["prop"],
+    "cvar": contextvars.ContextVar("set_var", default=7),
+    "cvar_unset": contextvars.ContextVar("unset_var"),
 }
 SOURCES = [
     ("attr", ("local", "plain"), "x"), ("attr", ("local", "plain"), "klass"),
@@ -120,6 +123,8 @@ SOURCES = [
     ("global", "Plain"), ("global", "len"), ("global", "no_such_name"),
     ("gmod", "types", "FunctionType"), ("gmod", "types", "len"),
     ("gmod", "no.such.module", "x"), ("local", "absent"),
+    ("cvar", ("local", "cvar")), ("cvar", ("local", "cvar_unset")),
+    ("cvar", ("local", "plain")),
 ]
 
 

@@ -1,0 +1,421 @@
+"""Folds of the standard library: iterators, sums, itertools, functools, operator, the pure
+methods of ``str`` and the methods of containers the capture built.
+
+Everything here runs CPython's own C code on graph arguments (fx nodes for tensors, the
+objects themselves otherwise) and never user code: an iterator the capture made is a real
+iterator over real containers of graph arguments, so stepping it (``next``, ``for``) is
+exact, and the interpreter owns the fresh lists, dicts, sets and iterators these folds
+answer (csrc/interp_call.c), so the program can keep mutating or stepping them.
+Iterators of the program itself are never stepped (a side effect).  Calls that would run
+a function per element (``map``, ``filter``, ``functools.reduce``, a ``functools.partial``)
+are planned here and run by the interpreter (csrc/interp_iter.c), which inlines the
+function.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import operator
+import types
+from typing import Any
+
+from agspeed._builder_types import GraphBreak, describe_callable
+from agspeed._sources import MISSING
+from agspeed.protocol import Attr, Plan, Reason
+
+_VIEWS = (type({}.keys()), type({}.values()), type({}.items()))
+#: iterators whose ``__next__`` is C code that calls nothing of the program's
+SAFE_ITERATORS = frozenset({
+    type(iter(())), type(iter([])), type(reversed([])), type(iter(range(0))),
+    type(iter({})), type(iter({}.values())), type(iter({}.items())), type(iter(set())),
+    type(iter("")), type(iter(range(1 << 70))), zip, enumerate, reversed,
+    itertools.product, itertools.chain, itertools.combinations, itertools.permutations,
+    itertools.combinations_with_replacement, itertools.zip_longest, itertools.islice,
+    itertools.repeat, itertools.pairwise, itertools.accumulate,
+})
+#: itertools constructors folded on graph arguments (their answers are safe iterators)
+_ITERTOOLS = (itertools.product, itertools.chain, itertools.combinations,
+              itertools.permutations, itertools.combinations_with_replacement,
+              itertools.zip_longest, itertools.islice, itertools.repeat, itertools.pairwise,
+              itertools.accumulate)
+_PURE_METHODS = {
+    str: frozenset({"join", "split", "rsplit", "splitlines", "format", "startswith",
+                    "endswith", "replace", "lower", "upper", "strip", "lstrip", "rstrip",
+                    "find", "rfind", "index", "rindex", "count", "partition", "rpartition",
+                    "isdigit", "isalpha", "isalnum", "isidentifier", "isupper", "islower",
+                    "isspace", "title", "capitalize", "casefold", "zfill", "center",
+                    "ljust", "rjust", "removeprefix", "removesuffix", "swapcase", "encode"}),
+    bytes: frozenset({"decode", "startswith", "endswith", "split", "join", "replace"}),
+    int: frozenset({"bit_length", "to_bytes", "conjugate", "bit_count"}),
+    float: frozenset({"is_integer", "hex", "as_integer_ratio", "conjugate"}),
+    tuple: frozenset({"index", "count"}),
+}
+_DICT_METHODS = ("get", "items", "keys", "values", "pop", "setdefault", "update", "copy",
+                 "popitem", "clear")
+_CONTAINER_METHODS = {
+    collections.OrderedDict: (*_DICT_METHODS, "move_to_end"),
+    collections.defaultdict: _DICT_METHODS,
+    list: ("append", "extend", "insert", "pop", "index", "count", "copy", "remove",
+           "reverse", "sort", "clear"),
+    dict: _DICT_METHODS,
+    set: ("add", "update", "discard", "remove", "copy", "clear", "union", "intersection",
+          "difference", "symmetric_difference", "issubset", "issuperset", "isdisjoint",
+          "intersection_update", "difference_update", "symmetric_difference_update"),
+    tuple: ("index", "count"),
+}
+_SET_OPERATORS = (operator.or_, operator.and_, operator.sub, operator.xor)
+_DESCRIPTORS = (types.MethodDescriptorType, types.ClassMethodDescriptorType)
+_DEQUE_METHODS = frozenset({"append", "appendleft", "pop", "popleft", "extend",
+                            "extendleft", "rotate", "clear", "copy", "count", "index",
+                            "reverse"})
+#: container methods that change the container: on one of the program's, a side effect
+_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "reverse", "sort",
+                       "clear", "setdefault", "update", "popitem", "add", "discard",
+                       "intersection_update", "difference_update",
+                       "symmetric_difference_update", "appendleft", "popleft",
+                       "extendleft", "rotate", "move_to_end"})
+_MUTABLE = (list, dict, set, collections.OrderedDict, collections.defaultdict,
+            collections.deque)
+#: default factories a defaultdict may call while capturing (C, no user code)
+_FACTORIES = (list, dict, set, int, float, str, tuple, None)
+#: methods that compare or hash their arguments: plain values only (a tensor compares
+#: by value in eager, which would need its data)
+_COMPARING = frozenset({"index", "count", "remove", "sort"})
+#: classmethods of builtin containers folded on known values
+_CLASS_FOLDS = frozenset({(dict, "fromkeys"), (collections.OrderedDict, "fromkeys"),
+                          (itertools.chain, "from_iterable")})
+
+
+_COLLECTIONS = (collections.OrderedDict, collections.defaultdict, collections.deque)
+
+
+def _one_of(fn: Any, options: tuple) -> bool:
+    return any(fn is option for option in options)
+
+
+class StdlibFolds:
+    """The part of ``GraphBuilder`` that folds the standard library (see the module doc)."""
+
+    # -- plans ---------------------------------------------------------------------------
+
+    def stdlib_plan(self, fn: Any, source: Any) -> tuple | None:
+        """The plan for a call of ``fn`` handled here, or None.  ``fn`` is compared by
+        identity only: its ``__eq__`` could be the program's."""
+        if fn is map:
+            return (Plan.MAP,)
+        if fn is filter:
+            return (Plan.FILTER,)
+        if fn is functools.reduce:
+            return (Plan.REDUCE,)
+        kind = type(fn)
+        if kind is functools.partial:
+            return self._plan_partial(fn, source)
+        if kind is functools._lru_cache_wrapper:
+            wrapped = fn.__wrapped__
+            if type(wrapped) is not types.FunctionType:
+                return None
+            return (Plan.INLINE, wrapped, None,
+                    ("attr", source, "__wrapped__") if source is not None else None)
+        if _one_of(fn, _COLLECTIONS):
+            return (Plan.FOLD, fn)
+        if kind is types.MethodDescriptorType and fn.__objclass__ is collections.deque and \
+                fn.__name__ in _DEQUE_METHODS:
+            return (Plan.FOLD, fn)
+        if fn is dict.__dict__["get"]:   # on a dict of the program (pure_method)
+            return (Plan.FOLD, fn)
+        if fn is next or fn is functools.partial or _one_of(fn, _ITERTOOLS) or \
+                fn is operator.itemgetter or kind is operator.itemgetter:
+            return (Plan.FOLD, fn)
+        if kind is types.MethodType and type(fn.__func__) in _DESCRIPTORS:
+            # a pure method used as a value: folded with its self (Folds.fold unbinds it)
+            return (Plan.FOLD, fn) if self.stdlib_plan(fn.__func__, None) else None
+        if kind is types.ClassMethodDescriptorType and (fn.__objclass__, fn.__name__) in \
+                _CLASS_FOLDS:
+            return (Plan.FOLD, fn)
+        if kind is types.MethodDescriptorType and \
+                fn.__name__ in _PURE_METHODS.get(fn.__objclass__, ()):
+            return (Plan.FOLD, fn)
+        return None
+
+    def _plan_partial(self, fn: functools.partial, source: Any) -> tuple:
+        args, keywords = fn.args, dict(fn.keywords)
+        if source is not None and not all(
+                self._is_static(a) for a in (*args, *keywords.values())):
+            # a partial of the program holding tensors would need a source per argument
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE,
+                             "a functools.partial of the program that holds tensors")
+        return (Plan.PARTIAL, fn.func, args, keywords)
+
+    def pure_method(self, obj: Any, name: str) -> tuple | None:
+        """``(Attr.METHOD, descriptor, obj)`` for a pure method of a plain value or a folded
+        classmethod of a builtin type: the descriptor is what a guard finds on the type, and
+        the call folds it with ``obj`` first."""
+        if type(obj) is type and (obj, name) in _CLASS_FOLDS:
+            return Attr.METHOD, obj.__dict__[name], obj
+        if type(obj) in _MUTABLE and name in _MUTATORS and self._of_program(obj):
+            raise GraphBreak(Reason.SIDE_EFFECT, f"{type(obj).__name__}.{name}() on a "
+                             "container of the program")
+        if type(obj) is dict and name == "get" and self._of_program(obj):
+            return Attr.METHOD, dict.__dict__["get"], obj   # read item by item, guarded
+        if type(obj) is collections.deque and name in _DEQUE_METHODS:
+            return Attr.METHOD, collections.deque.__dict__[name], obj
+        names = _PURE_METHODS.get(type(obj))
+        if names is None or name not in names:
+            return None
+        if type(obj) is tuple and not self._is_static(obj):
+            return None
+        return Attr.METHOD, type(obj).__dict__[name], obj
+
+    # -- folds ---------------------------------------------------------------------------
+
+    def stdlib_fold(self, fn: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+        """``(True, fn(*args, **kwargs))`` when ``fn`` is folded here, else
+        ``(False, None)``."""
+        if fn is next:
+            return True, self._next(args, kwargs)
+        if _one_of(fn, _COLLECTIONS):
+            return True, self._collection(fn, args, kwargs)
+        if type(fn) is types.MethodDescriptorType and fn.__objclass__ is collections.deque:
+            return True, self._deque_method(fn, args, kwargs)
+        if fn is dict.__dict__["get"] and args and type(args[0]) is dict and \
+                self._of_program(args[0]):
+            return True, self._program_dict_get(args, kwargs)
+        if fn is functools.partial:
+            if not args or not callable(args[0]):
+                raise GraphBreak(Reason.BAD_CALL, "functools.partial() of a non-callable")
+            return True, functools.partial(*args, **kwargs)
+        if fn is sum and args and (self._holds_nodes(args[0]) or
+                                   type(args[0]) in SAFE_ITERATORS):
+            args = (tuple(self._elements(args[0])), *args[1:])
+            return True, self._sum(args, kwargs)
+        if _one_of(fn, _ITERTOOLS):
+            return True, self._itertool(fn, args, kwargs)
+        if type(fn) is types.ClassMethodDescriptorType:   # cls first, as the call bound it
+            if not args or (args[0], fn.__name__) not in _CLASS_FOLDS:
+                raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{describe_callable(fn)}")
+            return True, self._itertool(fn.__get__(None, args[0]), args[1:], kwargs)
+        if fn is operator.itemgetter:
+            if kwargs or not all(self._is_static(a) for a in args):
+                raise GraphBreak(Reason.UNSUPPORTED_CALL, "operator.itemgetter of tensors")
+            return True, operator.itemgetter(*args)
+        if type(fn) is operator.itemgetter:
+            return True, self._itemgetter(fn, args, kwargs)
+        if _one_of(fn, (str, repr)) and len(args) == 1 and not kwargs and \
+                issubclass(type(args[0]), type) and type(args[0]) is not type and \
+                type(type(args[0])).__repr__ is type.__repr__:
+            return True, fn(args[0])   # a class under a metaclass that keeps type's repr
+        if _one_of(fn, (set, frozenset)) and not kwargs and len(args) <= 1:
+            items = tuple(self._elements(args[0])) if args else ()
+            self._check_hashable(items)
+            return True, fn(items)
+        if _one_of(fn, (operator.add, operator.mul)) and len(args) == 2 and (
+                type(args[0]) in (list, tuple) and type(args[1]) is type(args[0]) or
+                type(args[0]) in (list, tuple) and type(args[1]) is int):
+            return True, fn(*args)   # a fresh sequence of the same graph arguments
+        if _one_of(fn, _SET_OPERATORS) and len(args) == 2 and \
+                all(type(a) in (set, frozenset, _VIEWS[0], _VIEWS[2]) for a in args):
+            self._check_hashable((*args[0], *args[1]))
+            return True, fn(*args)
+        return False, None
+
+    def _elements(self, value: Any) -> Any:
+        if type(value) in (tuple, list, set, frozenset, dict, str, range, *_VIEWS, *_MUTABLE):
+            return value
+        if type(value) in SAFE_ITERATORS and self.consumable(value):
+            return value
+        raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"the elements of a {type(value).__name__}")
+
+    def _check_hashable(self, items: Any) -> None:
+        """Set members must hash and compare without user code: plain values and nodes
+        (which hash by identity, as the tensors they stand for do)."""
+        for item in items:
+            if type(item) is tuple:
+                self._check_hashable(item)
+            elif not (self._is_static(item) or isinstance(item, self.node_type)
+                      or type(item) is frozenset):
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE,
+                                 f"a set member of type {type(item).__name__}")
+
+    def consumable(self, value: Any) -> bool:
+        """Whether ``value`` is a view or an iterator the capture may read to the end."""
+        if type(value) in _VIEWS:
+            return True
+        if type(value) not in SAFE_ITERATORS:
+            return False
+        known = self.known.get(id(value))
+        if known is not None and known[0] is value:
+            raise GraphBreak(Reason.SIDE_EFFECT, "consuming an iterator of the program")
+        return True
+
+    def _of_program(self, obj: Any) -> bool:
+        known = self.known.get(id(obj))
+        return known is not None and known[0] is obj
+
+    def _collection(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        """OrderedDict, defaultdict and deque made in the frame: real objects of graph
+        arguments the interpreter owns (a deque is stepped and mutated in place)."""
+        if fn is collections.defaultdict:
+            if not args or args[0] not in _FACTORIES:
+                raise GraphBreak(Reason.UNSUPPORTED_CALL,
+                                 "a defaultdict whose factory is not a builtin type")
+        rest = args[1:] if fn is collections.defaultdict else args
+        for a in (*rest, *kwargs.values()):
+            if type(a) in SAFE_ITERATORS:
+                self.consumable(a)
+            elif not (self._is_static(a) or isinstance(a, self.node_type) or
+                      type(a) in (tuple, list, dict, range, *_VIEWS, *_MUTABLE)):
+                raise GraphBreak(Reason.UNSUPPORTED_CALL,
+                                 f"{fn.__name__}() of a {type(a).__name__}")
+        return fn(*args, **kwargs)
+
+    def _deque_method(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        if not args or type(args[0]) is not collections.deque:
+            raise GraphBreak(Reason.BAD_CALL, f"deque.{fn.__name__}() of a non-deque")
+        if fn.__name__ in _MUTATORS and self._of_program(args[0]):
+            raise GraphBreak(Reason.SIDE_EFFECT, f"deque.{fn.__name__}() on a deque of the "
+                             "program")
+        if fn.__name__ in ("count", "index") and any(
+                isinstance(a, self.node_type) for a in args[1:]):
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"deque.{fn.__name__}() of a tensor")
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise GraphBreak(Reason.OP_FAILED, f"deque.{fn.__name__}() raised "
+                             f"{type(exc).__name__}: {exc}") from exc
+
+    def _program_dict_get(self, args: tuple, kwargs: dict) -> Any:
+        """``d.get(key, default)`` on a dict of the program: the item loaded from
+        ``("item", source, key)`` (a tensor becomes a graph input), or the default with
+        the key's absence guarded."""
+        if kwargs or not 2 <= len(args) <= 3 or not self._is_static(args[1]):
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, "dict.get() with these arguments")
+        d, key = args[0], args[1]
+        src = ("item", self.known[id(d)][1], key)
+        if key not in d:
+            self.assumptions.append((src, MISSING))
+            return args[2] if len(args) == 3 else None
+        value = d[key]
+        if isinstance(value, self._torch.Tensor):
+            return self.input(src, value)
+        self.assumptions.append((src, value))
+        self.known.setdefault(id(value), (value, src))
+        return value
+
+    def _holds_nodes(self, value: Any) -> bool:
+        if type(value) in (tuple, list) or type(value) in _VIEWS:
+            return any(isinstance(v, self.node_type) for v in value)
+        return False
+
+    def _next(self, args: tuple, kwargs: dict) -> Any:
+        if kwargs or not 1 <= len(args) <= 2:
+            raise GraphBreak(Reason.BAD_CALL, "next() takes an iterator and a default")
+        if type(args[0]) not in SAFE_ITERATORS or not self.consumable(args[0]):
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE,
+                             f"next() of a {type(args[0]).__name__}")
+        try:
+            return next(*args)
+        except StopIteration as exc:
+            raise GraphBreak(Reason.RAISE, "next() of an exhausted iterator") from exc
+
+    def _sum(self, args: tuple, kwargs: dict) -> Any:
+        """``sum`` of a sequence holding tensors: one graph add per element, in order."""
+        if len(args) > 2 or set(kwargs) - {"start"}:
+            raise GraphBreak(Reason.BAD_CALL, "sum() with these arguments")
+        acc = args[1] if len(args) > 1 else kwargs.get("start", 0)
+        if all(self._is_static(v) for v in (acc, *args[0])):
+            return sum(args[0], acc)   # CPython's own float summation
+        for item in args[0]:
+            if isinstance(acc, self.node_type) or isinstance(item, self.node_type):
+                acc = self.call_function(operator.add, (acc, item))
+            elif self._is_static(acc) and self._is_static(item):
+                acc = acc + item
+            else:
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE,
+                                 f"sum() over a {type(item).__name__}")
+        return acc
+
+    def _itertool(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        """An itertools iterator (or ``dict.fromkeys``) over graph arguments."""
+        plain = (tuple, list, dict, set, frozenset, str, range, *_VIEWS, *SAFE_ITERATORS)
+        for a in (*args, *kwargs.values()):
+            if not (self._is_static(a) or type(a) in plain or isinstance(a, self.node_type)):
+                # a callable (accumulate's func) or an object could run user code
+                raise GraphBreak(Reason.UNSUPPORTED_CALL,
+                                 f"{describe_callable(fn)} on a {type(a).__name__}")
+            if type(a) in SAFE_ITERATORS:
+                self.consumable(a)
+        if fn is itertools.accumulate:
+            return self._accumulate(args, kwargs)
+        if fn is itertools.repeat and len(args) + len(kwargs) != 2:
+            # endless: a later list() of it would never end while capturing
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, "itertools.repeat without a count")
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise GraphBreak(Reason.OP_FAILED, f"{describe_callable(fn)} raised "
+                             f"{type(exc).__name__}: {exc}") from exc
+
+    def _accumulate(self, args: tuple, kwargs: dict) -> Any:
+        if len(args) != 1 or set(kwargs) - {"initial"}:
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, "itertools.accumulate with a function")
+        out = [] if kwargs.get("initial") is None else [kwargs["initial"]]
+        for item in args[0]:
+            if not out:
+                out.append(item)
+            elif isinstance(out[-1], self.node_type) or isinstance(item, self.node_type):
+                out.append(self.call_function(operator.add, (out[-1], item)))
+            else:
+                out.append(out[-1] + item)
+        return iter(tuple(out))
+
+    def _itemgetter(self, getter: Any, args: tuple, kwargs: dict) -> Any:
+        if kwargs or len(args) != 1:
+            raise GraphBreak(Reason.BAD_CALL, "an itemgetter takes one argument")
+        target = args[0]
+        if isinstance(target, self.node_type):
+            keys = getter.__reduce__()[1]
+            items = tuple(self.call_function(operator.getitem, (target, k)) for k in keys)
+            return items if len(keys) != 1 else items[0]
+        if type(target) not in (tuple, list, dict, str, range):
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE,
+                             f"an itemgetter on a {type(target).__name__}")
+        try:
+            return getter(target)
+        except Exception as exc:
+            raise GraphBreak(Reason.OP_FAILED, f"itemgetter raised {type(exc).__name__}: "
+                             f"{exc}") from exc
+
+    # -- containers built while capturing ----------------------------------------------
+
+    def container_method(self, spec: tuple, args: tuple, kwargs: dict) -> Any:
+        """``container.name(*args)`` for lists, dicts, sets and tuples built while
+        capturing; dict views stay live, as Python's are."""
+        name, container = spec
+        allowed = _CONTAINER_METHODS.get(type(container), ())
+        if name not in allowed:
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{type(container).__name__}.{name}()")
+        values = (*args, *kwargs.values())
+        if type(container) is set:
+            for v in values:
+                self._check_hashable(self._elements(v) if name.endswith(
+                    ("update", "union", "intersection", "difference", "subset", "superset",
+                     "disjoint")) else (v,))
+        elif name in _COMPARING:
+            if name == "sort":
+                if kwargs.get("key") is not None or \
+                        not all(self._is_static(v) for v in container):
+                    raise GraphBreak(Reason.UNSUPPORTED_CALL, "sort() of tensors or by a key")
+            elif any(isinstance(v, self.node_type) and type(container) is not set
+                     for v in values):
+                raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{name}() of a tensor")
+        if any(type(v) in SAFE_ITERATORS for v in values):
+            for v in values:
+                if type(v) in SAFE_ITERATORS:
+                    self.consumable(v)
+        try:
+            return getattr(container, name)(*args, **kwargs)
+        except Exception as exc:
+            raise GraphBreak(Reason.OP_FAILED, f"{type(container).__name__}.{name}() raised "
+                             f"{type(exc).__name__}: {exc}") from exc

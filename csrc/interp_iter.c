@@ -1,0 +1,366 @@
+/* interp_iter.c: iterators the capture made, and the builtins that call a
+ * function per element (map, filter, functools.reduce, calls through a
+ * functools.partial), for the symbolic interpreter (see interp.h).
+ *
+ * Iterators.  iter(), zip(), enumerate(), reversed(), dict views and the
+ * itertools constructors are folded by the builder on graph arguments: the
+ * answer is a real iterator object over real containers of graph
+ * arguments.  A fresh one (nothing but the capture refers to it) is owned
+ * (ags_builder_call), and stepping an owned iterator runs CPython's C code
+ * only, so next(it), FOR_ITER and list(it) step the real object and share
+ * its position wherever the value was copied to, as Python does.  An
+ * iterator of the program (one reached by a source) is never stepped:
+ * that would be a side effect.
+ *
+ * Per-element calls.  map(f, xs), filter(f, xs), functools.reduce(f, xs)
+ * and partial(f, a)(b) call f through the interpreter (ags_call_value), so
+ * a Python f is inlined and a torch f becomes a graph node.  map and
+ * filter are expanded now, in order, over their known elements, and answer
+ * an owned iterator over the results (their laziness is not observable: a
+ * call that could observe it, one with side effects, breaks anyway).
+ */
+#include "interp.h"
+
+/* 1 if v is an iterator this capture made, 0 if not, -1 on error. */
+int
+ags_owned_iterator(ags_interp *it, const ags_value *v)
+{
+    if (v->kind != AGS_VK_CONST || !PyIter_Check(v->obj)) {
+        return 0;
+    }
+    return ags_is_owned(it, v->obj);
+}
+
+/* FOR_ITER over an owned iterator: pushes its next element, or sets
+ * *exhausted.  iter: borrowed. */
+int
+ags_iter_step(ags_interp *it, ags_frame *f, ags_value *iter, int *exhausted)
+{
+    PyObject *next = PyIter_Next(iter->obj);
+    ags_value v;
+
+    *exhausted = 0;
+    if (next == NULL) {
+        PyObject *exc = ags_compat_take_exc();
+        int rc;
+
+        if (exc == NULL) {
+            *exhausted = 1;
+            return AGS_GO;
+        }
+        /* e.g. a dict resized while iterated: eager raises the same */
+        rc = ags_stopf(it, AGS_REASON_OP_FAILED, "next() raised %s: %S",
+                       Py_TYPE(exc)->tp_name, exc);
+        Py_DECREF(exc);
+        return rc;
+    }
+    if (ags_value_of(it, next, &v) < 0) {
+        Py_DECREF(next);
+        return AGS_ERROR;
+    }
+    Py_DECREF(next);
+    return ags_push(f, v);
+}
+
+/* An owned iterator over the tuple `items` (stolen) as *result. */
+static int
+result_iterator(ags_interp *it, PyObject *items, ags_value *result)
+{
+    PyObject *iter;
+    int rc = AGS_ERROR;
+
+    if (items == NULL) {
+        return AGS_ERROR;
+    }
+    iter = PyObject_GetIter(items);
+    Py_DECREF(items);
+    if (iter != NULL && ags_own(it, iter) == 0
+        && ags_value_of(it, iter, result) == 0) {
+        rc = AGS_GO;
+    }
+    Py_XDECREF(iter);
+    return rc;
+}
+
+/* Calls fn with the graph arguments `items` (borrowed) and sets *out to
+ * the result's graph argument (a new reference). */
+static int
+call_on(ags_interp *it, ags_frame *f, ags_value *fn, PyObject *const *items,
+        int n, PyObject **out)
+{
+    ags_value args[3], result;
+    int made = 0, rc = AGS_GO;
+
+    assert(n <= 3);
+    *out = NULL;
+    for (; made < n; made++) {
+        if (ags_value_of(it, items[made], &args[made]) < 0) {
+            rc = AGS_ERROR;
+            break;
+        }
+    }
+    if (rc == AGS_GO) {
+        rc = ags_call_value(it, f, fn, NULL, args, n, NULL, &result);
+    }
+    for (int i = 0; i < made; i++) {
+        ags_value_clear(&args[i]);
+    }
+    if (rc != AGS_GO) {
+        return rc;
+    }
+    *out = ags_graph_arg(it, &result);
+    ags_value_clear(&result);
+    return *out ? AGS_GO : AGS_BREAK;
+}
+
+/* map(fn, *iterables): fn over the known elements, shortest first. */
+static int
+call_map(ags_interp *it, ags_frame *f, ags_value *args, int nargs,
+         ags_value *result)
+{
+    PyObject *cols[2] = {NULL, NULL}, *out = NULL;
+    Py_ssize_t n = PY_SSIZE_T_MAX;
+    int ncols = nargs - 1, rc = AGS_GO;
+
+    if (ncols < 1 || ncols > 2) {
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
+                         "map() over %d iterables", ncols);
+    }
+    for (int j = 0; rc == AGS_GO && j < ncols; j++) {
+        rc = ags_elements(it, &args[1 + j], &cols[j]);
+        if (rc == AGS_GO && PyTuple_GET_SIZE(cols[j]) < n) {
+            n = PyTuple_GET_SIZE(cols[j]);
+        }
+    }
+    if (rc == AGS_GO) {
+        out = PyTuple_New(n);
+        rc = out ? AGS_GO : AGS_ERROR;
+    }
+    for (Py_ssize_t i = 0; rc == AGS_GO && i < n; i++) {
+        PyObject *items[2], *r;
+        for (int j = 0; j < ncols; j++) {
+            items[j] = PyTuple_GET_ITEM(cols[j], i);
+        }
+        rc = call_on(it, f, &args[0], items, ncols, &r);
+        if (rc == AGS_GO) {
+            PyTuple_SET_ITEM(out, i, r);
+        }
+    }
+    Py_XDECREF(cols[0]);
+    Py_XDECREF(cols[1]);
+    if (rc != AGS_GO) {
+        Py_XDECREF(out);
+        return rc;
+    }
+    return result_iterator(it, out, result);
+}
+
+/* filter(fn or None, iterable): the elements whose (fn's) truth is known
+ * and true. */
+static int
+call_filter(ags_interp *it, ags_frame *f, ags_value *args, int nargs,
+            ags_value *result)
+{
+    PyObject *elems = NULL, *kept = NULL;
+    int rc, none;
+
+    if (nargs != 2) {
+        return ags_stopf(it, AGS_REASON_BAD_CALL,
+                         "filter() takes 2 arguments");
+    }
+    none = args[0].kind == AGS_VK_CONST && args[0].obj == Py_None;
+    rc = ags_elements(it, &args[1], &elems);
+    if (rc == AGS_GO) {
+        kept = PyList_New(0);
+        rc = kept ? AGS_GO : AGS_ERROR;
+    }
+    for (Py_ssize_t i = 0; rc == AGS_GO && i < PyTuple_GET_SIZE(elems); i++) {
+        PyObject *e = PyTuple_GET_ITEM(elems, i), *r = NULL;
+        ags_value test;
+        int truth = 0;
+
+        if (none) {
+            r = Py_NewRef(e);
+        }
+        else {
+            rc = call_on(it, f, &args[0], &e, 1, &r);
+        }
+        if (rc != AGS_GO) {
+            break;
+        }
+        if (ags_value_of(it, r, &test) < 0) {
+            rc = AGS_ERROR;
+        }
+        else {
+            rc = ags_truth(it, &test, &truth);
+            ags_value_clear(&test);
+        }
+        Py_DECREF(r);
+        if (rc == AGS_GO && truth && PyList_Append(kept, e) < 0) {
+            rc = AGS_ERROR;
+        }
+    }
+    Py_XDECREF(elems);
+    if (rc != AGS_GO) {
+        Py_XDECREF(kept);
+        return rc;
+    }
+    {
+        PyObject *items = PyList_AsTuple(kept);
+        Py_DECREF(kept);
+        return result_iterator(it, items, result);
+    }
+}
+
+/* functools.reduce(fn, iterable[, initial]): a left fold through fn. */
+static int
+call_reduce(ags_interp *it, ags_frame *f, ags_value *args, int nargs,
+            ags_value *result)
+{
+    PyObject *elems = NULL, *acc = NULL;
+    Py_ssize_t start = 0;
+    int rc;
+
+    if (nargs != 2 && nargs != 3) {
+        return ags_stopf(it, AGS_REASON_BAD_CALL,
+                         "reduce() takes 2 or 3 arguments");
+    }
+    rc = ags_elements(it, &args[1], &elems);
+    if (rc != AGS_GO) {
+        return rc;
+    }
+    if (nargs == 3) {
+        acc = ags_graph_arg(it, &args[2]);
+        rc = acc ? AGS_GO : AGS_BREAK;
+    }
+    else if (PyTuple_GET_SIZE(elems) == 0) {
+        rc = ags_stopf(it, AGS_REASON_BAD_CALL,
+                       "reduce() of an empty iterable with no initial "
+                       "value");
+    }
+    else {
+        acc = Py_NewRef(PyTuple_GET_ITEM(elems, 0));
+        start = 1;
+    }
+    for (Py_ssize_t i = start; rc == AGS_GO && i < PyTuple_GET_SIZE(elems);
+         i++) {
+        PyObject *pair[2] = {acc, PyTuple_GET_ITEM(elems, i)}, *r;
+        rc = call_on(it, f, &args[0], pair, 2, &r);
+        if (rc == AGS_GO) {
+            Py_SETREF(acc, r);
+        }
+    }
+    Py_DECREF(elems);
+    if (rc == AGS_GO && ags_value_of(it, acc, result) < 0) {
+        rc = AGS_ERROR;
+    }
+    Py_XDECREF(acc);
+    return rc;
+}
+
+/* A call through functools.partial: plan (PARTIAL, func, args, keywords)
+ * with graph arguments; the call's own keywords win over the partial's. */
+static int
+call_partial(ags_interp *it, ags_frame *f, PyObject *plan, ags_value *args,
+             int nargs, PyObject *kwnames, ags_value *result)
+{
+    PyObject *pargs = PyTuple_GET_ITEM(plan, 2);
+    PyObject *pkw = PyTuple_GET_ITEM(plan, 3);
+    PyObject *names = NULL, *key, *value;
+    Py_ssize_t np = PyTuple_GET_SIZE(pargs), pos = 0;
+    int nkw = kwnames ? (int)PyTuple_GET_SIZE(kwnames) : 0;
+    int npos = nargs - nkw, total = 0, rc = AGS_GO;
+    ags_value fn, *all;
+
+    all = PyMem_Calloc((size_t)(np + nargs + PyDict_GET_SIZE(pkw)) + 1,
+                       sizeof(ags_value));
+    names = PyList_New(0);
+    if (all == NULL || names == NULL) {
+        PyMem_Free(all);
+        Py_XDECREF(names);
+        PyErr_NoMemory();
+        return AGS_ERROR;
+    }
+    for (Py_ssize_t i = 0; rc == AGS_GO && i < np; i++) {
+        if (ags_value_of(it, PyTuple_GET_ITEM(pargs, i), &all[total]) < 0) {
+            rc = AGS_ERROR;
+            break;
+        }
+        total++;
+    }
+    for (int i = 0; rc == AGS_GO && i < npos; i++) {
+        all[total++] = ags_value_copy(&args[i]);
+    }
+    while (rc == AGS_GO && PyDict_Next(pkw, &pos, &key, &value)) {
+        int given = kwnames ? PySequence_Contains(kwnames, key) : 0;
+        if (given < 0 || (!given && PyList_Append(names, key) < 0)) {
+            rc = AGS_ERROR;
+        }
+        else if (!given) {
+            if (ags_value_of(it, value, &all[total]) < 0) {
+                rc = AGS_ERROR;
+                break;
+            }
+            total++;
+        }
+    }
+    for (int i = 0; rc == AGS_GO && i < nkw; i++) {
+        if (PyList_Append(names, PyTuple_GET_ITEM(kwnames, i)) < 0) {
+            rc = AGS_ERROR;
+            break;
+        }
+        all[total++] = ags_value_copy(&args[npos + i]);
+    }
+    if (rc == AGS_GO) {
+        PyObject *kwtuple = PyList_AsTuple(names);
+        if (kwtuple == NULL || ags_value_of(it, PyTuple_GET_ITEM(plan, 1),
+                                            &fn) < 0) {
+            rc = AGS_ERROR;
+        }
+        else {
+            rc = ags_call_value(it, f, &fn, NULL, all, total,
+                                PyTuple_GET_SIZE(kwtuple) ? kwtuple : NULL,
+                                result);
+            ags_value_clear(&fn);
+        }
+        Py_XDECREF(kwtuple);
+    }
+    for (int i = 0; i < total; i++) {
+        ags_value_clear(&all[i]);
+    }
+    PyMem_Free(all);
+    Py_DECREF(names);
+    return rc;
+}
+
+/* Runs a per-element plan (MAP, FILTER, REDUCE, PARTIAL) of
+ * ags_call_value.  The call carries no bound self. */
+int
+ags_call_iter_plan(ags_interp *it, ags_frame *f, int kind, PyObject *plan,
+                   ags_value *args, int nargs, PyObject *kwnames,
+                   ags_value *result)
+{
+    if (kind == AGS_PLAN_PARTIAL) {
+        if (PyTuple_GET_SIZE(plan) != 4 || !PyTuple_Check(PyTuple_GET_ITEM(
+                                               plan, 2))
+            || !PyDict_Check(PyTuple_GET_ITEM(plan, 3))) {
+            PyErr_SetString(PyExc_TypeError, "plan_call: bad PARTIAL plan");
+            return AGS_ERROR;
+        }
+        return call_partial(it, f, plan, args, nargs, kwnames, result);
+    }
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
+                         "keyword arguments to map, filter or reduce");
+    }
+    switch (kind) {
+    case AGS_PLAN_MAP:
+        return call_map(it, f, args, nargs, result);
+    case AGS_PLAN_FILTER:
+        return call_filter(it, f, args, nargs, result);
+    case AGS_PLAN_REDUCE:
+        return call_reduce(it, f, args, nargs, result);
+    default:
+        Py_UNREACHABLE();
+    }
+}

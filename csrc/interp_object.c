@@ -1,0 +1,136 @@
+/* interp_object.c: objects the capture makes (see interp.h).
+ *
+ * Calling a plain class (the builder plans it NEW: no metaclass __call__,
+ * a builtin __new__) makes a real instance through the builder's
+ * new_object, records it as owned, and inlines the class's __init__ on
+ * it.  The instance is a constant value with no source: its attributes are
+ * graph arguments, read back through the builder's attr like any known
+ * object's, and no guard is taken on them since nothing outside the frame
+ * can change them.
+ *
+ * obj.name = value goes to the builder's store_attr, which stores the
+ * graph argument on an owned object, answers a __setattr__ written in
+ * Python to inline as f(obj, name, value) or a property's setter to
+ * inline as fset(obj, value), or breaks (a write to an object of the
+ * program is a side effect).
+ */
+#include "interp.h"
+
+/* Runs the plan (NEW, cls, __init__ or None, its source or None) on args
+ * (borrowed), setting *result to the new object. */
+int
+ags_call_new(ags_interp *it, ags_frame *f, PyObject *plan, ags_value *args,
+             int nargs, PyObject *kwnames, ags_value *result)
+{
+    PyObject *cls = PyTuple_GET_ITEM(plan, 1);
+    PyObject *init = PyTuple_GET_ITEM(plan, 2);
+    PyObject *isrc = PyTuple_GET_ITEM(plan, 3);
+    PyObject *obj;
+    ags_value self, ret, *all = NULL;
+    int rc;
+
+    obj = ags_call_builder(it, AGS_BOP_NEW_OBJECT, "(O)", cls);
+    if (obj == NULL) {
+        return ags_take_break(it);
+    }
+    if (ags_own(it, obj) < 0) {
+        Py_DECREF(obj);
+        return AGS_ERROR;
+    }
+    self = ags_value_make(AGS_VK_CONST, obj, NULL);  /* steals obj */
+    if (init == Py_None) {
+        /* object.__init__ / dict.__init__: arguments are refused there */
+        rc = nargs == 0 ? AGS_GO
+                        : ags_stopf(it, AGS_REASON_BAD_CALL,
+                                    "%s() takes no arguments",
+                                    ((PyTypeObject *)cls)->tp_name);
+        goto done;
+    }
+    all = PyMem_Calloc((size_t)nargs + 1, sizeof(ags_value));
+    if (all == NULL) {
+        PyErr_NoMemory();
+        rc = AGS_ERROR;
+        goto done;
+    }
+    all[0] = self;
+    for (int i = 0; i < nargs; i++) {
+        all[i + 1] = args[i];  /* borrowed from the caller */
+    }
+    rc = ags_inline(it, f, init, isrc == Py_None ? NULL : isrc, all,
+                    nargs + 1, kwnames, &ret);
+    if (rc == AGS_GO) {
+        if (ret.kind != AGS_VK_CONST || ret.obj != Py_None) {
+            rc = ags_stopf(it, AGS_REASON_BAD_CALL,
+                           "%s.__init__ returned a value",
+                           ((PyTypeObject *)cls)->tp_name);
+        }
+        ags_value_clear(&ret);
+    }
+done:
+    PyMem_Free(all);
+    if (rc == AGS_GO) {
+        *result = self;
+    }
+    else {
+        ags_value_clear(&self);
+    }
+    return rc;
+}
+
+/* owner.name = value (owner, value borrowed). */
+int
+ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
+               PyObject *name, ags_value *value)
+{
+    PyObject *arg, *out;
+    ags_value args[3], ret;
+    int rc, setter;
+
+    if (owner->kind != AGS_VK_CONST) {
+        return ags_stopf(it, AGS_REASON_SIDE_EFFECT,
+                         "setting attribute %R of a %s", name,
+                         AGS_DESCRIBE(owner));
+    }
+    if (owner->source != NULL) {
+        /* reached from the frame: an object of the program */
+        return ags_effect_setattr(it, owner, name, value);
+    }
+    /* A list or dict built here is stored itself, not a frozen copy: the
+     * object and the code share it, as in Python. */
+    arg = value->kind == AGS_VK_LIST || value->kind == AGS_VK_DICT
+              ? Py_NewRef(value->obj) : ags_graph_arg(it, value);
+    if (arg == NULL) {
+        return AGS_BREAK;
+    }
+    out = ags_call_builder(it, AGS_BOP_STORE_ATTR, "(OOO)", owner->obj, name,
+                           arg);
+    Py_DECREF(arg);
+    if (out == NULL) {
+        return ags_take_break(it);
+    }
+    if (out == Py_None) {
+        Py_DECREF(out);
+        return AGS_GO;
+    }
+    /* A __setattr__ written in Python, inlined as out(owner, name, value),
+     * or a property's setter, as out(owner, value). */
+    if (!PyFunction_Check(out)) {
+        rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "calling %R", out);
+        Py_DECREF(out);
+        return rc;
+    }
+    setter = ((PyCodeObject *)PyFunction_GET_CODE(out))->co_argcount == 2;
+    args[0] = *owner;
+    args[1] = setter ? *value
+                     : ags_value_make(AGS_VK_CONST, Py_NewRef(name), NULL);
+    args[2] = *value;
+    rc = ags_inline(it, f, out, NULL, args, setter ? 2 : 3, NULL, &ret);
+    if (rc == AGS_GO) {
+        ags_value_clear(&ret);
+    }
+    if (!setter) {
+        ags_value_clear(&args[1]);
+    }
+    Py_DECREF(out);
+    return rc;
+}

@@ -1,0 +1,372 @@
+"""Calls built at run time, imports, sets, iterators, builtins, the standard library and the
+methods of containers the capture built: each function below captures as one graph with no
+break (never more graphs than torch._dynamo.explain reports for it), and its results, their
+types and its gradients equal eager's on fresh random inputs."""
+
+import collections
+import functools
+import itertools
+import operator
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import agspeed  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+OPTIONS = {"alpha": 2.0}
+
+
+def inner(x, *, alpha=1.0, beta=0.0):
+    return x * alpha + beta
+
+
+def passes_kwargs(x, **kwargs):
+    return inner(x, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def cached_scale(n):
+    return n * 3
+
+
+def add(a, b):
+    return a + b
+
+
+# -- functions: name -> (function, input shapes) ------------------------------------------
+
+def f_kwargs_dict_built_here(x):
+    kw = {"alpha": 2}
+    return torch.add(x, x, **kw)
+
+
+def f_kwargs_received_and_passed_on(x):
+    return passes_kwargs(x, alpha=3.0, beta=1.0) + passes_kwargs(x)
+
+
+def f_kwargs_from_a_global_dict(x):
+    return inner(x, **OPTIONS, beta=0.5)
+
+
+def f_dict_merge_display(x):
+    d = {**{"a": x}, "b": x * 2, **OPTIONS}
+    return d["a"] + d["b"] * d["alpha"]
+
+
+def f_star_args_built_at_run_time(x):
+    parts = [x]
+    parts.append(x + 1)
+    return torch.cat([*parts, x], dim=0) + torch.add(*parts)[:1].sum()
+
+
+def f_local_imports(x):
+    import math
+    import torch.nn.functional as F
+    from math import pi
+    import os.path
+    return F.relu(x) * math.e + pi * len(os.path.sep)
+
+
+def f_set_literals_and_operators(x):
+    s = {1, 2, 3}
+    t = {i % 2 for i in range(5)}
+    s.add(4)
+    s.discard(1)
+    u = (s | t) - {0}
+    names = set(["b", "a", "b"])
+    return x * len(u) + (3 in s) + len(s & {2, 3}) + max(u) * len(sorted(names)[0])
+
+
+def f_set_of_tensors(x):
+    y = x + 1
+    s = {x, y}
+    s.add(x)
+    z = x * 2
+    return x * len(s) + (y in s) + (z not in s) + (x in {z})
+
+
+def f_next_and_iter(x):
+    it = iter([x, x + 1, x + 2])
+    first = next(it)
+    second = next(it)
+    rest = list(it)
+    return first + second + rest[0] + next(it, x) * 0
+
+
+def f_for_over_iterator_shares_position(x):
+    it = iter((x, x * 2, x * 3))
+    total = next(it)
+    for v in it:
+        total = total + v
+    return total
+
+
+def f_zip_enumerate_reversed(x):
+    xs = [x, x * 2, x * 3]
+    acc = x
+    for i, (a, b) in enumerate(zip(xs, reversed(xs))):
+        acc = acc + a * b * i
+    return acc
+
+
+def f_map_and_filter(x):
+    ys = list(map(lambda t: t + 1, [x, x * 2]))
+    zs = list(filter(lambda n: n % 2 == 0, range(6)))
+    ws = list(map(torch.sin, (x, x)))
+    return ys[0] + ys[1] * len(zs) + ws[1]
+
+
+def f_slices_and_sum_of_tensors(x):
+    xs = (x, x + 1, x + 2, x + 3)
+    return sum(xs[1:]) + sum(xs[::-2], x) + xs[-1]
+
+
+def f_builtins_over_constants(x):
+    vals = [3, 1, 2]
+    return x * (max(vals) + min(vals) + sum(vals) + sorted(vals)[0] + any(vals) + all(vals))
+
+
+def f_dict_methods(x):
+    d = {"a": x, "b": x * 2}
+    d.setdefault("c", x * 3)
+    d.update(e=x * 4)
+    got = d.get("a") + d.pop("b") + d.get("zz", x)
+    k, v = d.popitem()
+    e = d.copy()
+    return got + v + sum(e.values()) + len(d) * (k == "e")
+
+
+def f_dict_views_are_live(x):
+    d = {"a": x}
+    keys = d.keys()
+    d["b"] = x * 2
+    items = d.items()
+    d["c"] = x * 3
+    acc = x
+    for k, v in items:
+        acc = acc + v * len(k)
+    return x * len(keys) + sum(d.values()) + acc
+
+
+def f_get_from_a_program_dict(x, options=OPTIONS):
+    return x * options.get("alpha", 1.0) + options.get("beta", 0.5)
+
+
+def f_dict_fromkeys(x):
+    return x * len(dict.fromkeys(["a", "b", "a"]))
+
+
+def f_list_methods(x):
+    xs = [x, x * 2]
+    xs.insert(0, x * 3)
+    xs.extend([x * 4])
+    last = xs.pop()
+    xs.reverse()
+    ns = [3, 1, 2]
+    ns.sort()
+    ns.remove(2)
+    return xs[0] + last * ns[-1] + ns.index(3) + [1, 2, 2].count(2)
+
+
+def f_tuple_and_str_methods(x):
+    name = "Layer.Norm"
+    parts = name.lower().split(".")
+    tag = "-".join(parts)
+    t = (1, 2, 2)
+    return x * (len(tag) + tag.startswith("layer") + t.count(2) + t.index(1)
+                + len("{}:{}".format(*parts)) + len(name.replace(".", ""))
+                + len(str(type(x))))
+
+
+def f_itertools(x):
+    xs = [x, x * 2]
+    prods = [a * b for a, b in itertools.product([1, 2], xs)]
+    chained = list(itertools.chain(xs, [x]))
+    flat = list(itertools.chain.from_iterable([[x], xs]))
+    pairs = list(itertools.combinations(xs + [x], 2))
+    longest = list(itertools.zip_longest(xs, [1], fillvalue=0))
+    head = list(itertools.islice(itertools.repeat(2, 5), 3))
+    sums = list(itertools.accumulate(xs))
+    return (prods[-1] + chained[2] + flat[0] + pairs[2][1] + longest[1][0] * longest[1][1]
+            + sum(head) + sums[-1])
+
+
+def f_functools_partial_and_reduce(x):
+    p = functools.partial(torch.add, alpha=2)
+    q = functools.partial(add, x)
+    r = functools.reduce(lambda a, b: a * b, [x, x + 1, x + 2])
+    s = functools.reduce(operator.add, [1, 2, 3], 10)
+    return p(x, x) + q(x) + r + s
+
+
+def f_lru_cache_function_is_inlined(x):
+    return x * cached_scale(2)
+
+
+def f_operator_functions(x):
+    xs = (x, x * 2, 5)
+    get = operator.itemgetter(1)
+    pick = operator.itemgetter(0, 2)
+    a, b = pick(xs)
+    return operator.add(get(xs), operator.mul(a, b)) + operator.getitem(xs, 0)
+
+
+def f_ordered_dict(x):
+    d = collections.OrderedDict(a=x)
+    d["b"] = x * 2
+    d.move_to_end("a")
+    return d["a"] + d["b"], list(d), d
+
+
+def f_defaultdict(x):
+    d = collections.defaultdict(list)
+    d["a"].append(x)
+    d["a"].append(x * 2)
+    d["b"]
+    return d["a"][1] + len(d), d
+
+
+def f_deque(x):
+    q = collections.deque([x], maxlen=3)
+    q.append(x + 1)
+    q.appendleft(x * 3)
+    first = q.popleft()
+    return first + q[0] + q.pop() + len(q), q
+
+
+FUNCTIONS = {name: fn for name, fn in globals().items() if name.startswith("f_")}
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+def tensors_in(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list, collections.deque)):
+        return [t for v in value for t in tensors_in(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors_in(v)]
+    return []
+
+
+def assert_same(got, want):
+    assert type(got) is type(want)
+    if isinstance(want, dict):
+        assert list(got) == list(want)
+        for k in want:
+            assert_same(got[k], want[k])
+    elif isinstance(want, (tuple, list, collections.deque)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert_same(g, w)
+    elif isinstance(want, torch.Tensor):
+        torch.testing.assert_close(got, want)
+    else:
+        assert got == want
+
+
+class Counting:
+    """An eager backend that counts the graphs it is given."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm
+
+
+def dynamo_graph_count(fn, *args, **kwargs):
+    import torch._dynamo
+
+    try:
+        return torch._dynamo.explain(fn)(*args, **kwargs).graph_count
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_python_call_feature_is_one_graph_matching_eager(name):
+    fn = FUNCTIONS[name]
+    backend = Counting()
+    fast = agspeed.optimize(fn, backend=backend)
+    for _ in range(2):
+        x = torch.randn(3, 4)
+        leaf, ref_leaf = x.clone().requires_grad_(), x.clone().requires_grad_()
+        got, want = fast(leaf), fn(ref_leaf)
+        assert_same(got, want)
+        sum(t.square().sum() for t in tensors_in(got)).backward()
+        sum(t.square().sum() for t in tensors_in(want)).backward()
+        torch.testing.assert_close(leaf.grad, ref_leaf.grad)
+    assert len(backend.graphs) == 1, f"{len(backend.graphs)} graphs"
+    explained = agspeed.explain(fn, torch.randn(3, 4))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
+        [str(b) for b in explained.break_reasons]
+    assert explained.graph_count <= dynamo_graph_count(fn, torch.randn(3, 4))
+
+
+GLOBAL_LIST = [1]
+
+
+def appends_to_a_global(x):
+    GLOBAL_LIST.append(2)
+    return x + 1
+
+
+def steps_a_program_iterator(x, it):
+    return x * next(it)
+
+
+def test_stepping_a_program_iterator_breaks_and_appending_to_a_program_list_replays():
+    explained = agspeed.explain(steps_a_program_iterator, torch.randn(2), iter([3, 4]))
+    assert [b.reason for b in explained.break_reasons][:1] == ["side_effect"]
+    explained = agspeed.explain(appends_to_a_global, torch.randn(2))  # agspeed/_effects.py
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    it = iter([3, 4])
+    fast = agspeed.optimize(steps_a_program_iterator)
+    x = torch.randn(2)
+    torch.testing.assert_close(fast(x, it), x * 3)   # eager stepped it once
+    assert list(it) == [4]
+    before = len(GLOBAL_LIST)
+    agspeed.optimize(appends_to_a_global)(x)
+    assert len(GLOBAL_LIST) == before + 1
+
+
+def test_a_program_dict_read_with_get_is_guarded_on_each_key_it_read():
+    options = {"alpha": 2.0}
+
+    def scaled(x, opts):
+        return x * opts.get("alpha", 1.0) + opts.get("beta", 0.0)
+
+    backend = Counting()
+    fast = agspeed.optimize(scaled, backend=backend)
+    x = torch.randn(3)
+    torch.testing.assert_close(fast(x, options), scaled(x, options))
+    for changed in ({"alpha": 3.0}, {"alpha": 2.0, "beta": 1.0}, {}):
+        torch.testing.assert_close(fast(x, changed), scaled(x, changed))
+    assert len(backend.graphs) == 4   # each change of what get() read recompiles
+
+
+def pops_its_kwargs(x, **kwargs):
+    scale = kwargs.pop("scale", 1.0)
+    kwargs["shift"] = x * 2
+    return x * scale + len(kwargs) + kwargs["shift"] + kwargs.get("bias", x)
+
+
+def test_the_root_frames_own_kwargs_dict_is_mutated_inside_the_graph():
+    backend = Counting()
+    fast = agspeed.optimize(pops_its_kwargs, backend=backend)
+    x = torch.randn(3)
+    calls = ({"scale": 2.0, "flag": 3}, {"scale": 2.0, "flag": 4}, {"bias": x + 1}, {})
+    for kw in calls:
+        got, want = fast(x, **kw), pops_its_kwargs(x, **kw)
+        assert_same(got, want)
+    # the second call changed a plain value the graph read, the others the keys
+    assert len(backend.graphs) == 4
+    explained = agspeed.explain(pops_its_kwargs, x, scale=2.0, bias=x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
+        [str(b) for b in explained.break_reasons]
+    assert explained.graph_count <= dynamo_graph_count(pops_its_kwargs, x, scale=2.0, bias=x)

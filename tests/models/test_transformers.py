@@ -1,0 +1,158 @@
+"""HuggingFace transformers models through ``agspeed.optimize(model, backend="eager")``:
+tiny configs, random seeded weights, nothing downloaded.  In eval (no labels) and in
+training (labels: the model's own loss, then backward), the optimized model returns the
+same ModelOutput type as eager, with equal fields and loss, and leaves every parameter
+with the gradient eager leaves, on the capturing call and on a cache hit with new inputs.
+
+Correctness only: how many graphs each model makes, next to Dynamo, is
+benchmarks/coverage.py's business (docs/coverage.md).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")  # slow: imported once for the module
+
+import agspeed  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+VOCAB, SEQ, BATCH, HIDDEN, LAYERS, HEADS, FFN = 99, 8, 2, 32, 2, 2, 64
+RTOL, ATOL = 1e-4, 1e-5   # fp32; the eager backend runs the same kernels
+
+
+def _config(cls_name: str, **fields):
+    config = getattr(transformers, cls_name)(**fields)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+_DECODER = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+                num_attention_heads=HEADS, num_key_value_heads=1, intermediate_size=FFN,
+                max_position_embeddings=64, use_cache=False, pad_token_id=0,
+                bos_token_id=1, eos_token_id=2)
+_BERT = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+             num_attention_heads=HEADS, intermediate_size=FFN, max_position_embeddings=64,
+             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+_SEQ2SEQ_BART = dict(vocab_size=VOCAB, d_model=HIDDEN, encoder_layers=LAYERS,
+                     decoder_layers=LAYERS, encoder_attention_heads=HEADS,
+                     decoder_attention_heads=HEADS, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN,
+                     max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
+                     activation_dropout=0.0, use_cache=False, pad_token_id=0,
+                     bos_token_id=1, eos_token_id=2, decoder_start_token_id=2,
+                     forced_eos_token_id=None)
+_T5 = dict(vocab_size=VOCAB, d_model=HIDDEN, d_kv=HIDDEN // HEADS, d_ff=FFN,
+           num_layers=LAYERS, num_decoder_layers=LAYERS, num_heads=HEADS, dropout_rate=0.0,
+           use_cache=False, decoder_start_token_id=0, pad_token_id=0)
+
+# name -> (model class for eval, for train, config class, config fields, inputs kind)
+MODELS = {
+    "bert": ("BertModel", "BertForSequenceClassification", "BertConfig",
+             dict(_BERT, classifier_dropout=0.0, num_labels=3), "bert"),
+    "gpt2": ("GPT2LMHeadModel", "GPT2LMHeadModel", "GPT2Config",
+             dict(vocab_size=VOCAB, n_positions=64, n_embd=HIDDEN, n_layer=LAYERS,
+                  n_head=HEADS, n_inner=FFN, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                  use_cache=False, bos_token_id=1, eos_token_id=2), "lm"),
+    "llama": ("LlamaForCausalLM", "LlamaForCausalLM", "LlamaConfig", _DECODER, "lm"),
+    "mistral": ("MistralForCausalLM", "MistralForCausalLM", "MistralConfig", _DECODER, "lm"),
+    "t5": ("T5ForConditionalGeneration", "T5ForConditionalGeneration", "T5Config", _T5,
+           "seq2seq"),
+    "bart": ("BartForConditionalGeneration", "BartForConditionalGeneration", "BartConfig",
+             _SEQ2SEQ_BART, "seq2seq"),
+    "distilbert": ("DistilBertForSequenceClassification",
+                   "DistilBertForSequenceClassification", "DistilBertConfig",
+                   dict(vocab_size=VOCAB, dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS,
+                        hidden_dim=FFN, max_position_embeddings=64, dropout=0.0,
+                        attention_dropout=0.0, seq_classif_dropout=0.0, num_labels=3), "cls"),
+    "vit": ("ViTForImageClassification", "ViTForImageClassification", "ViTConfig",
+            dict(image_size=16, patch_size=4, num_channels=3, hidden_size=HIDDEN,
+                 num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FFN,
+                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3),
+            "image"),
+}
+
+
+def _inputs(kind: str, labels: bool, gen: torch.Generator) -> dict:
+    """One batch for a model of input ``kind``, drawn from ``gen``."""
+    if kind == "image":
+        kw = {"pixel_values": torch.randn(BATCH, 3, 16, 16, generator=gen)}
+        if labels:
+            kw["labels"] = torch.randint(0, 3, (BATCH,), generator=gen)
+        return kw
+    ids = torch.randint(1, VOCAB, (BATCH, SEQ), generator=gen)
+    lengths = torch.randint(SEQ // 2, SEQ + 1, (BATCH, 1), generator=gen)
+    kw = {"input_ids": ids, "attention_mask": (torch.arange(SEQ) < lengths).long()}
+    if kind == "bert":
+        kw["token_type_ids"] = torch.zeros_like(ids)
+    if kind == "seq2seq":
+        target = torch.randint(1, VOCAB, (BATCH, SEQ // 2), generator=gen)
+        kw["labels" if labels else "decoder_input_ids"] = target
+    elif labels:
+        kw["labels"] = (ids.clone() if kind == "lm"
+                        else torch.randint(0, 3, (BATCH,), generator=gen))
+    return kw
+
+
+def _build(name: str, mode: str):
+    eval_cls, train_cls, config_cls, fields, _kind = MODELS[name]
+    torch.manual_seed(0)
+    model = getattr(transformers, train_cls if mode == "train" else eval_cls)(
+        _config(config_cls, **fields))
+    for m in model.modules():   # config fields cover most dropouts; modules the rest
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return model.train() if mode == "train" else model.eval()
+
+
+def _step(fn, model, mode, inputs):
+    """One call (and in train the loss's backward): (output, {name: grad})."""
+    if mode == "eval":
+        with torch.no_grad():
+            return fn(**inputs), {}
+    out = fn(**inputs)
+    out.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out, grads
+
+
+def _assert_same_output(ref, out, where: str) -> None:
+    assert type(out) is type(ref), where
+    assert list(out.keys()) == list(ref.keys()), where
+    for key, value in ref.items():
+        got = out[key]
+        if isinstance(value, torch.Tensor):
+            assert isinstance(got, torch.Tensor), f"{where}: {key}"
+            assert got.shape == value.shape and got.dtype == value.dtype, f"{where}: {key}"
+            torch.testing.assert_close(got, value, rtol=RTOL, atol=ATOL,
+                                       msg=f"{where}: {key} differs")
+        else:   # tuples of hidden states are off here (no output_hidden_states)
+            assert got == value, f"{where}: {key}"
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_transformers_model_matches_eager(name, mode):
+    kind = MODELS[name][4]
+    model = _build(name, mode)
+    twin = copy.deepcopy(model)
+    fast = agspeed.optimize(twin, backend="eager")
+    gen = torch.Generator().manual_seed(1)
+    for call in ("capture", "cache hit"):   # the second call gets new inputs
+        inputs = _inputs(kind, mode == "train", gen)
+        ref, ref_grads = _step(model, model, mode, inputs)
+        out, grads = _step(fast, twin, mode, inputs)
+        where = f"{name} {mode}, {call}"
+        _assert_same_output(ref, out, where)
+        if mode == "train":
+            assert ref.loss is not None and out.loss is not None
+            torch.testing.assert_close(out.loss, ref.loss, rtol=RTOL, atol=ATOL)
+            assert set(grads) == set(ref_grads) == {
+                n for n, p in model.named_parameters() if p.requires_grad}, where
+            for pname, grad in ref_grads.items():
+                torch.testing.assert_close(grads[pname], grad, rtol=RTOL, atol=ATOL,
+                                           msg=f"{where}: gradient of {pname} differs")
