@@ -104,6 +104,10 @@ def break_site(code: types.CodeType, root_offset: int) -> BreakSite | str:
     the frame cannot resume there."""
     if code.co_flags & _UNRESUMABLE:
         return "generators are not resumed"
+    if code in _RESUMES:
+        # a second break in the same frame: its resume function runs eager (a nested
+        # resume gave wrong values on a cache hit in a transformers decoder layer)
+        return "a resume function's own break runs it eager"
     if code.co_cellvars or code.co_freevars:
         return "code with cells or free variables is not resumed yet"
     if root_offset < 0:
@@ -195,6 +199,7 @@ def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
 # code -> {(offset, layout key, id(globals)): (break function, resume functions)}
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _GENERATED: weakref.WeakSet = weakref.WeakSet()
+_RESUMES: weakref.WeakSet = weakref.WeakSet()  # the resume functions' code objects
 
 
 def is_generated(code: types.CodeType) -> bool:
@@ -234,6 +239,7 @@ def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handle
         "co_name": name, "co_qualname": name, "co_varnames": varnames,
         "co_argcount": len(varnames), "co_posonlyargcount": 0, "co_kwonlyargcount": 0,
         "co_nlocals": len(varnames), "co_flags": code.co_flags & ~_CO_VAR})
+    _RESUMES.add(new)
     return types.FunctionType(new, f_globals, name)
 
 

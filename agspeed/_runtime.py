@@ -321,6 +321,10 @@ class Context:
             return site
         import torch
 
+        if builder.effect_plan() or list(builder.read_sources) != list(builder.sources):
+            # writes to the program's objects before the break would have to be
+            # replayed before the break code runs: not done yet, so the frame stays eager
+            return "side effects before the break are not replayed yet"
         ops = any(n.op in ("call_function", "call_method") for n in builder.graph.nodes)
         if not ops and not any(isinstance(v, torch.Tensor) for v in f_locals.values()):
             # no tensors here at all: generated code would only slow plain Python down
