@@ -56,6 +56,7 @@ class CaptureBreak(NamedTuple):
     reason: str
     detail: str
     function: str = ""  # the function (maybe inlined) whose instruction stopped capture
+    root_offset: int = -1  # the frame's own instruction the break surfaced in
 
     @property
     def hint(self) -> str:
@@ -89,17 +90,28 @@ class Capture(NamedTuple):
     n_inputs: int = 0  # how many of ``sources`` the graph takes
 
 
+class Stopped(NamedTuple):
+    """A capture asked to stop before a root instruction (``stop_at``): its builder
+    (the graph so far, no output yet) and the root frame's state there
+    (``agspeed._resume.layout_of`` reads it)."""
+
+    builder: GraphBuilder
+    state: dict
+
+
 def capture(code: Any, f_locals: dict, f_globals: dict, f_builtins: dict,
-            shapes: Any = None) -> Any:
+            shapes: Any = None, stop_at: int | None = None) -> Any:
     """A ``Capture``, a ``(CaptureBreak, Guard)`` pair, or ``(None, Guard)`` when the
-    function does no tensor work.  ``shapes``: the ``_shapes.DimPolicy`` saying which
-    dimensions are dynamic (None: all static)."""
+    function does no tensor work; a ``Stopped`` when it reached ``stop_at`` (a root
+    byte offset).  ``shapes``: the ``_shapes.DimPolicy`` saying which dimensions are
+    dynamic (None: all static)."""
     import torch
 
     symbolic = False
     with _quiet_fake_tensors():
         while True:
             builder = GraphBuilder(shapes, symbolic)
+            builder.stop_at = stop_at
             try:
                 out = _C.capture(code, f_locals, f_globals, f_builtins, builder, torch.Tensor)
                 return _finish(torch, code, f_locals, builder, out)
@@ -151,11 +163,14 @@ def _guard(torch: Any, builder: GraphBuilder, f_locals: dict, code: Any) -> Guar
 
 
 def _finish(torch: Any, code: Any, f_locals: dict, builder: GraphBuilder, out: dict) -> Any:
+    if out["status"] == "stopped":
+        return Stopped(builder, out["state"])
     if out["status"] == "break":
         where = out["code"]
         brk = CaptureBreak(where.co_filename, _line_of(where, out["offset"]),
                            dis.opname[out["opcode"]] if out["opcode"] >= 0 else "(start)",
-                           Reason(out["reason"]).id, out["detail"], where.co_name)
+                           Reason(out["reason"]).id, out["detail"], where.co_name,
+                           out.get("root_offset", -1))
         guard = _guard(torch, builder, f_locals, code)
         guard.break_at = (brk.filename, brk.line, brk.instruction, brk.reason)
         return brk, guard

@@ -39,13 +39,18 @@ class ExplainOutput:
 
     graphs            the captured ``torch.fx.GraphModule``s, in capture order
     graph_count       len(graphs)
-    graph_break_count how many frames stopped at a graph break (and ran eager)
+    graph_break_count how many frames stopped at a graph break (resumed after it, or run
+                      eager where they could not resume)
     break_reasons     a ``BreakReason`` per break
     guards            every guard of every captured graph, readable, in graph order
     guards_per_graph  the same, one list per graph
     ops_per_graph     the operations each graph calls
     op_count          their total
     eager_frames      frames run eager without a break: ("name (file:line)", why)
+    resume_functions  names of the resume functions breaks generated, in order
+    resumed_breaks    per break that resumed: (BreakReason, index in ``graphs`` of
+                      the graph before it or None, indices of the graphs its resume
+                      functions captured)
     result            what the call returned
     """
 
@@ -54,7 +59,15 @@ class ExplainOutput:
         self.guards_per_graph: list[list[str]] = []
         self.break_reasons: list[BreakReason] = []
         self.eager_frames: list[tuple[str, str]] = []
+        self.resume_functions: list[str] = []
+        self._graph_codes: list = []
+        self._resumed: list = []  # (BreakReason, graph before, resume code objects)
         self.result: Any = None
+
+    @property
+    def resumed_breaks(self) -> list[tuple]:
+        return [(brk, before, [i for i, c in enumerate(self._graph_codes) if c in codes])
+                for brk, before, codes in self._resumed]
 
     @property
     def graph_count(self) -> int:
@@ -91,9 +104,20 @@ class ExplainOutput:
                         f"    Reason: {brk.reason} ({brk.detail})",
                         f"    Instruction: {brk.instruction}",
                         f"    Location: {brk.filename}:{brk.line} in {brk.function}",
-                        f"    Frame run eager: {brk.frame}"]
+                        f"    Frame: {brk.frame}"]
+                resumed = [r for r in self.resumed_breaks if r[0] is brk]
+                if resumed:
+                    _b, before, after = resumed[0]
+                    first = before + 1 if before is not None else "-"
+                    out.append(f"    Resumed: graph before {first}, "
+                               f"graphs after {[i + 1 for i in after] or '-'}")
+                else:
+                    out.append("    Frame run eager")
                 if brk.hint:
                     out.append(f"    Hint: {brk.hint}")
+        if self.resume_functions:
+            out.append("Resume Functions:")
+            out += [f"  {name}" for name in self.resume_functions]
         if self.eager_frames:
             out.append("Frames Run Eager Without A Break:")
             out += [f"  {frame}: {why}" for frame, why in self.eager_frames]
@@ -148,6 +172,7 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainOutput:
 
     def observe(kind: str, code: Any, payload: Any) -> None:
         if kind == "graph":
+            report._graph_codes.append(code)
             report.graphs.append(payload.graph_module)
             report.guards_per_graph.append(payload.guard.lines())
         elif kind == "break":
@@ -155,6 +180,12 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainOutput:
                 payload.filename, payload.line, payload.function or code.co_name,
                 payload.instruction, payload.reason, payload.detail, _where(code),
                 payload.hint))
+        elif kind == "resume":
+            _brk, codes = payload
+            report.resume_functions.extend(c.co_name for c in codes)
+            last = len(report.graphs) - 1
+            before = last if last >= 0 and report._graph_codes[last] is code else None
+            report._resumed.append((report.break_reasons[-1], before, codes))
         else:
             report.eager_frames.append((_where(code), payload))
 

@@ -90,6 +90,9 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
     (``Objects``), side effects on the program's objects (``SideEffects``) and context
     managers (``ContextPolicy``) are its other parts."""
 
+    # a root byte offset the interpreter stops before (agspeed._resume), or None
+    stop_at: int | None = None
+
     def __init__(self, shapes: Any = None, symbolic: bool = False) -> None:
         import torch
         import torch.fx

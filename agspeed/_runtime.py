@@ -47,6 +47,7 @@ from agspeed import _C, _roots, log
 from agspeed._compile import compiled_entry
 from agspeed._policy import EntryPolicy, RecompileRecord, recompiles, widened
 from agspeed._policy import clear as _clear_policy
+from agspeed._resume import is_generated as is_break_code
 from agspeed.errors import GraphBreakError
 
 __all__ = ["Context", "context_for", "FrameRecord", "frame_records", "clear", "recompiles",
@@ -216,7 +217,7 @@ class Context:
                 and not _roots.claim(code):
             return _C.CacheEntry(_PASS)  # an optimized root's code, reached elsewhere
         if (is_runtime_code(code.co_filename) and not _roots.is_root(code)) \
-                or _is_namedtuple_new(code, f_globals):
+                or _is_namedtuple_new(code, f_globals) or is_break_code(code):
             if log.enabled("frames"):
                 _frames_log.info("%s (%s:%s) -> skip (runtime code)", code.co_name,
                                  os.path.basename(code.co_filename), code.co_firstlineno)
@@ -254,10 +255,27 @@ class Context:
                                                         f_builtins)
         if brk is not None and self.options.get("fullgraph"):
             raise self._graph_break_error(code, where, brk)
+        not_resumed = ""
+        if brk is not None and _recurs_with_new_values(guard, entries):
+            # a value the resumed entries relied on changes from call to call (a
+            # counter): each would recapture, so the frame runs eager for all of them
+            not_resumed = " (not resumed: a plain value it read changes between calls)"
+        elif brk is not None:
+            resumed = self._resume(code, where, brk, guard, f_locals, f_globals, f_builtins,
+                                   shapes)
+            if isinstance(resumed, str):    # why not: said in the frame's record
+                not_resumed = f" (not resumed: {resumed})"
+            else:
+                entry, guard = resumed
+                self.policy.admit(code, where, entries, guard, shapes, True,
+                                  (f_locals, f_globals, f_builtins))
+                return entry, f"captured up to a graph break, resumed after it ({brk})"
         self.policy.admit(code, where, entries, guard, shapes, graph is not None,
                           (f_locals, f_globals, f_builtins))
         if graph is None:
-            return self._eager_entry(code, where, brk, widened(guard, entries), f_locals)
+            entry, decision = self._eager_entry(code, where, brk, widened(guard, entries),
+                                                f_locals)
+            return entry, decision + not_resumed
         entry = compiled_entry(self, code, where, graph, f_locals)
         self._observe("graph", code, graph)
         return entry, "captured"
@@ -278,6 +296,60 @@ class Context:
             return result, None, result.guard, shapes
         brk, guard = result
         return None, brk, guard, shapes
+
+    def _resume(self, code: Any, where: str, brk: Any, brk_guard: Any, f_locals: dict,
+                f_globals: dict, f_builtins: dict, shapes: Any) -> tuple | str:
+        """The CALL entry of a frame that broke at ``brk`` and resumes after it
+        (``agspeed._resume``), with its guard; where it cannot resume, why not (the
+        frame then runs eager as before)."""
+        from agspeed import _resume
+        from agspeed._capture import Capture, Stopped, _guard, capture
+        from agspeed._compile import compile_capture
+        from agspeed._tensor_check import arg_check
+
+        site = _resume.break_site(code, brk.root_offset)
+        if not isinstance(site, str):
+            stopped = capture(code, f_locals, f_globals, f_builtins, shapes,
+                              stop_at=site.offset)
+            site = "capture did not reach the break again" \
+                if not isinstance(stopped, Stopped) else site
+        if not isinstance(site, str):
+            builder = stopped.builder
+            layout = _resume.layout_of(stopped.state, code, builder)
+            site = layout if isinstance(layout, str) else site
+        if isinstance(site, str):
+            return site
+        import torch
+
+        if builder.effect_plan() or list(builder.read_sources) != list(builder.sources):
+            # writes to the program's objects before the break would have to be
+            # replayed before the break code runs: not done yet, so the frame stays eager
+            return "side effects before the break are not replayed yet"
+        ops = any(n.op in ("call_function", "call_method") for n in builder.graph.nodes)
+        if not ops and not any(isinstance(v, torch.Tensor) for v in f_locals.values()):
+            # no tensors here at all: generated code would only slow plain Python down
+            return "no tensor work"
+        gm = builder.output(layout.outputs)
+        guard = _guard(torch, builder, f_locals, code)
+        guard.break_at = getattr(brk_guard, "break_at", None)
+        try:
+            fn, resumes = _resume.generated(code, f_globals, site, layout)
+        except ValueError as exc:   # a layout the generated code cannot rebuild
+            return str(exc)
+        if ops:
+            cap = Capture(gm, builder.sources, guard, builder.example_inputs())
+            graph = compile_capture(self, cap, where)
+            self._observe("graph", code, cap)
+        else:
+            graph = gm
+        self._note_break(code, where, brk)
+        self._observe("resume", code, (brk, [r.__code__ for r in resumes]))
+        run = _resume.runner(graph, guard.read, layout, fn)
+        signed = guard.sym is None
+        entry = _C.CacheEntry(_C.ACTION_CALL, guard=guard, compiled=run, context=self,
+                              signed=signed,
+                              arg_check=arg_check(code, f_locals) if signed else None)
+        return entry, guard
 
     def _eager_entry(self, code: Any, where: str, brk: Any, guard: Any,
                      f_locals: dict) -> tuple[Any, str]:
@@ -313,6 +385,17 @@ class Context:
     def _observe(self, kind: str, code: Any, payload: Any) -> None:
         if self.observer is not None:
             self.observer(kind, code, payload)
+
+
+def _recurs_with_new_values(guard: Any, entries: list) -> bool:
+    """Whether an entry of ``entries`` stopped at the same break as ``guard`` and
+    expected other plain values (what ``widened`` would drop)."""
+    at = getattr(guard, "break_at", None)
+    if at is None:
+        return False
+    n = len(guard.checks)
+    return any(getattr(old.guard, "break_at", None) == at and
+               len(guard.widened(old.guard).checks) < n for old in entries)
 
 
 def _record_frame(code: Any, f_locals: dict, decision: str) -> None:

@@ -77,6 +77,12 @@ void ags_hook_release(void);
 /* 1 when agspeed's evaluation function is the interpreter's now. */
 int ags_hook_is_installed(void);
 
+/* fn(*args) with the hook looking at the frames it starts, as it does at
+ * user level, though the runtime is busy on this thread (a CALL entry's
+ * compiled code calling back into user code: a graph break's resume
+ * function).  args: a tuple.  New reference, or NULL. */
+PyObject *ags_hook_call_user(PyObject *fn, PyObject *args);
+
 /* ------------------------------------------------------------------ */
 /* The context stack (ctxstack.c). */
 

@@ -276,6 +276,23 @@ call_compiled(ags_entry *entry, PyCodeObject *code,
     return 0;
 }
 
+PyObject *
+ags_hook_call_user(PyObject *fn, PyObject *args)
+{
+    ags_thread_state *me = &ags_tls;
+    int busy = me->busy;
+    PyObject *out;
+
+    if (!PyTuple_Check(args)) {
+        PyErr_SetString(PyExc_TypeError, "call_user(fn, args: tuple)");
+        return NULL;
+    }
+    me->busy = 0;
+    out = PyObject_Call(fn, args, NULL);
+    me->busy = busy;
+    return out;
+}
+
 static PyObject *
 ags_eval(PyThreadState *ts, struct _PyInterpreterFrame *frame, int throwflag)
 {

@@ -217,7 +217,10 @@ ags_interp_site(void)
     if (out == NULL) {
         return NULL;
     }
-    for (ags_frame *f = running ? running->top : NULL; f; f = f->parent) {
+    /* (a generator frame not being stepped has a codeless stand-in for
+     * its parent: the walk ends there) */
+    for (ags_frame *f = running ? running->top : NULL; f && f->code;
+         f = f->parent) {
         PyObject *row = Py_BuildValue(
             "(Oi O)", (PyObject *)f->code,
             f->pc < f->bc.n ? f->bc.instrs[f->pc].offset : -1, f->globals);
@@ -610,6 +613,9 @@ frame_loop(ags_interp *it, ags_frame *f, Py_ssize_t pc)
         const ags_instr *ins = &f->bc.instrs[f->pc];
         ags_handler h = handlers[ins->opcode];
 
+        if (f->depth == 0 && ins->offset == it->stop_at) {
+            return AGS_STOPPED;
+        }
         /* Code under a try runs as any other (interp_exc.c says why). */
         if (++it->steps > AGS_MAX_STEPS) {
             rc = ags_stopf(it, AGS_REASON_TOO_LONG,
@@ -626,6 +632,9 @@ frame_loop(ags_interp *it, ags_frame *f, Py_ssize_t pc)
             it->brk_code = f->code;
             it->brk_offset = ins->offset;
             it->brk_opcode = ins->opcode;
+        }
+        if (rc == AGS_BREAK && f->depth == 0) {
+            it->root_offset = ins->offset;
         }
         if (rc != AGS_GO) {
             break;
@@ -778,6 +787,7 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
 
     memset(&it, 0, sizeof(it));
     it.brk_reason = -1;
+    it.root_offset = it.stop_at = -1;
     memset(&f, 0, sizeof(f));
     if (!PyType_Check(tensor_type) || !PyDict_Check(f_locals)
         || !PyDict_Check(globals)) {
@@ -806,7 +816,8 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
                         "a dict");
         goto done;
     }
-    if (frame_init(&f, NULL, code, globals, builtins) < 0) {
+    if (ags_stop_at(builder, &it.stop_at) < 0
+        || frame_init(&f, NULL, code, globals, builtins) < 0) {
         goto done;
     }
     rc = bind_locals(&it, &f, f_locals);
@@ -829,10 +840,16 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
     }
     if (rc == AGS_BREAK) {
         PyCodeObject *where = it.brk_code ? it.brk_code : code;
-        out = Py_BuildValue("{s:s,s:O,s:i,s:i,s:i,s:O,s:O}", "status", "break",
-                            "code", (PyObject *)where, "offset", it.brk_offset,
-                            "opcode", it.brk_opcode, "reason", it.brk_reason,
-                            "detail", it.brk_detail, "assumptions",
+        out = Py_BuildValue("{s:s,s:O,s:i,s:i,s:i,s:O,s:O,s:i}", "status",
+                            "break", "code", (PyObject *)where, "offset",
+                            it.brk_offset, "opcode", it.brk_opcode, "reason",
+                            it.brk_reason, "detail", it.brk_detail,
+                            "assumptions", it.assumptions, "root_offset",
+                            it.root_offset);
+    }
+    if (rc == AGS_STOPPED) {
+        out = Py_BuildValue("{s:s,s:N,s:O}", "status", "stopped", "state",
+                            ags_frame_state(&f), "assumptions",
                             it.assumptions);
     }
 done:

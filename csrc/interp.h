@@ -8,6 +8,7 @@
  *   interp_func.c  functions: binding arguments and closures, making them
  *   interp_ops.c   operators and f-strings
  *   interp_flow.c  comparisons, truth, jumps, iteration, returns
+ *   interp_resume.c  the root frame's state where capture stops (resume)
  *   interp_effects.c  the program's lists and dicts changed in capture
  *   interp_gen.c   generators: a suspended frame stepped to its next yield
  *   interp_exc.c   try blocks (exception tables) and with blocks
@@ -76,6 +77,7 @@ typedef struct {
 #define AGS_DONE 1      /* the frame returned: its retval is set */
 #define AGS_ERROR (-1)  /* a Python exception is set: a bug or MemoryError */
 #define AGS_BREAK (-2)  /* capture stops here; the capture's brk_* say why */
+#define AGS_STOPPED (-3) /* the root frame reached it->stop_at, not run */
 #define AGS_YIELD 2     /* a generator's frame yielded: its retval is set */
 
 /* Inlining deeper than this ends the capture (recursion). */
@@ -121,6 +123,10 @@ typedef struct {
     PyObject *brk_detail;       /* strong str */
     PyCodeObject *brk_code;     /* borrowed (alive while capturing) */
     int brk_offset, brk_opcode;
+    /* Resuming (interp_resume.c): the root instruction capture stopped
+     * in (where an inlined callee's break surfaces), and the root offset
+     * to stop before without running it; -1 for none. */
+    int root_offset, stop_at;
 } ags_interp;
 
 typedef int (*ags_handler)(ags_interp *, ags_frame *, const ags_instr *);
@@ -224,6 +230,13 @@ int ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
 int ags_truth(ags_interp *it, const ags_value *v, int *truth);
 int ags_elements(ags_interp *it, const ags_value *v, PyObject **elems);
 
+/* interp_resume.c */
+/* New reference: {"stack": [...], "locals": [...], "cells": bool}, each
+ * value as (kind name, payload, source). */
+PyObject *ags_frame_state(const ags_frame *f);
+/* builder.stop_at into *out when the builder has one (else *out is left
+ * alone).  0, or -1 with an exception set. */
+int ags_stop_at(PyObject *builder, int *out);
 /* interp_gen.c */
 int ags_gen_code(PyCodeObject *code);
 /* Takes the frame *f (bound, not started) into a new GENERATOR value. */

@@ -8,6 +8,7 @@
  * process-wide state.
  */
 #include "agspeed.h"
+#include "emit.h"
 #include <string.h>
 
 typedef struct {
@@ -256,6 +257,29 @@ capture_site(PyObject *module, PyObject *unused)
 }
 
 static PyObject *
+emit(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "emit(template, instructions, handlers, fields)");
+        return NULL;
+    }
+    return ags_emit_code(args[0], args[1], args[2], args[3]);
+}
+
+static PyObject *
+call_user(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "call_user(fn, args)");
+        return NULL;
+    }
+    return ags_hook_call_user(args[0], args[1]);
+}
+
+static PyObject *
 evict(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
@@ -326,6 +350,14 @@ static PyMethodDef module_methods[] = {
     {"exception_table", exceptions, METH_O,
      "exception_table(code) -> list of (start, end, handler, depth, lasti): "
      "the code's exception table, offsets in bytes."},
+    {"emit", (PyCFunction)(void (*)(void))emit, METH_FASTCALL,
+     "emit(template, instructions, handlers, fields): a code object "
+     "assembled from [(opcode, arg, target index, position)], exception "
+     "ranges [(start, end, handler, depth, lasti)] and code.replace() "
+     "fields."},
+    {"call_user", (PyCFunction)(void (*)(void))call_user, METH_FASTCALL,
+     "call_user(fn, args): fn(*args) with the hook seeing the frames it "
+     "starts, though the runtime is busy (code a graph break generated)."},
     {"capture", (PyCFunction)(void (*)(void))capture, METH_FASTCALL,
      "capture(code, f_locals, globals, builtins, builder, tensor_type) -> "
      "dict: run the symbolic interpreter over code (see csrc/interp.c)."},

@@ -53,3 +53,16 @@
     X(POP_JUMP_BACKWARD_IF_NOT_NONE, op_pop_jump_if_not_none, "branch") \
     X(JUMP_IF_FALSE_OR_POP, op_jump_if_false_or_pop, "and: keep or pop") \
     X(JUMP_IF_TRUE_OR_POP, op_jump_if_true_or_pop, "or: keep or pop")
+
+/* Code generation (emit.c).  Relative jumps that have a twin in the other
+ * direction: the assembler picks the one its target's side needs. */
+#define AGS_JUMP_TWINS(X) \
+    X(JUMP_FORWARD, JUMP_BACKWARD) \
+    X(POP_JUMP_FORWARD_IF_FALSE, POP_JUMP_BACKWARD_IF_FALSE) \
+    X(POP_JUMP_FORWARD_IF_TRUE, POP_JUMP_BACKWARD_IF_TRUE) \
+    X(POP_JUMP_FORWARD_IF_NONE, POP_JUMP_BACKWARD_IF_NONE) \
+    X(POP_JUMP_FORWARD_IF_NOT_NONE, POP_JUMP_BACKWARD_IF_NOT_NONE)
+/* Instructions after which control never reaches the next one. */
+#define AGS_EMIT_STOPS(X) \
+    X(RETURN_VALUE) X(RAISE_VARARGS) X(RERAISE) X(JUMP_FORWARD) \
+    X(JUMP_BACKWARD) X(JUMP_BACKWARD_NO_INTERRUPT)

@@ -35,3 +35,11 @@
     X(LOAD_CLOSURE, op_load_closure, \
       "a cell for a closure tuple: MAKE_FUNCTION uses the frame's own") \
     X(FORMAT_VALUE, op_format_value, "format a known value (f-strings)")
+
+/* Code generation (emit.c).  Relative jumps that have a twin in the other
+ * direction (conditional jumps are forward only here). */
+#define AGS_JUMP_TWINS(X) X(JUMP_FORWARD, JUMP_BACKWARD)
+/* Instructions after which control never reaches the next one. */
+#define AGS_EMIT_STOPS(X) \
+    X(RETURN_VALUE) X(RETURN_CONST) X(RAISE_VARARGS) X(RERAISE) \
+    X(JUMP_FORWARD) X(JUMP_BACKWARD) X(JUMP_BACKWARD_NO_INTERRUPT)

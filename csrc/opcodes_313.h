@@ -45,3 +45,11 @@
     X(FORMAT_SIMPLE, op_format_simple, "format a known value") \
     X(FORMAT_WITH_SPEC, op_format_with_spec, "format with a known spec") \
     X(CONVERT_VALUE, op_convert_value, "str/repr/ascii of a known value")
+
+/* Code generation (emit.c).  Relative jumps that have a twin in the other
+ * direction (conditional jumps are forward only here). */
+#define AGS_JUMP_TWINS(X) X(JUMP_FORWARD, JUMP_BACKWARD)
+/* Instructions after which control never reaches the next one. */
+#define AGS_EMIT_STOPS(X) \
+    X(RETURN_VALUE) X(RETURN_CONST) X(RAISE_VARARGS) X(RERAISE) \
+    X(JUMP_FORWARD) X(JUMP_BACKWARD) X(JUMP_BACKWARD_NO_INTERRUPT)

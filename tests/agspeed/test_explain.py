@@ -99,9 +99,12 @@ def test_a_break_says_file_line_instruction_and_reason_and_callees_still_capture
     assert brk.reason == "unsupported_call"
     assert "print" in brk.detail
     assert brk.frame.startswith("breaks_then_calls (test_explain.py:")
-    # helper ran through the hook on its own and was captured
-    assert out.graph_count == 1
-    assert out.ops_per_graph == [["torch.tanh", "operator.mul"]]
+    # the frame resumed after the break: the graph before it, then the resume function's
+    # (helper inlined there), as torch._dynamo.explain counts them
+    assert out.graph_count == 2
+    assert out.ops_per_graph == [["operator.add"], ["torch.tanh", "operator.mul"]]
+    assert out.resume_functions == [f"resume_in_breaks_then_calls_at_{brk.line}"]
+    assert out.resumed_breaks == [(brk, 0, [1])]
 
 
 def test_a_data_dependent_branch_in_a_module_is_reported_at_its_line():
@@ -119,8 +122,10 @@ def test_a_data_dependent_branch_in_a_module_is_reported_at_its_line():
 def test_the_report_reads_like_dynamos():
     text = str(agspeed.explain(breaks_then_calls, torch.randn(3)))
     lines = text.splitlines()
-    assert lines[:3] == ["Graph Count: 1", "Graph Break Count: 1", "Op Count: 2"]
+    assert lines[:3] == ["Graph Count: 2", "Graph Break Count: 1", "Op Count: 3"]
     assert "Break Reasons:" in lines and "Ops per Graph:" in lines and "Guards:" in lines
+    assert "Resume Functions:" in lines
+    assert any(line.strip() == "Resumed: graph before 1, graphs after [2]" for line in lines)
     assert any(line.strip().startswith("Reason: unsupported_call") for line in lines)
     assert any(f"{__file__}:{line_of(breaks_then_calls, 'print(')}" in line for line in lines)
     assert repr(agspeed.explain(plain, torch.randn(2, 2), torch.randn(2, 2))) == \

@@ -617,7 +617,10 @@ def test_a_refused_graph_runs_eager_under_optimize(caplog):
         for _ in range(2):
             x = torch.randn(2, 4)
             torch.testing.assert_close(run(x), model(x))
-    assert not captured()
+    # no graph holds the data's value: the frames break at float(tensor) and resume
+    # after it, where the value is a plain float the resume function's guard checks
+    records = captured()
+    assert records and all(r.name.startswith("resume_in_data_valued") for r in records)
 
 
 # -- process-global switches -----------------------------------------------------------------

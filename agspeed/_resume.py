@@ -1,0 +1,379 @@
+"""Graph breaks that resume: what runs a frame whose capture stopped at an instruction.
+
+The design is in ``csrc/emit.c`` (the assembler this module writes for) and in
+docs/architecture.md ("Graph breaks that resume").  In short, for a break at root
+instruction *i* of a frame:
+
+1. the frame is captured again, stopping *before* i (``GraphBuilder.stop_at``), which
+   hands back the root frame's abstract stack and locals there (csrc/interp_resume.c).
+   A break inside an inlined callee surfaces at the root's call instruction, so the
+   call runs for real and the callee gets its own frame through the hook;
+2. the graph's outputs are the live tensors (and containers of them) of that state;
+3. the *break code* (never captured: marked skip) is called with every live value: it
+   pushes the stack back, runs instruction i (with the KW_NAMES / PRECALL that belong
+   to a call), and calls the *resume function* of the path taken with the new stack
+   and the locals;
+4. a resume function is the original code behind a prologue that pushes the stack and
+   jumps to the instruction after the break.  It keeps the user's file, lines and
+   names (``resume_in_<name>_at_<line>``), so the hook captures and caches it like any
+   user code, and tracebacks through it name the user's lines.
+
+The frame's CALL entry (``agspeed._runtime``) runs the graph and the break code; the
+generated code objects are cached per (code, break offset, layout), so later calls
+reuse them and their cache entries.
+
+What is refused (the frame then runs eager as before, and says why): breaks inside a
+loop (as torch._dynamo does: it skips such a frame), under try/except or with, in
+code with cells or free variables, generators, and break instructions that are not a
+plain stack operation or a conditional jump.
+"""
+
+from __future__ import annotations
+
+import dis
+import sys
+import types
+import weakref
+from typing import Any, NamedTuple
+
+from agspeed import _C
+
+__all__ = ["decode", "BreakSite", "break_site", "Layout", "layout_of", "generated",
+           "is_generated"]
+
+_OP = dis.opmap
+_NO_OP = -1
+
+# Per-version facts of the code this module writes (values are opcode names).
+# CALL_FUNCTION_EX takes [NULL, callable, args] on 3.11/3.12, [callable, NULL, args]
+# on 3.13: pushing these two in this order and then SWAP 3 puts the callable where it
+# belongs (the args tuple comes first).
+_CALL_EX_PUSH = {(3, 11): ("LOAD_FAST", "PUSH_NULL"), (3, 12): ("LOAD_FAST", "PUSH_NULL"),
+                 (3, 13): ("PUSH_NULL", "LOAD_FAST")}[sys.version_info[:2]]
+# Instructions that belong with the CALL after them (they only set up the call).
+_CALL_PREFIX = {n for n in ("KW_NAMES", "PRECALL") if n in _OP}
+_BRANCHES = {_OP[n] for n in _OP if n.startswith("POP_JUMP") and "IF_" in n}
+# Instructions a break code can run for real: no locals, no jumps, the frame goes on.
+_REFUSED = set(dis.haslocal) | set(dis.hasfree) | {
+    _OP[n] for n in ("RETURN_VALUE", "RETURN_CONST", "YIELD_VALUE", "RAISE_VARARGS",
+                     "RERAISE", "FOR_ITER", "END_FOR", "SEND", "BEFORE_WITH",
+                     "PUSH_EXC_INFO", "POP_EXCEPT", "RETURN_GENERATOR", "SETUP_ANNOTATIONS",
+                     "IMPORT_STAR", "LOAD_LOCALS", "EXTENDED_ARG")
+    if n in _OP}
+# Loads that may push the call protocol's NULL (a method load, a global or attribute
+# loaded for a call: the argument's low bit): a break code cannot hand a NULL it did
+# not know of to a resume function, so a break there is not resumed.
+_NULL_LOADS = {_OP[n] for n in ("LOAD_METHOD", "PUSH_NULL") if n in _OP}
+_NULL_BIT_LOADS = {_OP[n] for n in (("LOAD_GLOBAL",) if sys.version_info < (3, 12)
+                                     else ("LOAD_GLOBAL", "LOAD_ATTR", "LOAD_SUPER_ATTR"))}
+_CO_VAR = 0x04 | 0x08  # CO_VARARGS | CO_VARKEYWORDS: a resume function takes a tuple
+_UNRESUMABLE = 0x20 | 0x80 | 0x100 | 0x200  # generators, coroutines
+
+
+def decode(code: types.CodeType) -> tuple[list, list, dict]:
+    """``code`` as ``_C.emit`` takes it: instructions (opcode, arg, target index,
+    position), handlers (start, end, handler, depth, lasti) by index, and the map from
+    an instruction's byte offset to its index."""
+    rows = _C.decode(code)
+    positions = list(code.co_positions())
+    index = {}
+    for i, row in enumerate(rows):
+        index[row[0]] = index[row[1]] = i
+    instrs = []
+    for start, offset, op, arg, target, _next in rows:
+        pos = positions[offset // 2]
+        instrs.append((op, arg, index[target] if target >= 0 else -1,
+                       tuple(pos) if pos[0] is not None else None))
+    handlers = [(index[s], index.get(e, len(rows)), index[h], d, lasti)
+                for s, e, h, d, lasti in _C.exception_table(code)]
+    return instrs, handlers, index
+
+
+class BreakSite(NamedTuple):
+    """The root instructions a break code runs: ``first``..``last`` (indices), the
+    last a branch or not; ``offset`` the byte offset capture stops before."""
+
+    first: int
+    last: int
+    offset: int
+    branch: bool
+
+
+def break_site(code: types.CodeType, root_offset: int) -> BreakSite | str:
+    """Where the break code of a break at ``root_offset`` starts and ends, or why
+    the frame cannot resume there."""
+    if code.co_flags & _UNRESUMABLE:
+        return "generators are not resumed"
+    if code in _RESUMES:
+        # a second break in the same frame: its resume function runs eager (a nested
+        # resume gave wrong values on a cache hit in a transformers decoder layer)
+        return "a resume function's own break runs it eager"
+    if code.co_cellvars or code.co_freevars:
+        return "code with cells or free variables is not resumed yet"
+    if root_offset < 0:
+        return "capture stopped before the first instruction"
+    rows = _C.decode(code)
+    at = next((i for i, r in enumerate(rows) if r[1] == root_offset), None)
+    if at is None:
+        return "no instruction at the break"
+    start = rows[at][0]
+    for s, e, _h, _d, _l in _C.exception_table(code):
+        if s <= start < e:
+            return "a break under try/except or with is not resumed yet"
+    for row in rows:
+        if 0 <= row[4] <= start < row[0]:
+            return "a break inside a loop runs the frame eager (as torch._dynamo does)"
+    op = rows[at][2]
+    first = at
+    while first > 0 and dis.opname[rows[first - 1][2]] in _CALL_PREFIX \
+            and dis.opname[op] == "CALL":
+        first -= 1
+    if op in _BRANCHES:
+        return BreakSite(first, at, rows[first][1], True)
+    if op in _REFUSED or rows[at][4] >= 0 or dis.opname[op] in _CALL_PREFIX \
+            or op in _NULL_LOADS or (op in _NULL_BIT_LOADS and rows[at][3] & 1):
+        return f"{dis.opname[op]} cannot be run by a break code"
+    return BreakSite(first, at, rows[first][1], False)
+
+
+class Layout(NamedTuple):
+    """How each slot of the state at a break is rebuilt: per stack slot and per local
+    (co_varnames order), ("graph", i) the graph's i-th output, ("const", obj),
+    ("local", name) the frame's local, ("null",) the call protocol's NULL,
+    ("unbound",) a local with no value."""
+
+    stack: tuple
+    locals: tuple
+    outputs: tuple  # the graph's outputs (nodes and containers of them)
+
+    def key(self) -> tuple:
+        """What the generated code depends on: which slots are NULL or unbound."""
+        return (tuple(s[0] == "null" for s in self.stack),
+                tuple(s[0] == "unbound" for s in self.locals))
+
+
+def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
+    """The ``Layout`` of a stopped capture's ``state``, or why it cannot be rebuilt."""
+    outputs: list = []
+
+    def slot(kind: str, payload: Any, source: Any, in_stack: bool) -> tuple | str:
+        if kind == "NULL_MARK" and in_stack:
+            return ("null",)
+        if kind == "UNBOUND" and not in_stack:
+            return ("unbound",)
+        if kind in ("TENSOR", "TUPLE", "LIST", "DICT"):
+            try:
+                builder.check_output(payload)
+            except Exception:
+                return f"a {kind.lower()} the graph cannot return"
+            outputs.append(payload)
+            return ("output", len(outputs) - 1)
+        if kind in ("LAZY", "CONST"):
+            if type(source) is tuple and len(source) == 2 and source[0] == "local":
+                return ("local", source[1])
+            return ("constant", payload)
+        if kind == "METHOD":
+            import torch
+            return ("constant", getattr(torch.Tensor, payload))
+        return f"a {kind.lower()} value at the break"
+
+    stack, local = [], []
+    for kind, payload, source in state["stack"]:
+        s = slot(kind, payload, source, True)
+        if isinstance(s, str):
+            return s
+        stack.append(s)
+    for kind, payload, source in state["locals"][:code.co_nlocals]:
+        s = slot(kind, payload, source, False)
+        if isinstance(s, str):
+            return s
+        local.append(s)
+    if state["cells"]:
+        return "a local shared with a closure made before the break"
+    return Layout(tuple(stack), tuple(local), tuple(outputs))
+
+
+# ---------------------------------------------------------------------------------
+# Generated code
+
+# code -> {(offset, layout key, id(globals)): (break function, resume functions)}
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_GENERATED: weakref.WeakSet = weakref.WeakSet()
+_RESUMES: weakref.WeakSet = weakref.WeakSet()  # the resume functions' code objects
+
+
+def is_generated(code: types.CodeType) -> bool:
+    """True for a break code (never captured)."""
+    return code in _GENERATED
+
+
+def _line(code: types.CodeType, instrs: list, i: int) -> int:
+    pos = instrs[i][3]
+    return pos[0] if pos else code.co_firstlineno
+
+
+def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handlers: list,
+                     target: int, stack_nulls: tuple, unbound: tuple) -> Any:
+    """The function continuing ``code`` at instruction ``target`` with the stack
+    (non-NULL slots) and every local as arguments: (locals..., stack...)."""
+    nv = code.co_nlocals
+    nstack = sum(1 for null in stack_nulls if not null)
+    pos = instrs[target][3]
+    pro: list = [(_OP["RESUME"], 0, _NO_OP, pos)]
+    pro += [(_OP["DELETE_FAST"], i, _NO_OP, pos) for i, gone in enumerate(unbound) if gone]
+    k = 0
+    for null in stack_nulls:
+        if null:
+            pro.append((_OP["PUSH_NULL"], 0, _NO_OP, pos))
+        else:
+            pro.append((_OP["LOAD_FAST"], nv + k, _NO_OP, pos))
+            k += 1
+    shift = len(pro) + 1
+    pro.append((_OP["JUMP_FORWARD"], 0, target + shift, pos))
+    body = [(op, arg, t + shift if t >= 0 else t, p) for op, arg, t, p in instrs]
+    moved = [(s + shift, e + shift, h + shift, d, lasti) for s, e, h, d, lasti in handlers]
+    line = _line(code, instrs, target)
+    name = f"resume_in_{code.co_name}_at_{line}"
+    varnames = code.co_varnames + tuple(f".stack{i}" for i in range(nstack))
+    new = _C.emit(code, pro + body, moved, {
+        "co_name": name, "co_qualname": name, "co_varnames": varnames,
+        "co_argcount": len(varnames), "co_posonlyargcount": 0, "co_kwonlyargcount": 0,
+        "co_nlocals": len(varnames), "co_flags": code.co_flags & ~_CO_VAR})
+    _RESUMES.add(new)
+    return types.FunctionType(new, f_globals, name)
+
+
+def _tail(instrs_out: list, nv: int, nstack: int, below: list, unbound: tuple, fn: int,
+          consts: list, pos: Any) -> None:
+    """Return ``fn(*locals, *below, *top)``: ``top`` the ``nstack`` values on the
+    stack, ``below`` the parameters holding the stack slots under them."""
+    def const(obj: Any) -> int:
+        consts.append(obj)
+        return len(consts) - 1
+
+    none = const(None)
+    out = instrs_out
+    out.append((_OP["BUILD_TUPLE"], nstack, _NO_OP, pos))
+    for i in range(nv):
+        out.append((_OP["LOAD_CONST"], none, _NO_OP, pos) if unbound[i]
+                   else (_OP["LOAD_FAST"], i, _NO_OP, pos))
+    out += [(_OP["LOAD_FAST"], p, _NO_OP, pos) for p in below]
+    out.append((_OP["BUILD_TUPLE"], nv + len(below), _NO_OP, pos))
+    out.append((_OP["SWAP"], 2, _NO_OP, pos))
+    out.append((_OP["BINARY_OP"], 0, _NO_OP, pos))   # locals + stack
+    for name in _CALL_EX_PUSH:     # fn: the parameter holding the resume function
+        out.append((_OP[name], fn if name == "LOAD_FAST" else 0, _NO_OP, pos))
+    out.append((_OP["SWAP"], 3, _NO_OP, pos))
+    out.append((_OP["CALL_FUNCTION_EX"], 0, _NO_OP, pos))
+    out.append((_OP["RETURN_VALUE"], 0, _NO_OP, pos))
+
+
+def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
+              layout: Layout) -> tuple[Any, list]:
+    """The break function of ``site`` for ``layout`` and the resume functions it
+    calls.  It is called with every local (None for an unbound one) and then the
+    stack's values (its NULL slots left out)."""
+    key = (site.offset, layout.key(), id(f_globals))
+    per_code = _CACHE.setdefault(code, {})
+    hit = per_code.get(key)
+    if hit is not None and hit[2] is f_globals:
+        return hit[0], hit[1]
+    instrs, handlers, _index = decode(code)
+    stack_nulls, unbound = layout.key()
+    nv = code.co_nlocals
+    depth = len(stack_nulls)
+    effect = 0
+    for i in range(site.first, site.last + 1):
+        op, arg = instrs[i][0], instrs[i][1]
+        if i == site.last and site.branch:
+            effect -= 1
+        elif dis.opname[op] not in ("KW_NAMES",):
+            effect += dis.stack_effect(op, arg, jump=False)
+    after = depth + effect
+    consumed = _consumed(instrs, site, depth, stack_nulls)
+    keep = depth - consumed         # slots below the operands, left as they are
+    produced = after - keep
+    if produced < 0:
+        raise ValueError("the break instruction's stack effect is not modelled")
+    resumes = []
+    targets = [site.last + 1]
+    if site.branch:
+        targets.append(instrs[site.last][2])
+    for target in targets:
+        resumes.append(_resume_function(code, f_globals, instrs, handlers, target,
+                                        stack_nulls[:keep] + (False,) * produced, unbound))
+    consts = list(code.co_consts)
+    pos0 = instrs[site.first][3]
+    out: list = [(_OP["RESUME"], 0, _NO_OP, pos0)]
+    params = []                     # parameter index of each non-NULL stack slot
+    for null in stack_nulls:
+        params.append(None if null else nv + sum(1 for p in params if p is not None))
+    for j in range(keep, depth):
+        out.append((_OP["PUSH_NULL"], 0, _NO_OP, pos0) if params[j] is None
+                   else (_OP["LOAD_FAST"], params[j], _NO_OP, pos0))
+    branch_at = None
+    for i in range(site.first, site.last + 1):
+        op, arg, _t, pos = instrs[i]
+        if i == site.last and site.branch:
+            branch_at = len(out)
+        out.append((op, arg, _NO_OP, pos))
+    last_pos = instrs[site.last][3]
+    below = [p for p in params[:keep] if p is not None]
+    nstack = sum(1 for p in params if p is not None)
+    _tail(out, nv, produced, below, unbound, nv + nstack, consts, last_pos)
+    if branch_at is not None:
+        op, arg, _t, pos = out[branch_at]
+        out[branch_at] = (op, arg, len(out), pos)
+        _tail(out, nv, produced, below, unbound, nv + nstack + 1, consts, last_pos)
+    # the resume functions are parameters with defaults, not constants: a tool that
+    # traces this code (torch._dynamo) need not model a function constant
+    varnames = code.co_varnames + tuple(f".stack{i}" for i in range(nstack)) + \
+        tuple(f".resume{i}" for i in range(len(resumes)))
+    name = f"break_in_{code.co_name}_at_{_line(code, instrs, site.last)}"
+    new = _C.emit(code, out, [], {
+        "co_name": name, "co_qualname": name, "co_varnames": varnames,
+        "co_argcount": len(varnames), "co_posonlyargcount": 0, "co_kwonlyargcount": 0,
+        "co_nlocals": len(varnames), "co_consts": tuple(consts),
+        "co_flags": code.co_flags & ~_CO_VAR})
+    _C.mark_skip(new)
+    _GENERATED.add(new)
+    fn = types.FunctionType(new, f_globals, name, tuple(resumes))
+    per_code[key] = (fn, resumes, f_globals)
+    return fn, resumes
+
+
+def _consumed(instrs: list, site: BreakSite, depth: int, stack_nulls: tuple) -> int:
+    """How many stack slots, from the top, the break instructions read: a call's
+    callable and arguments, a branch's condition; all of them for anything else
+    (then no NULL may be among them)."""
+    op, arg = instrs[site.last][0], instrs[site.last][1]
+    if site.branch:
+        return 1
+    name = dis.opname[op]
+    if name == "CALL":
+        return arg + 2              # callable and self-or-NULL, then the arguments
+    if name == "CALL_KW":
+        return arg + 3              # ... and the tuple of keyword names (3.13)
+    if name == "CALL_FUNCTION_EX":
+        return 3 + (arg & 1)        # NULL, callable, args tuple, kwargs dict
+    if any(stack_nulls):
+        raise ValueError("a NULL on the stack at a break that is not a call")
+    return depth
+
+
+def runner(graph: Any, read: Any, layout: Layout, fn: Any) -> Any:
+    """The compiled callable of a resumed frame's CALL entry: run ``graph`` on the
+    inputs ``read`` gathers, rebuild the locals and stack from its outputs, the
+    frame's locals and constants, and call the break function ``fn`` with them
+    (through the hook, so the resume functions it calls are captured)."""
+    names = ("output", "constant", "local", "unbound")
+    plan = tuple((names.index(s[0]), s[1] if len(s) > 1 else None)
+                 for s in layout.locals + layout.stack if s[0] != "null")
+
+    def run(f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
+        outs = graph(*read(f_locals, f_globals, f_builtins))
+        args = tuple(outs[v] if k == 0 else v if k == 1 else f_locals[v] if k == 2 else None
+                     for k, v in plan)
+        return _C.call_user(fn, args)
+
+    return run

@@ -1,0 +1,91 @@
+/* interp_resume.c: the root frame's state where capture stops, for the
+ * code that resumes it (agspeed/_resume.py).
+ *
+ * A capture asked to stop at a root instruction (builder.stop_at, a byte
+ * offset) halts before running it and hands back the abstract stack and
+ * locals there.  Each value crosses as (kind, payload, source): kind one of
+ * ags_kind_names, payload what the value holds (a graph node for TENSOR,
+ * the object for CONST, LAZY and the containers, the name for METHOD,
+ * (tuple, position) for ITER, None for NULL_MARK and UNBOUND), source the
+ * value's source or None.  Python decides how the generated code gets
+ * each one back.
+ */
+#include "interp.h"
+
+/* New reference: (kind, payload, source). */
+static PyObject *
+export_value(const ags_value *v)
+{
+    PyObject *payload;
+
+    if (v->kind == AGS_VK_ITER) {
+        payload = Py_BuildValue("(On)", v->obj ? v->obj : Py_None, v->pos);
+    }
+    else {
+        payload = Py_NewRef(v->obj ? v->obj : Py_None);
+    }
+    if (payload == NULL) {
+        return NULL;
+    }
+    return Py_BuildValue("(sNO)", ags_kind_names[v->kind], payload,
+                         v->source ? v->source : Py_None);
+}
+
+static PyObject *
+export_values(const ags_value *values, int n)
+{
+    PyObject *list = PyList_New(n);
+
+    for (int i = 0; list != NULL && i < n; i++) {
+        PyObject *item = export_value(&values[i]);
+
+        if (item == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, item);
+    }
+    return list;
+}
+
+PyObject *
+ags_frame_state(const ags_frame *f)
+{
+    int cells = 0;
+
+    for (int i = 0; f->cells != NULL && i < f->nlocals; i++) {
+        cells |= f->cells[i] != NULL;
+    }
+    return Py_BuildValue("{s:N,s:N,s:O}", "stack",
+                         export_values(f->stack, f->sp), "locals",
+                         export_values(f->locals, f->nlocals), "cells",
+                         cells ? Py_True : Py_False);
+}
+
+/* builder.stop_at, when it has one: the root offset to stop before. */
+int
+ags_stop_at(PyObject *builder, int *out)
+{
+    PyObject *v;
+    long at;
+
+    v = PyObject_GetAttrString(builder, "stop_at");
+    if (v == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return 0;
+    }
+    if (v == Py_None) {
+        Py_XDECREF(v);
+        return 0;
+    }
+    at = PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (at == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *out = (int)at;
+    return 0;
+}

@@ -1,0 +1,235 @@
+"""Graph breaks that resume (agspeed/_resume.py, csrc/emit.c): the graph before the
+break, the instruction run for real, the rest of the frame captured in a resume
+function; results, gradients and types equal eager's, graph counts no higher than
+torch._dynamo.explain's, second calls all cache hits."""
+
+import gc
+import os
+import sys
+import traceback
+
+import pytest
+
+import agspeed
+from agspeed import _C
+
+try:
+    import torch
+except ImportError:  # collected on torch-free Pythons, deselected there by -m "not torch"
+    torch = None
+
+pytestmark = pytest.mark.torch
+
+
+def dynamo_graphs(fn, *args):
+    import torch._dynamo
+
+    try:
+        return torch._dynamo.explain(fn)(*args).graph_count
+    finally:
+        torch._dynamo.reset()
+
+
+def check(fn, make_args, graphs):
+    """Capture fn, compare with eager (values, grads, type) and with dynamo's count."""
+    args = make_args()
+    report = agspeed.explain(fn, *args)
+    assert report.graph_count == graphs
+    assert report.graph_break_count >= 1
+    assert report.resume_functions
+    assert graphs <= dynamo_graphs(fn, *make_args())
+    fast = agspeed.optimize(fn)
+    for _ in range(2):
+        args = make_args()
+        ref_args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+        out, ref = fast(*args), fn(*ref_args)
+        assert type(out) is type(ref)
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        for a, r in zip(args, ref_args):
+            if a.requires_grad:
+                torch.testing.assert_close(a.grad, r.grad)
+    return report
+
+
+def vec():
+    return (torch.randn(6, requires_grad=True),)
+
+
+def printing(x):
+    y = x.sin() * 2
+    print("between graphs")
+    return y.cos() + x
+
+
+def test_print_in_the_middle(capsys):
+    report = check(printing, vec, 2)
+    before, after = report.resumed_breaks[0][1], report.resumed_breaks[0][2]
+    assert before == 0 and after == [1]
+    assert report.ops_per_graph[0] and report.ops_per_graph[1]
+    assert capsys.readouterr().out.count("between graphs") == 1 + 2 * 2 + 1
+
+
+def branching(x):
+    y = x * 3
+    if y.sum() > 0:
+        return y.exp()
+    return -y
+
+
+def test_data_dependent_branch():
+    check(branching, vec, 2)
+    fast = agspeed.optimize(branching)
+    for sign in (1.0, -1.0):   # both sides of the branch
+        x = torch.full((4,), sign)
+        torch.testing.assert_close(fast(x), branching(x))
+
+
+def scalar(x):
+    y = x.relu() + 1
+    n = int(y.sum().item()) % 3
+    return y * n + x
+
+
+def test_item_feeding_python():
+    check(scalar, vec, 2)
+
+
+def explicit(x):
+    y = x.tanh()
+    torch._dynamo.graph_break()
+    return y * x
+
+
+def test_explicit_graph_break():
+    check(explicit, vec, 2)
+
+
+class Inner(torch.nn.Module if torch else object):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        x = self.fc(x)
+        print("inner")
+        return torch.relu(x)
+
+
+class Outer(torch.nn.Module if torch else object):
+    def __init__(self):
+        super().__init__()
+        self.pre = torch.nn.Linear(4, 4)
+        self.inner = Inner()
+
+    def forward(self, x):
+        return self.inner(self.pre(x)).sum(dim=-1)
+
+
+def test_break_inside_an_inlined_callee():
+    torch.manual_seed(0)
+    model = Outer()
+    report = check(model, lambda: (torch.randn(3, 4, requires_grad=True),), 4)
+    assert any(name.startswith("resume_in_forward") for name in report.resume_functions)
+    model.zero_grad()
+    fast = agspeed.optimize(model)
+    x = torch.randn(3, 4)
+    fast(x).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model(x).sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad)
+
+
+def looping(x):
+    for i in range(3):
+        x = x * 2
+        print(i)
+    return x
+
+
+def test_break_inside_a_loop_runs_the_frame_eager():
+    report = agspeed.explain(looping, torch.randn(3))
+    assert report.graph_count == 0 == dynamo_graphs(looping, torch.randn(3))
+    assert not report.resume_functions
+    x = torch.randn(3)
+    torch.testing.assert_close(agspeed.optimize(looping)(x), looping(x))
+
+
+def test_second_call_is_all_cache_hits():
+    fast = agspeed.optimize(printing)
+    fast(torch.randn(6))
+    _C.reset_counters()
+    fast(torch.randn(6))
+    counters = _C.counters()
+    assert counters["cache_misses"] == 0, counters
+    assert counters["cache_hits"] == 2   # the frame and its resume function
+
+
+def failing(x):
+    y = x + 1
+    print("about to fail")
+    z = y.view(7, 7)
+    return z
+
+
+def test_traceback_names_the_users_line():
+    fast = agspeed.optimize(failing)
+    with pytest.raises(RuntimeError) as info:
+        fast(torch.randn(3))
+    frames = traceback.extract_tb(info.value.__traceback__)
+    here = os.path.abspath(__file__)
+    line = failing.__code__.co_firstlineno + 3
+    assert any(f.filename == here and f.lineno == line for f in frames)
+
+
+def test_generated_code_is_not_leaked_and_frames_are_cleared():
+    fast = agspeed.optimize(printing)
+    x = torch.randn(6)
+    fast(x)
+    from agspeed import _resume
+
+    fn, resumes, _g = next(iter(_resume._CACHE[printing.__code__].values()))
+    counts = (sys.getrefcount(fn), sys.getrefcount(fn.__code__),
+              [sys.getrefcount(r) for r in resumes])
+    before = sys.getrefcount(x)
+    for _ in range(5):
+        fast(x)
+    gc.collect()
+    assert (sys.getrefcount(fn), sys.getrefcount(fn.__code__),
+            [sys.getrefcount(r) for r in resumes]) == counts
+    assert sys.getrefcount(x) == before
+
+
+def test_fullgraph_still_raises_at_a_break():
+    from agspeed.errors import GraphBreakError
+
+    with pytest.raises(GraphBreakError):
+        agspeed.optimize(printing, fullgraph=True)(torch.randn(6))
+
+
+class Token:
+    """A plain object passed through a break: nothing generated may keep it alive."""
+
+
+def passes_token(x, token):
+    y = x * 2
+    print("token", type(token).__name__)
+    return y + 1
+
+
+def test_frames_of_generated_code_let_their_values_go():
+    import weakref
+
+    x = torch.randn(4)
+    assert agspeed.explain(passes_token, x, Token()).resume_functions
+    fast = agspeed.optimize(passes_token)
+    for _ in range(2):    # the capture, then a cache hit
+        token = Token()
+        alive = weakref.ref(token)
+        torch.testing.assert_close(fast(x, token), passes_token(x, token))
+        del token
+        gc.collect()
+        assert alive() is None
