@@ -2,6 +2,7 @@
  *
  * The interpreter is split by job:
  *   interp.c       values, frames, the instruction loop, inlining, the entry
+ *   interp_args.c  graph arguments, sources, assumptions, ownership
  *   interp_data.c  loads and stores, stack shuffles, containers, subscripts
  *   interp_attr.c  attributes: of known objects, of tensors, getattr, super
  *   interp_call.c  calls: torch ops, modules, functions, folds, by plan
@@ -135,6 +136,16 @@ typedef int (*ags_handler)(ags_interp *, ags_frame *, const ags_instr *);
  * others are compiled and checked everywhere but unused on that version. */
 #define AGS_HANDLER int __attribute__((unused))
 
+/* interp_args.c */
+PyObject *ags_graph_arg(ags_interp *it, const ags_value *v);
+int ags_value_of(ags_interp *it, PyObject *obj, ags_value *out);
+int ags_assume(ags_interp *it, PyObject *source, PyObject *value);
+PyObject *ags_source_of(ags_interp *it, const ags_value *v);
+int ags_load_object(ags_interp *it, PyObject *source, PyObject *value,
+                    ags_value *out);
+int ags_own(ags_interp *it, PyObject *container);
+int ags_is_owned(ags_interp *it, PyObject *container);
+
 /* interp.c */
 void ags_value_clear(ags_value *v);
 ags_value ags_value_make(int kind, PyObject *obj, PyObject *source);
@@ -148,15 +159,7 @@ ags_value ags_pop(ags_frame *f);
 ags_value *ags_peek(ags_frame *f, int depth);
 void ags_drop(ags_frame *f, int n);
 int ags_take_break(ags_interp *it);
-PyObject *ags_graph_arg(ags_interp *it, const ags_value *v);
-int ags_value_of(ags_interp *it, PyObject *obj, ags_value *out);
-int ags_assume(ags_interp *it, PyObject *source, PyObject *value);
-PyObject *ags_source_of(ags_interp *it, const ags_value *v);
-int ags_load_object(ags_interp *it, PyObject *source, PyObject *value,
-                    ags_value *out);
 PyObject *ags_call_builder(ags_interp *it, int op, const char *fmt, ...);
-int ags_own(ags_interp *it, PyObject *container);
-int ags_is_owned(ags_interp *it, PyObject *container);
 int ags_frame_cell(ags_interp *it, ags_frame *f, int i, PyObject **cell);
 int ags_is_free_slot(const ags_frame *f, int i);
 int ags_inline(ags_interp *it, ags_frame *caller, PyObject *func,

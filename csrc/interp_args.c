@@ -1,0 +1,247 @@
+/* interp_args.c: what abstract values stand for (see interp.h).
+ *
+ * A value goes into the graph, or into a container the capture built, as
+ * a *graph argument*: a node for a tensor, the object itself for anything
+ * else, a copy for a list or dict that the capture may go on changing
+ * (ags_graph_arg).  The way back, from a graph argument taken out of a
+ * container or returned by the builder to an abstract value, is
+ * ags_value_of.  Objects reached from the frame have sources: each load
+ * records its assumption (source, value), which the guard checks, and
+ * remembers the object's first source in the capture's `known` map, so a
+ * module taken back out of a tuple keeps its source.  Containers the
+ * capture built are *owned* (the `owned` set of ids): they may change in
+ * place, unlike the program's.
+ */
+#include "interp.h"
+
+/* A copy of a container graph argument, so that a list the capture goes
+ * on mutating never changes a node's recorded arguments. */
+static PyObject *
+frozen_copy(PyObject *obj)
+{
+    if (PyList_CheckExact(obj)) {
+        return PyList_GetSlice(obj, 0, PyList_GET_SIZE(obj));
+    }
+    if (PyDict_CheckExact(obj)) {
+        return PyDict_Copy(obj);
+    }
+    if (PyDict_Check(obj)) {
+        /* an OrderedDict or defaultdict the capture owns: its C copy() */
+        return PyObject_CallMethod(obj, "copy", NULL);
+    }
+    if (PySet_CheckExact(obj)) {
+        return PySet_New(obj);
+    }
+    return Py_NewRef(obj);
+}
+
+/* New reference: what a value stands for in the graph (node, constant,
+ * container), or NULL with a graph break set for values that cannot. */
+PyObject *
+ags_graph_arg(ags_interp *it, const ags_value *v)
+{
+    switch (v->kind) {
+    case AGS_VK_CONST:
+    case AGS_VK_TENSOR:
+    case AGS_VK_TUPLE:
+        return Py_NewRef(v->obj);
+    case AGS_VK_LIST:
+    case AGS_VK_DICT:
+    case AGS_VK_SET:
+        return frozen_copy(v->obj);
+    case AGS_VK_GENERATOR:
+        ags_stopf(it, AGS_REASON_GENERATOR, "a generator that leaves the "
+                  "captured code unconsumed (returned, stored or passed on)");
+        return NULL;
+    default:
+        ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                  "a %s cannot be a graph argument",
+                  ags_kind_names[v->kind]);
+        return NULL;
+    }
+}
+
+static int
+contains_node(ags_interp *it, PyObject *obj)
+{
+    if (PyObject_TypeCheck(obj, (PyTypeObject *)it->node_type)) {
+        return 1;
+    }
+    if (PyTuple_Check(obj) || PyList_Check(obj)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (contains_node(it, PySequence_Fast_GET_ITEM(obj, i))) {
+                return 1;
+            }
+        }
+    }
+    if (PyDict_CheckExact(obj)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *val;
+        while (PyDict_Next(obj, &pos, &k, &val)) {
+            if (contains_node(it, val)) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+id_of(PyObject *obj)
+{
+    return PyLong_FromVoidPtr(obj);
+}
+
+int
+ags_own(ags_interp *it, PyObject *container)
+{
+    PyObject *id = id_of(container);
+    int rc = id ? PySet_Add(it->owned, id) : -1;
+
+    Py_XDECREF(id);
+    return rc;
+}
+
+/* 1 if `container` was built by this capture, 0 if not, -1 on error. */
+int
+ags_is_owned(ags_interp *it, PyObject *container)
+{
+    PyObject *id = id_of(container);
+    int rc = id ? PySet_Contains(it->owned, id) : -1;
+
+    Py_XDECREF(id);
+    return rc;
+}
+
+/* New reference or NULL (no error): the source an object was loaded
+ * from during this capture. */
+static PyObject *
+known_source(ags_interp *it, PyObject *obj)
+{
+    PyObject *id = id_of(obj), *entry;
+
+    if (id == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    entry = PyDict_GetItem(it->known, id);
+    Py_DECREF(id);
+    if (entry == NULL || PyTuple_GET_ITEM(entry, 0) != obj) {
+        return NULL;
+    }
+    return Py_NewRef(PyTuple_GET_ITEM(entry, 1));
+}
+
+/* New reference or NULL (no error): how a value is reached. */
+PyObject *
+ags_source_of(ags_interp *it, const ags_value *v)
+{
+    if (v->source != NULL) {
+        return Py_NewRef(v->source);
+    }
+    if (v->kind == AGS_VK_CONST) {
+        return known_source(it, v->obj);
+    }
+    return NULL;
+}
+
+/* The abstract value of a graph argument taken out of a container or
+ * returned by the builder.  0, or -1 with an exception. */
+int
+ags_value_of(ags_interp *it, PyObject *obj, ags_value *out)
+{
+    int owned;
+
+    if (PyObject_TypeCheck(obj, (PyTypeObject *)it->node_type)) {
+        *out = ags_value_make(AGS_VK_TENSOR, Py_NewRef(obj), NULL);
+        return 0;
+    }
+    owned = (PyList_CheckExact(obj) || PyDict_Check(obj)
+             || PySet_CheckExact(obj))
+                ? ags_is_owned(it, obj) : 0;
+    if (owned < 0) {
+        return -1;
+    }
+    if (owned) {
+        *out = ags_value_make(PyList_CheckExact(obj) ? AGS_VK_LIST
+                              : PyDict_Check(obj)    ? AGS_VK_DICT
+                                                     : AGS_VK_SET,
+                              Py_NewRef(obj), NULL);
+        return 0;
+    }
+    if (PyTuple_Check(obj) && contains_node(it, obj)) {
+        *out = ags_value_make(AGS_VK_TUPLE, Py_NewRef(obj), NULL);
+        return 0;
+    }
+    owned = ags_shadowed(it, obj, out);
+    if (owned != 0) {
+        return owned < 0 ? -1 : 0;
+    }
+    *out = ags_value_make(AGS_VK_CONST, Py_NewRef(obj), known_source(it, obj));
+    return 0;
+}
+
+int
+ags_assume(ags_interp *it, PyObject *source, PyObject *value)
+{
+    PyObject *t = PyTuple_Pack(2, source, value);
+    int rc;
+
+    if (t == NULL) {
+        return AGS_ERROR;
+    }
+    rc = PyList_Append(it->assumptions, t);
+    Py_DECREF(t);
+    return rc < 0 ? AGS_ERROR : AGS_GO;
+}
+
+static int
+remember(ags_interp *it, PyObject *obj, PyObject *source)
+{
+    PyObject *id = id_of(obj), *pair;
+    int rc;
+
+    if (id == NULL) {
+        return -1;
+    }
+    if (PyDict_Contains(it->known, id)) {
+        Py_DECREF(id);
+        return 0;  /* the first source is the one guarded by identity */
+    }
+    pair = PyTuple_Pack(2, obj, source);
+    rc = pair ? PyDict_SetItem(it->known, id, pair) : -1;
+    Py_XDECREF(pair);
+    Py_DECREF(id);
+    return rc;
+}
+
+/* The abstract value of `value`, reached from the frame by `source`:
+ * tensors become graph inputs, anything else a constant guarded on its
+ * source.  Borrows both.  AGS_GO or AGS_ERROR. */
+int
+ags_load_object(ags_interp *it, PyObject *source, PyObject *value,
+                ags_value *out)
+{
+    if (PyObject_TypeCheck(value, (PyTypeObject *)it->tensor_type)) {
+        PyObject *node = ags_call_builder(it, AGS_BOP_INPUT, "(OO)", source,
+                                          value);
+        if (node == NULL) {
+            return AGS_ERROR;
+        }
+        *out = ags_value_make(AGS_VK_TENSOR, node, Py_NewRef(source));
+        return AGS_GO;
+    }
+    switch (ags_shadowed(it, value, out)) {
+    case 1:
+        return AGS_GO;  /* changed during this capture: its shadow */
+    case -1:
+        return AGS_ERROR;
+    }
+    if (ags_assume(it, source, value) < 0 || remember(it, value, source) < 0) {
+        return AGS_ERROR;
+    }
+    *out = ags_value_make(AGS_VK_CONST, Py_NewRef(value), Py_NewRef(source));
+    return AGS_GO;
+}
+
