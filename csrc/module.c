@@ -179,11 +179,10 @@ code_cache(PyObject *module, PyObject *code)
 }
 
 static PyObject *
-mark_skip(PyObject *module, PyObject *code)
+set_skip(PyObject *code, int skip)
 {
     ags_code_state *state;
 
-    (void)module;
     if (!is_code(code)) {
         return NULL;
     }
@@ -191,8 +190,16 @@ mark_skip(PyObject *module, PyObject *code)
     if (state == NULL) {
         return NULL;
     }
-    state->flags |= AGS_CODE_SKIP;
+    state->flags = skip ? state->flags | AGS_CODE_SKIP
+                        : state->flags & ~(uint32_t)AGS_CODE_SKIP;
     Py_RETURN_NONE;
+}
+
+static PyObject *
+mark_skip(PyObject *module, PyObject *code)
+{
+    (void)module;
+    return set_skip(code, 1);
 }
 
 /* Undoes mark_skip and a SKIP decision: for code that agspeed.optimize()
@@ -200,18 +207,8 @@ mark_skip(PyObject *module, PyObject *code)
 static PyObject *
 unmark_skip(PyObject *module, PyObject *code)
 {
-    ags_code_state *state;
-
     (void)module;
-    if (!is_code(code)) {
-        return NULL;
-    }
-    state = ags_cache_ensure((PyCodeObject *)code);
-    if (state == NULL) {
-        return NULL;
-    }
-    state->flags &= ~AGS_CODE_SKIP;
-    Py_RETURN_NONE;
+    return set_skip(code, 0);
 }
 
 static PyObject *

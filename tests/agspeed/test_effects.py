@@ -12,6 +12,7 @@ import weakref
 import pytest
 
 import agspeed
+from _dynamo_ref import dynamo_graph_count
 from agspeed import _C
 
 try:
@@ -21,16 +22,6 @@ except ImportError:  # collected on torch-free Pythons, deselected there by -m "
     torch = nn = None
 
 pytestmark = pytest.mark.torch
-
-
-def dynamo_graph_count(fn, *args):
-    import torch._dynamo
-
-    torch._dynamo.reset()
-    try:
-        return torch._dynamo.explain(fn)(*args).graph_count
-    finally:
-        torch._dynamo.reset()
 
 
 class Config:

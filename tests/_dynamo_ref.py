@@ -1,0 +1,11 @@
+"""Test helper: what torch._dynamo makes of a call, as the reference for graph counts."""
+
+
+def dynamo_graph_count(fn, *args):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    try:
+        return torch._dynamo.explain(fn)(*args).graph_count
+    finally:
+        torch._dynamo.reset()
