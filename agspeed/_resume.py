@@ -31,6 +31,7 @@ plain stack operation or a conditional jump.
 from __future__ import annotations
 
 import dis
+import functools
 import sys
 import types
 import weakref
@@ -152,6 +153,27 @@ class Layout(NamedTuple):
                 tuple(s[0] == "unbound" for s in self.locals))
 
 
+_DESCRIPTORS = (types.MethodDescriptorType, types.ClassMethodDescriptorType,
+                types.WrapperDescriptorType, classmethod, staticmethod)
+
+
+def _not_the_programs(value: Any, builder: Any) -> str:
+    """Why a constant the capture holds is not the object the program's own stack would
+    hold there ("" when it is): a model the builder made of it (a context manager's
+    steps, a tensor method bound to a node), or a descriptor the interpreter split from
+    the object it was looked up on, where CPython holds the bound method."""
+    kind = type(value)
+    if kind.__module__.split(".")[0] == "agspeed":
+        return f"a {kind.__name__} the capture models at the break"
+    if isinstance(value, _DESCRIPTORS):
+        return "a method split from its object at the break"
+    if isinstance(value, functools.partial) and any(
+            isinstance(a, builder.node_type)
+            for a in (*value.args, *(value.keywords or {}).values())):
+        return "a method bound to a graph value at the break"
+    return ""
+
+
 def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
     """The ``Layout`` of a stopped capture's ``state``, or why it cannot be rebuilt."""
     outputs: list = []
@@ -171,14 +193,18 @@ def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
         if kind in ("LAZY", "CONST"):
             if type(source) is tuple and len(source) == 2 and source[0] == "local":
                 return ("local", source[1])
-            return ("constant", payload)
+            why = _not_the_programs(payload, builder)
+            return why if why else ("constant", payload)
         if kind == "METHOD":
             import torch
             return ("constant", getattr(torch.Tensor, payload))
         return f"a {kind.lower()} value at the break"
 
     stack, local = [], []
-    for kind, payload, source in state["stack"]:
+    rows = state["stack"]
+    for i, (kind, payload, source) in enumerate(rows):
+        if kind == "METHOD" and (i + 1 >= len(rows) or rows[i + 1][0] != "TENSOR"):
+            return "a method of a value other than a tensor at the break"
         s = slot(kind, payload, source, True)
         if isinstance(s, str):
             return s

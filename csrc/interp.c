@@ -200,9 +200,10 @@ ags_push_callable(ags_frame *f, ags_value callable, ags_value *self)
     return ags_push(f, null);
 }
 
-/* The capture running on this interpreter (the GIL is held throughout),
- * for ags_interp_site; NULL between captures. */
-static ags_interp *running;
+/* The capture running on this thread, for ags_interp_site; NULL between
+ * captures.  Per thread: a capture lets the GIL go whenever the builder
+ * runs Python, and another thread's capture may start and end meanwhile. */
+static _Thread_local ags_interp *running;
 
 /* New reference: where the running capture is, innermost first, as
  * ((code, offset, globals), ...): each interpreted frame's code, the

@@ -382,3 +382,25 @@ def test_a_warning_naming_a_caller_of_the_optimized_frame_breaks():
     report = agspeed.explain(_warns_above, torch.ones(2))
     assert report.break_reasons[0].reason == "unsupported_call"
     assert report.break_reasons[0].instruction == "CALL"  # the warning runs for real
+
+
+def test_the_capture_site_is_per_thread():
+    # a capture lets the GIL go while the builder runs Python: another thread's capture
+    # starting and ending meanwhile must not leave this thread pointing at it
+    import threading
+
+    def work(n):
+        for i in range(n):
+            def fresh(x, i=i):
+                return x * (i + 1) + 1
+            agspeed.optimize(fresh, backend="eager")(torch.randn(2))
+        seen.append(_C.capture_site())
+
+    seen = []
+    threads = [threading.Thread(target=work, args=(8,)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    work(8)
+    for t in threads:
+        t.join()
+    assert seen == [()] * 4 and _C.capture_site() == ()
