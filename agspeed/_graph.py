@@ -46,6 +46,7 @@ import builtins
 import collections
 import functools
 import operator
+import sys
 import types
 from typing import Any, Callable
 
@@ -233,6 +234,7 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
         return self._record("call_method", name, tuple(args), dict(kwargs or {}))
 
     def _record(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
+        args, kwargs = self._writable(args), self._writable(kwargs)
         fake_args, fake_kwargs = self._fake(args), self._fake(kwargs)
         try:
             with self.fake_mode, self.mode_scope():
@@ -251,6 +253,22 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
                              ) from exc
         node = self.graph.create_node(kind, target, args, kwargs)
         return self._wrap(node, out, kind, target)
+
+    def _writable(self, value: Any) -> Any:
+        """``value`` as the graph's generated code can write it: a NumPy scalar becomes
+        the Python number torch treats it as; a NumPy array, which the code would name
+        by a repr it cannot evaluate, is a break."""
+        kind = type(value)
+        if kind in (tuple, list):
+            return kind(self._writable(v) for v in value)
+        if kind is dict:
+            return {k: self._writable(v) for k, v in value.items()}
+        if kind.__module__ == "numpy":
+            np = sys.modules["numpy"]
+            if isinstance(value, np.generic) and hasattr(value, "item"):
+                return value.item()
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"a NumPy {kind.__name__} in the graph")
+        return value
 
     def _is_static(self, value: Any) -> bool:
         if isinstance(value, (tuple, list)) and type(value) in (tuple, list, self._torch.Size):

@@ -290,3 +290,27 @@ def test_a_break_beside_a_modelled_value_gives_eagers_result(fn, nargs):
                     assert a == b
         else:
             torch.testing.assert_close(got, expected)
+
+
+def _numpy_scalar_after_a_break(a):
+    import numpy as np
+
+    low = np.finfo(np.float32).min   # numpy runs for real; the rest resumes
+    return a + low
+
+
+def _numpy_array_after_a_break(x):
+    arr = x.numpy()
+    return torch.from_numpy(arr) * 2
+
+
+@pytest.mark.parametrize("fn", [_numpy_scalar_after_a_break, _numpy_array_after_a_break])
+def test_numpy_values_reaching_a_resumed_graph_give_eagers_result(fn):
+    # a NumPy scalar constant is written as the Python number torch treats it as, and an
+    # array breaks, instead of graph code naming them by a repr it cannot evaluate
+    fast = agspeed.optimize(fn, backend="eager")
+    for _ in range(2):
+        x = torch.randn(3)
+        got, expected = fast(x), fn(x)
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected)
