@@ -84,25 +84,16 @@ ags_is_mutator(PyObject *container, PyObject *name)
     return PySet_Contains(names, name);
 }
 
-/* owner.name = value on an object of the program (owner has a source):
- * the builder records the write and the entry replays it after the graph.
- * owner, value borrowed. */
+/* owner.name = arg on an object of the program (owner has a source; arg
+ * the graph argument stored): the builder records the write and the entry
+ * replays it after the graph.  owner, arg borrowed. */
 int
 ags_effect_setattr(ags_interp *it, ags_value *owner, PyObject *name,
-                   ags_value *value)
+                   PyObject *arg)
 {
-    PyObject *arg, *out;
+    PyObject *out = ags_call_builder(it, AGS_BOP_EFFECT_SETATTR, "(OOOO)",
+                                     owner->obj, owner->source, name, arg);
 
-    /* an owned list or dict is stored itself, not a copy: later writes to
-     * it are part of what the attribute holds */
-    arg = value->kind == AGS_VK_LIST || value->kind == AGS_VK_DICT
-              ? Py_NewRef(value->obj) : ags_graph_arg(it, value);
-    if (arg == NULL) {
-        return PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
-    }
-    out = ags_call_builder(it, AGS_BOP_EFFECT_SETATTR, "(OOOO)", owner->obj,
-                           owner->source, name, arg);
-    Py_DECREF(arg);
     if (out == NULL) {
         return ags_take_break(it);
     }

@@ -91,16 +91,18 @@ ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
                          "setting attribute %R of a %s", name,
                          AGS_DESCRIBE(owner));
     }
-    if (owner->source != NULL) {
-        /* reached from the frame: an object of the program */
-        return ags_effect_setattr(it, owner, name, value);
-    }
     /* A list or dict built here is stored itself, not a frozen copy: the
      * object and the code share it, as in Python. */
     arg = value->kind == AGS_VK_LIST || value->kind == AGS_VK_DICT
               ? Py_NewRef(value->obj) : ags_graph_arg(it, value);
     if (arg == NULL) {
-        return AGS_BREAK;
+        return PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
+    }
+    if (owner->source != NULL) {
+        /* reached from the frame: an object of the program */
+        rc = ags_effect_setattr(it, owner, name, arg);
+        Py_DECREF(arg);
+        return rc;
     }
     out = ags_call_builder(it, AGS_BOP_STORE_ATTR, "(OOO)", owner->obj, name,
                            arg);
