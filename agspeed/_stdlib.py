@@ -67,6 +67,8 @@ _CONTAINER_METHODS = {
 }
 _SET_OPERATORS = (operator.or_, operator.and_, operator.sub, operator.xor)
 _DESCRIPTORS = (types.MethodDescriptorType, types.ClassMethodDescriptorType)
+# dict's own readers, called on a dict of the program (or a subclass's store)
+_DICT_READS = frozenset(dict.__dict__[n] for n in ("get", "__getitem__", "__contains__"))
 _DEQUE_METHODS = frozenset({"append", "appendleft", "pop", "popleft", "extend",
                             "extendleft", "rotate", "clear", "copy", "count", "index",
                             "reverse"})
@@ -179,9 +181,9 @@ class StdlibFolds:
             return True, self._collection(fn, args, kwargs)
         if type(fn) is types.MethodDescriptorType and fn.__objclass__ is collections.deque:
             return True, self._deque_method(fn, args, kwargs)
-        if fn is dict.__dict__["get"] and args and type(args[0]) is dict and \
+        if fn in _DICT_READS and args and isinstance(args[0], dict) and \
                 self._of_program(args[0]):
-            return True, self._program_dict_get(args, kwargs)
+            return True, self._program_dict_get(fn, args, kwargs)
         if fn is functools.partial:
             if not args or not callable(args[0]):
                 raise GraphBreak(Reason.BAD_CALL, "functools.partial() of a non-callable")
@@ -285,18 +287,26 @@ class StdlibFolds:
             raise GraphBreak(Reason.OP_FAILED, f"deque.{fn.__name__}() raised "
                              f"{type(exc).__name__}: {exc}") from exc
 
-    def _program_dict_get(self, args: tuple, kwargs: dict) -> Any:
-        """``d.get(key, default)`` on a dict of the program: the item loaded from
-        ``("item", source, key)`` (a tensor becomes a graph input), or the default with
-        the key's absence guarded."""
-        if kwargs or not 2 <= len(args) <= 3 or not self._is_static(args[1]):
-            raise GraphBreak(Reason.UNSUPPORTED_CALL, "dict.get() with these arguments")
+    def _program_dict_get(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        """``d.get(key, default)``, ``d[key]`` and ``key in d`` by dict's own methods on
+        a dict of the program (a subclass's store, reached through ``super()``): the item
+        loaded from ``("item", source, key)`` (a tensor becomes a graph input), or the
+        default with the key's absence guarded."""
+        name = fn.__name__
+        most = 3 if name == "get" else 2
+        if kwargs or not 2 <= len(args) <= most or not self._is_static(args[1]):
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"dict.{name}() with these arguments")
         d, key = args[0], args[1]
         src = ("item", self.known[id(d)][1], key)
-        if key not in d:
+        if not dict.__contains__(d, key):
             self.assumptions.append((src, MISSING))
-            return args[2] if len(args) == 3 else None
-        value = d[key]
+            if name == "__getitem__":
+                raise GraphBreak(Reason.OP_FAILED, f"dict[{key!r}] raised KeyError")
+            return False if name == "__contains__" else args[2] if len(args) == 3 else None
+        if name == "__contains__":
+            self.assumptions.append((src, dict.__getitem__(d, key)))
+            return True
+        value = dict.__getitem__(d, key)
         if isinstance(value, self._torch.Tensor):
             return self.input(src, value)
         self.assumptions.append((src, value))
