@@ -14,6 +14,7 @@ import builtins
 import collections
 import logging
 import operator
+import os
 import types
 from typing import Any
 
@@ -239,8 +240,9 @@ class Folds(StdlibFolds):
         if known is None or known[0] is not container or self._is_static(container):
             return
         source = known[1]
-        if isinstance(container, dict):
-            value = dict.get(container, key, MISSING)
+        if isinstance(container, dict) or container is os.environ:
+            value = container.get(key, MISSING) if container is os.environ else \
+                dict.get(container, key, MISSING)
             self.assumptions.append((("item", source, key), value))
         elif type(container) in (list, tuple):
             for i, v in enumerate(container):
@@ -290,7 +292,8 @@ class Folds(StdlibFolds):
             plain = type(b) in (tuple, list, dict, str, set, frozenset, range,
                                 self._torch.Size, *_VIEWS) or \
                 (isinstance(b, dict) and _class_lookup(type(b), "__contains__") is
-                 dict.__contains__)   # a dict subclass that keeps dict's membership
+                 dict.__contains__) or \
+                (b is os.environ and type(a) is str)   # read as a dict, guarded
             if not (plain and self._is_static(a)):
                 raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"`in` on a {type(b).__name__}")
             found = a in b

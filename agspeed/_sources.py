@@ -23,6 +23,7 @@ from __future__ import annotations
 import builtins
 import collections
 import contextvars
+import os
 import sys
 import types
 from typing import Any
@@ -252,6 +253,8 @@ def resolve_step(kind: str, base: Any, key: Any) -> Any:
                 return base[key]
             if isinstance(base, dict):   # a subclass: its store, past its own methods
                 return dict.__getitem__(base, key)
+            if base is os.environ:
+                return base[key]
         except (IndexError, KeyError, TypeError):
             pass
         return MISSING

@@ -238,3 +238,45 @@ def test_hooked_reads_keep_no_references():
     agspeed.reset()
     gc.collect()
     assert gone() is None
+
+
+def test_environment_reads_are_guarded(monkeypatch):
+    import os
+
+    monkeypatch.delenv("AGSPEED_TEST_FLAG", raising=False)
+    monkeypatch.delenv("AGSPEED_TEST_OTHER", raising=False)
+
+    def f(x):
+        if os.environ.get("AGSPEED_TEST_FLAG", "0") == "1":
+            return x + 1
+        return x * (2 if "AGSPEED_TEST_OTHER" in os.environ else 3)
+
+    opt = _check(f, torch.randn(4))
+    x = torch.randn(4)
+    monkeypatch.setenv("AGSPEED_TEST_FLAG", "1")
+    assert torch.equal(opt(x), x + 1)
+    monkeypatch.delenv("AGSPEED_TEST_FLAG")
+    monkeypatch.setenv("AGSPEED_TEST_OTHER", "yes")
+    assert torch.equal(opt(x), x * 2)
+
+
+def test_signature_of_a_method_is_read_from_its_code():
+    import inspect
+
+    class Chunked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 3)
+
+        def step(self, x):
+            return self.fc(x)
+
+        def forward(self, x):
+            n = len(inspect.signature(self.step).parameters)
+            return self.step(x) * n
+
+    m = Chunked()
+    ex = agspeed.explain(m, torch.randn(2, 3))
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(agspeed.optimize(m, backend="eager")(x), m(x))
