@@ -209,7 +209,9 @@ class Folds(StdlibFolds):
             return self._module_item(container, index, source)
         if type(container) in (tuple, list, dict, str, torch.Size, range, SymShape,
                                *_COLLECTIONS) or \
-                is_namedtuple_type(type(container)):
+                is_namedtuple_type(type(container)) or \
+                (isinstance(container, dict) and _class_lookup(type(container), "__getitem__")
+                 is dict.__getitem__):   # a dict subclass that keeps dict's item read
             try:
                 out = container[index]
             except Exception as exc:

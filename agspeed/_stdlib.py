@@ -71,9 +71,6 @@ _SET_OPERATORS = (operator.or_, operator.and_, operator.sub, operator.xor)
 _DESCRIPTORS = (types.MethodDescriptorType, types.ClassMethodDescriptorType)
 # dict's own readers, called on a dict of the program (or a subclass's store)
 _DICT_READS = frozenset(dict.__dict__[n] for n in ("get", "__getitem__", "__contains__"))
-# os.environ's readers (Mapping.get and _Environ's own), answered like a dict's
-_ENVIRON_READS = frozenset(getattr(type(os.environ), n)
-                           for n in ("get", "__getitem__", "__contains__"))
 _DEQUE_METHODS = frozenset({"append", "appendleft", "pop", "popleft", "extend",
                             "extendleft", "rotate", "clear", "copy", "count", "index",
                             "reverse"})
@@ -96,13 +93,6 @@ _CLASS_FOLDS = frozenset({(dict, "fromkeys"), (collections.OrderedDict, "fromkey
 
 
 _COLLECTIONS = (collections.OrderedDict, collections.defaultdict, collections.deque)
-
-
-def _class_attr(cls: type, name: str) -> Any:
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name]
-    return MISSING
 
 
 def _one_of(fn: Any, options: tuple) -> bool:
@@ -137,7 +127,7 @@ class StdlibFolds:
         if kind is types.MethodDescriptorType and fn.__objclass__ is collections.deque and \
                 fn.__name__ in _DEQUE_METHODS:
             return (Plan.FOLD, fn)
-        if fn in _DICT_READS or fn in _ENVIRON_READS:   # of the program (pure_method)
+        if fn in _DICT_READS:   # on a dict of the program (pure_method, super())
             return (Plan.FOLD, fn)
         if fn is inspect.signature:   # of a function or method the capture holds
             return (Plan.FOLD, fn)
@@ -175,7 +165,9 @@ class StdlibFolds:
                              "container of the program")
         if obj is os.environ and name in ("get", "__getitem__", "__contains__") and \
                 self._of_program(obj):
-            return Attr.METHOD, _class_attr(type(obj), name), obj   # a guarded read
+            # read as a dict's (the fold below answers it for os.environ): dict's own
+            # method, not Mapping.get, which other mappings run as Python
+            return Attr.METHOD, dict.__dict__[name], obj
         if type(obj) is dict and name == "get" and self._of_program(obj):
             return Attr.METHOD, dict.__dict__["get"], obj   # read item by item, guarded
         if type(obj) is collections.deque and name in _DEQUE_METHODS:
@@ -198,8 +190,8 @@ class StdlibFolds:
             return True, self._collection(fn, args, kwargs)
         if type(fn) is types.MethodDescriptorType and fn.__objclass__ is collections.deque:
             return True, self._deque_method(fn, args, kwargs)
-        if (fn in _DICT_READS and args and isinstance(args[0], dict) or
-                fn in _ENVIRON_READS and args and args[0] is os.environ) and \
+        if fn in _DICT_READS and args and (isinstance(args[0], dict) or
+                                           args[0] is os.environ) and \
                 self._of_program(args[0]):
             return True, self._program_dict_get(fn, args, kwargs)
         if fn is inspect.signature:
