@@ -256,6 +256,20 @@ class Folds(StdlibFolds):
                                                            self._torch.nn.ParameterDict)) \
             else d["_modules"]
         keys = list(store)
+        if type(index) is slice and type(container) in (self._torch.nn.ModuleList,
+                                                       self._torch.nn.ParameterList):
+            # `self.layers[:n]`: the modules themselves, each guarded on its source,
+            # in a list (what the code then iterates, indexes or measures)
+            if source is None:
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE,
+                                 "a module container reached by no source")
+            self._guard_store(container, source, store)
+            picked = keys[index]
+            for key in picked:
+                item_source = ("attr", source, key)
+                self.assumptions.append((item_source, store[key]))
+                self.known.setdefault(id(store[key]), (store[key], item_source))
+            return [store[k] for k in picked], None
         if isinstance(index, int) and not isinstance(index, bool) and \
                 not isinstance(container, (self._torch.nn.ModuleDict, self._torch.nn.ParameterDict)):
             if not -len(keys) <= index < len(keys):

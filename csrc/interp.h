@@ -230,8 +230,8 @@ int ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out);
 int ags_can_shadow(const ags_value *v);
 int ags_is_mutator(PyObject *container, PyObject *name);
 int ags_shadow(ags_interp *it, ags_value *v);
-int ags_effect_setattr(ags_interp *it, ags_value *owner, PyObject *name,
-                       PyObject *arg);
+int ags_effect_setattr(ags_interp *it, ags_frame *f, ags_value *owner,
+                       PyObject *name, PyObject *arg);
 /* interp_object.c */
 int ags_call_new(ags_interp *it, ags_frame *f, PyObject *plan,
                  ags_value *args, int nargs, PyObject *kwnames,
