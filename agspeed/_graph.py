@@ -228,6 +228,8 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
             cls = args[1]
             return self._record("call_method", "to", (args[0],), {
                 "device": "cuda" if cls.is_cuda else "cpu", "dtype": cls.dtype})
+        if name == "__len__" and len(args) == 1 and not kwargs:
+            return self._tensor_len(args[0])   # as len(x): its first size
         if name in _UNSUPPORTED_METHODS:
             if name in ("item", "tolist"):
                 raise GraphBreak(Reason.DATA_DEPENDENT, f"Tensor.{name}()")
@@ -382,6 +384,8 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
             return getattr(fake, name)
         if name in _TENSOR_VIEWS:
             return self._record("call_function", getattr, (node, name), {})
+        if name == "__class__":   # the input's own class (guarded), else a plain Tensor
+            return type(self._real_type_view(node))
         method = getattr(self._torch.Tensor, name, None)
         if type(method) in (types.MethodDescriptorType, types.WrapperDescriptorType) and \
                 name not in _UNSUPPORTED_METHODS and not name.startswith("_"):

@@ -73,7 +73,7 @@ _DESCRIPTORS = (types.MethodDescriptorType, types.ClassMethodDescriptorType)
 _DICT_READS = frozenset(dict.__dict__[n] for n in ("get", "__getitem__", "__contains__"))
 _DEQUE_METHODS = frozenset({"append", "appendleft", "pop", "popleft", "extend",
                             "extendleft", "rotate", "clear", "copy", "count", "index",
-                            "reverse"})
+                            "reverse", "insert", "remove"})
 #: container methods that change the container: on one of the program's, a side effect
 _MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "reverse", "sort",
                        "clear", "setdefault", "update", "popitem", "add", "discard",

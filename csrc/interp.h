@@ -224,6 +224,7 @@ int ags_call_iter_plan(ags_interp *it, ags_frame *f, int kind,
 /* interp_ops.c */
 int ags_ops_init(void);
 PyObject *ags_binary_fn(uint32_t op);
+int ags_is_deque(PyObject *obj);
 
 /* interp_effects.c */
 int ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out);

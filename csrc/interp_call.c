@@ -75,10 +75,11 @@ fresh_container(ags_interp *it, int op, PyObject *out)
         || PySet_CheckExact(out) || PyIter_Check(out)) {
         return ags_own(it, out);
     }
-    if (PyDict_Check(out)
+    if ((PyDict_Check(out)
+         || ags_is_deque(out))
         && !(Py_TYPE(out)->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
-        /* OrderedDict, defaultdict: C types whose methods call no user
-         * code (a defaultdict's factory is checked by the builder) */
+        /* OrderedDict, defaultdict, deque: C types whose methods call no
+         * user code (a defaultdict's factory is checked by the builder) */
         return ags_own(it, out);
     }
     return 0;

@@ -695,6 +695,22 @@ op_binary_slice(ags_interp *it, ags_frame *f, const ags_instr *ins)
     return rc < 0 ? rc : op_binary_subscr(it, f, ins);
 }
 
+/* A collections.deque the capture made (stepped and changed in place). */
+static int
+owned_deque(ags_interp *it, const ags_value *v)
+{
+    int rc;
+
+    if (v->kind != AGS_VK_CONST || !ags_is_deque(v->obj)) {
+        return 0;
+    }
+    rc = ags_is_owned(it, v->obj);
+    if (rc < 0) {
+        PyErr_Clear();
+    }
+    return rc == 1;
+}
+
 /* container[index] = value: a recorded operator.setitem on a tensor,
  * a store into a list or dict the capture built; anything else is a side
  * effect on the program's objects, which breaks. */
@@ -712,7 +728,7 @@ store_subscript(ags_interp *it, ags_value *container, ags_value *index,
         }
     }
     if (container->kind != AGS_VK_TENSOR && container->kind != AGS_VK_LIST
-        && container->kind != AGS_VK_DICT) {
+        && container->kind != AGS_VK_DICT && !owned_deque(it, container)) {
         return ags_stopf(it, AGS_REASON_SIDE_EFFECT, "item assignment on a %s",
                          AGS_DESCRIBE(container));
     }

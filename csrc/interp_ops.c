@@ -11,6 +11,7 @@
 
 static PyObject *binary_ops;    /* tuple: operator functions by NB_* index */
 static PyObject *unary_ops;     /* operator.neg, operator.invert, operator.pos */
+static PyObject *deque_type;    /* collections.deque */
 
 /* BINARY_OP's first in-place operator (NB_INPLACE_ADD): the in-place
  * forms follow the plain ones in the same order. */
@@ -48,7 +49,7 @@ ags_ops_init(void)
         "ifloordiv", "ilshift", "imatmul", "imul", "imod", "ior", "ipow",
         "irshift", "isub", "itruediv", "ixor"};
     static const char *const unary[] = {"neg", "invert", "pos"};
-    PyObject *operator_module;
+    PyObject *operator_module, *collections;
 
     if (binary_ops != NULL) {
         return 0;
@@ -61,7 +62,19 @@ ags_ops_init(void)
                                 (int)(sizeof(binary) / sizeof(binary[0])));
     unary_ops = operator_tuple(operator_module, unary, 3);
     Py_DECREF(operator_module);
-    return binary_ops && unary_ops ? 0 : -1;
+    collections = PyImport_ImportModule("collections");
+    deque_type = collections ? PyObject_GetAttrString(collections, "deque")
+                             : NULL;
+    Py_XDECREF(collections);
+    return binary_ops && unary_ops && deque_type ? 0 : -1;
+}
+
+/* collections.deque: a container the capture may make and change in place
+ * (interp_call.c owns it, interp_data.c assigns its items). */
+int
+ags_is_deque(PyObject *obj)
+{
+    return deque_type != NULL && Py_IS_TYPE(obj, (PyTypeObject *)deque_type);
 }
 
 /* ------------------------------------------------------------------ */
@@ -89,6 +102,20 @@ apply_operator(ags_interp *it, ags_frame *f, PyObject *fn, ags_value *ops,
     return rc == AGS_GO ? ags_push(f, result) : rc;
 }
 
+/* A value of a builtin immutable type: a tuple, a number, a string. */
+static int
+immutable(const ags_value *v)
+{
+    PyObject *o = v->obj;
+
+    return v->kind == AGS_VK_TUPLE
+           || (v->kind == AGS_VK_CONST
+               && (PyTuple_CheckExact(o) || PyLong_CheckExact(o)
+                   || PyFloat_CheckExact(o) || PyBool_Check(o)
+                   || PyComplex_CheckExact(o) || PyUnicode_CheckExact(o)
+                   || PyBytes_CheckExact(o)));
+}
+
 AGS_HANDLER
 op_binary_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
@@ -102,11 +129,10 @@ op_binary_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
     }
     ops[1] = ags_pop(f);
     ops[0] = ags_pop(f);
-    if (ins->arg >= AGS_INPLACE_FIRST && ops[0].kind == AGS_VK_CONST
-        && ops[1].kind == AGS_VK_TENSOR && !PyList_Check(ops[0].obj)) {
-        /* `n += t` with a number n: numbers have no in-place slot, so
-         * Python computes n + t (and the graph must not name a constant
-         * as the target of an augmented assignment) */
+    if (ins->arg >= AGS_INPLACE_FIRST && immutable(&ops[0])) {
+        /* `n += t`, `tup += (t,)`: an immutable value has no in-place slot,
+         * so Python computes the plain operator (and the graph must not
+         * name a constant as the target of an augmented assignment) */
         fn = ags_binary_fn(ins->arg - AGS_INPLACE_FIRST);
     }
     return apply_operator(it, f, fn, ops, 2);

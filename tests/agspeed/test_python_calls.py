@@ -280,6 +280,24 @@ def f_dict_keys_compared(x):
     return x * ((3 in keys) + (5 in keys) + ({4: 0, 3: 1}.keys() == keys))
 
 
+def f_tuple_plus_equals(x):
+    out = (x, x * 2)
+    out += (x + 1,)
+    return out
+
+
+def f_tensor_len_and_class(x):
+    return x + len(x) + x.__len__(), f"{x.__class__.__name__}"
+
+
+def f_deque_insert_and_setitem(x):
+    q = collections.deque([x, x + 1])
+    q.insert(0, "head")
+    q[1] = x * 3
+    q.remove("head")
+    return list(q)
+
+
 FUNCTIONS = {name: fn for name, fn in globals().items() if name.startswith("f_")}
 
 
