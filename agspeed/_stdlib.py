@@ -15,6 +15,7 @@ function.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import inspect
 import itertools
@@ -69,6 +70,9 @@ _CONTAINER_METHODS = {
 }
 _SET_OPERATORS = (operator.or_, operator.and_, operator.sub, operator.xor)
 _DESCRIPTORS = (types.MethodDescriptorType, types.ClassMethodDescriptorType)
+# the code of every function @contextlib.contextmanager makes (its closure: the generator
+# function it wraps)
+_CONTEXTMANAGER_CODE = contextlib.contextmanager(lambda: iter(())).__code__
 # dict's own readers, called on a dict of the program (or a subclass's store)
 _DICT_READS = frozenset(dict.__dict__[n] for n in ("get", "__getitem__", "__contains__"))
 _DEQUE_METHODS = frozenset({"append", "appendleft", "pop", "popleft", "extend",
@@ -115,6 +119,12 @@ class StdlibFolds:
         if fn is functools.reduce:
             return (Plan.REDUCE,)
         kind = type(fn)
+        if kind is types.FunctionType and fn.__code__ is _CONTEXTMANAGER_CODE:
+            wrapped = fn.__closure__[0].cell_contents   # the decorated generator function
+            if source is None:
+                return (Plan.GEN_CTX, wrapped, None)
+            self.assumptions.append((("cell", source, 0), wrapped))  # type: ignore
+            return (Plan.GEN_CTX, wrapped, ("cell", source, 0))
         if kind is functools.partial:
             return self._plan_partial(fn, source)
         if kind is functools._lru_cache_wrapper:

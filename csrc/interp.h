@@ -264,6 +264,12 @@ int ags_gen_next(ags_interp *it, ags_frame *caller, const ags_value *gen,
 /* Runs a GENERATOR to its end: a new tuple of the graph arguments it
  * yielded. */
 int ags_gen_drain(ags_interp *it, const ags_value *gen, PyObject **elems);
+int ags_gen_ctx_new(ags_interp *it, ags_frame *f, PyObject *plan,
+                    ags_value *args, int nargs, PyObject *kwnames,
+                    ags_value *result);
+int ags_gen_is_ctx(const ags_value *v);
+int ags_gen_ctx_step(ags_interp *it, ags_frame *f, const ags_value *gen,
+                     int enter, ags_value *result);
 /* any()/all() of a GENERATOR, stepped only to the first decisive value:
  * *result is the known bool. */
 int ags_gen_any_all(ags_interp *it, ags_frame *f, int want,

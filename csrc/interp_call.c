@@ -203,6 +203,30 @@ raw_getattr(ags_interp *it, ags_frame *f, const ags_value *self,
     return ags_call_getattr(it, f, AGS_GETATTR_RAW, all, 2, kwnames, result);
 }
 
+/* A @contextmanager function called (a method's with its self first). */
+static int
+gen_ctx_call(ags_interp *it, ags_frame *f, PyObject *plan,
+             const ags_value *self, ags_value *args, int nargs,
+             PyObject *kwnames, ags_value *result)
+{
+    ags_value *all;
+    int rc;
+
+    if (self == NULL) {
+        return ags_gen_ctx_new(it, f, plan, args, nargs, kwnames, result);
+    }
+    all = PyMem_Calloc((size_t)nargs + 1, sizeof(ags_value));
+    if (all == NULL) {
+        PyErr_NoMemory();
+        return AGS_ERROR;
+    }
+    all[0] = *self;
+    memcpy(&all[1], args, (size_t)nargs * sizeof(ags_value));
+    rc = ags_gen_ctx_new(it, f, plan, all, nargs + 1, kwnames, result);
+    PyMem_Free(all);  /* the values are borrowed from the caller */
+    return rc;
+}
+
 /* Calls `callable` (with `self` first, when not NULL) on args (all
  * borrowed), setting *result.  AGS_GO, or a break or an error. */
 int
@@ -214,6 +238,21 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
     int kind;
     int rc;
 
+    if (ags_gen_is_ctx(callable)) {
+        /* a GEN_CTX generator in a with block's exit slot, called as the
+         * block ends: exit(None, None, None), the first None in the self
+         * slot */
+        int is_exit = self != NULL && nargs == 2 && kwnames == NULL;
+
+        for (int i = -1; is_exit && i < nargs; i++) {
+            const ags_value *v = i < 0 ? self : &args[i];
+            is_exit = v->kind == AGS_VK_CONST && v->obj == Py_None;
+        }
+        return is_exit ? ags_gen_ctx_step(it, f, callable, 0, result)
+                       : ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
+                                   "calling a contextmanager's generator "
+                                   "(as a decorator)");
+    }
     if (callable->kind == AGS_VK_METHOD && self->kind == AGS_VK_TENSOR) {
         return ags_builder_call(it, AGS_BOP_CALL_METHOD, callable->obj, self,
                                 args,
@@ -307,6 +346,9 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
         break;
     case AGS_PLAN_RAW_GETATTR:
         rc = raw_getattr(it, f, self, args, nargs, kwnames, result);
+        break;
+    case AGS_PLAN_GEN_CTX:
+        rc = gen_ctx_call(it, f, plan, self, args, nargs, kwnames, result);
         break;
     case AGS_PLAN_NEW:
         rc = self != NULL

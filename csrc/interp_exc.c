@@ -100,11 +100,17 @@ op_before_with(ags_interp *it, ags_frame *f, const ags_instr *ins)
 
     (void)ins;
     rc = ags_materialize(it, &cm);
-    if (rc == AGS_GO) {
-        rc = with_callables(it, &cm, &exit, &enter);
+    if (rc == AGS_GO && ags_gen_is_ctx(&cm)) {
+        /* @contextmanager: the generator is its own exit (interp_gen.c) */
+        exit = ags_value_copy(&cm);
+        rc = ags_gen_ctx_step(it, f, &cm, 1, &entered);
     }
-    if (rc == AGS_GO) {
-        rc = ags_call_value(it, f, &enter, NULL, noargs, 0, NULL, &entered);
+    else if (rc == AGS_GO) {
+        rc = with_callables(it, &cm, &exit, &enter);
+        if (rc == AGS_GO) {
+            rc = ags_call_value(it, f, &enter, NULL, noargs, 0, NULL,
+                                &entered);
+        }
     }
     if (rc == AGS_GO) {
         rc = ags_push(f, exit);

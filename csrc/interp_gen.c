@@ -30,6 +30,14 @@
  * frame stepping it while it runs and a detached placeholder otherwise,
  * so that a generator outliving the function that made it is safe.
  *
+ * A function decorated with @contextlib.contextmanager is called through
+ * the GEN_CTX plan: its generator, marked as a context manager.  A with
+ * block on it enters by stepping it to its yield (the value is what `as`
+ * binds) and its exit, called with (None, None, None) at the block's
+ * normal end, steps it again, which must return (the code after the
+ * yield, a finally's normal path included, runs there).  No other
+ * generator can be entered.
+ *
  * Rejected: running a generator to its end when it is made (a tuple from
  * the start).  any() and `for ... break` would run values eager never
  * computes, and a value that breaks (data-dependent truth) would end
@@ -54,6 +62,7 @@ typedef struct {
     PyObject *func;     /* strong: owns the code, globals and builtins */
     PyObject *fsource;  /* strong or NULL */
     gen_state state;
+    int ctx;            /* made by GEN_CTX: a with block may enter it */
 } ags_gen;
 
 /* The parent of a generator frame no frame is stepping. */
@@ -451,4 +460,83 @@ op_end_send(ags_interp *it, ags_frame *f, const ags_instr *ins)
     (void)ins;
     ags_drop(f, 1);
     return ags_push(f, v);
+}
+
+/* ------------------------------------------------------------------ */
+/* Context managers made by @contextlib.contextmanager */
+
+/* Calls plan (GEN_CTX, func, func's source or None) on args: *result is
+ * func's generator, marked as a context manager. */
+int
+ags_gen_ctx_new(ags_interp *it, ags_frame *f, PyObject *plan,
+                ags_value *args, int nargs, PyObject *kwnames,
+                ags_value *result)
+{
+    PyObject *func = PyTuple_GET_ITEM(plan, 1);
+    PyObject *fsrc = PyTuple_GET_ITEM(plan, 2);
+    int rc;
+
+    if (!PyFunction_Check(func)
+        || !ags_gen_code((PyCodeObject *)PyFunction_GET_CODE(func))) {
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
+                         "a contextmanager of %R, not a generator function",
+                         func);
+    }
+    rc = ags_inline(it, f, func, fsrc == Py_None ? NULL : fsrc, args, nargs,
+                    kwnames, result);
+    if (rc == AGS_GO) {
+        ags_gen *g = gen_of(result);
+        if (g == NULL) {
+            ags_value_clear(result);
+            return AGS_ERROR;
+        }
+        g->ctx = 1;
+    }
+    return rc;
+}
+
+/* Is v a generator a with block may enter (GEN_CTX)? */
+int
+ags_gen_is_ctx(const ags_value *v)
+{
+    ags_gen *g;
+
+    if (v->kind != AGS_VK_GENERATOR) {
+        return 0;
+    }
+    g = gen_of(v);
+    if (g == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    return g->ctx;
+}
+
+/* Entering (enter: 1) or leaving the with block of a GEN_CTX generator:
+ * the generator stepped, to a yield (*result its value) or, leaving, to
+ * its return (*result False: no exception to swallow). */
+int
+ags_gen_ctx_step(ags_interp *it, ags_frame *f, const ags_value *gen,
+                 int enter, ags_value *result)
+{
+    int rc = ags_gen_next(it, f, gen, result);
+
+    if (enter && rc == AGS_DONE) {
+        ags_value_clear(result);
+        return ags_stopf(it, AGS_REASON_RAISE,
+                         "the contextmanager's generator did not yield: "
+                         "eager raises RuntimeError");
+    }
+    if (!enter && rc == AGS_GO) {
+        ags_value_clear(result);
+        return ags_stopf(it, AGS_REASON_RAISE,
+                         "the contextmanager's generator did not stop: "
+                         "eager raises RuntimeError");
+    }
+    if (!enter && rc == AGS_DONE) {
+        ags_value_clear(result);
+        *result = ags_value_make(AGS_VK_CONST, Py_NewRef(Py_False), NULL);
+        return AGS_GO;
+    }
+    return rc;
 }

@@ -149,6 +149,9 @@
               "call, its forward inlined") \
     X(GETATTR, "(GETATTR,): getattr() with a constant name") \
     X(HASATTR, "(HASATTR,): hasattr() with a constant name") \
+    X(GEN_CTX, "(GEN_CTX, func, source or None): a function made by " \
+               "@contextlib.contextmanager: func's generator, entered and " \
+               "left by a with block (interp_gen.c)") \
     X(RAW_GETATTR, "(RAW_GETATTR,): object.__getattribute__(obj, name) " \
                    "with a constant name: getattr() past the class's own " \
                    "__getattribute__") \

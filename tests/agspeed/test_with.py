@@ -376,3 +376,76 @@ def test_inference_mode_is_a_graph_block(fn):
         else:
             assert a == b
     assert not torch.is_inference_mode_enabled() and torch.is_grad_enabled()
+
+
+@contextlib.contextmanager
+def _scaled(k):
+    try:
+        yield k * 2
+    finally:
+        pass
+
+
+@contextlib.contextmanager
+def _no_grad_block():
+    with torch.no_grad():
+        yield
+
+
+def _generator_managers(x):
+    with _scaled(3) as s:
+        y = x * s
+    with _no_grad_block():
+        z = y * 2
+    return y + 1, z, z.requires_grad
+
+
+class _UsesAMethodManager(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+
+    @contextlib.contextmanager
+    def layer(self):
+        yield self.fc
+
+    def forward(self, x):
+        with self.layer() as fc:
+            return fc(x)
+
+
+def test_contextmanager_generators_enter_and_leave_in_the_graph():
+    for fn, make in ((_generator_managers, lambda: torch.randn(3, requires_grad=True)),
+                     (_UsesAMethodManager(), lambda: torch.randn(2, 3))):
+        report = agspeed.explain(fn, make())
+        assert (report.graph_count, report.graph_break_count) == (1, 0), \
+            report.break_reasons
+        assert report.graph_count <= max(1, dynamo_graph_count(fn, make()))
+        fast = agspeed.optimize(fn, backend="eager")
+        x = make()
+        got, want = fast(x), fn(x)
+        got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+        for a, b in zip(got, want):
+            if isinstance(b, torch.Tensor):
+                torch.testing.assert_close(a, b)
+                assert a.requires_grad == b.requires_grad
+            else:
+                assert a == b
+        assert torch.is_grad_enabled()
+
+
+@contextlib.contextmanager
+def _never_yields():
+    if False:
+        yield
+
+
+def _enters_a_manager_that_never_yields(x):
+    with _never_yields():
+        return x + 1
+
+
+def test_a_generator_that_does_not_yield_raises_as_eager():
+    fast = agspeed.optimize(_enters_a_manager_that_never_yields, backend="eager")
+    with pytest.raises(RuntimeError, match="generator didn't yield"):
+        fast(torch.randn(2))
