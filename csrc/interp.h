@@ -18,6 +18,8 @@
  *   interp_iter.c  owned iterators; map, filter, reduce, partial calls
  *   interp_object.c  objects the capture makes: class calls, their
  *                  attribute writes
+ *   interp_dunder.c  special methods written in Python (__getitem__,
+ *                  __contains__, __len__, __iter__, __bool__), inlined
  *
  * Abstract values.  A value is one of AGS_VALUE_KINDS.  It owns a
  * reference to `obj` and to `source` (how the value is reached from the
@@ -228,6 +230,19 @@ int ags_call_new(ags_interp *it, ags_frame *f, PyObject *plan,
                  ags_value *result);
 int ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
                    PyObject *name, ags_value *value);
+
+/* interp_dunder.c: each answers AGS_DUNDER_NOT_MINE when the value's type
+ * has no such Python method (the caller takes its usual path). */
+#define AGS_DUNDER_NOT_MINE 4
+int ags_dunder_call(ags_interp *it, ags_frame *f, const char *name,
+                    const ags_value *self, const ags_value *args, int nargs,
+                    ags_value *result);
+int ags_dunder_truth(ags_interp *it, const ags_value *v, int *truth);
+int ags_dunder_get_iter(ags_interp *it, ags_frame *f);
+int ags_dunder_contains(ags_interp *it, ags_frame *f, int negate);
+int ags_dunder_builtin(ags_interp *it, ags_frame *f, PyObject *fn,
+                       const ags_value *self, const ags_value *args,
+                       int nargs, PyObject *kwnames, ags_value *result);
 
 /* interp_flow.c */
 int ags_truth(ags_interp *it, const ags_value *v, int *truth);

@@ -613,18 +613,20 @@ op_build_slice(ags_interp *it, ags_frame *f, const ags_instr *ins)
 static int
 subscript(ags_interp *it, ags_frame *f, ags_value *container, ags_value *index)
 {
-    /* a built dict is read in place: a defaultdict's missing key is added
-     * to it, not to a copy */
-    PyObject *c = container->kind == AGS_VK_DICT
-                      ? Py_NewRef(container->obj)
-                      : ags_graph_arg(it, container);
-    PyObject *i = NULL, *out;
+    PyObject *c, *i = NULL, *out;
     PyObject *source = NULL;
     ags_value v;
-    int rc;
-
     int had = 1;
+    /* a Python __getitem__ (interp_dunder.c) */
+    int rc = ags_dunder_call(it, f, "__getitem__", container, index, 1, &v);
 
+    if (rc != AGS_DUNDER_NOT_MINE) {
+        return rc == AGS_GO ? ags_push(f, v) : rc;
+    }
+    /* a built dict is read in place: a defaultdict's missing key is added
+     * to it, not to a copy */
+    c = container->kind == AGS_VK_DICT ? Py_NewRef(container->obj)
+                                       : ags_graph_arg(it, container);
     if (c == NULL || (i = ags_graph_arg(it, index)) == NULL) {
         Py_XDECREF(c);
         return AGS_BREAK;

@@ -41,6 +41,13 @@ ags_truth(ags_interp *it, const ags_value *v, int *truth)
         /* a size node (dynamic shapes) has a guarded truth; a tensor's
          * truth depends on its data: the builder breaks with data_dependent */
     case AGS_VK_CONST:
+        if (v->kind == AGS_VK_CONST) {
+            /* a Python __bool__ or __len__ (interp_dunder.c) */
+            int rc = ags_dunder_truth(it, v, truth);
+            if (rc != AGS_DUNDER_NOT_MINE) {
+                return rc;
+            }
+        }
         out = ags_call_builder(it, AGS_BOP_TRUTH, "(O)", v->obj);
         if (out == NULL) {
             return ags_take_break(it);
@@ -173,6 +180,12 @@ op_compare_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
 AGS_HANDLER
 op_contains_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
+    /* a Python __contains__ or __iter__ (interp_dunder.c) */
+    int rc = ags_dunder_contains(it, f, ins->arg != 0);
+
+    if (rc != AGS_DUNDER_NOT_MINE) {
+        return rc;
+    }
     return compare(it, f, ins->arg ? AGS_COMPARE_NOT_IN : AGS_COMPARE_IN, 0);
 }
 
@@ -354,8 +367,12 @@ op_get_iter(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     ags_value v;
     PyObject *elems = NULL;
-    int rc;
+    /* a Python __iter__ gives the iterator (interp_dunder.c) */
+    int rc = ags_dunder_get_iter(it, f);
 
+    if (rc != AGS_GO) {
+        return rc;
+    }
     if (ags_peek(f, 1)->kind == AGS_VK_GENERATOR) {
         return AGS_GO;  /* its own iterator, stepped by FOR_ITER */
     }
