@@ -1,0 +1,112 @@
+"""Special methods written in Python, inlined by the interpreter (csrc/interp_dunder.c):
+subscripts, `in` / `not in` (through __contains__, else __iter__), len(), iter() and
+for loops, and truth (if, not, bool()) of objects whose class defines them in Python,
+with the recording builder of test_interp.  Torch-free."""
+
+from _calls_recorder import CallsRecorder
+from agspeed.protocol import Reason
+from test_interp import T, capture
+
+
+class Box:
+    """A mapping-like class with every special method in Python."""
+
+    def __init__(self, **items):
+        self.items = items
+
+    def __getitem__(self, key):
+        return self.items[key]
+
+    def __contains__(self, key):
+        return key in self.items
+
+    def __len__(self):
+        return len(self.items)
+
+    def __bool__(self):
+        return len(self.items) > 0
+
+
+class Gen:
+    """Iterable by a generator __iter__; `in` falls back to iterating it."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield i * 10
+
+
+class Sized:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+
+def use_box(x, box):
+    y = x * box["scale"]
+    if "shift" in box and "other" not in box:
+        y = y + box["shift"]
+    if box:
+        y = y * len(box)
+    return y, not box, bool(box)
+
+
+def test_getitem_contains_len_and_truth_are_inlined():
+    out, b = capture(use_box, CallsRecorder(), x=T(), box=Box(scale=2, shift=3))
+    assert out["status"] == "graph", out
+    y, negated, truth = out["result"]
+    assert negated is False and truth is True
+    assert [op[0] for op in b.ops] == ["mul", "add", "mul"]
+    assert [op[1][1] for op in b.ops] == [2, 3, 2]
+
+
+def test_a_key_absent_from_contains_skips_its_branch():
+    out, b = capture(use_box, CallsRecorder(), x=T(), box=Box(scale=5))
+    assert out["status"] == "graph", out
+    assert [op[0] for op in b.ops] == ["mul", "mul"]
+    assert [op[1][1] for op in b.ops] == [5, 1]
+    assert out["result"][1:] == (False, True)
+
+
+def iterate(x, g):
+    for k in g:
+        x = x + k
+    return x, 20 in g, 25 in g, list(iter(g))
+
+
+def test_for_loop_iter_and_in_through_a_generator_iter():
+    out, b = capture(iterate, CallsRecorder(), x=T(), g=Gen(3))
+    assert out["status"] == "graph", out
+    _, has20, has25, listed = out["result"]
+    assert (has20, has25, listed) == (True, False, [0, 10, 20])
+    assert [op[1][1] for op in b.ops] == [0, 10, 20]
+
+
+def truth_by_len(x, s):
+    return x * 2 if s else x, bool(s), len(s)
+
+
+def test_truth_falls_back_to_len():
+    for n, ops in ((0, []), (4, ["mul"])):
+        out, b = capture(truth_by_len, CallsRecorder(), x=T(), s=Sized(n))
+        assert out["status"] == "graph", out
+        assert [op[0] for op in b.ops] == ops
+        assert out["result"][1:] == (bool(n), n)
+
+
+class BadBool:
+    def __bool__(self):
+        return 1
+
+
+def branch(x, s):
+    return x * 2 if s else x
+
+
+def test_a_bool_that_is_not_a_bool_breaks():
+    out, _ = capture(branch, CallsRecorder(), x=T(), s=BadBool())
+    assert out["status"] == "break" and out["reason"] == Reason.BAD_CALL
