@@ -25,6 +25,7 @@ the capture loaded the class, stands in for ``type(obj)``.
 
 from __future__ import annotations
 
+import collections.abc
 import types
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = ["Dunders"]
 
 # The special methods the interpreter may ask about (a name outside it is a bug there).
 DUNDER_NAMES = frozenset({"__getitem__", "__contains__", "__len__", "__iter__", "__bool__"})
+_MAPPING_CONTAINS = collections.abc.Mapping.__dict__["__contains__"]
 # Modules whose classes keep the path they take today: the runtime's own, torch's.
 _OWN_PATH_MODULES = ("agspeed", "torch")
 
@@ -41,9 +43,14 @@ _OWN_PATH_MODULES = ("agspeed", "torch")
 class Dunders:
     """The part of ``GraphBuilder`` that finds Python special methods to inline."""
 
-    def dunder(self, obj: Any, source: Any, name: str) -> tuple[Any, Any] | None:
+    def dunder(self, obj: Any, source: Any, name: str) -> tuple | None:
         """``(function, its source or None)`` when ``type(obj)``'s ``name`` is a Python
-        function the interpreter should inline with ``obj`` as self, else None."""
+        function the interpreter should inline with ``obj`` as self, else None.
+
+        ``Mapping.__contains__`` (``try: self[key] except KeyError: return False``) is
+        answered ``(__getitem__, its source, True)``: the interpreter inlines
+        ``__getitem__`` and reads a KeyError raised by its own subscript as the answer
+        False, which the exception-free interpreter could not reach through the mixin."""
         if name not in DUNDER_NAMES:
             raise ValueError(f"dunder: {name!r} is not a special method the capture inlines")
         cls = type(obj)
@@ -53,13 +60,23 @@ class Dunders:
         if type(found) is not types.FunctionType:
             return None
         cls_source = self._dunder_class_source(obj, source, cls)
+        fsource = self._dunder_guard(cls, cls_source, name, found)
+        if found is _MAPPING_CONTAINS:
+            getitem = _class_lookup(cls, "__getitem__")
+            if type(getitem) is types.FunctionType:
+                return getitem, self._dunder_guard(cls, cls_source, "__getitem__", getitem), True
+        return found, fsource
+
+    def _dunder_guard(self, cls: type, cls_source: Any, name: str, found: Any) -> Any:
+        """The source of ``found``, ``name`` on the class of ``cls.__mro__`` that defines
+        it, guarded to stay that function; None without a class source."""
         if cls_source is None:
-            return found, None
+            return None
         k = next(i for i, klass in enumerate(cls.__mro__) if name in klass.__dict__)
         owner = cls_source if k == 0 else ("item", ("attr", cls_source, "__mro__"), k)
         fsource = ("attr", owner, name)
         self.assumptions.append((fsource, found))  # type: ignore[attr-defined]
-        return found, fsource
+        return fsource
 
     def _dunder_class(self, cls: type) -> bool:
         """Whether instances of ``cls`` may take the inlined path at all."""

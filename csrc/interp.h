@@ -126,6 +126,11 @@ typedef struct {
     PyObject *brk_detail;       /* strong str */
     PyCodeObject *brk_code;     /* borrowed (alive while capturing) */
     int brk_offset, brk_opcode;
+    /* Strong or NULL: the type of the exception the program's own
+     * operation raised when the builder's break was caused by one (its
+     * GraphBreak's __cause__); what a modelled handler may catch
+     * (interp_dunder.c). */
+    PyObject *brk_raised;
     /* Resuming (interp_resume.c): the root instruction capture stopped
      * in (where an inlined callee's break surfaces), and the root offset
      * to stop before without running it; -1 for none. */
@@ -161,6 +166,8 @@ ags_value ags_pop(ags_frame *f);
 ags_value *ags_peek(ags_frame *f, int depth);
 void ags_drop(ags_frame *f, int n);
 int ags_take_break(ags_interp *it);
+/* Forgets the break being taken, as a handler that caught it would. */
+void ags_unbreak(ags_interp *it);
 PyObject *ags_call_builder(ags_interp *it, int op, const char *fmt, ...);
 int ags_frame_cell(ags_interp *it, ags_frame *f, int i, PyObject **cell);
 int ags_is_free_slot(const ags_frame *f, int i);

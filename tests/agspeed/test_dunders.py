@@ -289,3 +289,34 @@ def test_builtin_containers_and_module_lists_keep_their_path():
         return layers[0](x) * plain["a"] + len(layers) if "a" in plain else x
 
     check(f, (2, 3))
+
+
+class Defaulting(collections.abc.Mapping):
+    """A __getitem__ that catches its own KeyError: `in` is then always true."""
+
+    def __init__(self, **items):
+        self.items = items
+
+    def __getitem__(self, key):
+        try:
+            return self.items[key]
+        except KeyError:
+            return 0.5
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self):
+        return len(self.items)
+
+
+DEFAULTING = Defaulting(a=2.0)
+
+
+def test_a_key_error_handled_inside_getitem_is_not_read_as_absent():
+    def f(x):
+        return x * DEFAULTING["b"] if "b" in DEFAULTING else x - 100
+
+    opt = agspeed.optimize(f)
+    for _ in range(2):
+        same(opt, f, [(3,)])
