@@ -25,7 +25,6 @@ the capture loaded the class, stands in for ``type(obj)``.
 
 from __future__ import annotations
 
-import collections.abc
 import types
 from typing import Any
 
@@ -35,7 +34,6 @@ __all__ = ["Dunders"]
 
 # The special methods the interpreter may ask about (a name outside it is a bug there).
 DUNDER_NAMES = frozenset({"__getitem__", "__contains__", "__len__", "__iter__", "__bool__"})
-_MAPPING_CONTAINS = collections.abc.Mapping.__dict__["__contains__"]
 # Modules whose classes keep the path they take today: the runtime's own, torch's.
 _OWN_PATH_MODULES = ("agspeed", "torch")
 
@@ -45,12 +43,7 @@ class Dunders:
 
     def dunder(self, obj: Any, source: Any, name: str) -> tuple | None:
         """``(function, its source or None)`` when ``type(obj)``'s ``name`` is a Python
-        function the interpreter should inline with ``obj`` as self, else None.
-
-        ``Mapping.__contains__`` (``try: self[key] except KeyError: return False``) is
-        answered ``(__getitem__, its source, True)``: the interpreter inlines
-        ``__getitem__`` and reads a KeyError raised by its own subscript as the answer
-        False, which the exception-free interpreter could not reach through the mixin."""
+        function the interpreter should inline with ``obj`` as self, else None."""
         if name not in DUNDER_NAMES:
             raise ValueError(f"dunder: {name!r} is not a special method the capture inlines")
         cls = type(obj)
@@ -60,12 +53,7 @@ class Dunders:
         if type(found) is not types.FunctionType:
             return None
         cls_source = self._dunder_class_source(obj, source, cls)
-        fsource = self._dunder_guard(cls, cls_source, name, found)
-        if found is _MAPPING_CONTAINS:
-            getitem = _class_lookup(cls, "__getitem__")
-            if type(getitem) is types.FunctionType:
-                return getitem, self._dunder_guard(cls, cls_source, "__getitem__", getitem), True
-        return found, fsource
+        return found, self._dunder_guard(cls, cls_source, name, found)
 
     def _dunder_guard(self, cls: type, cls_source: Any, name: str, found: Any) -> Any:
         """The source of ``found``, ``name`` on the class of ``cls.__mro__`` that defines

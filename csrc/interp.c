@@ -136,9 +136,7 @@ ags_take_break(ags_interp *it)
         /* what the program's operation raised, when that caused it */
         PyObject *cause = PyException_GetCause(exc);
 
-        Py_XSETREF(it->brk_raised,
-                   cause ? Py_NewRef((PyObject *)Py_TYPE(cause)) : NULL);
-        Py_XDECREF(cause);
+        Py_XSETREF(it->brk_raised, cause);  /* steals */
     }
     /* The builder's GraphBreak carries its detail apart from the reason. */
     {
@@ -421,6 +419,10 @@ frame_loop(ags_interp *it, ags_frame *f, Py_ssize_t pc)
             it->brk_code = f->code;
             it->brk_offset = ins->offset;
             it->brk_opcode = ins->opcode;
+        }
+        if (rc == AGS_BREAK) {
+            /* a handler of this frame may catch it (interp_catch.c) */
+            rc = ags_catch(it, f, ins);
         }
         if (rc == AGS_BREAK && f->depth == 0) {
             it->root_offset = ins->offset;

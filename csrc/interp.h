@@ -18,6 +18,8 @@
  *   interp_iter.c  owned iterators; map, filter, reduce, partial calls
  *   interp_object.c  objects the capture makes: class calls, their
  *                  attribute writes
+ *   interp_catch.c  a subscript's KeyError/IndexError caught by a handler
+ *                  of an inlined function
  *   interp_dunder.c  special methods written in Python (__getitem__,
  *                  __contains__, __len__, __iter__, __bool__), inlined
  *
@@ -126,10 +128,9 @@ typedef struct {
     PyObject *brk_detail;       /* strong str */
     PyCodeObject *brk_code;     /* borrowed (alive while capturing) */
     int brk_offset, brk_opcode;
-    /* Strong or NULL: the type of the exception the program's own
-     * operation raised when the builder's break was caused by one (its
-     * GraphBreak's __cause__); what a modelled handler may catch
-     * (interp_dunder.c). */
+    /* Strong or NULL: the exception the program's own operation raised
+     * when that caused the builder's break (its GraphBreak's __cause__),
+     * which a handler of an inlined frame may catch (interp_catch.c). */
     PyObject *brk_raised;
     /* Resuming (interp_resume.c): the root instruction capture stopped
      * in (where an inlined callee's break surfaces), and the root offset
@@ -168,6 +169,10 @@ void ags_drop(ags_frame *f, int n);
 int ags_take_break(ags_interp *it);
 /* Forgets the break being taken, as a handler that caught it would. */
 void ags_unbreak(ags_interp *it);
+
+/* interp_catch.c: after a break at `ins` of f, AGS_GO when a handler of f
+ * catches it (f->jump set, the exception pushed), else AGS_BREAK. */
+int ags_catch(ags_interp *it, ags_frame *f, const ags_instr *ins);
 PyObject *ags_call_builder(ags_interp *it, int op, const char *fmt, ...);
 int ags_frame_cell(ags_interp *it, ags_frame *f, int i, PyObject **cell);
 int ags_is_free_slot(const ags_frame *f, int i);

@@ -44,18 +44,15 @@ candidate(ags_interp *it, const ags_value *v)
 }
 
 /* The builder's function for type(self).name: AGS_GO with *func and
- * *fsource (new references, *fsource NULL for none) and *probe (1 when
- * func is the __getitem__ a KeyError probe runs, see contains_probe),
- * AGS_DUNDER_NOT_MINE, or a break / error. */
+ * *fsource (new references, *fsource NULL for none), AGS_DUNDER_NOT_MINE,
+ * or a break / error. */
 static int
 lookup(ags_interp *it, const ags_value *self, const char *name,
-       PyObject **func, PyObject **fsource, int *probe)
+       PyObject **func, PyObject **fsource)
 {
     PyObject *source, *answer;
-    Py_ssize_t n;
 
     *func = *fsource = NULL;
-    *probe = 0;
     if (!candidate(it, self)) {
         return AGS_DUNDER_NOT_MINE;
     }
@@ -70,15 +67,14 @@ lookup(ags_interp *it, const ags_value *self, const char *name,
         Py_DECREF(answer);
         return AGS_DUNDER_NOT_MINE;
     }
-    n = PyTuple_Check(answer) ? PyTuple_GET_SIZE(answer) : 0;
-    if ((n != 2 && n != 3) || !PyFunction_Check(PyTuple_GET_ITEM(answer, 0))) {
+    if (!PyTuple_Check(answer) || PyTuple_GET_SIZE(answer) != 2
+        || !PyFunction_Check(PyTuple_GET_ITEM(answer, 0))) {
         Py_DECREF(answer);
         PyErr_SetString(PyExc_SystemError,
                         "builder.dunder: bad answer (want None or "
-                        "(function, source or None[, probe]))");
+                        "(function, source or None))");
         return AGS_ERROR;
     }
-    *probe = n == 3 && PyObject_IsTrue(PyTuple_GET_ITEM(answer, 2)) == 1;
     *func = Py_NewRef(PyTuple_GET_ITEM(answer, 0));
     if (PyTuple_GET_ITEM(answer, 1) != Py_None) {
         *fsource = Py_NewRef(PyTuple_GET_ITEM(answer, 1));
@@ -111,10 +107,10 @@ ags_dunder_call(ags_interp *it, ags_frame *f, const char *name,
                 ags_value *result)
 {
     PyObject *func, *fsource;
-    int rc, probe;
+    int rc;
 
     assert(nargs >= 0 && nargs <= 1);
-    rc = lookup(it, self, name, &func, &fsource, &probe);
+    rc = lookup(it, self, name, &func, &fsource);
     if (rc != AGS_GO) {
         return rc;
     }
@@ -205,62 +201,6 @@ ags_dunder_get_iter(ags_interp *it, ags_frame *f)
     return ags_push(f, out);
 }
 
-/* 1 when the break being taken is a KeyError that the subscript of
- * `func`'s own code raised (the builder's getitem evaluated it on the
- * program's guarded values) where no handler of that code covers it: the
- * exception leaves func as eager's would. */
-static int
-raised_key_error(ags_interp *it, PyObject *func)
-{
-    ags_except *table = NULL;
-    Py_ssize_t n = 0;
-    int covered = 0;
-
-    if (it->brk_reason != AGS_REASON_OP_FAILED || it->brk_raised == NULL
-        || !PyType_Check(it->brk_raised)
-        || !PyType_IsSubtype((PyTypeObject *)it->brk_raised,
-                             (PyTypeObject *)PyExc_KeyError)
-        || it->brk_code != (PyCodeObject *)PyFunction_GetCode(func)
-        || it->brk_opcode != BINARY_SUBSCR) {
-        return 0;
-    }
-    if (ags_bc_exceptions(it->brk_code, &table, &n) < 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        covered |= table[i].start <= it->brk_offset
-                   && it->brk_offset < table[i].end;
-    }
-    PyMem_Free(table);
-    return !covered;
-}
-
-/* Mapping.__contains__ is `try: self[key] except KeyError: return False
- * else: return True`: *truth is 1 when func (type(self).__getitem__)
- * returns, 0 when its own subscript raises KeyError.  Any other break
- * stands.  What the attempt recorded stays: graph nodes no one reads, and
- * assumptions and effects that held in eager up to the raise as well. */
-static int
-contains_probe(ags_interp *it, ags_frame *f, PyObject *func,
-               PyObject *fsource, const ags_value *self,
-               const ags_value *key, int *truth)
-{
-    ags_value out;
-    int rc = inline_method(it, f, func, fsource, self, key, 1, &out);
-
-    if (rc == AGS_GO) {
-        ags_value_clear(&out);
-        *truth = 1;
-    }
-    else if (rc == AGS_BREAK && raised_key_error(it, func)) {
-        ags_unbreak(it);
-        *truth = 0;
-        rc = AGS_GO;
-    }
-    return rc;
-}
-
 /* `lhs in rhs` when type(rhs) has no __contains__ but a Python __iter__:
  * the elements it gives, compared in turn (the builder's `in` on their
  * tuple).  AGS_GO with *truth, AGS_DUNDER_NOT_MINE, or a break / error. */
@@ -304,13 +244,10 @@ ags_dunder_contains(ags_interp *it, ags_frame *f, int negate)
 {
     ags_value *lhs = ags_peek(f, 2), *rhs = ags_peek(f, 1), out;
     PyObject *func, *fsource;
-    int rc, truth = 0, probe;
+    int rc, truth = 0;
 
-    rc = lookup(it, rhs, "__contains__", &func, &fsource, &probe);
-    if (rc == AGS_GO && probe) {
-        rc = contains_probe(it, f, func, fsource, rhs, lhs, &truth);
-    }
-    else if (rc == AGS_GO) {
+    rc = lookup(it, rhs, "__contains__", &func, &fsource);
+    if (rc == AGS_GO) {
         rc = inline_method(it, f, func, fsource, rhs, lhs, 1, &out);
         if (rc == AGS_GO) {
             rc = ags_truth(it, &out, &truth);  /* as CPython's `in` */

@@ -1,0 +1,110 @@
+"""A KeyError or IndexError of a subscript, caught by a handler of an inlined function
+(csrc/interp_catch.c): the handler runs in the capture; a handler of the root frame, one
+that does not match, and other exceptions still end the capture.  With the recording
+builder of test_interp.  Torch-free."""
+
+import collections.abc
+
+from _calls_recorder import CallsRecorder
+from agspeed.protocol import Reason
+from test_interp import GraphBreakLike, T, capture
+
+
+class RaisingRecorder(CallsRecorder):
+    """As GraphBuilder.getitem: a failed subscript breaks, caused by what it raised."""
+
+    def getitem(self, container, index, source):
+        try:
+            return super().getitem(container, index, source)
+        except LookupError as exc:
+            raise GraphBreakLike(Reason.OP_FAILED, f"raised {exc!r}") from exc
+
+
+def lookup(d, k, default):
+    try:
+        return d[k]
+    except KeyError:
+        return default
+
+
+def nested(d, k):
+    try:
+        return lookup_strict(d, k)
+    except (IndexError, KeyError) as e:
+        return -1
+
+
+def lookup_strict(d, k):
+    return d[k]
+
+
+def first(xs):
+    try:
+        return xs[0]
+    except IndexError:
+        return None
+
+
+def use(x, d, xs):
+    return x * lookup(d, "a", 5), x * lookup(d, "b", 7), nested(d, "c"), first(xs)
+
+
+def test_a_missing_key_is_caught_by_the_inlined_handler():
+    out, b = capture(use, RaisingRecorder(), x=T(), d={"a": 2}, xs=[])
+    assert out["status"] == "graph", out
+    assert [op[1][1] for op in b.ops] == [2, 7]
+    assert out["result"][2:] == (-1, None)
+
+
+def wrong_handler(d):
+    try:
+        return d["z"]
+    except IndexError:
+        return 0
+
+
+def calls_wrong(x, d):
+    return x * wrong_handler(d)
+
+
+def test_a_handler_that_does_not_match_ends_the_capture():
+    out, _ = capture(calls_wrong, RaisingRecorder(), x=T(), d={})
+    assert out["status"] == "break" and out["reason"] == Reason.EXCEPTION_HANDLER
+
+
+def root_handler(x, d):
+    try:
+        return x * d["z"]
+    except KeyError:
+        return x
+
+
+def test_the_root_frames_handler_is_not_entered():
+    out, _ = capture(root_handler, RaisingRecorder(), x=T(), d={})
+    assert out["status"] == "break" and out["reason"] == Reason.OP_FAILED
+
+
+class Env(collections.abc.Mapping):
+    """os.environ's shape: Mapping.get and `in` through a Python __getitem__."""
+
+    def __init__(self, data):
+        self._data = data
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self):
+        return len(self._data)
+
+
+def env_reads(x, env):
+    return env.get("HOME", "?"), env.get("NOPE", "dflt"), "NOPE" in env, "HOME" in env
+
+
+def test_mapping_get_and_in_with_present_and_missing_keys():
+    out, _ = capture(env_reads, RaisingRecorder(), x=T(), env=Env({"HOME": "/h"}))
+    assert out["status"] == "graph", out
+    assert out["result"] == ("/h", "dflt", False, True)
