@@ -173,6 +173,14 @@ void ags_unbreak(ags_interp *it);
 /* interp_catch.c: after a break at `ins` of f, AGS_GO when a handler of f
  * catches it (f->jump set, the exception pushed), else AGS_BREAK. */
 int ags_catch(ags_interp *it, ags_frame *f, const ags_instr *ins);
+/* RAISE_VARARGS of a LookupError in an inlined frame: a break ags_catch
+ * may catch; else AGS_DUNDER_NOT_MINE. */
+int ags_raise(ags_interp *it, ags_frame *f, const ags_instr *ins);
+/* A builtin exception class called with known arguments: the exception,
+ * made now (AGS_GO, *result set); else AGS_DUNDER_NOT_MINE. */
+int ags_exception_new(ags_interp *it, PyObject *fn, const ags_value *self,
+                      const ags_value *args, int nargs, PyObject *kwnames,
+                      ags_value *result);
 PyObject *ags_call_builder(ags_interp *it, int op, const char *fmt, ...);
 int ags_frame_cell(ags_interp *it, ags_frame *f, int i, PyObject **cell);
 int ags_is_free_slot(const ags_frame *f, int i);

@@ -227,6 +227,11 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
     }
     rc = ags_dunder_builtin(it, f, callable->obj, self, args, nargs, kwnames,
                             result);
+    if (rc == AGS_DUNDER_NOT_MINE) {
+        /* KeyError(key) and the like, made now (interp_catch.c) */
+        rc = ags_exception_new(it, callable->obj, self, args, nargs, kwnames,
+                               result);
+    }
     if (rc != AGS_DUNDER_NOT_MINE) {
         return rc;  /* len(), iter(), bool() of a Python class (interp_dunder.c) */
     }

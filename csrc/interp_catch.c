@@ -19,10 +19,13 @@
  * entry of that frame covering the instruction turns the break back into
  * execution at the handler, the stack cut to the entry's depth and the
  * exception pushed, as CPython unwinds.  The handler's own opcodes are
- * modelled here (PUSH_EXC_INFO, CHECK_EXC_MATCH, POP_EXCEPT); a handler
- * that does not match re-raises (RERAISE), which ends the capture as
- * before, and so does anything else a handler does that the interpreter
- * cannot.
+ * modelled here (PUSH_EXC_INFO, CHECK_EXC_MATCH, POP_EXCEPT, RERAISE),
+ * and so is `raise KeyError(key)` in an inlined function (os.environ's
+ * __getitem__ turns its KeyError into one about the caller's key): an
+ * exception of a builtin class made from known values is a constant, and
+ * raising a LookupError breaks in a way the handlers above may catch.
+ * Anything else a handler does that the interpreter cannot ends the
+ * capture as before.
  *
  * Only inlined frames catch.  The root frame's handlers stay breaks: a
  * break there resumes (interp_resume.c) at its instruction, and code
@@ -40,10 +43,118 @@
 static int
 catchable(ags_interp *it)
 {
-    return it->brk_raised != NULL && it->brk_reason == AGS_REASON_OP_FAILED
-           && it->brk_opcode == BINARY_SUBSCR
-           && PyErr_GivenExceptionMatches(it->brk_raised,
-                                          PyExc_LookupError);
+    if (it->brk_raised == NULL
+        || !PyErr_GivenExceptionMatches(it->brk_raised, PyExc_LookupError)) {
+        return 0;
+    }
+    /* the builder's subscript, or a raise modelled below */
+    return (it->brk_reason == AGS_REASON_OP_FAILED
+            && it->brk_opcode == BINARY_SUBSCR)
+           || it->brk_reason == AGS_REASON_RAISE;
+}
+
+/* Breaks with `exc` (stolen) as the exception the program raises. */
+static int
+raise_known(ags_interp *it, PyObject *exc)
+{
+    int rc = ags_stopf(it, AGS_REASON_RAISE, "the code raises %R here",
+                       exc);
+
+    if (rc == AGS_BREAK) {
+        it->brk_raised = exc;
+    }
+    else {
+        Py_DECREF(exc);
+    }
+    return rc;
+}
+
+/* The LookupError `v` is or makes (an instance, or a builtin class called
+ * with no arguments), as a new reference; NULL (no error) for anything
+ * else. */
+static PyObject *
+lookup_error(const ags_value *v)
+{
+    if (v->kind != AGS_VK_CONST) {
+        return NULL;
+    }
+    if (PyExceptionInstance_Check(v->obj)
+        && PyErr_GivenExceptionMatches(v->obj, PyExc_LookupError)) {
+        return Py_NewRef(v->obj);
+    }
+    if (PyExceptionClass_Check(v->obj)
+        && !PyType_HasFeature((PyTypeObject *)v->obj, Py_TPFLAGS_HEAPTYPE)
+        && PyErr_GivenExceptionMatches(v->obj, PyExc_LookupError)) {
+        PyObject *exc = PyObject_CallNoArgs(v->obj);
+        if (exc == NULL) {
+            PyErr_Clear();
+        }
+        return exc;
+    }
+    return NULL;
+}
+
+int
+ags_raise(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    PyObject *exc;
+
+    /* RAISE_VARARGS 1 (raise e) or 2 (raise e from cause): e is below */
+    if (f->depth == 0 || ins->opcode != RAISE_VARARGS || ins->arg < 1
+        || ins->arg > 2) {
+        return AGS_DUNDER_NOT_MINE;
+    }
+    exc = lookup_error(ags_peek(f, (int)ins->arg));
+    return exc ? raise_known(it, exc) : AGS_DUNDER_NOT_MINE;
+}
+
+/* RERAISE: the caught exception on top raised again (a handler that did
+ * not match, or the end of a cleanup); one the interpreter cannot carry
+ * ends the capture. */
+AGS_HANDLER
+op_reraise(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    PyObject *exc = f->depth > 0 ? lookup_error(ags_peek(f, 1)) : NULL;
+
+    (void)ins;
+    if (exc == NULL) {
+        return ags_stopf(it, AGS_REASON_EXCEPTION_HANDLER,
+                         "an exception handler's code was reached");
+    }
+    return raise_known(it, exc);
+}
+
+int
+ags_exception_new(ags_interp *it, PyObject *fn, const ags_value *self,
+                  const ags_value *args, int nargs, PyObject *kwnames,
+                  ags_value *result)
+{
+    PyObject *pos, *exc;
+
+    if (self != NULL || kwnames != NULL || !PyExceptionClass_Check(fn)
+        || PyType_HasFeature((PyTypeObject *)fn, Py_TPFLAGS_HEAPTYPE)) {
+        return AGS_DUNDER_NOT_MINE;
+    }
+    for (int i = 0; i < nargs; i++) {
+        if (args[i].kind != AGS_VK_CONST) {
+            return AGS_DUNDER_NOT_MINE;
+        }
+    }
+    pos = PyTuple_New(nargs);
+    for (int i = 0; pos != NULL && i < nargs; i++) {
+        PyTuple_SET_ITEM(pos, i, Py_NewRef(args[i].obj));
+    }
+    exc = pos ? PyObject_Call(fn, pos, NULL) : NULL;
+    Py_XDECREF(pos);
+    if (exc == NULL) {
+        return AGS_ERROR;
+    }
+    if (ags_value_of(it, exc, result) < 0) {
+        Py_DECREF(exc);
+        return AGS_ERROR;
+    }
+    Py_DECREF(exc);
+    return AGS_GO;
 }
 
 int

@@ -493,8 +493,12 @@ op_return_const(ags_interp *it, ags_frame *f, const ags_instr *ins)
 AGS_HANDLER
 op_raise(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
-    (void)f;
-    (void)ins;
+    /* a LookupError an inlined handler may catch (interp_catch.c) */
+    int rc = ags_raise(it, f, ins);
+
+    if (rc != AGS_DUNDER_NOT_MINE) {
+        return rc;
+    }
     return ags_stopf(it, AGS_REASON_RAISE,
                      "the code raises here for these inputs: "
                      "eager raises it");

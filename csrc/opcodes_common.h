@@ -72,7 +72,7 @@
     X(CHECK_EG_MATCH, op_exception_path, "except* T: ends the capture") \
     X(WITH_EXCEPT_START, op_exception_path, "a with's exit on a raise") \
     X(POP_EXCEPT, op_pop_except, "a handler ends") \
-    X(RERAISE, op_exception_path, "re-raise: ends the capture") \
+    X(RERAISE, op_reraise, "re-raise the caught exception on top") \
     X(BUILD_SET, op_build_set, "pack the top arg values into a set") \
     X(SET_ADD, op_set_add, "add the top to a built set") \
     X(SET_UPDATE, op_set_update, "add the elements of the top to a set") \

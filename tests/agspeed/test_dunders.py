@@ -320,3 +320,27 @@ def test_a_key_error_handled_inside_getitem_is_not_read_as_absent():
     opt = agspeed.optimize(f)
     for _ in range(2):
         same(opt, f, [(3,)])
+
+
+def test_mapping_get_of_a_missing_key_gives_the_default(reg):
+    def f(x):
+        act = REG.get("missing", torch.relu)
+        return act(x) - REG.get_interface("relu", torch.tanh)(x)
+
+    opt = check(f, (3, 2))
+    reg["missing"] = torch.sigmoid      # now present: the guard sees the mapping changed
+    same(opt, f, [(3, 2)])
+
+
+def test_os_environ_get_in_one_graph(monkeypatch):
+    import os
+
+    monkeypatch.delenv("AGSPEED_TEST_DUNDER_SCALE", raising=False)
+
+    def f(x):
+        scale = os.environ.get("AGSPEED_TEST_DUNDER_SCALE", "2")
+        return x * float(scale)
+
+    opt = check(f, (4,))
+    monkeypatch.setenv("AGSPEED_TEST_DUNDER_SCALE", "5")
+    same(opt, f, [(4,)])

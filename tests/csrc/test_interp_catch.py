@@ -1,6 +1,6 @@
-"""A KeyError or IndexError of a subscript, caught by a handler of an inlined function
-(csrc/interp_catch.c): the handler runs in the capture; a handler of the root frame, one
-that does not match, and other exceptions still end the capture.  With the recording
+"""A KeyError or IndexError of a subscript, or raised in an inlined function, caught by a
+handler of an inlined function (csrc/interp_catch.c): the handler runs in the capture; a
+handler of the root frame ends the capture, and one that does not match re-raises to it.  With the recording
 builder of test_interp.  Torch-free."""
 
 import collections.abc
@@ -67,9 +67,9 @@ def calls_wrong(x, d):
     return x * wrong_handler(d)
 
 
-def test_a_handler_that_does_not_match_ends_the_capture():
+def test_a_handler_that_does_not_match_reraises_to_the_root():
     out, _ = capture(calls_wrong, RaisingRecorder(), x=T(), d={})
-    assert out["status"] == "break" and out["reason"] == Reason.EXCEPTION_HANDLER
+    assert out["status"] == "break" and out["reason"] == Reason.RAISE
 
 
 def root_handler(x, d):
@@ -91,7 +91,11 @@ class Env(collections.abc.Mapping):
         self._data = data
 
     def __getitem__(self, key):
-        return self._data[key]
+        try:
+            value = self._data["env_" + key]
+        except KeyError:
+            raise KeyError(key) from None   # about the caller's key, as os.environ
+        return value
 
     def __iter__(self):
         return iter(self._data)
@@ -101,10 +105,26 @@ class Env(collections.abc.Mapping):
 
 
 def env_reads(x, env):
-    return env.get("HOME", "?"), env.get("NOPE", "dflt"), "NOPE" in env, "HOME" in env
+    return env.get("home", "?"), env.get("nope", "dflt"), "nope" in env, "home" in env
 
 
 def test_mapping_get_and_in_with_present_and_missing_keys():
-    out, _ = capture(env_reads, RaisingRecorder(), x=T(), env=Env({"HOME": "/h"}))
+    out, _ = capture(env_reads, RaisingRecorder(), x=T(), env=Env({"env_home": "/h"}))
     assert out["status"] == "graph", out
     assert out["result"] == ("/h", "dflt", False, True)
+
+
+def other_error(d):
+    try:
+        return d["k"] / 0
+    except ZeroDivisionError:
+        return 0
+
+
+def calls_other(x, d):
+    return x * other_error(d)
+
+
+def test_other_exceptions_still_end_the_capture():
+    out, _ = capture(calls_other, RaisingRecorder(), x=T(), d={"k": 1})
+    assert out["status"] == "break" and out["reason"] != Reason.RAISE
