@@ -28,7 +28,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from agspeed._sources import _class_lookup
+from agspeed._sources import MISSING, _class_lookup
 
 __all__ = ["Dunders"]
 
@@ -41,15 +41,23 @@ _OWN_PATH_MODULES = ("agspeed", "torch")
 class Dunders:
     """The part of ``GraphBuilder`` that finds Python special methods to inline."""
 
-    def dunder(self, obj: Any, source: Any, name: str) -> tuple | None:
+    def dunder(self, obj: Any, source: Any, name: str) -> tuple | bool | None:
         """``(function, its source or None)`` when ``type(obj)``'s ``name`` is a Python
-        function the interpreter should inline with ``obj`` as self, else None."""
+        function the interpreter should inline with ``obj`` as self; False when the type
+        has no ``name`` at all (CPython then falls back: truth to ``__len__``, ``in`` to
+        ``__iter__``); None for the usual path (a builtin slot, a class kept apart)."""
         if name not in DUNDER_NAMES:
             raise ValueError(f"dunder: {name!r} is not a special method the capture inlines")
         cls = type(obj)
         if not self._dunder_class(cls):
             return None
         found = _class_lookup(cls, name)
+        if found is MISSING:
+            cls_source = self._dunder_class_source(obj, source, cls)
+            if cls_source is not None:   # a later call's class must not have gained one
+                self.assumptions.append(  # type: ignore[attr-defined]
+                    (("attr", cls_source, name), MISSING))
+            return False
         if type(found) is not types.FunctionType:
             return None
         cls_source = self._dunder_class_source(obj, source, cls)

@@ -19,7 +19,10 @@
  *
  * Every entry point answers AGS_DUNDER_NOT_MINE when the value has no such
  * method, and the caller goes on with its usual path; otherwise AGS_GO
- * with the result, or the inlined code's break or error.
+ * with the result, or the inlined code's break or error.  The fallbacks
+ * (__len__ for truth, __iter__ for `in`) are taken only when the type has
+ * no __bool__ / __contains__ at all, which the builder answers apart
+ * (False) from one that is not a Python function (None).
  *
  * `in` follows CPython's order: __contains__; else iterating __iter__'s
  * result and comparing each element; the old __getitem__ sequence
@@ -43,9 +46,13 @@ candidate(ags_interp *it, const ags_value *v)
            && !PyObject_TypeCheck(v->obj, (PyTypeObject *)it->tensor_type);
 }
 
+/* lookup's answer when type(self) has no method `name` at all (the
+ * builder's False), where CPython falls back to another slot. */
+#define ABSENT 5
+
 /* The builder's function for type(self).name: AGS_GO with *func and
- * *fsource (new references, *fsource NULL for none), AGS_DUNDER_NOT_MINE,
- * or a break / error. */
+ * *fsource (new references, *fsource NULL for none), AGS_DUNDER_NOT_MINE
+ * (the usual path), ABSENT, or a break / error. */
 static int
 lookup(ags_interp *it, const ags_value *self, const char *name,
        PyObject **func, PyObject **fsource)
@@ -63,9 +70,9 @@ lookup(ags_interp *it, const ags_value *self, const char *name,
     if (answer == NULL) {
         return ags_take_break(it);
     }
-    if (answer == Py_None) {
+    if (answer == Py_None || answer == Py_False) {
         Py_DECREF(answer);
-        return AGS_DUNDER_NOT_MINE;
+        return answer == Py_None ? AGS_DUNDER_NOT_MINE : ABSENT;
     }
     if (!PyTuple_Check(answer) || PyTuple_GET_SIZE(answer) != 2
         || !PyFunction_Check(PyTuple_GET_ITEM(answer, 0))) {
@@ -99,12 +106,13 @@ inline_method(ags_interp *it, ags_frame *f, PyObject *func, PyObject *fsource,
     return ags_inline(it, f, func, fsource, argv, nargs + 1, NULL, result);
 }
 
-/* type(self).name(self, *args) inlined, when it is a Python function.
- * self, args: borrowed; nargs at most 1. */
-int
-ags_dunder_call(ags_interp *it, ags_frame *f, const char *name,
-                const ags_value *self, const ags_value *args, int nargs,
-                ags_value *result)
+/* type(self).name(self, *args) inlined, when it is a Python function;
+ * ABSENT when the type has no such method.  self, args: borrowed; nargs
+ * at most 1. */
+static int
+call_slot(ags_interp *it, ags_frame *f, const char *name,
+          const ags_value *self, const ags_value *args, int nargs,
+          ags_value *result)
 {
     PyObject *func, *fsource;
     int rc;
@@ -120,6 +128,16 @@ ags_dunder_call(ags_interp *it, ags_frame *f, const char *name,
     return rc;
 }
 
+int
+ags_dunder_call(ags_interp *it, ags_frame *f, const char *name,
+                const ags_value *self, const ags_value *args, int nargs,
+                ags_value *result)
+{
+    int rc = call_slot(it, f, name, self, args, nargs, result);
+
+    return rc == ABSENT ? AGS_DUNDER_NOT_MINE : rc;
+}
+
 /* The truth of a constant whose type has a Python __bool__, else a
  * Python __len__ (nonzero is true), as CPython's PyObject_IsTrue. */
 int
@@ -131,13 +149,14 @@ ags_dunder_truth(ags_interp *it, const ags_value *v, int *truth)
     if (!candidate(it, v)) {
         return AGS_DUNDER_NOT_MINE;
     }
-    rc = ags_dunder_call(it, it->top, "__bool__", v, NULL, 0, &out);
-    if (rc == AGS_DUNDER_NOT_MINE) {
+    rc = call_slot(it, it->top, "__bool__", v, NULL, 0, &out);
+    if (rc == ABSENT) {
+        /* no __bool__ at all (a C one keeps the usual path): __len__ */
         is_bool = 0;
         rc = ags_dunder_call(it, it->top, "__len__", v, NULL, 0, &out);
     }
     if (rc != AGS_GO) {
-        return rc;
+        return rc == ABSENT ? AGS_DUNDER_NOT_MINE : rc;
     }
     if (out.kind == AGS_VK_CONST && is_bool && !PyBool_Check(out.obj)) {
         /* eager raises TypeError */
@@ -254,7 +273,8 @@ ags_dunder_contains(ags_interp *it, ags_frame *f, int negate)
             ags_value_clear(&out);
         }
     }
-    else if (rc == AGS_DUNDER_NOT_MINE) {
+    else if (rc == ABSENT) {
+        /* no __contains__ at all (a C one keeps the usual path) */
         rc = contains_by_iter(it, f, lhs, rhs, &truth);
     }
     if (func != NULL) {

@@ -170,6 +170,8 @@ class Recorder:
     def dunder(self, obj, source, name):
         """As agspeed._dunders: a Python special method found on the type's MRO."""
         found = _class_lookup(type(obj), name)
+        if found is MISSING:
+            return False
         return (found, None) if type(found) is types.FunctionType else None
 
     def format(self, value, conversion, spec):

@@ -1,9 +1,11 @@
 """A KeyError or IndexError of a subscript, or raised in an inlined function, caught by a
 handler of an inlined function (csrc/interp_catch.c): the handler runs in the capture; a
-handler of the root frame ends the capture, and one that does not match re-raises to it.  With the recording
-builder of test_interp.  Torch-free."""
+handler of the root frame ends the capture, and one that does not match re-raises to it.
+With the recording builder of test_interp.  Torch-free."""
 
 import collections.abc
+import gc
+import sys
 
 from _calls_recorder import CallsRecorder
 from agspeed.protocol import Reason
@@ -128,3 +130,25 @@ def calls_other(x, d):
 def test_other_exceptions_still_end_the_capture():
     out, _ = capture(calls_other, RaisingRecorder(), x=T(), d={"k": 1})
     assert out["status"] == "break" and out["reason"] != Reason.RAISE
+
+
+def lookup_key(x, d, k):
+    return x * lookup(d, k, 3)
+
+
+def root_lookup(x, d, k):
+    try:
+        return d[k]
+    except KeyError:
+        return x
+
+
+def test_the_exceptions_raised_while_capturing_are_released():
+    key = "".join(["mis", "sing"])   # a fresh object, referred to by the KeyErrors
+    before = sys.getrefcount(key)
+    for fn in (lookup_key, root_lookup, lookup_key):
+        out, b = capture(fn, RaisingRecorder(), x=T(), d={}, k=key)
+        assert out["status"] == ("graph" if fn is lookup_key else "break")
+        del out, b
+    gc.collect()
+    assert sys.getrefcount(key) == before

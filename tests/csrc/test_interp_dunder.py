@@ -110,3 +110,28 @@ def branch(x, s):
 def test_a_bool_that_is_not_a_bool_breaks():
     out, _ = capture(branch, CallsRecorder(), x=T(), s=BadBool())
     assert out["status"] == "break" and out["reason"] == Reason.BAD_CALL
+
+
+class Counted(list):
+    """A list subclass with a Python __iter__: `in` keeps list's own __contains__."""
+
+    def __iter__(self):
+        yield "from __iter__"
+
+
+class Truthy(int):
+    """An int subclass with a Python __len__: truth keeps int's own __bool__."""
+
+    def __len__(self):
+        return 0
+
+
+def builtin_slots(x, c, t):
+    return "a" in c, "from __iter__" in c, x * 2 if t else x
+
+
+def test_builtin_slots_are_not_bypassed_by_python_fallbacks():
+    out, b = capture(builtin_slots, CallsRecorder(), x=T(), c=Counted(["a"]), t=Truthy(1))
+    assert out["status"] == "graph", out
+    assert out["result"][:2] == (True, False)
+    assert [op[0] for op in b.ops] == ["mul"]
