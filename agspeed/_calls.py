@@ -92,6 +92,8 @@ class CallPolicy:
             return (Plan.FOLD, fn)
         if fn is super:
             return (Plan.SUPER,)
+        if fn is object.__getattribute__:
+            return (Plan.RAW_GETATTR,)
         if fn is getattr or fn is hasattr:
             return (Plan.GETATTR,) if fn is getattr else (Plan.HASATTR,)
         plan = self.stdlib_plan(fn, source)
