@@ -344,3 +344,19 @@ def test_os_environ_get_in_one_graph(monkeypatch):
     opt = check(f, (4,))
     monkeypatch.setenv("AGSPEED_TEST_DUNDER_SCALE", "5")
     same(opt, f, [(4,)])
+
+
+def test_transformers_attention_interfaces_in_one_graph():
+    pytest.importorskip("transformers")
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def f(x):
+        fn = ALL_ATTENTION_FUNCTIONS.get_interface("sdpa", None)
+        mask = ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
+        y = x * 2 if fn is sdpa and mask is not None else x
+        return y + 1 if "no_such_impl" not in ALL_ATTENTION_FUNCTIONS else y
+
+    check(f, (2, 3))
