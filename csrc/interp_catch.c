@@ -14,7 +14,10 @@
  * the exception as __cause__, which ags_take_break keeps in brk_raised.
  * A break whose first instruction was BINARY_SUBSCR, with reason
  * op_failed and a LookupError raised, is the program raising there, the
- * same exception for every call the guards admit.  As the break unwinds
+ * same exception for every call the guards admit.  A tensor's subscript
+ * is the exception (interp_data.c drops what it raised): its IndexError
+ * depends on sizes, which a dynamic capture does not always guard where
+ * a fake kernel raised.  As the break unwinds
  * frame by frame, each frame's loop asks ags_catch: an exception-table
  * entry of that frame covering the instruction turns the break back into
  * execution at the handler, the stack cut to the entry's depth and the

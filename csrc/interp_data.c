@@ -673,7 +673,14 @@ subscript(ags_interp *it, ags_frame *f, ags_value *container, ags_value *index)
     Py_DECREF(i);
     Py_XDECREF(source);
     if (out == NULL) {
-        return ags_take_break(it);
+        rc = ags_take_break(it);
+        if (container->kind == AGS_VK_TENSOR) {
+            /* what a tensor's subscript raised depends on sizes a dynamic
+             * capture need not have guarded: no handler catches it
+             * (interp_catch.c) */
+            Py_CLEAR(it->brk_raised);
+        }
+        return rc;
     }
     /* The builder answers (value, source or None): a known object that is
      * guarded on its own source, or a graph argument. */

@@ -301,7 +301,18 @@ static int
 builtin_len(ags_interp *it, ags_frame *f, const ags_value *v,
             ags_value *result)
 {
-    return ags_dunder_call(it, f, "__len__", v, NULL, 0, result);
+    int rc = ags_dunder_call(it, f, "__len__", v, NULL, 0, result);
+
+    if (rc == AGS_GO && result->kind == AGS_VK_CONST
+        && !PyLong_Check(result->obj)) {
+        /* eager raises TypeError */
+        rc = ags_stopf(it, AGS_REASON_BAD_CALL,
+                       "__len__ of a %s returned a %s",
+                       Py_TYPE(v->obj)->tp_name,
+                       Py_TYPE(result->obj)->tp_name);
+        ags_value_clear(result);
+    }
+    return rc;
 }
 
 static int
@@ -353,6 +364,7 @@ ags_dunder_builtin(ags_interp *it, ags_frame *f, PyObject *fn,
     PyObject *builtins = f->builtins;
 
     if (self != NULL || nargs != 1 || kwnames != NULL || builtins == NULL
+        || !PyDict_Check(builtins)
         || !(PyCFunction_Check(fn) || fn == (PyObject *)&PyBool_Type)
         || !candidate(it, &args[0])) {
         return AGS_DUNDER_NOT_MINE;

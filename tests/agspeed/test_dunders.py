@@ -360,3 +360,23 @@ def test_transformers_attention_interfaces_in_one_graph():
         return y + 1 if "no_such_impl" not in ALL_ATTENTION_FUNCTIONS else y
 
     check(f, (2, 3))
+
+
+def _pick(t, i):
+    try:
+        return t[i]
+    except IndexError:
+        return t[0]
+
+
+def test_a_tensors_index_error_is_not_caught_in_the_graph():
+    def f(x):
+        return _pick(x, 5) * 2
+
+    e = agspeed.explain(f, torch.randn(3))
+    reasons = {b.reason for b in e.break_reasons}
+    assert reasons == {"op_failed"}, e.break_reasons
+    opt = agspeed.optimize(f)
+    for n in (3, 7):    # out of range, then in range: each as eager
+        x = torch.randn(n)
+        torch.testing.assert_close(opt(x), f(x))
