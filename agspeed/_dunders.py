@@ -7,11 +7,15 @@ function is written in Python, the interpreter inlines it with the object as sel
 any method, so a user's mapping or sequence class (transformers' ``GeneralInterface``, a
 ``collections.abc.MutableMapping``) captures: its ``__getitem__``, and the mixin methods
 it inherits (``Mapping.__contains__``, ``Mapping.get``), run through the interpreter.
+Rich comparisons (``==``, ``<``...) take a Python ``__eq__``, ``__lt__``... of either side,
+in CPython's order (a subclass's reflected method first, ``NotImplemented`` passing on).
 
 This module answers one question, ``dunder(obj, source, name)``: the Python function to
-inline for the special method ``name`` of ``obj``, or None for "take the path you take
-today" (builtin containers, tensors, ``torch.nn`` containers, C types, the objects
-``agspeed._objects`` models, a slot that is not a plain function).  It is a question of
+inline for the special method ``name`` of ``obj``; False when the type has no such method
+at all (or, for ``__ne__``, object's, which is ``not __eq__``), where CPython falls back
+to another one; or None for "take the path you take today" (builtin containers, tensors,
+``torch.nn`` containers, C types, the objects ``agspeed._objects`` models, a slot that is
+not a plain function).  It is a question of
 policy, not only a type lookup (which classes keep their own path, what is guarded on
 which source), so it lives in the builder; the interpreter (csrc/interp_dunder.c) asks it
 only of constants whose type is a heap type, so builtin values never pay for the call.
@@ -33,7 +37,8 @@ from agspeed._sources import MISSING, _class_lookup
 __all__ = ["Dunders"]
 
 # The special methods the interpreter may ask about (a name outside it is a bug there).
-DUNDER_NAMES = frozenset({"__getitem__", "__contains__", "__len__", "__iter__", "__bool__"})
+DUNDER_NAMES = frozenset({"__getitem__", "__contains__", "__len__", "__iter__", "__bool__",
+                          "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"})
 # Modules whose classes keep the path they take today: the runtime's own, torch's.
 _OWN_PATH_MODULES = ("agspeed", "torch")
 
@@ -57,6 +62,11 @@ class Dunders:
             if cls_source is not None:   # a later call's class must not have gained one
                 self.assumptions.append(  # type: ignore[attr-defined]
                     (("attr", cls_source, name), MISSING))
+            return False
+        if found is object.__ne__:
+            # object's != is `not ==`: the interpreter asks for __eq__, so the class
+            # must keep object's __ne__
+            self._dunder_guard(cls, self._dunder_class_source(obj, source, cls), name, found)
             return False
         if type(found) is not types.FunctionType:
             return None

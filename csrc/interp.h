@@ -270,6 +270,9 @@ int ags_dunder_call(ags_interp *it, ags_frame *f, const char *name,
 int ags_dunder_truth(ags_interp *it, const ags_value *v, int *truth);
 int ags_dunder_get_iter(ags_interp *it, ags_frame *f);
 int ags_dunder_contains(ags_interp *it, ags_frame *f, int negate);
+/* COMPARE_OP `op` (an AGS_COMPARE_* up to GE) on the two values on top,
+ * when either side's type has the Python method (pushes the result). */
+int ags_dunder_compare(ags_interp *it, ags_frame *f, int op);
 int ags_dunder_builtin(ags_interp *it, ags_frame *f, PyObject *fn,
                        const ags_value *self, const ags_value *args,
                        int nargs, PyObject *kwnames, ags_value *result);

@@ -30,6 +30,7 @@
  * breaks there.
  */
 #include "interp.h"
+#include <string.h>
 
 /* 1 when v may have a Python special method: a constant of a heap type
  * that is neither a class nor a tensor. */
@@ -289,6 +290,133 @@ ags_dunder_contains(ags_interp *it, ags_frame *f, int negate)
     return ags_push(f, ags_value_make(AGS_VK_CONST,
                                       Py_NewRef(truth ? Py_True : Py_False),
                                       NULL));
+}
+
+/* ------------------------------------------------------------------ */
+/* Rich comparisons */
+
+/* The method of each comparison and its reflection, in AGS_COMPARE_LT..GE
+ * order (protocol.h): X(name, reflected). */
+#define AGS_DUNDER_COMPARES(X) \
+    X("__lt__", "__gt__") \
+    X("__le__", "__ge__") \
+    X("__eq__", "__eq__") \
+    X("__ne__", "__ne__") \
+    X("__gt__", "__lt__") \
+    X("__ge__", "__le__")
+
+static const struct {
+    const char *name, *reflected;
+} compares[] = {
+#define AGS_X(name, reflected) {name, reflected},
+    AGS_DUNDER_COMPARES(AGS_X)
+#undef AGS_X
+};
+
+/* One side of a comparison: self.name(other) inlined when it is Python.
+ * AGS_GO with *out (NotImplemented when self declined), ABSENT or
+ * AGS_DUNDER_NOT_MINE when there is no Python method, or a break / error.
+ * `__ne__` that is object's (the builder's False) is `not __eq__`, as
+ * object.__ne__ does. */
+static int
+compare_side(ags_interp *it, ags_frame *f, const char *name,
+             const ags_value *self, const ags_value *other, ags_value *out)
+{
+    ags_value eq;
+    int rc, truth = 0;
+
+    rc = call_slot(it, f, name, self, other, 1, out);
+    if (rc != ABSENT || strcmp(name, "__ne__") != 0) {
+        return rc;
+    }
+    rc = call_slot(it, f, "__eq__", self, other, 1, &eq);
+    if (rc != AGS_GO) {
+        return rc;
+    }
+    if (eq.kind == AGS_VK_CONST && eq.obj == Py_NotImplemented) {
+        *out = eq;
+        return AGS_GO;
+    }
+    rc = ags_truth(it, &eq, &truth);
+    ags_value_clear(&eq);
+    if (rc == AGS_GO) {
+        *out = ags_value_make(AGS_VK_CONST,
+                              Py_NewRef(truth ? Py_False : Py_True), NULL);
+    }
+    return rc;
+}
+
+/* 1 when v is a constant whose builtin comparison declines any object of
+ * another type (NotImplemented), so CPython's fallback decides. */
+static int
+declines(const ags_value *v)
+{
+    PyObject *o = v->obj;
+
+    return v->kind == AGS_VK_CONST
+           && (o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o)
+               || PyFloat_CheckExact(o) || PyUnicode_CheckExact(o)
+               || PyBytes_CheckExact(o));
+}
+
+int
+ags_dunder_compare(ags_interp *it, ags_frame *f, int op)
+{
+    ags_value *v = ags_peek(f, 2), *w = ags_peek(f, 1);
+    ags_value out = ags_value_make(AGS_VK_UNBOUND, NULL, NULL);
+    int rc = AGS_DUNDER_NOT_MINE, tried_w = 0, answered = 0, ran = 0;
+    int v_own = candidate(it, v), w_own = candidate(it, w);
+
+    if (op < AGS_COMPARE_LT || op > AGS_COMPARE_GE || !(v_own || w_own)) {
+        return AGS_DUNDER_NOT_MINE;
+    }
+    /* a subclass's reflected method goes first, as in CPython */
+    if (w_own && v->kind == AGS_VK_CONST && Py_TYPE(w->obj) != Py_TYPE(v->obj)
+        && PyType_IsSubtype(Py_TYPE(w->obj), Py_TYPE(v->obj))) {
+        tried_w = 1;
+        rc = compare_side(it, f, compares[op].reflected, w, v, &out);
+        ran |= rc == AGS_GO;
+        answered = rc == AGS_GO && out.obj != Py_NotImplemented;
+    }
+    if (!answered && (rc == AGS_GO || rc >= AGS_DUNDER_NOT_MINE) && v_own) {
+        ags_value_clear(&out);
+        rc = compare_side(it, f, compares[op].name, v, w, &out);
+        ran |= rc == AGS_GO;
+        answered = rc == AGS_GO && out.obj != Py_NotImplemented;
+    }
+    if (!answered && (rc == AGS_GO || rc >= AGS_DUNDER_NOT_MINE) && w_own
+        && !tried_w) {
+        ags_value_clear(&out);
+        rc = compare_side(it, f, compares[op].reflected, w, v, &out);
+        ran |= rc == AGS_GO;
+        answered = rc == AGS_GO && out.obj != Py_NotImplemented;
+    }
+    if (rc != AGS_GO && rc < AGS_DUNDER_NOT_MINE) {
+        ags_value_clear(&out);
+        return rc;  /* a break or error of an inlined method */
+    }
+    if (!answered && !ran) {
+        /* no Python method on either side took part */
+        ags_value_clear(&out);
+        return AGS_DUNDER_NOT_MINE;
+    }
+    if (!answered) {
+        /* every Python method declined: the other side's builtin one must
+         * decline too, and then only == and != have an answer */
+        ags_value_clear(&out);
+        if (!((v_own || declines(v)) && (w_own || declines(w)))
+            || (op != AGS_COMPARE_EQ && op != AGS_COMPARE_NE)) {
+            return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                             "comparing a %s and a %s",
+                             AGS_DESCRIBE(v), AGS_DESCRIBE(w));
+        }
+        out = ags_value_make(AGS_VK_CONST,
+                             Py_NewRef((v->obj == w->obj)
+                                       == (op == AGS_COMPARE_EQ)
+                                           ? Py_True : Py_False), NULL);
+    }
+    ags_drop(f, 2);
+    return ags_push(f, out);
 }
 
 /* ------------------------------------------------------------------ */

@@ -168,11 +168,17 @@ AGS_HANDLER
 op_compare_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     uint32_t op = ins->arg >> AGS_COMPARE_SHIFT;
+    int rc;
 
     if (op > AGS_COMPARE_GE) {
         return ags_stopf(it, AGS_REASON_UNSUPPORTED_INSTRUCTION,
                          "COMPARE_OP %u",
                          (unsigned)ins->arg);
+    }
+    /* a Python __eq__, __lt__... of either side (interp_dunder.c) */
+    rc = ags_dunder_compare(it, f, (int)op);
+    if (rc != AGS_DUNDER_NOT_MINE) {
+        return rc;
     }
     return compare(it, f, (int)op, 0);
 }

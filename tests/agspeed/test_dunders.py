@@ -11,6 +11,7 @@ mapping then change it (a key added, removed, a value replaced) and check that t
 optimized function follows, as the guards on the mapping must make it."""
 
 import collections.abc
+import dataclasses
 
 import pytest
 
@@ -380,3 +381,25 @@ def test_a_tensors_index_error_is_not_caught_in_the_graph():
     for n in (3, 7):    # out of range, then in range: each as eager
         x = torch.randn(n)
         torch.testing.assert_close(opt(x), f(x))
+
+
+@dataclasses.dataclass
+class Cfg:
+    a: int
+    b: str
+
+
+CFG = Cfg(1, "x")
+
+
+def test_dataclass_equality_through_its_python_eq():
+    def f(x):
+        y = x * 2 if CFG == Cfg(1, "x") else x
+        return y + 1 if CFG != Cfg(1, "y") and CFG != None else y  # noqa: E711
+
+    opt = check(f, (3,))
+    CFG.a = 2
+    try:
+        same(opt, f, [(3,)])
+    finally:
+        CFG.a = 1

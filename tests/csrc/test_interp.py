@@ -170,7 +170,7 @@ class Recorder:
     def dunder(self, obj, source, name):
         """As agspeed._dunders: a Python special method found on the type's MRO."""
         found = _class_lookup(type(obj), name)
-        if found is MISSING:
+        if found is MISSING or found is object.__ne__:
             return False
         return (found, None) if type(found) is types.FunctionType else None
 

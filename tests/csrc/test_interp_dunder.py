@@ -135,3 +135,64 @@ def test_builtin_slots_are_not_bypassed_by_python_fallbacks():
     assert out["status"] == "graph", out
     assert out["result"][:2] == (True, False)
     assert [op[0] for op in b.ops] == ["mul"]
+
+
+class Version:
+    """Rich comparisons in Python; != is object's, `not ==`."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __eq__(self, other):
+        if not isinstance(other, Version):
+            return NotImplemented
+        return self.n == other.n
+
+    def __lt__(self, other):
+        return self.n < other.n
+
+
+def compares(x, a, b):
+    flags = (a == b, a != b, a < b, b > a, a == None, a != 3)  # noqa: E711
+    return flags, x * 2 if a < b else x
+
+
+def test_rich_comparisons_follow_cpythons_order():
+    out, b = capture(compares, CallsRecorder(), x=T(), a=Version(1), b=Version(2))
+    assert out["status"] == "graph", out
+    assert out["result"][0] == (False, True, True, True, False, True)
+    assert [op[0] for op in b.ops] == ["mul"]
+
+
+class Base:
+    def __eq__(self, other):
+        return "base"
+
+
+class Derived(Base):
+    def __eq__(self, other):
+        return "derived"
+
+
+def eq_both_ways(x, a, b):
+    return a == b, b == a
+
+
+def test_a_subclass_reflected_method_goes_first():
+    out, _ = capture(eq_both_ways, CallsRecorder(), x=T(), a=Base(), b=Derived())
+    assert out["status"] == "graph", out
+    assert out["result"] == ("derived", "derived")
+
+
+class Declining:
+    def __lt__(self, other):
+        return NotImplemented
+
+
+def ordered_with_none(x, a):
+    return a < None
+
+
+def test_an_ordering_no_side_answers_breaks():
+    out, _ = capture(ordered_with_none, CallsRecorder(), x=T(), a=Declining())
+    assert out["status"] == "break" and out["reason"] == Reason.UNSUPPORTED_VALUE
