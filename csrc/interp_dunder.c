@@ -30,7 +30,6 @@
  * breaks there.
  */
 #include "interp.h"
-#include <string.h>
 
 /* 1 when v may have a Python special method: a constant of a heap type
  * that is neither a class nor a tensor. */
@@ -316,17 +315,17 @@ static const struct {
 /* One side of a comparison: self.name(other) inlined when it is Python.
  * AGS_GO with *out (NotImplemented when self declined), ABSENT or
  * AGS_DUNDER_NOT_MINE when there is no Python method, or a break / error.
- * `__ne__` that is object's (the builder's False) is `not __eq__`, as
- * object.__ne__ does. */
+ * For `!=` (ne), an __ne__ that is object's (the builder's False) is
+ * `not __eq__`, as object.__ne__ does. */
 static int
-compare_side(ags_interp *it, ags_frame *f, const char *name,
+compare_side(ags_interp *it, ags_frame *f, const char *name, int ne,
              const ags_value *self, const ags_value *other, ags_value *out)
 {
     ags_value eq;
     int rc, truth = 0;
 
     rc = call_slot(it, f, name, self, other, 1, out);
-    if (rc != ABSENT || strcmp(name, "__ne__") != 0) {
+    if (rc != ABSENT || !ne) {
         return rc;
     }
     rc = call_slot(it, f, "__eq__", self, other, 1, &eq);
@@ -366,6 +365,7 @@ ags_dunder_compare(ags_interp *it, ags_frame *f, int op)
     ags_value out = ags_value_make(AGS_VK_UNBOUND, NULL, NULL);
     int rc = AGS_DUNDER_NOT_MINE, tried_w = 0, answered = 0, ran = 0;
     int v_own = candidate(it, v), w_own = candidate(it, w);
+    int ne = op == AGS_COMPARE_NE;
 
     if (op < AGS_COMPARE_LT || op > AGS_COMPARE_GE || !(v_own || w_own)) {
         return AGS_DUNDER_NOT_MINE;
@@ -374,20 +374,20 @@ ags_dunder_compare(ags_interp *it, ags_frame *f, int op)
     if (w_own && v->kind == AGS_VK_CONST && Py_TYPE(w->obj) != Py_TYPE(v->obj)
         && PyType_IsSubtype(Py_TYPE(w->obj), Py_TYPE(v->obj))) {
         tried_w = 1;
-        rc = compare_side(it, f, compares[op].reflected, w, v, &out);
+        rc = compare_side(it, f, compares[op].reflected, ne, w, v, &out);
         ran |= rc == AGS_GO;
         answered = rc == AGS_GO && out.obj != Py_NotImplemented;
     }
     if (!answered && (rc == AGS_GO || rc >= AGS_DUNDER_NOT_MINE) && v_own) {
         ags_value_clear(&out);
-        rc = compare_side(it, f, compares[op].name, v, w, &out);
+        rc = compare_side(it, f, compares[op].name, ne, v, w, &out);
         ran |= rc == AGS_GO;
         answered = rc == AGS_GO && out.obj != Py_NotImplemented;
     }
     if (!answered && (rc == AGS_GO || rc >= AGS_DUNDER_NOT_MINE) && w_own
         && !tried_w) {
         ags_value_clear(&out);
-        rc = compare_side(it, f, compares[op].reflected, w, v, &out);
+        rc = compare_side(it, f, compares[op].reflected, ne, w, v, &out);
         ran |= rc == AGS_GO;
         answered = rc == AGS_GO && out.obj != Py_NotImplemented;
     }
