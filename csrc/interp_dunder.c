@@ -363,7 +363,8 @@ ags_dunder_compare(ags_interp *it, ags_frame *f, int op)
 {
     ags_value *v = ags_peek(f, 2), *w = ags_peek(f, 1);
     ags_value out = ags_value_make(AGS_VK_UNBOUND, NULL, NULL);
-    int rc = AGS_DUNDER_NOT_MINE, tried_w = 0, answered = 0, ran = 0;
+    int rc = AGS_DUNDER_NOT_MINE, tried_w = 0, answered = 0;
+    int v_ran = 0, w_ran = 0;   /* a Python method of that side ran */
     int v_own = candidate(it, v), w_own = candidate(it, w);
     int ne = op == AGS_COMPARE_NE;
 
@@ -375,36 +376,37 @@ ags_dunder_compare(ags_interp *it, ags_frame *f, int op)
         && PyType_IsSubtype(Py_TYPE(w->obj), Py_TYPE(v->obj))) {
         tried_w = 1;
         rc = compare_side(it, f, compares[op].reflected, ne, w, v, &out);
-        ran |= rc == AGS_GO;
+        w_ran = rc == AGS_GO;
         answered = rc == AGS_GO && out.obj != Py_NotImplemented;
     }
     if (!answered && (rc == AGS_GO || rc >= AGS_DUNDER_NOT_MINE) && v_own) {
         ags_value_clear(&out);
         rc = compare_side(it, f, compares[op].name, ne, v, w, &out);
-        ran |= rc == AGS_GO;
+        v_ran = rc == AGS_GO;
         answered = rc == AGS_GO && out.obj != Py_NotImplemented;
     }
     if (!answered && (rc == AGS_GO || rc >= AGS_DUNDER_NOT_MINE) && w_own
         && !tried_w) {
         ags_value_clear(&out);
         rc = compare_side(it, f, compares[op].reflected, ne, w, v, &out);
-        ran |= rc == AGS_GO;
+        w_ran = rc == AGS_GO;
         answered = rc == AGS_GO && out.obj != Py_NotImplemented;
     }
     if (rc != AGS_GO && rc < AGS_DUNDER_NOT_MINE) {
         ags_value_clear(&out);
         return rc;  /* a break or error of an inlined method */
     }
-    if (!answered && !ran) {
+    if (!answered && !v_ran && !w_ran) {
         /* no Python method on either side took part */
         ags_value_clear(&out);
         return AGS_DUNDER_NOT_MINE;
     }
     if (!answered) {
-        /* every Python method declined: the other side's builtin one must
-         * decline too, and then only == and != have an answer */
+        /* every Python method declined: a side without one must be a
+         * builtin value that declines too, and then only == and != have
+         * an answer */
         ags_value_clear(&out);
-        if (!((v_own || declines(v)) && (w_own || declines(w)))
+        if (!((v_ran || declines(v)) && (w_ran || declines(w)))
             || (op != AGS_COMPARE_EQ && op != AGS_COMPARE_NE)) {
             return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
                              "comparing a %s and a %s",

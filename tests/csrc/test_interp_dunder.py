@@ -196,3 +196,23 @@ def ordered_with_none(x, a):
 def test_an_ordering_no_side_answers_breaks():
     out, _ = capture(ordered_with_none, CallsRecorder(), x=T(), a=Declining())
     assert out["status"] == "break" and out["reason"] == Reason.UNSUPPORTED_VALUE
+
+
+class IntLike(int):
+    """A heap type whose == is int's builtin one."""
+
+
+class Shy:
+    def __eq__(self, other):
+        return NotImplemented
+
+
+def eq(x, a, b):
+    return a == b
+
+
+def test_a_builtin_slot_that_might_answer_is_not_guessed():
+    out, _ = capture(eq, CallsRecorder(), x=T(), a=IntLike(3), b=Shy())
+    assert out["status"] == "break" and out["reason"] == Reason.UNSUPPORTED_VALUE
+    out, _ = capture(eq, CallsRecorder(), x=T(), a=None, b=Shy())
+    assert out["status"] == "graph" and out["result"] is False
