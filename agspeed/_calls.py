@@ -111,7 +111,8 @@ class CallPolicy:
             return (Plan.GRAPH, fn)
         if fn in FOLDABLE or (
                 type(fn) is types.BuiltinFunctionType and fn.__module__ == "math") or \
-                is_namedtuple_type(fn) or fn is torch.finfo or fn is torch.iinfo:
+                is_namedtuple_type(fn) or fn is torch.finfo or fn is torch.iinfo or \
+                fn is torch.device:
             return (Plan.FOLD, fn)
         if type(fn) is types.FunctionType:
             if getattr(fn, "__module__", "") in ("torch._dynamo.eval_frame",
@@ -135,6 +136,8 @@ class CallPolicy:
         how, forward = static_attr(module, "forward")
         if how not in (Attr.METHOD, Attr.VALUE) or type(forward) is not types.FunctionType:
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{cls.__name__}.forward is not a function")
+        if source is None and self.made_modules.get(id(module)) is module:  # type: ignore
+            return (Plan.MODULE, forward, module if how is Attr.METHOD else None, None)
         if source is None:
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"a {cls.__name__} reached by no source")
         self.assumptions.append((("type", source), cls))

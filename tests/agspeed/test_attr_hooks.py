@@ -280,3 +280,90 @@ def test_signature_of_a_method_is_read_from_its_code():
     assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons
     x = torch.randn(2, 3)
     torch.testing.assert_close(agspeed.optimize(m, backend="eager")(x), m(x))
+
+
+class Settings:
+    """A config whose writes go through a name map and a validating __setattr__."""
+
+    attribute_map = {"kind": "problem_type"}
+
+    def __init__(self):
+        self.problem_type = None
+        self.calls = 0
+
+    def __setattr__(self, key, value):
+        if key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        if key == "calls" and value < 0:
+            raise ValueError("calls cannot be negative")
+        super().__setattr__(key, value)
+
+
+def test_own_setattr_of_a_program_object_is_inlined_and_replayed():
+    settings = Settings()
+
+    def f(x):
+        if settings.problem_type is None:
+            settings.kind = "single"       # mapped by the class's own __setattr__
+        settings.calls = settings.calls + 1
+        return x * 2
+
+    ex = agspeed.explain(f, torch.randn(3))
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons
+    settings.__dict__.update(problem_type=None, calls=0)
+    opt = agspeed.optimize(f, backend="eager")
+    x = torch.randn(3)
+    assert torch.equal(opt(x), x * 2)
+    assert settings.__dict__ == {"problem_type": "single", "calls": 1}
+    opt(x)
+    assert settings.__dict__ == {"problem_type": "single", "calls": 2}
+
+
+def test_slice_of_a_module_list():
+    class Stack(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(3, 3) for _ in range(3))
+            self.used = 2
+
+        def forward(self, x):
+            for layer in self.layers[: self.used]:
+                x = layer(x)
+            return x
+
+    m = Stack()
+    x = torch.randn(2, 3)
+    ex = agspeed.explain(m, x)
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons
+    assert ex.graph_count <= dynamo_graph_count(m, x)
+    opt = agspeed.optimize(m, backend="eager")
+    torch.testing.assert_close(opt(x), m(x))
+    m.used = 3    # the slice bound is guarded
+    torch.testing.assert_close(opt(x), m(x))
+
+
+def test_torch_layers_made_in_the_frame():
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 4)
+
+        def forward(self, x, y):
+            logits = torch.nn.ReLU()(self.fc(x))
+            return torch.nn.CrossEntropyLoss(ignore_index=-100)(logits, y)
+
+    m = Head()
+    x, y = torch.randn(5, 3), torch.randint(0, 4, (5,))
+    ex = agspeed.explain(m, x, y)
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons
+    assert ex.graph_count <= dynamo_graph_count(m, x, y)
+    opt = agspeed.optimize(m, backend="eager")
+    loss = opt(x, y)
+    loss.backward()
+    grads = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    ref = m(x, y)
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    for g, p in zip(grads, m.parameters()):
+        torch.testing.assert_close(g, p.grad)
