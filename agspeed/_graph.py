@@ -55,6 +55,7 @@ from agspeed._builder_types import GraphBreak, SymShape, concrete
 from agspeed._calls import CallPolicy
 from agspeed._effects import SideEffects
 from agspeed._ctx import ContextPolicy
+from agspeed._dunders import Dunders
 from agspeed._folds import Folds
 from agspeed._objects import Objects, is_structseq_type
 from agspeed._sources import is_namedtuple_type, name_of
@@ -83,13 +84,14 @@ def _target_name(kind: str, target: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
-class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPolicy):
+class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPolicy, Dunders):
     """One graph being captured: inputs by source, nodes with fake example values.
 
     The recording of nodes lives here; planning calls (``CallPolicy``), evaluating known
     values (``Folds``), binding arguments (``Binding``), the objects the capture makes
-    (``Objects``), side effects on the program's objects (``SideEffects``) and context
-    managers (``ContextPolicy``) are its other parts."""
+    (``Objects``), side effects on the program's objects (``SideEffects``), context
+    managers (``ContextPolicy``) and Python special methods to inline (``Dunders``) are
+    its other parts."""
 
     # a root byte offset the interpreter stops before (agspeed._resume), or None
     stop_at: int | None = None

@@ -79,7 +79,18 @@ ags_stop(ags_interp *it, int reason, PyObject *detail)
     }
     it->brk_reason = reason;
     Py_XSETREF(it->brk_detail, detail);
+    Py_CLEAR(it->brk_raised);
     return AGS_BREAK;
+}
+
+void
+ags_unbreak(ags_interp *it)
+{
+    it->brk_reason = -1;
+    Py_CLEAR(it->brk_detail);
+    Py_CLEAR(it->brk_raised);
+    it->brk_code = NULL;
+    it->brk_offset = it->brk_opcode = 0;
 }
 
 int
@@ -121,6 +132,12 @@ ags_take_break(ags_interp *it)
         return AGS_ERROR;
     }
     Py_DECREF(reason);
+    {
+        /* what the program's operation raised, when that caused it */
+        PyObject *cause = PyException_GetCause(exc);
+
+        Py_XSETREF(it->brk_raised, cause);  /* steals */
+    }
     /* The builder's GraphBreak carries its detail apart from the reason. */
     {
         PyObject *detail = PyObject_GetAttrString(exc, "detail");
@@ -403,6 +420,10 @@ frame_loop(ags_interp *it, ags_frame *f, Py_ssize_t pc)
             it->brk_offset = ins->offset;
             it->brk_opcode = ins->opcode;
         }
+        if (rc == AGS_BREAK) {
+            /* a handler of this frame may catch it (interp_catch.c) */
+            rc = ags_catch(it, f, ins);
+        }
         if (rc == AGS_BREAK && f->depth == 0) {
             it->root_offset = ins->offset;
         }
@@ -631,5 +652,6 @@ done:
     Py_XDECREF(it.owned);
     Py_XDECREF(it.shadows);
     Py_XDECREF(it.brk_detail);
+    Py_XDECREF(it.brk_raised);
     return out;
 }

@@ -18,6 +18,10 @@
  *   interp_iter.c  owned iterators; map, filter, reduce, partial calls
  *   interp_object.c  objects the capture makes: class calls, their
  *                  attribute writes
+ *   interp_catch.c  a subscript's KeyError/IndexError caught by a handler
+ *                  of an inlined function
+ *   interp_dunder.c  special methods written in Python (__getitem__,
+ *                  __contains__, __len__, __iter__, __bool__), inlined
  *
  * Abstract values.  A value is one of AGS_VALUE_KINDS.  It owns a
  * reference to `obj` and to `source` (how the value is reached from the
@@ -124,6 +128,10 @@ typedef struct {
     PyObject *brk_detail;       /* strong str */
     PyCodeObject *brk_code;     /* borrowed (alive while capturing) */
     int brk_offset, brk_opcode;
+    /* Strong or NULL: the exception the program's own operation raised
+     * when that caused the builder's break (its GraphBreak's __cause__),
+     * which a handler of an inlined frame may catch (interp_catch.c). */
+    PyObject *brk_raised;
     /* Resuming (interp_resume.c): the root instruction capture stopped
      * in (where an inlined callee's break surfaces), and the root offset
      * to stop before without running it; -1 for none. */
@@ -166,6 +174,20 @@ ags_value ags_pop(ags_frame *f);
 ags_value *ags_peek(ags_frame *f, int depth);
 void ags_drop(ags_frame *f, int n);
 int ags_take_break(ags_interp *it);
+/* Forgets the break being taken, as a handler that caught it would. */
+void ags_unbreak(ags_interp *it);
+
+/* interp_catch.c: after a break at `ins` of f, AGS_GO when a handler of f
+ * catches it (f->jump set, the exception pushed), else AGS_BREAK. */
+int ags_catch(ags_interp *it, ags_frame *f, const ags_instr *ins);
+/* RAISE_VARARGS of a LookupError in an inlined frame: a break ags_catch
+ * may catch; else AGS_DUNDER_NOT_MINE. */
+int ags_raise(ags_interp *it, ags_frame *f, const ags_instr *ins);
+/* A builtin exception class called with known arguments: the exception,
+ * made now (AGS_GO, *result set); else AGS_DUNDER_NOT_MINE. */
+int ags_exception_new(ags_interp *it, PyObject *fn, const ags_value *self,
+                      const ags_value *args, int nargs, PyObject *kwnames,
+                      ags_value *result);
 PyObject *ags_call_builder(ags_interp *it, int op, const char *fmt, ...);
 int ags_frame_cell(ags_interp *it, ags_frame *f, int i, PyObject **cell);
 int ags_is_free_slot(const ags_frame *f, int i);
@@ -239,6 +261,22 @@ int ags_call_new(ags_interp *it, ags_frame *f, PyObject *plan,
                  ags_value *result);
 int ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
                    PyObject *name, ags_value *value);
+
+/* interp_dunder.c: each answers AGS_DUNDER_NOT_MINE when the value's type
+ * has no such Python method (the caller takes its usual path). */
+#define AGS_DUNDER_NOT_MINE 4
+int ags_dunder_call(ags_interp *it, ags_frame *f, const char *name,
+                    const ags_value *self, const ags_value *args, int nargs,
+                    ags_value *result);
+int ags_dunder_truth(ags_interp *it, const ags_value *v, int *truth);
+int ags_dunder_get_iter(ags_interp *it, ags_frame *f);
+int ags_dunder_contains(ags_interp *it, ags_frame *f, int negate);
+/* COMPARE_OP `op` (an AGS_COMPARE_* up to GE) on the two values on top,
+ * when either side's type has the Python method (pushes the result). */
+int ags_dunder_compare(ags_interp *it, ags_frame *f, int op);
+int ags_dunder_builtin(ags_interp *it, ags_frame *f, PyObject *fn,
+                       const ags_value *self, const ags_value *args,
+                       int nargs, PyObject *kwnames, ags_value *result);
 
 /* interp_flow.c */
 int ags_truth(ags_interp *it, const ags_value *v, int *truth);

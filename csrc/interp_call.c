@@ -288,6 +288,17 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
                               result)) != AGS_GEN_NOT_MINE) {
         return rc;  /* next() of a generator (interp_gen.c) */
     }
+    /* len(), iter(), bool() of a Python class (interp_dunder.c), and
+     * KeyError(key) and the like, made now (interp_catch.c) */
+    rc = ags_dunder_builtin(it, f, callable->obj, self, args, nargs, kwnames,
+                            result);
+    if (rc == AGS_DUNDER_NOT_MINE) {
+        rc = ags_exception_new(it, callable->obj, self, args, nargs, kwnames,
+                               result);
+    }
+    if (rc != AGS_DUNDER_NOT_MINE) {
+        return rc;
+    }
     source = ags_source_of(it, callable);
     plan = ags_call_builder(it, AGS_BOP_PLAN_CALL, "(OO)", callable->obj,
                             source ? source : Py_None);

@@ -207,13 +207,34 @@ op_swap(ags_interp *it, ags_frame *f, const ags_instr *ins)
     return AGS_GO;
 }
 
+/* 1 when sys.modules[modname] is the module whose dict is `globals`, 0
+ * when not, -1 on error. */
+static int
+module_has_globals(PyObject *modname, PyObject *globals)
+{
+    PyObject *mod;
+
+    if (modname == NULL || !PyUnicode_Check(modname)) {
+        return 0;
+    }
+    mod = PyDict_GetItemWithError(PyImport_GetModuleDict(), modname);
+    if (mod == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    return PyModule_Check(mod) && PyModule_GetDict(mod) == globals;
+}
+
 /* The source of a global read in frame f: ("global", name) in the root
  * frame, ("gmod", module, name) in an inlined function whose globals are
- * its module's; other globals cannot be guarded. */
+ * its module's, found by the module's __name__ or, for a module that
+ * renames itself (_collections_abc calls itself collections.abc), by the
+ * name it was imported as (__spec__.name); other globals cannot be
+ * guarded. */
 static PyObject *
 global_source(ags_interp *it, ags_frame *f, PyObject *name)
 {
-    PyObject *modname;
+    PyObject *modname, *spec, *spec_name = NULL, *source = NULL;
+    int found;
 
     if (f->parent == NULL) {
         return Py_BuildValue("(sO)", ags_load_names[AGS_LOAD_GLOBAL], name);
@@ -225,21 +246,28 @@ global_source(ags_interp *it, ags_frame *f, PyObject *name)
                   "module", name);
         return NULL;
     }
-    {
-        PyObject *modules = PyImport_GetModuleDict();
-        PyObject *mod = PyDict_GetItemWithError(modules, modname);
-        if (mod == NULL || !PyModule_Check(mod)
-            || PyModule_GetDict(mod) != f->globals) {
-            if (!PyErr_Occurred()) {
-                ags_stopf(it, AGS_REASON_UNGUARDABLE_GLOBAL,
-                          "global %R of a function "
-                          "whose globals are not module %R's", name, modname);
-            }
-            return NULL;
+    found = module_has_globals(modname, f->globals);
+    spec = found == 0 ? PyDict_GetItemString(f->globals, "__spec__") : NULL;
+    if (spec != NULL && spec != Py_None) {
+        spec_name = PyObject_GetAttrString(spec, "name");  /* new or NULL */
+        if (spec_name == NULL) {
+            PyErr_Clear();
+        }
+        else if ((found = module_has_globals(spec_name, f->globals)) != 0) {
+            modname = spec_name;
         }
     }
-    return Py_BuildValue("(sOO)", ags_load_names[AGS_LOAD_GMOD], modname,
-                         name);
+    if (found == 1) {
+        source = Py_BuildValue("(sOO)", ags_load_names[AGS_LOAD_GMOD],
+                               modname, name);
+    }
+    else if (found == 0) {
+        ags_stopf(it, AGS_REASON_UNGUARDABLE_GLOBAL,
+                  "global %R of a function "
+                  "whose globals are not module %R's", name, modname);
+    }
+    Py_XDECREF(spec_name);
+    return source;
 }
 
 AGS_HANDLER
@@ -613,18 +641,20 @@ op_build_slice(ags_interp *it, ags_frame *f, const ags_instr *ins)
 static int
 subscript(ags_interp *it, ags_frame *f, ags_value *container, ags_value *index)
 {
-    /* a built dict is read in place: a defaultdict's missing key is added
-     * to it, not to a copy */
-    PyObject *c = container->kind == AGS_VK_DICT
-                      ? Py_NewRef(container->obj)
-                      : ags_graph_arg(it, container);
-    PyObject *i = NULL, *out;
+    PyObject *c, *i = NULL, *out;
     PyObject *source = NULL;
     ags_value v;
-    int rc;
-
     int had = 1;
+    /* a Python __getitem__ (interp_dunder.c) */
+    int rc = ags_dunder_call(it, f, "__getitem__", container, index, 1, &v);
 
+    if (rc != AGS_DUNDER_NOT_MINE) {
+        return rc == AGS_GO ? ags_push(f, v) : rc;
+    }
+    /* a built dict is read in place: a defaultdict's missing key is added
+     * to it, not to a copy */
+    c = container->kind == AGS_VK_DICT ? Py_NewRef(container->obj)
+                                       : ags_graph_arg(it, container);
     if (c == NULL || (i = ags_graph_arg(it, index)) == NULL) {
         Py_XDECREF(c);
         return AGS_BREAK;
@@ -643,7 +673,14 @@ subscript(ags_interp *it, ags_frame *f, ags_value *container, ags_value *index)
     Py_DECREF(i);
     Py_XDECREF(source);
     if (out == NULL) {
-        return ags_take_break(it);
+        rc = ags_take_break(it);
+        if (container->kind == AGS_VK_TENSOR) {
+            /* what a tensor's subscript raised depends on sizes a dynamic
+             * capture need not have guarded: no handler catches it
+             * (interp_catch.c) */
+            Py_CLEAR(it->brk_raised);
+        }
+        return rc;
     }
     /* The builder answers (value, source or None): a known object that is
      * guarded on its own source, or a graph argument. */

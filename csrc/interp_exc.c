@@ -9,8 +9,10 @@
  * attribute) ends the capture with its own reason, and the frame runs
  * eager, where the handler runs.  So the capture walks a try body like
  * any other code and never enters a handler; the handlers' opcodes
- * (PUSH_EXC_INFO, CHECK_EXC_MATCH, WITH_EXCEPT_START, RERAISE...) have
- * rows that end the capture, for the record, but no path reaches them.
+ * (WITH_EXCEPT_START, RERAISE...) have rows that end the capture.  The
+ * one exception: a KeyError or IndexError of a subscript inside an
+ * inlined function, which that function's handler catches (interp_catch.c
+ * models PUSH_EXC_INFO, CHECK_EXC_MATCH and POP_EXCEPT for it).
  *
  * Why that is sound.  A handler could still run after capture if the
  * graph raised at run time where the trace did not.  The trace ran every
@@ -128,8 +130,8 @@ op_before_with(ags_interp *it, ags_frame *f, const ags_instr *ins)
     return rc;
 }
 
-/* The opcodes of exception handlers: reached only after an instruction
- * raised, which ends the capture before (see above). */
+/* The opcodes of exception handlers the capture does not follow (see
+ * above). */
 AGS_HANDLER
 op_exception_path(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {

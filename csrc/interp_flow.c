@@ -41,6 +41,13 @@ ags_truth(ags_interp *it, const ags_value *v, int *truth)
         /* a size node (dynamic shapes) has a guarded truth; a tensor's
          * truth depends on its data: the builder breaks with data_dependent */
     case AGS_VK_CONST:
+        if (v->kind == AGS_VK_CONST) {
+            /* a Python __bool__ or __len__ (interp_dunder.c) */
+            int rc = ags_dunder_truth(it, v, truth);
+            if (rc != AGS_DUNDER_NOT_MINE) {
+                return rc;
+            }
+        }
         out = ags_call_builder(it, AGS_BOP_TRUTH, "(O)", v->obj);
         if (out == NULL) {
             return ags_take_break(it);
@@ -161,11 +168,17 @@ AGS_HANDLER
 op_compare_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     uint32_t op = ins->arg >> AGS_COMPARE_SHIFT;
+    int rc;
 
     if (op > AGS_COMPARE_GE) {
         return ags_stopf(it, AGS_REASON_UNSUPPORTED_INSTRUCTION,
                          "COMPARE_OP %u",
                          (unsigned)ins->arg);
+    }
+    /* a Python __eq__, __lt__... of either side (interp_dunder.c) */
+    rc = ags_dunder_compare(it, f, (int)op);
+    if (rc != AGS_DUNDER_NOT_MINE) {
+        return rc;
     }
     return compare(it, f, (int)op, 0);
 }
@@ -173,6 +186,12 @@ op_compare_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
 AGS_HANDLER
 op_contains_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
+    /* a Python __contains__ or __iter__ (interp_dunder.c) */
+    int rc = ags_dunder_contains(it, f, ins->arg != 0);
+
+    if (rc != AGS_DUNDER_NOT_MINE) {
+        return rc;
+    }
     return compare(it, f, ins->arg ? AGS_COMPARE_NOT_IN : AGS_COMPARE_IN, 0);
 }
 
@@ -354,8 +373,12 @@ op_get_iter(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     ags_value v;
     PyObject *elems = NULL;
-    int rc;
+    /* a Python __iter__ gives the iterator (interp_dunder.c) */
+    int rc = ags_dunder_get_iter(it, f);
 
+    if (rc != AGS_GO) {
+        return rc;
+    }
     if (ags_peek(f, 1)->kind == AGS_VK_GENERATOR) {
         return AGS_GO;  /* its own iterator, stepped by FOR_ITER */
     }
@@ -476,8 +499,12 @@ op_return_const(ags_interp *it, ags_frame *f, const ags_instr *ins)
 AGS_HANDLER
 op_raise(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
-    (void)f;
-    (void)ins;
+    /* a LookupError an inlined handler may catch (interp_catch.c) */
+    int rc = ags_raise(it, f, ins);
+
+    if (rc != AGS_DUNDER_NOT_MINE) {
+        return rc;
+    }
     return ags_stopf(it, AGS_REASON_RAISE,
                      "the code raises here for these inputs: "
                      "eager raises it");

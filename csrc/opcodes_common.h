@@ -65,12 +65,14 @@
       "yield from: a generator stays, anything else as GET_ITER") \
     X(SEND, op_send, "step the yield-from iterator, or jump when done") \
     X(BEFORE_WITH, op_before_with, "[cm] -> [exit, what enter returned]") \
-    X(PUSH_EXC_INFO, op_exception_path, "a handler starts: never reached") \
-    X(CHECK_EXC_MATCH, op_exception_path, "except T: never reached") \
-    X(CHECK_EG_MATCH, op_exception_path, "except* T: never reached") \
+    X(PUSH_EXC_INFO, op_push_exc_info, "a handler starts: reached only " \
+      "through ags_catch (interp_catch.c)") \
+    X(CHECK_EXC_MATCH, op_check_exc_match, "except T: does the caught " \
+      "exception match") \
+    X(CHECK_EG_MATCH, op_exception_path, "except* T: ends the capture") \
     X(WITH_EXCEPT_START, op_exception_path, "a with's exit on a raise") \
-    X(POP_EXCEPT, op_exception_path, "a handler ends: never reached") \
-    X(RERAISE, op_exception_path, "re-raise: never reached") \
+    X(POP_EXCEPT, op_pop_except, "a handler ends") \
+    X(RERAISE, op_reraise, "re-raise the caught exception on top") \
     X(BUILD_SET, op_build_set, "pack the top arg values into a set") \
     X(SET_ADD, op_set_add, "add the top to a built set") \
     X(SET_UPDATE, op_set_update, "add the elements of the top to a set") \

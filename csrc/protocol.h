@@ -137,7 +137,13 @@
     X(STORE_ATTR, "store_attr(obj, name, value) -> None once stored on an " \
                   "object the capture made, or a function to inline: a " \
                   "__setattr__ as f(obj, name, value), a property's setter " \
-                  "as f(obj, value)")
+                  "as f(obj, value)") \
+    X(DUNDER, "dunder(obj, source, name) -> (func, source or None), " \
+              "False or None: the Python function type(obj) runs for the " \
+              "special method name (__getitem__, __contains__, __len__, " \
+              "__iter__, __bool__), inlined with obj as self; False when " \
+              "the type has no such method (CPython's fallback applies); " \
+              "None keeps the usual path")
 
 /* How a call is captured: the first item of plan_call's answer. */
 #define AGS_PLAN_LIST(X) \

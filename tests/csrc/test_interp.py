@@ -13,7 +13,7 @@ import types
 import pytest
 
 from agspeed import _C
-from agspeed._sources import MISSING, static_attr
+from agspeed._sources import MISSING, _class_lookup, static_attr
 from agspeed.protocol import Attr, Compare, Plan, Reason
 
 
@@ -166,6 +166,13 @@ class Recorder:
 
     def iterate(self, obj, source):
         return tuple((v, None) for v in obj)
+
+    def dunder(self, obj, source, name):
+        """As agspeed._dunders: a Python special method found on the type's MRO."""
+        found = _class_lookup(type(obj), name)
+        if found is MISSING or found is object.__ne__:
+            return False
+        return (found, None) if type(found) is types.FunctionType else None
 
     def format(self, value, conversion, spec):
         value = {1: str, 2: repr, 3: ascii}.get(conversion, lambda v: v)(value)
