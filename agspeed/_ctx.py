@@ -55,6 +55,7 @@ class _Ctx:
                  autocast: tuple | None = None, result: Any = None) -> None:
         self.builder, self.name = builder, name
         self.grad, self.autocast, self.result = grad, autocast, result
+        self.mode = grad    # the grad mode inside the block (set_grad_enabled's too)
         self.prev_grad: bool | None = None
         self.autocast_node: Any = None
         self.entered = False
@@ -159,6 +160,7 @@ class ContextPolicy:
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{name}({type(mode).__name__})")
             made = _Ctx(self, name)
             made.prev_grad = self.grad_mode   # it switches when made, back on exit
+            made.mode = mode
             self._switch_grad(mode)
             return made
         values = self._bound(fn, args, kwargs)

@@ -67,6 +67,8 @@ _REFUSED = set(dis.haslocal) | set(dis.hasfree) | {
 _NULL_LOADS = {_OP[n] for n in ("LOAD_METHOD", "PUSH_NULL") if n in _OP}
 _NULL_BIT_LOADS = {_OP[n] for n in (("LOAD_GLOBAL",) if sys.version_info < (3, 12)
                                      else ("LOAD_GLOBAL", "LOAD_ATTR", "LOAD_SUPER_ATTR"))}
+# How the handler of a with block's body starts (an exception leaving the block).
+_WITH_CLEANUP = ["PUSH_EXC_INFO", "WITH_EXCEPT_START"]
 _CO_VAR = 0x04 | 0x08  # CO_VARARGS | CO_VARKEYWORDS: a resume function takes a tuple
 _UNRESUMABLE = 0x20 | 0x80 | 0x100 | 0x200  # generators, coroutines
 
@@ -92,12 +94,15 @@ def decode(code: types.CodeType) -> tuple[list, list, dict]:
 
 class BreakSite(NamedTuple):
     """The root instructions a break code runs: ``first``..``last`` (indices), the
-    last a branch or not; ``offset`` the byte offset capture stops before."""
+    last a branch or not; ``offset`` the byte offset capture stops before;
+    ``handler`` the innermost exception handler covering them, (index, depth, lasti),
+    or None."""
 
     first: int
     last: int
     offset: int
     branch: bool
+    handler: tuple | None = None
 
 
 def break_site(code: types.CodeType, root_offset: int) -> BreakSite | str:
@@ -118,9 +123,16 @@ def break_site(code: types.CodeType, root_offset: int) -> BreakSite | str:
     if at is None:
         return "no instruction at the break"
     start = rows[at][0]
-    for s, e, _h, _d, _l in _C.exception_table(code):
+    handler = None
+    for s, e, h, d, lasti in _C.exception_table(code):
         if s <= start < e:
-            return "a break under try/except or with is not resumed yet"
+            where = next((i for i, r in enumerate(rows) if r[0] == h), None)
+            if where is None:
+                return "an exception handler at no instruction"
+            if [dis.opname[r[2]] for r in rows[where:where + 2]] != _WITH_CLEANUP:
+                # (torch._dynamo does not resume there either: it compiles no graph)
+                return "a break under try runs the frame eager (as torch._dynamo does)"
+            handler = (where, d, lasti)
     for row in rows:
         if 0 <= row[4] <= start < row[0]:
             return "a break inside a loop runs the frame eager (as torch._dynamo does)"
@@ -130,26 +142,29 @@ def break_site(code: types.CodeType, root_offset: int) -> BreakSite | str:
             and dis.opname[op] == "CALL":
         first -= 1
     if op in _BRANCHES:
-        return BreakSite(first, at, rows[first][1], True)
+        return BreakSite(first, at, rows[first][1], True, handler)
     if op in _REFUSED or rows[at][4] >= 0 or dis.opname[op] in _CALL_PREFIX \
             or op in _NULL_LOADS or (op in _NULL_BIT_LOADS and rows[at][3] & 1):
         return f"{dis.opname[op]} cannot be run by a break code"
-    return BreakSite(first, at, rows[first][1], False)
+    return BreakSite(first, at, rows[first][1], False, handler)
 
 
 class Layout(NamedTuple):
     """How each slot of the state at a break is rebuilt: per stack slot and per local
     (co_varnames order), ("graph", i) the graph's i-th output, ("const", obj),
     ("local", name) the frame's local, ("null",) the call protocol's NULL,
-    ("unbound",) a local with no value."""
+    ("unbound",) a local with no value, ("ctx", make) the exit of a with block whose
+    manager ``make()`` makes anew (the generated code enters it around the break
+    instruction, and the resume function enters it again around the rest)."""
 
     stack: tuple
     locals: tuple
     outputs: tuple  # the graph's outputs (nodes and containers of them)
 
     def key(self) -> tuple:
-        """What the generated code depends on: which slots are NULL or unbound."""
-        return (tuple(s[0] == "null" for s in self.stack),
+        """What the generated code depends on: which stack slots are NULL or a with
+        block's exit, which locals are unbound."""
+        return (tuple(s[0] if s[0] in ("null", "ctx") else "value" for s in self.stack),
                 tuple(s[0] == "unbound" for s in self.locals))
 
 
@@ -174,6 +189,42 @@ def _not_the_programs(value: Any, builder: Any) -> str:
     return ""
 
 
+def _modelled_exit(value: Any) -> Any:
+    """The ``agspeed._ctx._Ctx`` whose exit ``value`` is, or None."""
+    from agspeed._ctx import _Ctx
+
+    if type(value) is types.MethodType and type(value.__self__) is _Ctx \
+            and value.__func__ is _Ctx.exit:
+        return value.__self__
+    return None
+
+
+def _maker(model: Any) -> Any:
+    """A callable making a real manager that enters what ``model`` entered: its grad
+    mode, its autocast state, or nothing (``nullcontext``, whose value was bound
+    already)."""
+    import contextlib
+
+    import torch
+
+    if model.autocast is not None:
+        device, dtype, enabled, cache = model.autocast
+        return functools.partial(torch.autocast, device, dtype, enabled, cache)
+    if model.mode is None:
+        return contextlib.nullcontext
+    return torch.enable_grad if model.mode else torch.no_grad
+
+
+def close_contexts(state: dict) -> None:
+    """Leave, in the capture, the with blocks open at the break (innermost first), so
+    the graph ends in the modes the frame started in: the generated code enters them
+    again around the rest."""
+    for kind, payload, _source in reversed(state["stack"]):
+        model = _modelled_exit(payload) if kind == "CONST" else None
+        if model is not None:
+            model.exit(None, None, None)
+
+
 def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
     """The ``Layout`` of a stopped capture's ``state``, or why it cannot be rebuilt."""
     outputs: list = []
@@ -190,6 +241,11 @@ def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
                 return f"a {kind.lower()} the graph cannot return"
             outputs.append(payload)
             return ("output", len(outputs) - 1)
+        if kind == "CONST" and in_stack and _modelled_exit(payload) is not None:
+            return ("ctx", _maker(_modelled_exit(payload)))
+        if kind == "CONST" and type(payload) is types.MethodType \
+                and getattr(payload.__func__, "__name__", "") == "__exit__":
+            return "a with block of a manager the capture does not model at the break"
         if kind in ("LAZY", "CONST"):
             if type(source) is tuple and len(source) == 2 and source[0] == "local":
                 return ("local", source[1])
@@ -238,22 +294,45 @@ def _line(code: types.CodeType, instrs: list, i: int) -> int:
     return pos[0] if pos else code.co_firstlineno
 
 
+def _enter(out: list, param: int, pos: Any) -> None:
+    """Enter the manager held by parameter ``param``: its exit stays on the stack."""
+    out += [(_OP["LOAD_FAST"], param, _NO_OP, pos), (_OP["BEFORE_WITH"], 0, _NO_OP, pos),
+            (_OP["POP_TOP"], 0, _NO_OP, pos)]
+
+
+def _leave(out: list, count: int, none: int, pos: Any) -> None:
+    """Call ``count`` with-block exits lying under the top value, innermost first,
+    with no exception (``exit(None, None, None)``, the way a block's normal end calls
+    it: the exit takes the place of a method and the first None of its self)."""
+    for _ in range(count):
+        out.append((_OP["SWAP"], 2, _NO_OP, pos))
+        out += [(_OP["LOAD_CONST"], none, _NO_OP, pos)] * 3
+        if "PRECALL" in _OP:
+            out.append((_OP["PRECALL"], 2, _NO_OP, pos))
+        out += [(_OP["CALL"], 2, _NO_OP, pos), (_OP["POP_TOP"], 0, _NO_OP, pos)]
+
+
 def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handlers: list,
-                     target: int, stack_nulls: tuple, unbound: tuple) -> Any:
+                     target: int, kinds: tuple, unbound: tuple) -> tuple[Any, int]:
     """The function continuing ``code`` at instruction ``target`` with the stack
-    (non-NULL slots) and every local as arguments: (locals..., stack...)."""
+    (non-NULL slots) and every local as arguments: (locals..., stack...); a slot of
+    kind "ctx" holds a manager, entered there again.  Also how far the original
+    instructions moved (their index in the new code is theirs plus this)."""
     nv = code.co_nlocals
-    nstack = sum(1 for null in stack_nulls if not null)
+    nstack = sum(1 for kind in kinds if kind != "null")
     pos = instrs[target][3]
     pro: list = [(_OP["RESUME"], 0, _NO_OP, pos)]
     pro += [(_OP["DELETE_FAST"], i, _NO_OP, pos) for i, gone in enumerate(unbound) if gone]
     k = 0
-    for null in stack_nulls:
-        if null:
+    for kind in kinds:
+        if kind == "null":
             pro.append((_OP["PUSH_NULL"], 0, _NO_OP, pos))
+            continue
+        if kind == "ctx":
+            _enter(pro, nv + k, pos)
         else:
             pro.append((_OP["LOAD_FAST"], nv + k, _NO_OP, pos))
-            k += 1
+        k += 1
     shift = len(pro) + 1
     pro.append((_OP["JUMP_FORWARD"], 0, target + shift, pos))
     body = [(op, arg, t + shift if t >= 0 else t, p) for op, arg, t, p in instrs]
@@ -266,13 +345,14 @@ def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handle
         "co_argcount": len(varnames), "co_posonlyargcount": 0, "co_kwonlyargcount": 0,
         "co_nlocals": len(varnames), "co_flags": code.co_flags & ~_CO_VAR})
     _RESUMES.add(new)
-    return types.FunctionType(new, f_globals, name)
+    return types.FunctionType(new, f_globals, name), shift
 
 
 def _tail(instrs_out: list, nv: int, nstack: int, below: list, unbound: tuple, fn: int,
-          consts: list, pos: Any) -> None:
+          consts: list, pos: Any, exits: int = 0) -> None:
     """Return ``fn(*locals, *below, *top)``: ``top`` the ``nstack`` values on the
-    stack, ``below`` the parameters holding the stack slots under them."""
+    stack, ``below`` the parameters holding the stack slots under them; the ``exits``
+    with-block exits under ``top`` are called first."""
     def const(obj: Any) -> int:
         consts.append(obj)
         return len(consts) - 1
@@ -280,6 +360,7 @@ def _tail(instrs_out: list, nv: int, nstack: int, below: list, unbound: tuple, f
     none = const(None)
     out = instrs_out
     out.append((_OP["BUILD_TUPLE"], nstack, _NO_OP, pos))
+    _leave(out, exits, none, pos)
     for i in range(nv):
         out.append((_OP["LOAD_CONST"], none, _NO_OP, pos) if unbound[i]
                    else (_OP["LOAD_FAST"], i, _NO_OP, pos))
@@ -298,16 +379,24 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
               layout: Layout) -> tuple[Any, list]:
     """The break function of ``site`` for ``layout`` and the resume functions it
     calls.  It is called with every local (None for an unbound one) and then the
-    stack's values (its NULL slots left out)."""
+    stack's values (its NULL slots left out).
+
+    With blocks open at the break (stack slots of kind "ctx", each a manager made
+    anew per call) are entered around the break instructions and left before the
+    resume function is called, which enters them again around the rest of the
+    block.  When a handler covers the break (a ``try`` or a ``with``), an exception
+    from the break instructions leaves the blocks and goes on in a resume function
+    that starts at that handler, with the exception (and the offset it is said to
+    come from) where CPython would push them."""
     key = (site.offset, layout.key(), id(f_globals))
     per_code = _CACHE.setdefault(code, {})
     hit = per_code.get(key)
     if hit is not None and hit[2] is f_globals:
         return hit[0], hit[1]
     instrs, handlers, _index = decode(code)
-    stack_nulls, unbound = layout.key()
+    kinds, unbound = layout.key()
     nv = code.co_nlocals
-    depth = len(stack_nulls)
+    depth = len(kinds)
     effect = 0
     for i in range(site.first, site.last + 1):
         op, arg = instrs[i][0], instrs[i][1]
@@ -316,47 +405,76 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
         elif dis.opname[op] not in ("KW_NAMES",):
             effect += dis.stack_effect(op, arg, jump=False)
     after = depth + effect
-    consumed = _consumed(instrs, site, depth, stack_nulls)
+    consumed = _consumed(instrs, site, depth, kinds)
     keep = depth - consumed         # slots below the operands, left as they are
     produced = after - keep
     if produced < 0:
         raise ValueError("the break instruction's stack effect is not modelled")
+    ctxs = [j for j, kind in enumerate(kinds) if kind == "ctx"]
+    if any(j >= keep for j in ctxs):
+        raise ValueError("a with block's exit among the break instruction's operands")
+    if site.handler is not None and site.handler[1] > keep:
+        raise ValueError("an exception handler keeping the break instruction's operands")
     resumes = []
     targets = [site.last + 1]
     if site.branch:
         targets.append(instrs[site.last][2])
     for target in targets:
         resumes.append(_resume_function(code, f_globals, instrs, handlers, target,
-                                        stack_nulls[:keep] + (False,) * produced, unbound))
+                                        kinds[:keep] + ("value",) * produced, unbound)[0])
     consts = list(code.co_consts)
     pos0 = instrs[site.first][3]
     out: list = [(_OP["RESUME"], 0, _NO_OP, pos0)]
     params = []                     # parameter index of each non-NULL stack slot
-    for null in stack_nulls:
-        params.append(None if null else nv + sum(1 for p in params if p is not None))
+    for kind in kinds:
+        params.append(None if kind == "null" else
+                      nv + sum(1 for p in params if p is not None))
+    for j in ctxs:
+        _enter(out, params[j], pos0)
     for j in range(keep, depth):
         out.append((_OP["PUSH_NULL"], 0, _NO_OP, pos0) if params[j] is None
                    else (_OP["LOAD_FAST"], params[j], _NO_OP, pos0))
     branch_at = None
+    guarded = len(out)
     for i in range(site.first, site.last + 1):
         op, arg, _t, pos = instrs[i]
         if i == site.last and site.branch:
             branch_at = len(out)
         out.append((op, arg, _NO_OP, pos))
+    guarded_end = len(out)
     last_pos = instrs[site.last][3]
     below = [p for p in params[:keep] if p is not None]
     nstack = sum(1 for p in params if p is not None)
-    _tail(out, nv, produced, below, unbound, nv + nstack, consts, last_pos)
+    nres = len(resumes) + (site.handler is not None)
+    _tail(out, nv, produced, below, unbound, nv + nstack, consts, last_pos, len(ctxs))
     if branch_at is not None:
         op, arg, _t, pos = out[branch_at]
         out[branch_at] = (op, arg, len(out), pos)
-        _tail(out, nv, produced, below, unbound, nv + nstack + 1, consts, last_pos)
+        _tail(out, nv, produced, below, unbound, nv + nstack + 1, consts, last_pos,
+              len(ctxs))
+    own_handlers = []
+    if site.handler is not None:
+        at, hdepth, lasti = site.handler
+        onto = kinds[:hdepth] + ("value",) * (1 + bool(lasti))
+        fn, shift = _resume_function(code, f_globals, instrs, handlers, at, onto, unbound)
+        resumes.append(fn)
+        own_handlers.append((guarded, guarded_end, len(out), len(ctxs), 0))
+        consts.append(None)
+        _leave(out, len(ctxs), len(consts) - 1, last_pos)
+        if lasti:   # where CPython would say the exception came from, in code units
+            rows = _C.decode(fn.__code__)
+            consts.append(rows[site.last + shift][1] // 2)
+            out.append((_OP["LOAD_CONST"], len(consts) - 1, _NO_OP, last_pos))
+            out.append((_OP["SWAP"], 2, _NO_OP, last_pos))
+        held = [p for p in params[:hdepth] if p is not None]
+        _tail(out, nv, 1 + bool(lasti), held, unbound, nv + nstack + nres - 1, consts,
+              last_pos)
     # the resume functions are parameters with defaults, not constants: a tool that
     # traces this code (torch._dynamo) need not model a function constant
     varnames = code.co_varnames + tuple(f".stack{i}" for i in range(nstack)) + \
         tuple(f".resume{i}" for i in range(len(resumes)))
     name = f"break_in_{code.co_name}_at_{_line(code, instrs, site.last)}"
-    new = _C.emit(code, out, [], {
+    new = _C.emit(code, out, own_handlers, {
         "co_name": name, "co_qualname": name, "co_varnames": varnames,
         "co_argcount": len(varnames), "co_posonlyargcount": 0, "co_kwonlyargcount": 0,
         "co_nlocals": len(varnames), "co_consts": tuple(consts),
@@ -368,10 +486,10 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
     return fn, resumes
 
 
-def _consumed(instrs: list, site: BreakSite, depth: int, stack_nulls: tuple) -> int:
+def _consumed(instrs: list, site: BreakSite, depth: int, kinds: tuple) -> int:
     """How many stack slots, from the top, the break instructions read: a call's
     callable and arguments, a branch's condition; all of them for anything else
-    (then no NULL may be among them)."""
+    (then no NULL or with-block exit may be among them)."""
     op, arg = instrs[site.last][0], instrs[site.last][1]
     if site.branch:
         return 1
@@ -382,24 +500,26 @@ def _consumed(instrs: list, site: BreakSite, depth: int, stack_nulls: tuple) -> 
         return arg + 3              # ... and the tuple of keyword names (3.13)
     if name == "CALL_FUNCTION_EX":
         return 3 + (arg & 1)        # NULL, callable, args tuple, kwargs dict
-    if any(stack_nulls):
-        raise ValueError("a NULL on the stack at a break that is not a call")
+    if any(kind != "value" for kind in kinds):
+        raise ValueError("a NULL or a with block's exit on the stack at a break that is "
+                         "not a call")
     return depth
 
 
 def runner(graph: Any, read: Any, layout: Layout, fn: Any) -> Any:
     """The compiled callable of a resumed frame's CALL entry: run ``graph`` on the
     inputs ``read`` gathers, rebuild the locals and stack from its outputs, the
-    frame's locals and constants, and call the break function ``fn`` with them
-    (through the hook, so the resume functions it calls are captured)."""
-    names = ("output", "constant", "local", "unbound")
+    frame's locals and constants (a with block's manager made anew), and call the
+    break function ``fn`` with them (through the hook, so the resume functions it
+    calls are captured)."""
+    names = ("output", "constant", "local", "unbound", "ctx")
     plan = tuple((names.index(s[0]), s[1] if len(s) > 1 else None)
                  for s in layout.locals + layout.stack if s[0] != "null")
 
     def run(f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
         outs = graph(*read(f_locals, f_globals, f_builtins))
-        args = tuple(outs[v] if k == 0 else v if k == 1 else f_locals[v] if k == 2 else None
-                     for k, v in plan)
+        args = tuple(outs[v] if k == 0 else v if k == 1 else f_locals[v] if k == 2
+                     else v() if k == 4 else None for k, v in plan)
         return _C.call_user(fn, args)
 
     return run

@@ -329,6 +329,7 @@ class Context:
         if not ops and not any(isinstance(v, torch.Tensor) for v in f_locals.values()):
             # no tensors here at all: generated code would only slow plain Python down
             return "no tensor work"
+        _resume.close_contexts(stopped.state)   # the graph leaves the modes as it found them
         gm = builder.output(layout.outputs)
         guard = _guard(torch, builder, f_locals, code)
         guard.break_at = getattr(brk_guard, "break_at", None)
