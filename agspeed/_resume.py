@@ -51,6 +51,9 @@ _NO_OP = -1
 # belongs (the args tuple comes first).
 _CALL_EX_PUSH = {(3, 11): ("LOAD_FAST", "PUSH_NULL"), (3, 12): ("LOAD_FAST", "PUSH_NULL"),
                  (3, 13): ("PUSH_NULL", "LOAD_FAST")}[sys.version_info[:2]]
+# ... and CALL takes [NULL, callable, args] on 3.11/3.12, [callable, NULL, args] on 3.13.
+_CALL_PUSH = ("PUSH_NULL", "LOAD_CONST") if sys.version_info < (3, 13) else \
+    ("LOAD_CONST", "PUSH_NULL")
 # Instructions that belong with the CALL after them (they only set up the call).
 _CALL_PREFIX = {n for n in ("KW_NAMES", "PRECALL") if n in _OP}
 _BRANCHES = {_OP[n] for n in _OP if n.startswith("POP_JUMP") and "IF_" in n}
@@ -153,9 +156,11 @@ class Layout(NamedTuple):
     """How each slot of the state at a break is rebuilt: per stack slot and per local
     (co_varnames order), ("graph", i) the graph's i-th output, ("const", obj),
     ("local", name) the frame's local, ("null",) the call protocol's NULL,
-    ("unbound",) a local with no value, ("ctx", make) the exit of a with block whose
-    manager ``make()`` makes anew (the generated code enters it around the break
-    instruction, and the resume function enters it again around the rest)."""
+    ("unbound",) a local with no value, ("ctx", cls, args) the exit of a with block
+    whose manager ``cls(*args)`` makes anew (the generated code makes and enters one
+    around the break instruction, and the resume function another around the rest:
+    made in their own code, of constants, so that capturing it assumes nothing of a
+    manager handed in)."""
 
     stack: tuple
     locals: tuple
@@ -163,8 +168,9 @@ class Layout(NamedTuple):
 
     def key(self) -> tuple:
         """What the generated code depends on: which stack slots are NULL or a with
-        block's exit, which locals are unbound."""
-        return (tuple(s[0] if s[0] in ("null", "ctx") else "value" for s in self.stack),
+        block's exit (the slot itself), which locals are unbound."""
+        return (tuple(s if s[0] == "ctx" else s[0] if s[0] == "null" else "value"
+                      for s in self.stack),
                 tuple(s[0] == "unbound" for s in self.locals))
 
 
@@ -199,20 +205,20 @@ def _modelled_exit(value: Any) -> Any:
     return None
 
 
-def _maker(model: Any) -> Any:
-    """A callable making a real manager that enters what ``model`` entered: its grad
-    mode, its autocast state, or nothing (``nullcontext``, whose value was bound
-    already)."""
+def _maker(model: Any) -> tuple:
+    """``(cls, args)``: ``cls(*args)`` is a real manager entering what ``model``
+    entered: its grad mode, its autocast state, or nothing (``nullcontext``, whose
+    value was bound already)."""
     import contextlib
 
     import torch
 
     if model.autocast is not None:
         device, dtype, enabled, cache = model.autocast
-        return functools.partial(torch.autocast, device, dtype, enabled, cache)
+        return torch.autocast, (device, dtype, enabled, cache)
     if model.mode is None:
-        return contextlib.nullcontext
-    return torch.enable_grad if model.mode else torch.no_grad
+        return contextlib.nullcontext, ()
+    return (torch.enable_grad if model.mode else torch.no_grad), ()
 
 
 def close_contexts(state: dict) -> None:
@@ -242,7 +248,7 @@ def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
             outputs.append(payload)
             return ("output", len(outputs) - 1)
         if kind == "CONST" and in_stack and _modelled_exit(payload) is not None:
-            return ("ctx", _maker(_modelled_exit(payload)))
+            return ("ctx", *_maker(_modelled_exit(payload)))
         if kind == "CONST" and type(payload) is types.MethodType \
                 and getattr(payload.__func__, "__name__", "") == "__exit__":
             return "a with block of a manager the capture does not model at the break"
@@ -294,10 +300,25 @@ def _line(code: types.CodeType, instrs: list, i: int) -> int:
     return pos[0] if pos else code.co_firstlineno
 
 
-def _enter(out: list, param: int, pos: Any) -> None:
-    """Enter the manager held by parameter ``param``: its exit stays on the stack."""
-    out += [(_OP["LOAD_FAST"], param, _NO_OP, pos), (_OP["BEFORE_WITH"], 0, _NO_OP, pos),
+def _enter(out: list, slot: tuple, consts: list, pos: Any) -> None:
+    """Make and enter the manager of a ("ctx", cls, args) stack slot: its exit stays
+    on the stack."""
+    def const(obj: Any) -> tuple:
+        consts.append(obj)
+        return (_OP["LOAD_CONST"], len(consts) - 1, _NO_OP, pos)
+
+    _kind, cls, args = slot
+    for name in _CALL_PUSH:         # the callable and the call protocol's NULL
+        out.append(const(cls) if name == "LOAD_CONST" else (_OP["PUSH_NULL"], 0, _NO_OP, pos))
+    out += [const(a) for a in args]
+    if "PRECALL" in _OP:
+        out.append((_OP["PRECALL"], len(args), _NO_OP, pos))
+    out += [(_OP["CALL"], len(args), _NO_OP, pos), (_OP["BEFORE_WITH"], 0, _NO_OP, pos),
             (_OP["POP_TOP"], 0, _NO_OP, pos)]
+
+
+def _is_ctx(kind: Any) -> bool:
+    return type(kind) is tuple
 
 
 def _leave(out: list, count: int, none: int, pos: Any) -> None:
@@ -315,11 +336,12 @@ def _leave(out: list, count: int, none: int, pos: Any) -> None:
 def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handlers: list,
                      target: int, kinds: tuple, unbound: tuple) -> tuple[Any, int]:
     """The function continuing ``code`` at instruction ``target`` with the stack
-    (non-NULL slots) and every local as arguments: (locals..., stack...); a slot of
-    kind "ctx" holds a manager, entered there again.  Also how far the original
-    instructions moved (their index in the new code is theirs plus this)."""
+    (its "value" slots) and every local as arguments: (locals..., stack...); a with
+    block's slot gets a manager made and entered there again.  Also how far the
+    original instructions moved (their index in the new code is theirs plus this)."""
     nv = code.co_nlocals
-    nstack = sum(1 for kind in kinds if kind != "null")
+    nstack = sum(1 for kind in kinds if kind == "value")
+    consts = list(code.co_consts)
     pos = instrs[target][3]
     pro: list = [(_OP["RESUME"], 0, _NO_OP, pos)]
     pro += [(_OP["DELETE_FAST"], i, _NO_OP, pos) for i, gone in enumerate(unbound) if gone]
@@ -328,10 +350,10 @@ def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handle
         if kind == "null":
             pro.append((_OP["PUSH_NULL"], 0, _NO_OP, pos))
             continue
-        if kind == "ctx":
-            _enter(pro, nv + k, pos)
-        else:
-            pro.append((_OP["LOAD_FAST"], nv + k, _NO_OP, pos))
+        if _is_ctx(kind):
+            _enter(pro, kind, consts, pos)
+            continue
+        pro.append((_OP["LOAD_FAST"], nv + k, _NO_OP, pos))
         k += 1
     shift = len(pro) + 1
     pro.append((_OP["JUMP_FORWARD"], 0, target + shift, pos))
@@ -343,7 +365,8 @@ def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handle
     new = _C.emit(code, pro + body, moved, {
         "co_name": name, "co_qualname": name, "co_varnames": varnames,
         "co_argcount": len(varnames), "co_posonlyargcount": 0, "co_kwonlyargcount": 0,
-        "co_nlocals": len(varnames), "co_flags": code.co_flags & ~_CO_VAR})
+        "co_nlocals": len(varnames), "co_consts": tuple(consts),
+        "co_flags": code.co_flags & ~_CO_VAR})
     _RESUMES.add(new)
     return types.FunctionType(new, f_globals, name), shift
 
@@ -381,10 +404,9 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
     calls.  It is called with every local (None for an unbound one) and then the
     stack's values (its NULL slots left out).
 
-    With blocks open at the break (stack slots of kind "ctx", each a manager made
-    anew per call) are entered around the break instructions and left before the
-    resume function is called, which enters them again around the rest of the
-    block.  When a handler covers the break (a ``try`` or a ``with``), an exception
+    With blocks open at the break (stack slots of kind "ctx") get a manager made
+    anew, entered around the break instructions and left before the resume function
+    is called, which makes and enters another around the rest of the block.  When a handler covers the break (a ``try`` or a ``with``), an exception
     from the break instructions leaves the blocks and goes on in a resume function
     that starts at that handler, with the exception (and the offset it is said to
     come from) where CPython would push them."""
@@ -410,7 +432,7 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
     produced = after - keep
     if produced < 0:
         raise ValueError("the break instruction's stack effect is not modelled")
-    ctxs = [j for j, kind in enumerate(kinds) if kind == "ctx"]
+    ctxs = [j for j, kind in enumerate(kinds) if _is_ctx(kind)]
     if any(j >= keep for j in ctxs):
         raise ValueError("a with block's exit among the break instruction's operands")
     if site.handler is not None and site.handler[1] > keep:
@@ -427,10 +449,10 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
     out: list = [(_OP["RESUME"], 0, _NO_OP, pos0)]
     params = []                     # parameter index of each non-NULL stack slot
     for kind in kinds:
-        params.append(None if kind == "null" else
-                      nv + sum(1 for p in params if p is not None))
+        params.append(nv + sum(1 for p in params if p is not None)
+                      if kind == "value" else None)
     for j in ctxs:
-        _enter(out, params[j], pos0)
+        _enter(out, kinds[j], consts, pos0)
     for j in range(keep, depth):
         out.append((_OP["PUSH_NULL"], 0, _NO_OP, pos0) if params[j] is None
                    else (_OP["LOAD_FAST"], params[j], _NO_OP, pos0))
@@ -500,7 +522,7 @@ def _consumed(instrs: list, site: BreakSite, depth: int, kinds: tuple) -> int:
         return arg + 3              # ... and the tuple of keyword names (3.13)
     if name == "CALL_FUNCTION_EX":
         return 3 + (arg & 1)        # NULL, callable, args tuple, kwargs dict
-    if any(kind != "value" for kind in kinds):
+    if any(kind != "value" for kind in kinds):  # (a with block's exit is not "value")
         raise ValueError("a NULL or a with block's exit on the stack at a break that is "
                          "not a call")
     return depth
@@ -509,17 +531,16 @@ def _consumed(instrs: list, site: BreakSite, depth: int, kinds: tuple) -> int:
 def runner(graph: Any, read: Any, layout: Layout, fn: Any) -> Any:
     """The compiled callable of a resumed frame's CALL entry: run ``graph`` on the
     inputs ``read`` gathers, rebuild the locals and stack from its outputs, the
-    frame's locals and constants (a with block's manager made anew), and call the
-    break function ``fn`` with them (through the hook, so the resume functions it
-    calls are captured)."""
-    names = ("output", "constant", "local", "unbound", "ctx")
+    frame's locals and constants, and call the break function ``fn`` with them
+    (through the hook, so the resume functions it calls are captured)."""
+    names = ("output", "constant", "local", "unbound")
     plan = tuple((names.index(s[0]), s[1] if len(s) > 1 else None)
-                 for s in layout.locals + layout.stack if s[0] != "null")
+                 for s in layout.locals + layout.stack if s[0] not in ("null", "ctx"))
 
     def run(f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
         outs = graph(*read(f_locals, f_globals, f_builtins))
-        args = tuple(outs[v] if k == 0 else v if k == 1 else f_locals[v] if k == 2
-                     else v() if k == 4 else None for k, v in plan)
+        args = tuple(outs[v] if k == 0 else v if k == 1 else f_locals[v] if k == 2 else None
+                     for k, v in plan)
         return _C.call_user(fn, args)
 
     return run
