@@ -221,6 +221,18 @@ def _maker(model: Any) -> tuple:
     return (torch.enable_grad if model.mode else torch.no_grad), ()
 
 
+def _holds_shadow(value: Any, builder: Any) -> bool:
+    """Whether ``value`` is, or holds, the capture's copy of a list or dict of the
+    program (``agspeed._effects``: changed before the break)."""
+    if builder.is_shadow(value):
+        return True
+    if type(value) in (tuple, list):
+        return any(_holds_shadow(v, builder) for v in value)
+    if type(value) is dict:
+        return any(_holds_shadow(v, builder) for v in value.values())
+    return False
+
+
 def close_contexts(state: dict) -> None:
     """Leave, in the capture, the with blocks open at the break (innermost first), so
     the graph ends in the modes the frame started in: the generated code enters them
@@ -240,6 +252,14 @@ def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
             return ("null",)
         if kind == "UNBOUND" and not in_stack:
             return ("unbound",)
+        if kind in ("LIST", "DICT") and builder.is_shadow(payload):
+            # the program's own object, its contents written back before the break
+            original = builder.shadow_source(payload)
+            if type(original) is tuple and len(original) == 2 and original[0] == "local":
+                return ("local", original[1])
+        if kind in ("TUPLE", "LIST", "DICT") and _holds_shadow(payload, builder):
+            # the program's own object must go on, not a copy of its contents
+            return "a list or dict of the program changed before the break"
         if kind in ("TENSOR", "TUPLE", "LIST", "DICT"):
             try:
                 builder.check_output(payload)
