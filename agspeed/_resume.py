@@ -113,10 +113,6 @@ def break_site(code: types.CodeType, root_offset: int) -> BreakSite | str:
     the frame cannot resume there."""
     if code.co_flags & _UNRESUMABLE:
         return "generators are not resumed"
-    if code in _RESUMES:
-        # a second break in the same frame: its resume function runs eager (a nested
-        # resume gave wrong values on a cache hit in a transformers decoder layer)
-        return "a resume function's own break runs it eager"
     if code.co_cellvars or code.co_freevars:
         return "code with cells or free variables is not resumed yet"
     if root_offset < 0:
@@ -320,6 +316,14 @@ def _line(code: types.CodeType, instrs: list, i: int) -> int:
     return pos[0] if pos else code.co_firstlineno
 
 
+def _fresh(code: types.CodeType, prefix: str, count: int) -> tuple:
+    """``count`` parameter names ``prefix``0, 1, ... that ``code`` does not have yet: a
+    resume function's own break adds stack parameters to those it has, and a local is
+    read by its name (two of one name gave the second's value for both)."""
+    taken = sum(1 for name in code.co_varnames if name.startswith(prefix))
+    return tuple(f"{prefix}{taken + i}" for i in range(count))
+
+
 def _enter(out: list, slot: tuple, consts: list, pos: Any) -> None:
     """Make and enter the manager of a ("ctx", cls, args) stack slot: its exit stays
     on the stack."""
@@ -381,7 +385,7 @@ def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handle
     moved = [(s + shift, e + shift, h + shift, d, lasti) for s, e, h, d, lasti in handlers]
     line = _line(code, instrs, target)
     name = f"resume_in_{code.co_name}_at_{line}"
-    varnames = code.co_varnames + tuple(f".stack{i}" for i in range(nstack))
+    varnames = code.co_varnames + _fresh(code, ".stack", nstack)
     new = _C.emit(code, pro + body, moved, {
         "co_name": name, "co_qualname": name, "co_varnames": varnames,
         "co_argcount": len(varnames), "co_posonlyargcount": 0, "co_kwonlyargcount": 0,
@@ -513,8 +517,8 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
               last_pos)
     # the resume functions are parameters with defaults, not constants: a tool that
     # traces this code (torch._dynamo) need not model a function constant
-    varnames = code.co_varnames + tuple(f".stack{i}" for i in range(nstack)) + \
-        tuple(f".resume{i}" for i in range(len(resumes)))
+    varnames = code.co_varnames + _fresh(code, ".stack", nstack) + \
+        _fresh(code, ".resume", len(resumes))
     name = f"break_in_{code.co_name}_at_{_line(code, instrs, site.last)}"
     new = _C.emit(code, out, own_handlers, {
         "co_name": name, "co_qualname": name, "co_varnames": varnames,

@@ -314,3 +314,39 @@ def test_numpy_values_reaching_a_resumed_graph_give_eagers_result(fn):
         got, expected = fast(x), fn(x)
         assert got.dtype == expected.dtype
         torch.testing.assert_close(got, expected)
+
+
+def pair(t):
+    print("pair")
+    return t.sin(), t.cos()
+
+
+def breaks_twice(x):
+    a, _ = pair(x)
+    b = a * 2
+    c, d = pair(b)
+    return c + a * d
+
+
+def test_a_resume_functions_own_break_resumes_again():
+    report = check(breaks_twice, vec, 3)
+    assert any(name.startswith("resume_in_resume_in_breaks_twice")
+               for name in report.resume_functions)
+    fast = agspeed.optimize(breaks_twice)
+    fast(torch.randn(6))
+    _C.reset_counters()
+    x = torch.randn(6)
+    torch.testing.assert_close(fast(x), breaks_twice(x))
+    assert _C.counters()["cache_misses"] == 0
+    from agspeed import _resume
+
+    for fn, _r, _g in _resume._CACHE.get(_resume_of(breaks_twice), {}).values():
+        names = fn.__code__.co_varnames
+        assert len(set(names)) == len(names)   # each parameter read by its own name
+
+
+def _resume_of(fn):
+    from agspeed import _resume
+
+    _f, resumes, _g = next(iter(_resume._CACHE[fn.__code__].values()))
+    return resumes[0].__code__
