@@ -113,8 +113,10 @@ def break_site(code: types.CodeType, root_offset: int) -> BreakSite | str:
     the frame cannot resume there."""
     if code.co_flags & _UNRESUMABLE:
         return "generators are not resumed"
-    if code.co_cellvars or code.co_freevars:
-        return "code with cells or free variables is not resumed yet"
+    if code.co_freevars and _writes_free(code):
+        # a resume function gets cells of its own holding the values the frame
+        # started with: a write would not reach the enclosing function's
+        return "a write to a variable of an enclosing function is not resumed"
     if root_offset < 0:
         return "capture stopped before the first instruction"
     rows = _C.decode(code)
@@ -161,13 +163,14 @@ class Layout(NamedTuple):
     stack: tuple
     locals: tuple
     outputs: tuple  # the graph's outputs (nodes and containers of them)
+    cells: tuple = ()   # the cell variables that are not parameters, as ``locals``
 
     def key(self) -> tuple:
         """What the generated code depends on: which stack slots are NULL or a with
         block's exit (the slot itself), which locals are unbound."""
         return (tuple(s if s[0] == "ctx" else s[0] if s[0] == "null" else "value"
                       for s in self.stack),
-                tuple(s[0] == "unbound" for s in self.locals))
+                tuple(s[0] == "unbound" for s in self.locals + self.cells))
 
 
 _DESCRIPTORS = (types.MethodDescriptorType, types.ClassMethodDescriptorType,
@@ -287,14 +290,29 @@ def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
         if isinstance(s, str):
             return s
         stack.append(s)
-    for kind, payload, source in state["locals"][:code.co_nlocals]:
+    ncells = len(_cell_only(code))
+    for kind, payload, source in state["locals"][:code.co_nlocals + ncells]:
         s = slot(kind, payload, source, False)
         if isinstance(s, str):
             return s
         local.append(s)
     if state["cells"]:
         return "a local shared with a closure made before the break"
-    return Layout(tuple(stack), tuple(local), tuple(outputs))
+    return Layout(tuple(stack), tuple(local[:code.co_nlocals]), tuple(outputs),
+                  tuple(local[code.co_nlocals:]))
+
+
+def _cell_only(code: types.CodeType) -> list:
+    """The cell variables of ``code`` that are not among its locals (parameters are),
+    in the order of their slots."""
+    return [name for name in code.co_cellvars if name not in code.co_varnames]
+
+
+def _writes_free(code: types.CodeType) -> bool:
+    """Whether ``code`` stores to or deletes a free variable (``nonlocal``)."""
+    writes = {_OP[n] for n in ("STORE_DEREF", "DELETE_DEREF")}
+    return any(op in writes and code._varname_from_oparg(arg) in code.co_freevars
+               for _s, _o, op, arg, _t, _n in _C.decode(code))
 
 
 # ---------------------------------------------------------------------------------
@@ -364,11 +382,27 @@ def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handle
     block's slot gets a manager made and entered there again.  Also how far the
     original instructions moved (their index in the new code is theirs plus this)."""
     nv = code.co_nlocals
+    cells = _cell_only(code)
     nstack = sum(1 for kind in kinds if kind == "value")
+    shift_slots = len(cells) + nstack   # parameters added before the cell slots
     consts = list(code.co_consts)
     pos = instrs[target][3]
-    pro: list = [(_OP["RESUME"], 0, _NO_OP, pos)]
-    pro += [(_OP["DELETE_FAST"], i, _NO_OP, pos) for i, gone in enumerate(unbound) if gone]
+    pro: list = []
+    if code.co_freevars:    # the closure the runner makes per call
+        pro.append((_OP["COPY_FREE_VARS"], len(code.co_freevars), _NO_OP, pos))
+    slot_of = {name: code.co_varnames.index(name) if name in code.co_varnames
+               else nv + shift_slots + cells.index(name) for name in code.co_cellvars}
+    pro += [(_OP["MAKE_CELL"], slot_of[name], _NO_OP, pos) for name in code.co_cellvars]
+    pro.append((_OP["RESUME"], 0, _NO_OP, pos))
+    for i, gone in enumerate(unbound[:nv]):
+        if gone:
+            cell = code.co_varnames[i] in slot_of
+            pro.append((_OP["DELETE_DEREF" if cell else "DELETE_FAST"], i, _NO_OP, pos))
+    for j, name in enumerate(cells):  # values of the cells that are not parameters
+        if not unbound[nv + j]:
+            pro += [(_OP["LOAD_FAST"], nv + j, _NO_OP, pos),
+                    (_OP["STORE_DEREF"], slot_of[name], _NO_OP, pos)]
+    nv += len(cells)
     k = 0
     for kind in kinds:
         if kind == "null":
@@ -381,18 +415,45 @@ def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handle
         k += 1
     shift = len(pro) + 1
     pro.append((_OP["JUMP_FORWARD"], 0, target + shift, pos))
-    body = [(op, arg, t + shift if t >= 0 else t, p) for op, arg, t, p in instrs]
+    body = [(*_moved_slots(op, arg, code.co_nlocals, shift_slots), t + shift if t >= 0 else t,
+             p) for op, arg, t, p in instrs]
     moved = [(s + shift, e + shift, h + shift, d, lasti) for s, e, h, d, lasti in handlers]
     line = _line(code, instrs, target)
     name = f"resume_in_{code.co_name}_at_{line}"
-    varnames = code.co_varnames + _fresh(code, ".stack", nstack)
+    varnames = code.co_varnames + _fresh(code, ".cell", len(cells)) + \
+        _fresh(code, ".stack", nstack)
     new = _C.emit(code, pro + body, moved, {
         "co_name": name, "co_qualname": name, "co_varnames": varnames,
         "co_argcount": len(varnames), "co_posonlyargcount": 0, "co_kwonlyargcount": 0,
         "co_nlocals": len(varnames), "co_consts": tuple(consts),
         "co_flags": code.co_flags & ~_CO_VAR})
     _RESUMES.add(new)
-    return types.FunctionType(new, f_globals, name), shift
+    closure = tuple(types.CellType() for _ in code.co_freevars) or None
+    return types.FunctionType(new, f_globals, name, None, closure), shift
+
+
+# 3.13's instructions naming two locals, one per half of the argument's low byte
+_PAIRED = {_OP[n] for n in ("LOAD_FAST_LOAD_FAST", "STORE_FAST_LOAD_FAST",
+                            "STORE_FAST_STORE_FAST") if n in _OP}
+_SLOTTED = (set(dis.haslocal) | set(dis.hasfree)) - _PAIRED
+_PROLOGUE = {_OP[n] for n in ("COPY_FREE_VARS", "MAKE_CELL") if n in _OP}
+
+
+def _moved_slots(op: int, arg: int, nv: int, by: int) -> tuple:
+    """``(op, arg)`` of an original instruction in a resume function, whose cell and
+    free slots (those from ``nv`` on) are ``by`` further on; the original prologue
+    (which the resume function jumps over, having its own) becomes NOPs."""
+    if op in _PROLOGUE:
+        return _OP["NOP"], 0
+    if op in _SLOTTED:
+        return op, arg + by if arg >= nv else arg
+    if op in _PAIRED:
+        hi, lo = arg >> 4, arg & 15
+        hi, lo = (hi + by if hi >= nv else hi), (lo + by if lo >= nv else lo)
+        if hi > 15 or lo > 15:
+            raise ValueError("a paired local instruction past slot 15 after the shift")
+        return op, hi << 4 | lo
+    return op, arg
 
 
 def _tail(instrs_out: list, nv: int, nstack: int, below: list, unbound: tuple, fn: int,
@@ -441,7 +502,8 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
         return hit[0], hit[1]
     instrs, handlers, _index = decode(code)
     kinds, unbound = layout.key()
-    nv = code.co_nlocals
+    cells = _cell_only(code)
+    nv = code.co_nlocals + len(cells)   # parameters before the stack's: locals, cells
     depth = len(kinds)
     effect = 0
     for i in range(site.first, site.last + 1):
@@ -517,14 +579,14 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
               last_pos)
     # the resume functions are parameters with defaults, not constants: a tool that
     # traces this code (torch._dynamo) need not model a function constant
-    varnames = code.co_varnames + _fresh(code, ".stack", nstack) + \
-        _fresh(code, ".resume", len(resumes))
+    varnames = code.co_varnames + _fresh(code, ".cell", len(cells)) + \
+        _fresh(code, ".stack", nstack) + _fresh(code, ".resume", len(resumes))
     name = f"break_in_{code.co_name}_at_{_line(code, instrs, site.last)}"
     new = _C.emit(code, out, own_handlers, {
         "co_name": name, "co_qualname": name, "co_varnames": varnames,
         "co_argcount": len(varnames), "co_posonlyargcount": 0, "co_kwonlyargcount": 0,
         "co_nlocals": len(varnames), "co_consts": tuple(consts),
-        "co_flags": code.co_flags & ~_CO_VAR})
+        "co_cellvars": (), "co_freevars": (), "co_flags": code.co_flags & ~_CO_VAR})
     _C.mark_skip(new)
     _GENERATED.add(new)
     fn = types.FunctionType(new, f_globals, name, tuple(resumes))
@@ -552,19 +614,29 @@ def _consumed(instrs: list, site: BreakSite, depth: int, kinds: tuple) -> int:
     return depth
 
 
-def runner(graph: Any, read: Any, layout: Layout, fn: Any) -> Any:
+def runner(graph: Any, read: Any, layout: Layout, fn: Any, resumes: list = (),
+           free: tuple = ()) -> Any:
     """The compiled callable of a resumed frame's CALL entry: run ``graph`` on the
     inputs ``read`` gathers, rebuild the locals and stack from its outputs, the
     frame's locals and constants, and call the break function ``fn`` with them
-    (through the hook, so the resume functions it calls are captured)."""
+    (through the hook, so the resume functions it calls are captured).  For code
+    with free variables (``free``, their names), each call makes the ``resumes``
+    anew over cells holding the values the frame started with."""
     names = ("output", "constant", "local", "unbound")
     plan = tuple((names.index(s[0]), s[1] if len(s) > 1 else None)
-                 for s in layout.locals + layout.stack if s[0] not in ("null", "ctx"))
+                 for s in layout.locals + layout.cells + layout.stack
+                 if s[0] not in ("null", "ctx"))
+    made = [(r.__code__, r.__name__) for r in resumes] if free else []
 
     def run(f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
         outs = graph(*read(f_locals, f_globals, f_builtins))
         args = tuple(outs[v] if k == 0 else v if k == 1 else f_locals[v] if k == 2 else None
                      for k, v in plan)
+        if made:
+            closure = tuple(types.CellType(f_locals[n]) if n in f_locals
+                            else types.CellType() for n in free)
+            args += tuple(types.FunctionType(c, f_globals, n, None, closure)
+                          for c, n in made)
         return _C.call_user(fn, args)
 
     return run

@@ -350,7 +350,7 @@ class Context:
             graph = replay(effects, cap.n_inputs, graph)
         self._note_break(code, where, brk)
         self._observe("resume", code, (brk, [r.__code__ for r in resumes]))
-        run = _resume.runner(graph, guard.read, layout, fn)
+        run = _resume.runner(graph, guard.read, layout, fn, resumes, code.co_freevars)
         signed = guard.sym is None
         entry = _C.CacheEntry(_C.ACTION_CALL, guard=guard, compiled=run, context=self,
                               signed=signed,

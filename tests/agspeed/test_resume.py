@@ -350,3 +350,46 @@ def _resume_of(fn):
 
     _f, resumes, _g = next(iter(_resume._CACHE[fn.__code__].values()))
     return resumes[0].__code__
+
+
+class Doubling(torch.nn.Module if torch else object):
+    def forward(self, x):
+        return x * 2
+
+
+class Calls_super(Doubling):
+    def forward(self, x):
+        y = super().forward(x)
+        print("between supers")
+        return y + super().forward(y.sin())
+
+
+def test_argument_less_super_resumes():
+    report = check(Calls_super(), vec, 2)
+    assert report.resume_functions == ["resume_in_forward_at_"
+                                       f"{Calls_super.forward.__code__.co_firstlineno + 2}"]
+
+
+def scaled_by(k):
+    def scales(x):
+        y = x * k
+        print("scaled")
+        return y.tanh() + k
+    return scales
+
+
+def closes_over_later(x):
+    s = x.sin()
+    print("before the closure")
+    f = lambda t: t * s   # noqa: E731
+    return f(x)
+
+
+@pytest.mark.parametrize("fn", [scaled_by(3.0), closes_over_later])
+def test_free_and_cell_variables_resume(fn):
+    check(fn, vec, 2)
+    fast = agspeed.optimize(fn)
+    fast(torch.randn(6))
+    _C.reset_counters()
+    fast(torch.randn(6))
+    assert _C.counters()["cache_misses"] == 0

@@ -30,6 +30,8 @@ class Stopper(Recorder):
 def resumed(fn, **f_locals):
     """fn(**f_locals) run the way a resumed frame runs it: break code, then resume."""
     code = fn.__code__
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        f_locals[name] = cell.cell_contents     # as the hook reads a closure
     out = _C.capture(code, dict(f_locals), fn.__globals__, builtins.__dict__, Stopper(), T)
     assert out["status"] == "break", out
     site = _resume.break_site(code, out["root_offset"])
@@ -42,7 +44,8 @@ def resumed(fn, **f_locals):
     assert not isinstance(layout, str), layout
     fn_break, resumes = _resume.generated(code, fn.__globals__, site, layout)
     # the "graph" returns its outputs as they are: plain values here
-    run = _resume.runner(lambda: layout.outputs, lambda *a: (), layout, fn_break)
+    run = _resume.runner(lambda: layout.outputs, lambda *a: (), layout, fn_break, resumes,
+                         code.co_freevars)
     return run(dict(f_locals), fn.__globals__, builtins.__dict__), fn_break, resumes
 
 
@@ -201,3 +204,67 @@ def test_a_break_under_try_is_not_resumed():
                      Stopper(), T)
     assert out["status"] == "break"
     assert "try" in _resume.break_site(tried.__code__, out["root_offset"])
+
+
+def make_adder(k):
+    def adds(a):
+        b = a + k
+        print("adds", b)
+        return b * k
+    return adds
+
+
+def test_free_variables_come_from_the_frames_closure(capsys):
+    for k in (3, 4):    # one code, two closures: each call's own values
+        adds = make_adder(k)
+        out, fn, resumes = resumed(adds, a=2)
+        assert out == adds(2)
+        assert not fn.__code__.co_freevars
+        assert resumes[0].__code__.co_freevars == ("k",)
+
+
+def captures_after(a, c):
+    b = a * c
+    print("captures", b)
+    f = lambda: b + c   # noqa: E731  (cells: a parameter's and a local's)
+    c = c + 1
+    return f() * c
+
+
+def test_cell_variables_are_cells_again_in_the_resume_function(capsys):
+    out, _fn, resumes = resumed(captures_after, a=2, c=5)
+    assert out == captures_after(2, 5)
+    assert set(resumes[0].__code__.co_cellvars) == {"b", "c"}
+
+
+class Base:
+    def value(self, a):
+        return a + 1
+
+
+class Child(Base):
+    def value(self, a):
+        b = super().value(a)
+        print("child", b)
+        return super().value(b) * 2
+
+
+def test_argument_less_super_works_in_the_resume_function(capsys):
+    child = Child()
+    out, _fn, _r = resumed(Child.value, self=child, a=4)
+    assert out == child.value(4)
+
+
+def counts():
+    n = 0
+
+    def bump(a):
+        nonlocal n
+        print("bump", a)
+        n += a
+        return n
+    return bump
+
+
+def test_a_write_to_an_enclosing_functions_variable_is_not_resumed():
+    assert "enclosing" in _resume.break_site(counts().__code__, 0)
