@@ -18,14 +18,44 @@ instruction *i* of a frame:
    names (``resume_in_<name>_at_<line>``), so the hook captures and caches it like any
    user code, and tracebacks through it name the user's lines.
 
-The frame's CALL entry (``agspeed._runtime``) runs the graph and the break code; the
+The frame's CALL entry (``agspeed._runtime``) runs the graph, replays the side effects
+the capture recorded before the break (attribute writes, lists and dicts written back,
+logging: in eager they happen before the break instruction), then the break code; the
 generated code objects are cached per (code, break offset, layout), so later calls
 reuse them and their cache entries.
 
-What is refused (the frame then runs eager as before, and says why): breaks inside a
-loop (as torch._dynamo does: it skips such a frame), under try/except or with, in
-code with cells or free variables, generators, and break instructions that are not a
-plain stack operation or a conditional jump.
+With blocks.  A break inside ``with`` blocks of the managers the builder models
+(torch's grad modes, autocast, ``nullcontext``; ``agspeed._ctx``) resumes as
+torch._dynamo's does: the capture leaves the open blocks at the end of the graph (so
+the graph ends in the modes the frame started in); the break code makes a manager of
+each block anew, of constants in its own code, and enters it around the break
+instruction (leaving it before calling on); the resume function makes and enters
+another in its prologue, at the block's place on the stack, so the rest of the block,
+its normal exit and its exception handler run as in the original.  An exception from
+the break instruction leaves the break code's blocks and goes on in a resume function
+that starts at the innermost handler (the with block's cleanup), with the exception
+and its offset pushed where CPython pushes them, so the manager's exit sees it and
+outer handlers run.
+
+Cells and free variables.  A resume function keeps the original's cell and free
+variables: its prologue copies a closure that the runner makes per call from the
+values the frame started with (the hook reads a closure's contents), makes the cells,
+and fills the cells that are not parameters from parameters of their own; the original
+instructions' cell and free slots move past the added parameters.  Argument-less
+``super()`` works, as it finds ``__class__`` among the free variables and ``self`` in
+the first slot.
+
+A resume function's own break resumes again (its generated parameters are named past
+those it has: a local is read by its name).
+
+What is refused (the frame then runs eager as before, and says why), matching
+torch._dynamo where it has a rule: a break inside a loop (torch._dynamo skips such a
+frame: graph counts stay equal), under ``try`` whose handler is not a with block's
+(torch._dynamo compiles no graph there either), in a with block of a manager the
+builder does not model (a user's ``__enter__``/``__exit__``), in code that writes a
+variable of an enclosing function (the resume function's cells are its own), a local
+shared with a closure made before the break, generators, and break instructions that
+are not a plain stack operation or a conditional jump.
 """
 
 from __future__ import annotations

@@ -393,3 +393,25 @@ def test_free_and_cell_variables_resume(fn):
     _C.reset_counters()
     fast(torch.randn(6))
     assert _C.counters()["cache_misses"] == 0
+
+
+def over_token(token):
+    def uses(x):
+        y = x * 2
+        print("token", type(token).__name__)
+        return y + 1
+    return uses
+
+
+def test_closures_made_per_call_let_their_values_go():
+    token = Token()
+    fn = over_token(token)
+    fast = agspeed.optimize(fn)
+    x = torch.randn(4)
+    fast(x)
+    gc.collect()
+    before = sys.getrefcount(token), sys.getrefcount(x)
+    for _ in range(5):
+        torch.testing.assert_close(fast(x), fn(x))
+    gc.collect()
+    assert (sys.getrefcount(token), sys.getrefcount(x)) == before
