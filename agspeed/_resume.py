@@ -521,10 +521,11 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
 
     With blocks open at the break (stack slots of kind "ctx") get a manager made
     anew, entered around the break instructions and left before the resume function
-    is called, which makes and enters another around the rest of the block.  When a handler covers the break (a ``try`` or a ``with``), an exception
-    from the break instructions leaves the blocks and goes on in a resume function
-    that starts at that handler, with the exception (and the offset it is said to
-    come from) where CPython would push them."""
+    is called, which makes and enters another around the rest of the block.  When a
+    with block's handler covers the break, an exception from the break instructions
+    leaves the blocks and goes on in a resume function that starts at that handler,
+    with the exception (and the offset it is said to come from) where CPython would
+    push them."""
     key = (site.offset, layout.key(), id(f_globals))
     per_code = _CACHE.setdefault(code, {})
     hit = per_code.get(key)
