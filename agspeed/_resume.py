@@ -596,6 +596,9 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
         at, hdepth, lasti = site.handler
         onto = kinds[:hdepth] + ("value",) * (1 + bool(lasti))
         fn, shift = _resume_function(code, f_globals, instrs, handlers, at, onto, unbound)
+        # never captured: the interpreter does not enter handlers (it would run eager
+        # anyway), and a capture would keep the exception and its frames in its records
+        _C.mark_skip(fn.__code__)
         resumes.append(fn)
         own_handlers.append((guarded, guarded_end, len(out), len(ctxs), 0))
         consts.append(None)

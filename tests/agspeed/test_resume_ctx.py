@@ -237,3 +237,29 @@ def test_managers_made_per_call_are_not_kept():
     gc.collect()
     assert (sys.getrefcount(fn), [sys.getrefcount(r) for r in resumes]) == counts
     assert sum(type(o) is torch.no_grad for o in gc.get_objects()) <= managers
+
+
+class Token:
+    """A plain object passed through a failing break: nothing may keep it alive."""
+
+
+def fails_with_token(x, token):
+    y = x * 2
+    with torch.no_grad():
+        fails(token)
+    return y
+
+
+def test_frames_of_a_failed_break_let_their_values_go():
+    import weakref
+
+    fast = agspeed.optimize(fails_with_token)
+    for _ in range(2):    # the capture, then a cache hit
+        token = Token()
+        alive = weakref.ref(token)
+        with pytest.raises(ValueError):
+            fast(torch.randn(3), token)
+        del token
+        gc.collect()
+        assert alive() is None
+        assert torch.is_grad_enabled()
