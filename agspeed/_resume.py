@@ -250,6 +250,12 @@ def _maker(model: Any) -> tuple:
     return (torch.enable_grad if model.mode else torch.no_grad), ()
 
 
+def _is_exception(value: Any) -> bool:
+    """Whether ``value`` is an exception or an exception class."""
+    return isinstance(value, BaseException) or (
+        isinstance(value, type) and issubclass(value, BaseException))
+
+
 def _holds_shadow(value: Any, builder: Any) -> bool:
     """Whether ``value`` is, or holds, the capture's copy of a list or dict of the
     program (``agspeed._effects``: changed before the break)."""
@@ -301,6 +307,10 @@ def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
         if kind == "CONST" and type(payload) is types.MethodType \
                 and getattr(payload.__func__, "__name__", "") == "__exit__":
             return "a with block of a manager the capture does not model at the break"
+        if kind in ("LAZY", "CONST") and _is_exception(payload):
+            # what the frame goes on to raise: the resume function's guard would keep
+            # it (no weak reference to an exception), and with it its traceback's frames
+            return "an exception being made or raised at the break"
         if kind in ("LAZY", "CONST"):
             if type(source) is tuple and len(source) == 2 and source[0] == "local":
                 return ("local", source[1])

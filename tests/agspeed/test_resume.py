@@ -415,3 +415,25 @@ def test_closures_made_per_call_let_their_values_go():
         torch.testing.assert_close(fast(x), fn(x))
     gc.collect()
     assert (sys.getrefcount(token), sys.getrefcount(x)) == before
+
+
+def raises_after_a_break(x):
+    y = x * 2
+    print("before raising")
+    if y is not None:
+        raise KeyError("raised after a break")
+    return y
+
+
+def test_values_of_a_frame_that_raises_after_a_break_are_let_go():
+    import weakref
+
+    fast = agspeed.optimize(raises_after_a_break)
+    for _ in range(3):    # the captures, then cache hits
+        x = torch.randn(3)
+        alive = weakref.ref(x)
+        with pytest.raises(KeyError):
+            fast(x)
+        del x
+        gc.collect()
+        assert alive() is None   # no guard keeps the exception, its traceback, x

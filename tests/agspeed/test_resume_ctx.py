@@ -263,3 +263,25 @@ def test_frames_of_a_failed_break_let_their_values_go():
         gc.collect()
         assert alive() is None
         assert torch.is_grad_enabled()
+
+
+def raises_after_the_break(x):
+    y = x * 2
+    with torch.no_grad():
+        note(y)
+        if torch.is_grad_enabled() is False:
+            raise KeyError("after the break")
+    return y
+
+
+def test_an_exception_after_the_break_leaves_the_block_entered_again():
+    fast = agspeed.optimize(raises_after_the_break)
+    for _ in range(2):
+        with pytest.raises(KeyError) as info:
+            fast(torch.randn(3, requires_grad=True))
+        assert torch.is_grad_enabled()
+    frames = traceback.extract_tb(info.value.__traceback__)
+    line = raises_after_the_break.__code__.co_firstlineno + 5
+    assert (os.path.abspath(__file__), line) in [(f.filename, f.lineno) for f in frames]
+    assert any(f.name.startswith("resume_in_") and f.name.endswith(f"_at_{line}")
+               for f in frames)
