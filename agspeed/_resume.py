@@ -54,8 +54,9 @@ frame: graph counts stay equal), under ``try`` whose handler is not a with block
 (torch._dynamo compiles no graph there either), in a with block of a manager the
 builder does not model (a user's ``__enter__``/``__exit__``), in code that writes a
 variable of an enclosing function (the resume function's cells are its own), a local
-shared with a closure made before the break, generators, and break instructions that
-are not a plain stack operation or a conditional jump.
+shared with a closure made before the break, an exception or exception class at the
+break (a guard would keep it, and its traceback's frames, alive), generators, and break
+instructions that are not a plain stack operation or a conditional jump.
 """
 
 from __future__ import annotations
