@@ -285,3 +285,20 @@ def test_an_exception_after_the_break_leaves_the_block_entered_again():
     assert (os.path.abspath(__file__), line) in [(f.filename, f.lineno) for f in frames]
     assert any(f.name.startswith("resume_in_raises_after_the_break") and f.lineno == line
                for f in frames)
+
+
+def two_breaks_in_block(x):
+    y = x.sin()
+    with torch.no_grad():
+        a = y * 2
+        note(a)
+        b = a + 1
+        note(b)
+        c = b * y
+    return c + y
+
+
+def test_a_second_break_in_the_block_of_a_resume_function():
+    report, seen = check(two_breaks_in_block, vec, 3)
+    assert seen == [(False, False), (False, False)]
+    assert any(name.startswith("resume_in_resume_in_") for name in report.resume_functions)
