@@ -92,6 +92,8 @@ class CallPolicy:
             return (Plan.FOLD, fn)
         if fn is super:
             return (Plan.SUPER,)
+        if fn is object.__getattribute__:
+            return (Plan.RAW_GETATTR,)
         if fn is getattr or fn is hasattr:
             return (Plan.GETATTR,) if fn is getattr else (Plan.HASATTR,)
         plan = self.stdlib_plan(fn, source)
@@ -133,6 +135,8 @@ class CallPolicy:
         how, forward = static_attr(module, "forward")
         if how not in (Attr.METHOD, Attr.VALUE) or type(forward) is not types.FunctionType:
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{cls.__name__}.forward is not a function")
+        if source is None and self.made_modules.get(id(module)) is module:  # type: ignore
+            return (Plan.MODULE, forward, module if how is Attr.METHOD else None, None)
         if source is None:
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"a {cls.__name__} reached by no source")
         self.assumptions.append((("type", source), cls))

@@ -16,6 +16,8 @@ The interpreter meets a ``with`` at BEFORE_WITH (csrc/interp_exc.c) and asks the
   the capture are the real ones, which the guard checks (``agspeed.guards.state``).
   ``torch.set_grad_enabled(b)`` switches the mode when it is called, as in eager, and its
   exit switches back.
+* ``torch.inference_mode(mode)`` records ``_enter_inference_mode`` / ``_exit_inference_mode``
+  (the same pair eager runs) and runs the block's fake operations in that mode, grad off.
 * ``contextlib.nullcontext(value)`` enters to ``value`` and records nothing.
 * Such a manager made before the call (``self.amp = torch.autocast(...)`` in
   ``__init__``) is modelled from the fields its ``__enter__`` reads, each guarded.
@@ -52,10 +54,13 @@ class _Ctx:
     ``torch.amp._enter_autocast`` (None: none); ``result``: what ``enter()`` answers."""
 
     def __init__(self, builder: Any, name: str, grad: bool | None = None,
-                 autocast: tuple | None = None, result: Any = None) -> None:
+                 autocast: tuple | None = None, result: Any = None,
+                 inference: bool | None = None) -> None:
         self.builder, self.name = builder, name
         self.grad, self.autocast, self.result = grad, autocast, result
         self.mode = grad    # the grad mode inside the block (set_grad_enabled's too)
+        self.inference = inference
+        self.inference_node: Any = None
         self.prev_grad: bool | None = None
         self.autocast_node: Any = None
         self.entered = False
@@ -71,6 +76,12 @@ class _Ctx:
         if self.autocast is not None:
             self.autocast_node = b._ctx_node(b._torch.amp._enter_autocast, self.autocast)
             b.autocast_stack.append(self.autocast)
+        if self.inference is not None:
+            grad_mode = b._torch.autograd.grad_mode
+            self.inference_node = b._ctx_node(grad_mode._enter_inference_mode,
+                                              (self.inference,))
+            b.inference_stack.append((self.inference, b.grad_mode))
+            b.grad_mode = b.grad_mode and not self.inference   # the mode turns grad off
         return self.result
 
     def exit(self, *exc: Any) -> None:
@@ -83,6 +94,12 @@ class _Ctx:
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{self.name} left out of order")
             b.autocast_stack.pop()
             b._ctx_node(b._torch.amp._exit_autocast, (self.autocast_node,))
+        if self.inference is not None:
+            if not b.inference_stack:
+                raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{self.name} left out of order")
+            b.grad_mode = b.inference_stack.pop()[1]
+            b._ctx_node(b._torch.autograd.grad_mode._exit_inference_mode,
+                        (self.inference_node,))
         if self.prev_grad is not None:
             b._switch_grad(self.prev_grad)
         return None
@@ -106,6 +123,7 @@ class ContextPolicy:
         self.grad_mode: bool = torch.is_grad_enabled()
         self._initial_grad = self.grad_mode
         self.autocast_stack: list[tuple] = []
+        self.inference_stack: list[tuple] = []   # (mode, grad mode before), innermost last
         grad = torch.autograd.grad_mode
         # by id, so that asking never hashes or compares a user's object
         self._grad_classes = {id(grad.no_grad): False, id(grad.enable_grad): True}
@@ -117,7 +135,7 @@ class ContextPolicy:
         self._autocast_classes = {id(cls): device for cls, device in autocast.items()}
         self._ctx_classes = {id(cls): cls for cls in (
             grad.no_grad, grad.enable_grad, torch.set_grad_enabled, contextlib.nullcontext,
-            *autocast)}
+            grad.inference_mode, *autocast)}
 
     def _modelled(self, cls: Any) -> bool:
         return self._ctx_classes.get(id(cls)) is cls
@@ -143,7 +161,8 @@ class ContextPolicy:
             return fn(*args, **kwargs)
         if type(fn) is types.MethodType:  # a decorator's clone(): the same manager, anew
             made = fn.__self__
-            again = (made.mode,) if type(made) is self._torch.set_grad_enabled else ()
+            again = (made.mode,) if type(made) in (self._torch.set_grad_enabled,
+                                               self._torch.inference_mode) else ()
             return self.ctx(type(made), again, {})
         torch = self._torch
         name = getattr(fn, "__qualname__", repr(fn))
@@ -154,6 +173,11 @@ class ContextPolicy:
         if id(fn) in self._grad_classes:
             self._bound(fn, args, kwargs)
             return _Ctx(self, name, grad=self._grad_classes[id(fn)])
+        if fn is torch.autograd.grad_mode.inference_mode:
+            mode = self._bound(fn, args, kwargs)["mode"]
+            if type(mode) is not bool:
+                raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{name}({type(mode).__name__})")
+            return _Ctx(self, name, inference=mode)
         if fn is torch.set_grad_enabled:
             mode = self._bound(fn, args, kwargs)["mode"]
             if type(mode) is not bool:
@@ -204,7 +228,9 @@ class ContextPolicy:
         cls = type(cm)
         name = cls.__qualname__
         fields: dict[str, Any] = {}
-        wanted = ("enter_result",) if cls is contextlib.nullcontext else \
+        inference = cls is self._torch.autograd.grad_mode.inference_mode
+        wanted = ("enter_result",) if cls is contextlib.nullcontext else ("mode",) \
+            if inference else \
             ("device", "fast_dtype", "_enabled", "_cache_enabled") \
             if id(cls) in self._autocast_classes else ()
         state = object.__getattribute__(cm, "__dict__")
@@ -220,6 +246,8 @@ class ContextPolicy:
             return _Ctx(self, name, grad=self._grad_classes[id(cls)])
         if cls is contextlib.nullcontext:
             return _Ctx(self, name, result=fields["enter_result"])
+        if inference and type(fields["mode"]) is bool:
+            return _Ctx(self, name, inference=fields["mode"])
         if id(cls) in self._autocast_classes:
             return _Ctx(self, name, autocast=(fields["device"], fields["fast_dtype"],
                                               fields["_enabled"], fields["_cache_enabled"]))
@@ -230,7 +258,8 @@ class ContextPolicy:
 
     def mode_scope(self) -> Any:
         """A context applying the capture's grad mode and autocast to fake operations."""
-        if self.grad_mode == self._initial_grad and not self.autocast_stack:
+        if self.grad_mode == self._initial_grad and not self.autocast_stack and \
+                not self.inference_stack:
             return contextlib.nullcontext()
         return self._modes()
 
@@ -238,6 +267,8 @@ class ContextPolicy:
     def _modes(self) -> Iterator[None]:
         torch = self._torch
         with contextlib.ExitStack() as stack:
+            if self.inference_stack:
+                stack.enter_context(torch.inference_mode(self.inference_stack[-1][0]))
             stack.enter_context(torch.set_grad_enabled(self.grad_mode))
             for device, dtype, enabled, cache in self.autocast_stack:
                 stack.enter_context(torch.autocast(device, dtype, enabled, cache))

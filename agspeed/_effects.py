@@ -50,6 +50,7 @@ call (and the caller) sees exactly the state eager would have left.
 from __future__ import annotations
 
 import logging
+import types
 import warnings
 from typing import Any, Callable, NamedTuple
 
@@ -59,7 +60,7 @@ from agspeed.protocol import Reason
 
 __all__ = ["SideEffects", "replay"]
 
-_SET, _CALL, _CONTENTS = 0, 1, 2
+_SET, _CALL, _CONTENTS, _RAW_SET = 0, 1, 2, 3   # _RAW_SET: object.__setattr__'s write
 
 
 class _Slot(NamedTuple):
@@ -134,11 +135,29 @@ class SideEffects:
         self._plan: tuple | None = None  # made once, when the capture ends
         self._owner_sources: list = []
 
-    def effect_setattr(self, obj: Any, source: Any, name: str, value: Any) -> None:
-        """Record ``obj.name = value`` (``obj`` reached by ``source``)."""
-        self._check_writable(obj, name, value)
-        self._effects.append((_SET, source, obj, name, value))
+    def effect_setattr(self, obj: Any, source: Any, name: str, value: Any,
+                       raw: bool = False) -> Any:
+        """Record ``obj.name = value`` (``obj`` reached by ``source``): None, or the
+        class's own ``__setattr__`` written in Python, which the interpreter inlines as
+        ``f(obj, name, value)`` (its ``object.__setattr__`` then comes back here
+        ``raw``, the write past it, replayed the same way)."""
+        if not raw:
+            hook = self._setattr_hook(type(obj))
+            if hook is not None:
+                return hook
+        self._check_writable(obj, name, value, raw)
+        self._effects.append((_RAW_SET if raw else _SET, source, obj, name, value))
         self._overlay[(id(obj), name)] = (obj, value)
+        return None
+
+    def _setattr_hook(self, kind: type) -> Any:
+        torch = self._torch  # type: ignore[attr-defined]
+        setattr_fn = next(k.__dict__["__setattr__"] for k in kind.__mro__
+                          if "__setattr__" in k.__dict__ and "__agspeed_view__" not in k.__dict__)
+        if type(setattr_fn) is types.FunctionType and \
+                setattr_fn is not torch.nn.Module.__setattr__:
+            return setattr_fn
+        return None
 
     def replay_call(self, fn: Any, args: tuple, kwargs: dict) -> None:
         """Record a call of ``fn`` made for its effect; it answers None to the frame."""
@@ -218,10 +237,10 @@ class SideEffects:
         owners = {s: k for k, s in enumerate(self._owner_sources)}
         plan = []
         for effect in kept:
-            if effect[0] == _SET:
-                _, source, _, name, value = effect
+            if effect[0] in (_SET, _RAW_SET):
+                kind, source, _, name, value = effect
                 template = self._template(value)
-                plan.append((_SET, owners[source], name, template, _has_slot(template)))
+                plan.append((kind, owners[source], name, template, _has_slot(template)))
             elif effect[0] == _CONTENTS:
                 _, source, _, made = effect
                 contents = self._template(list(made) if type(made) is list else dict(made))
@@ -259,13 +278,13 @@ class SideEffects:
 
     # -- what may be written ----------------------------------------------------------
 
-    def _check_writable(self, obj: Any, name: str, value: Any) -> None:
+    def _check_writable(self, obj: Any, name: str, value: Any, raw: bool = False) -> None:
         torch = self._torch  # type: ignore[attr-defined]
         kind = type(obj)
         # an optimized module's view class forwards writes to its original's class
         setattr_fn = next(k.__dict__["__setattr__"] for k in kind.__mro__
                           if "__setattr__" in k.__dict__ and "__agspeed_view__" not in k.__dict__)
-        if setattr_fn not in (object.__setattr__, torch.nn.Module.__setattr__):
+        if not raw and setattr_fn not in (object.__setattr__, torch.nn.Module.__setattr__):
             raise GraphBreak(Reason.SIDE_EFFECT,
                              f"setting {name!r} of a {kind.__name__}, whose class has "
                              f"its own __setattr__")
@@ -329,6 +348,8 @@ def replay(plan: tuple, n_inputs: int, compiled: Callable) -> Callable:
         for kind, target, a, b, slots in plan:
             if kind == _SET:
                 setattr(owners[target], a, _fill(b, outputs) if slots else b)
+            elif kind == _RAW_SET:
+                object.__setattr__(owners[target], a, _fill(b, outputs) if slots else b)
             elif kind == _CONTENTS:
                 _write_back(owners[target], _fill(b, outputs) if slots else b)
             elif slots:

@@ -14,11 +14,12 @@ import builtins
 import collections
 import logging
 import operator
+import os
 import types
 from typing import Any
 
 from agspeed._builder_types import GraphBreak, SymShape, concrete, describe_callable
-from agspeed._sources import is_namedtuple_type, static_attr
+from agspeed._sources import MISSING, _class_lookup, is_namedtuple_type, static_attr
 from agspeed._stdlib import _VIEWS, SAFE_ITERATORS, StdlibFolds
 from agspeed.protocol import Attr, Compare, Reason
 
@@ -208,16 +209,46 @@ class Folds(StdlibFolds):
             return self._module_item(container, index, source)
         if type(container) in (tuple, list, dict, str, torch.Size, range, SymShape,
                                *_COLLECTIONS) or \
-                is_namedtuple_type(type(container)):
+                is_namedtuple_type(type(container)) or \
+                (isinstance(container, dict) and _class_lookup(type(container), "__getitem__")
+                 is dict.__getitem__):   # a dict subclass that keeps dict's item read
             try:
                 out = container[index]
             except Exception as exc:
                 raise GraphBreak(Reason.OP_FAILED, f"{type(container).__name__}[{index!r}] raised "
                                  f"{type(exc).__name__}: {exc}") from exc
+            if source is not None and not self._is_static(container):
+                self._guard_read(container, index, source, out)
             keep = source is not None and not isinstance(index, slice) and \
                 not self._is_static(out) and not isinstance(out, self.node_type)
             return out, (("item", source, index) if keep else None)
         raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"indexing a {type(container).__name__}")
+
+    def _guard_read(self, container: Any, index: Any, source: Any, out: Any) -> None:
+        """Plain values read out of a container of the program whose own guard holds
+        only its type and length (a dict, a list or tuple of objects): each item read is
+        guarded where it is (a value loaded by its source gets its guard there)."""
+        if isinstance(index, slice):
+            for i in range(*index.indices(len(container))):
+                if self._is_static(container[i]):
+                    self.assumptions.append((("item", source, i), container[i]))
+        elif self._is_static(out):
+            self.assumptions.append((("item", source, index), out))
+
+    def _guard_membership(self, key: Any, container: Any) -> None:
+        """``key in container`` for a container of the program: a dict's key guarded
+        present (its value) or absent, a list's or tuple's items guarded."""
+        known = self.known.get(id(container))  # type: ignore[attr-defined]
+        if known is None or known[0] is not container or self._is_static(container):
+            return
+        source = known[1]
+        if isinstance(container, dict) or container is os.environ:
+            value = container.get(key, MISSING) if container is os.environ else \
+                dict.get(container, key, MISSING)
+            self.assumptions.append((("item", source, key), value))
+        elif type(container) in (list, tuple):
+            for i, v in enumerate(container):
+                self.assumptions.append((("item", source, i), v))
 
     def _module_item(self, container: Any, index: Any, source: Any) -> tuple[Any, Any]:
         d = object.__getattribute__(container, "__dict__")
@@ -225,6 +256,20 @@ class Folds(StdlibFolds):
                                                            self._torch.nn.ParameterDict)) \
             else d["_modules"]
         keys = list(store)
+        if type(index) is slice and type(container) in (self._torch.nn.ModuleList,
+                                                       self._torch.nn.ParameterList):
+            # `self.layers[:n]`: the modules themselves, each guarded on its source,
+            # in a list (what the code then iterates, indexes or measures)
+            if source is None:
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE,
+                                 "a module container reached by no source")
+            self._guard_store(container, source, store)
+            picked = keys[index]
+            for key in picked:
+                item_source = ("attr", source, key)
+                self.assumptions.append((item_source, store[key]))
+                self.known.setdefault(id(store[key]), (store[key], item_source))
+            return [store[k] for k in picked], None
         if isinstance(index, int) and not isinstance(index, bool) and \
                 not isinstance(container, (self._torch.nn.ModuleDict, self._torch.nn.ParameterDict)):
             if not -len(keys) <= index < len(keys):
@@ -260,11 +305,15 @@ class Folds(StdlibFolds):
         if nodes:
             raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"`{op.op}` with a tensor")
         if op in (Compare.IN, Compare.NOT_IN):
-            if not (type(b) in (tuple, list, dict, str, set, frozenset, range, self._torch.Size,
-                                *_VIEWS)
-                    and (self._is_static(a))):
+            plain = type(b) in (tuple, list, dict, str, set, frozenset, range,
+                                self._torch.Size, *_VIEWS) or \
+                (isinstance(b, dict) and _class_lookup(type(b), "__contains__") is
+                 dict.__contains__) or \
+                (b is os.environ and type(a) is str)   # read as a dict, guarded
+            if not (plain and self._is_static(a)):
                 raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"`in` on a {type(b).__name__}")
             found = a in b
+            self._guard_membership(a, b)
             return found if op is Compare.IN else not found
         if not (self._comparable(a) and self._comparable(b)):
             raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"comparing a {type(a).__name__} and a "

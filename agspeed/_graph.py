@@ -131,6 +131,7 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
         self.aliases: list[tuple[tuple, tuple]] = []  # (source, first source of the tensor)
         self.known: dict[int, tuple[Any, Any]] = {}  # id -> (object, source), shared with C
         self.objects: dict[int, Any] = {}  # id -> object the capture made (_objects.py)
+        self.made_modules: dict[int, Any] = {}  # id -> torch.nn layer made in the frame
         self._escaping: set[int] = set()    # objects check_output is inside of
         self._escaped: dict[int, Any] = {}  # id -> the node rebuilding it (escape)
         self._inputs: dict[Any, tuple[Any, Any]] = {}  # source -> (node, real value)

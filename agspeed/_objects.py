@@ -234,6 +234,9 @@ class Objects:
             mo = _model_output_type()
             if is_structseq_type(fn) or (mo is not None and issubclass(fn, mo)):
                 return (Plan.FOLD, fn)
+            if issubclass(fn, self._torch.nn.Module) and \
+                    fn.__module__.startswith("torch.nn.modules."):
+                return (Plan.FOLD, fn)   # torch's own layer made in the frame (fold)
             if not is_namedtuple_type(fn) and not issubclass(fn, self._torch.nn.Module) \
                     and self._plain_class(fn):
                 init = _class_lookup(fn, "__init__")
@@ -261,6 +264,8 @@ class Objects:
         mo = _model_output_type()
         if mo is not None and isinstance(fn, type) and issubclass(fn, mo):
             return self._make_model_output(fn, args, kwargs)
+        if isinstance(fn, type) and issubclass(fn, self._torch.nn.Module):
+            return self._make_module(fn, args, kwargs)
         if mo is not None and fn in (mo.__getitem__, mo.to_tuple):
             if not args or not self.is_owned(args[0]):
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"ModelOutput.{fn.__name__}")
@@ -270,6 +275,14 @@ class Objects:
         if fn is dataclasses.fields and len(args) == 1 and not kwargs and (
                 self.is_owned(args[0]) or isinstance(args[0], type)):
             return self._run(fn, args, kwargs)   # the class's Field objects
+        if fn is object.__setattr__ and len(args) == 3 and not kwargs and \
+                type(args[1]) is str and not self.is_owned(args[0]):
+            known = self.known.get(id(args[0]))
+            if known is not None and known[0] is args[0]:
+                # past the class's own __setattr__ (inlined): a side effect, replayed
+                self.effect_setattr(args[0], known[1], args[1], args[2],  # type: ignore
+                                    raw=True)
+                return None
         if fn is object.__setattr__ or fn is object.__init__:
             if not args or not self.is_owned(args[0]):
                 raise GraphBreak(Reason.SIDE_EFFECT, f"object.{fn.__name__} of an object of "
@@ -290,6 +303,21 @@ class Objects:
                     is_namedtuple_type(kind):
                 return hasattr(args[0], args[1])
         return super().fold(fn, args, kwargs)  # type: ignore[misc]
+
+    def _make_module(self, cls: type, args: tuple, kwargs: dict) -> Any:
+        """A layer of torch.nn made in the frame (``CrossEntropyLoss()``, ``nn.ReLU()``)
+        from plain arguments: made now, the same on every call the guards admit, so it
+        holds no state of its own; one with parameters or tensors breaks."""
+        if not all(self._is_static(a) for a in (*args, *kwargs.values())):
+            raise GraphBreak(Reason.UNSUPPORTED_CALL,
+                             f"{cls.__name__}() with arguments that are not plain values")
+        module = self._run(cls, args, kwargs)
+        if any(True for _ in module.parameters()) or \
+                any(b is not None for b in module.buffers()):
+            raise GraphBreak(Reason.UNSUPPORTED_CALL,
+                             f"{cls.__name__}() made in the frame with parameters or buffers")
+        self.made_modules[id(module)] = module
+        return module
 
     def _context_var(self, args: tuple, kwargs: dict) -> Any:
         """``var.get([default])``: its value now, guarded on ``("cvar", var's source)``."""

@@ -237,8 +237,8 @@ def _modelled_exit(value: Any) -> Any:
 
 def _maker(model: Any) -> tuple:
     """``(cls, args)``: ``cls(*args)`` is a real manager entering what ``model``
-    entered: its grad mode, its autocast state, or nothing (``nullcontext``, whose
-    value was bound already)."""
+    entered: its grad mode, its autocast state, inference mode, or nothing
+    (``nullcontext``, whose value was bound already)."""
     import contextlib
 
     import torch
@@ -246,6 +246,8 @@ def _maker(model: Any) -> tuple:
     if model.autocast is not None:
         device, dtype, enabled, cache = model.autocast
         return torch.autocast, (device, dtype, enabled, cache)
+    if model.inference is not None:
+        return torch.inference_mode, (model.inference,)
     if model.mode is None:
         return contextlib.nullcontext, ()
     return (torch.enable_grad if model.mode else torch.no_grad), ()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import builtins
 import collections
 import contextvars
+import os
 import sys
 import types
 from typing import Any
@@ -75,6 +76,7 @@ def is_namedtuple_type(cls: Any) -> bool:
 
 # a class's names and its method resolution order: type's own getters, no user code
 _TYPE_NAMES = {name: type.__dict__[name] for name in ("__name__", "__qualname__", "__mro__")}
+_OBJECT_CLASS = object.__dict__["__class__"]
 _TUPLEGETTER = type(collections.namedtuple("_Probe", "field").field)
 
 
@@ -110,6 +112,11 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
     found = _class_lookup(cls, name)
     if cls is contextvars.ContextVar and name == "get":
         return Attr.METHOD, found   # a read the capture models (its value is guarded)
+    if found is _OBJECT_CLASS:
+        return Attr.VALUE, cls
+    if name == "__dict__" and type(found) is types.GetSetDescriptorType and \
+            not issubclass(cls, type):
+        return Attr.VALUE, _object_getattribute(obj, "__dict__")   # an instance's own
     if found is not MISSING:
         kind = type(found)
         if kind is property:
@@ -131,6 +138,12 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
         d = _object_getattribute(obj, "__dict__")
     except AttributeError:
         d = None
+    if issubclass(cls, type) and name not in d:
+        # a class's attribute is found on its MRO before its metaclass's plain
+        # descriptors (type.__getattribute__ does not hide a class's own)
+        value = _class_lookup(obj, name)
+        if type(value) is types.FunctionType:
+            return Attr.VALUE, value
     if d is not None and name in d:
         value = d[name]
         if issubclass(cls, type):   # a class's own dict: its descriptors, unbound
@@ -187,6 +200,9 @@ def _super_attr(sup: super, name: str) -> tuple[str, Any]:
                 return Attr.METHOD, value
             if type(value) is staticmethod:
                 return Attr.VALUE, value.__func__
+            if type(value) in (types.MethodDescriptorType, types.WrapperDescriptorType) and \
+                    klass.__module__ == "builtins":
+                return Attr.METHOD, value   # a builtin base's method, called with self
             return Attr.UNSUPPORTED, f"super() attribute of type {type(value).__name__}"
         after = after or klass is start
     return Attr.MISSING, MISSING
@@ -234,6 +250,10 @@ def resolve_step(kind: str, base: Any, key: Any) -> Any:
         try:
             if type(base) in (tuple, list, dict) or _is_size(base) or \
                     is_namedtuple_type(type(base)):
+                return base[key]
+            if isinstance(base, dict):   # a subclass: its store, past its own methods
+                return dict.__getitem__(base, key)
+            if base is os.environ:
                 return base[key]
         except (IndexError, KeyError, TypeError):
             pass

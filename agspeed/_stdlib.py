@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import itertools
 import operator
+import os
 import types
 from typing import Any
 
@@ -67,6 +69,8 @@ _CONTAINER_METHODS = {
 }
 _SET_OPERATORS = (operator.or_, operator.and_, operator.sub, operator.xor)
 _DESCRIPTORS = (types.MethodDescriptorType, types.ClassMethodDescriptorType)
+# dict's own readers, called on a dict of the program (or a subclass's store)
+_DICT_READS = frozenset(dict.__dict__[n] for n in ("get", "__getitem__", "__contains__"))
 _DEQUE_METHODS = frozenset({"append", "appendleft", "pop", "popleft", "extend",
                             "extendleft", "rotate", "clear", "copy", "count", "index",
                             "reverse"})
@@ -123,7 +127,9 @@ class StdlibFolds:
         if kind is types.MethodDescriptorType and fn.__objclass__ is collections.deque and \
                 fn.__name__ in _DEQUE_METHODS:
             return (Plan.FOLD, fn)
-        if fn is dict.__dict__["get"]:   # on a dict of the program (pure_method)
+        if fn in _DICT_READS:   # on a dict of the program (pure_method, super())
+            return (Plan.FOLD, fn)
+        if fn is inspect.signature:   # of a function or method the capture holds
             return (Plan.FOLD, fn)
         if fn is next or fn is functools.partial or _one_of(fn, _ITERTOOLS) or \
                 fn is operator.itemgetter or kind is operator.itemgetter:
@@ -157,6 +163,11 @@ class StdlibFolds:
         if type(obj) in _MUTABLE and name in _MUTATORS and self._of_program(obj):
             raise GraphBreak(Reason.SIDE_EFFECT, f"{type(obj).__name__}.{name}() on a "
                              "container of the program")
+        if obj is os.environ and name in ("get", "__getitem__", "__contains__") and \
+                self._of_program(obj):
+            # read as a dict's (the fold below answers it for os.environ): dict's own
+            # method, not Mapping.get, which other mappings run as Python
+            return Attr.METHOD, dict.__dict__[name], obj
         if type(obj) is dict and name == "get" and self._of_program(obj):
             return Attr.METHOD, dict.__dict__["get"], obj   # read item by item, guarded
         if type(obj) is collections.deque and name in _DEQUE_METHODS:
@@ -179,9 +190,12 @@ class StdlibFolds:
             return True, self._collection(fn, args, kwargs)
         if type(fn) is types.MethodDescriptorType and fn.__objclass__ is collections.deque:
             return True, self._deque_method(fn, args, kwargs)
-        if fn is dict.__dict__["get"] and args and type(args[0]) is dict and \
+        if fn in _DICT_READS and args and (isinstance(args[0], dict) or
+                                           args[0] is os.environ) and \
                 self._of_program(args[0]):
-            return True, self._program_dict_get(args, kwargs)
+            return True, self._program_dict_get(fn, args, kwargs)
+        if fn is inspect.signature:
+            return True, self._signature(args, kwargs)
         if fn is functools.partial:
             if not args or not callable(args[0]):
                 raise GraphBreak(Reason.BAD_CALL, "functools.partial() of a non-callable")
@@ -285,18 +299,41 @@ class StdlibFolds:
             raise GraphBreak(Reason.OP_FAILED, f"deque.{fn.__name__}() raised "
                              f"{type(exc).__name__}: {exc}") from exc
 
-    def _program_dict_get(self, args: tuple, kwargs: dict) -> Any:
-        """``d.get(key, default)`` on a dict of the program: the item loaded from
-        ``("item", source, key)`` (a tensor becomes a graph input), or the default with
-        the key's absence guarded."""
-        if kwargs or not 2 <= len(args) <= 3 or not self._is_static(args[1]):
-            raise GraphBreak(Reason.UNSUPPORTED_CALL, "dict.get() with these arguments")
+    def _signature(self, args: tuple, kwargs: dict) -> Any:
+        """``inspect.signature(f)`` of a Python function or a method bound to one: read
+        from its code and defaults, which the function's guard fixes."""
+        target = args[0] if len(args) == 1 and not kwargs else None
+        func = target.__func__ if type(target) is types.MethodType else target
+        if type(func) is not types.FunctionType or \
+                "__signature__" in getattr(func, "__dict__", {}):
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, "inspect.signature() of a "
+                             f"{type(target).__name__}")
+        return inspect.signature(target)
+
+    def _program_dict_get(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        """``d.get(key, default)``, ``d[key]`` and ``key in d`` by dict's own methods on
+        a dict of the program (a subclass's store, reached through ``super()``): the item
+        loaded from ``("item", source, key)`` (a tensor becomes a graph input), or the
+        default with the key's absence guarded."""
+        name = fn.__name__
+        most = 3 if name == "get" else 2
+        if kwargs or not 2 <= len(args) <= most or not self._is_static(args[1]):
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"dict.{name}() with these arguments")
         d, key = args[0], args[1]
         src = ("item", self.known[id(d)][1], key)
-        if key not in d:
+        if d is os.environ:   # read as the guard reads it: a str for a str key
+            if type(key) is not str:
+                raise GraphBreak(Reason.UNSUPPORTED_CALL, "os.environ read with a non-str key")
+            d = dict(os.environ)
+        if not dict.__contains__(d, key):
             self.assumptions.append((src, MISSING))
-            return args[2] if len(args) == 3 else None
-        value = d[key]
+            if name == "__getitem__":
+                raise GraphBreak(Reason.OP_FAILED, f"dict[{key!r}] raised KeyError")
+            return False if name == "__contains__" else args[2] if len(args) == 3 else None
+        if name == "__contains__":
+            self.assumptions.append((src, dict.__getitem__(d, key)))
+            return True
+        value = dict.__getitem__(d, key)
         if isinstance(value, self._torch.Tensor):
             return self.input(src, value)
         self.assumptions.append((src, value))

@@ -128,6 +128,12 @@ typedef struct {
      * in (where an inlined callee's break surfaces), and the root offset
      * to stop before without running it; -1 for none. */
     int root_offset, stop_at;
+    /* getattr() with a default (or hasattr) running a class's own
+     * __getattribute__ inlined: the frame of that call, where a read past
+     * the hook of an absent attribute returns to (interp_attr.c); `absent`
+     * says the break unwinding to it is that read's. */
+    ags_frame *absent_to;
+    int absent;
 } ags_interp;
 
 typedef int (*ags_handler)(ags_interp *, ags_frame *, const ags_instr *);
@@ -138,6 +144,7 @@ typedef int (*ags_handler)(ags_interp *, ags_frame *, const ags_instr *);
 
 /* interp_args.c */
 PyObject *ags_graph_arg(ags_interp *it, const ags_value *v);
+PyObject *ags_cell_arg(ags_interp *it, const ags_value *v);
 int ags_value_of(ags_interp *it, PyObject *obj, ags_value *out);
 int ags_assume(ags_interp *it, PyObject *source, PyObject *value);
 PyObject *ags_source_of(ags_interp *it, const ags_value *v);
@@ -174,7 +181,10 @@ int ags_materialize(ags_interp *it, ags_value *v);
 
 /* interp_attr.c */
 int ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method);
-int ags_call_getattr(ags_interp *it, ags_frame *f, int has, ags_value *args,
+/* ags_call_getattr's modes: getattr(), hasattr(), object.__getattribute__
+ * (the read past a class's own __getattribute__) */
+enum { AGS_GETATTR_GET, AGS_GETATTR_HAS, AGS_GETATTR_RAW };
+int ags_call_getattr(ags_interp *it, ags_frame *f, int mode, ags_value *args,
                      int nargs, PyObject *kwnames, ags_value *result);
 int ags_push_super(ags_interp *it, ags_frame *f, PyObject *cls,
                    PyObject *self);
@@ -220,8 +230,8 @@ int ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out);
 int ags_can_shadow(const ags_value *v);
 int ags_is_mutator(PyObject *container, PyObject *name);
 int ags_shadow(ags_interp *it, ags_value *v);
-int ags_effect_setattr(ags_interp *it, ags_value *owner, PyObject *name,
-                       PyObject *arg);
+int ags_effect_setattr(ags_interp *it, ags_frame *f, ags_value *owner,
+                       PyObject *name, PyObject *arg);
 /* interp_object.c */
 int ags_call_new(ags_interp *it, ags_frame *f, PyObject *plan,
                  ags_value *args, int nargs, PyObject *kwnames,

@@ -61,6 +61,21 @@ ags_graph_arg(ags_interp *it, const ags_value *v)
     }
 }
 
+/* What a cell shared with a function the capture made holds for v: a
+ * graph argument, but a list, dict or set the capture built is the object
+ * itself (not a frozen copy), so that a closure sees it as built here and
+ * changes through either name reach the same object.  New reference, or
+ * NULL (a break or an error). */
+PyObject *
+ags_cell_arg(ags_interp *it, const ags_value *v)
+{
+    if (v->kind == AGS_VK_LIST || v->kind == AGS_VK_DICT
+        || v->kind == AGS_VK_SET) {
+        return Py_NewRef(v->obj);
+    }
+    return ags_graph_arg(it, v);
+}
+
 static int
 contains_node(ags_interp *it, PyObject *obj)
 {

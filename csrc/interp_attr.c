@@ -10,7 +10,11 @@
  * load as LOAD_ATTR does, a missing attribute guarded absent (hasattr of a
  * tensor is asked of its type); fields of structseqs and namedtuples
  * the capture built are read as attributes of known objects; super()
- * objects find attributes in the classes after the given one.
+ * objects find attributes in the classes after the given one.  A class
+ * whose own __getattribute__ is a Python function has it run for every
+ * read, as CPython does: the function is inlined with the object and the
+ * name (its `super().__getattribute__` is the RAW_GETATTR plan: the read
+ * past it).
  */
 #include "interp.h"
 #include <string.h>
@@ -187,6 +191,58 @@ known_attr(ags_interp *it, ags_frame *f, ags_value *owner, PyObject *name,
     return rc;
 }
 
+/* The Python function a class runs for every attribute read of its
+ * instances (its own __getattribute__), borrowed, or NULL when reads take
+ * CPython's generic path or a C getter. */
+static PyObject *
+getattribute_hook(PyObject *obj)
+{
+    static PyObject *dunder;
+    PyTypeObject *tp = Py_TYPE(obj);
+    PyObject *found;
+
+    if (tp->tp_getattro == PyObject_GenericGetAttr) {
+        return NULL;
+    }
+    if (dunder == NULL
+        && (dunder = PyUnicode_InternFromString("__getattribute__")) == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    found = _PyType_Lookup(tp, dunder);
+    return found != NULL && PyFunction_Check(found) ? found : NULL;
+}
+
+/* Pushes hook(owner, name), the hook inlined and guarded through the
+ * owner's type: ("attr", ("type", owner's source), "__getattribute__"). */
+static int
+inline_getattribute(ags_interp *it, ags_frame *f, ags_value *owner,
+                    PyObject *hook, PyObject *name, int method)
+{
+    PyObject *src = ags_source_of(it, owner), *hsrc = NULL;
+    ags_value args[2], result;
+    int rc = AGS_GO;
+
+    if (src != NULL) {
+        hsrc = Py_BuildValue("(s(sO)s)", ags_load_names[AGS_LOAD_ATTR],
+                             ags_load_names[AGS_LOAD_TYPE], src,
+                             "__getattribute__");
+        Py_DECREF(src);
+        rc = hsrc == NULL ? AGS_ERROR : ags_assume(it, hsrc, hook);
+    }
+    if (rc == AGS_GO) {
+        args[0] = *owner;   /* borrowed, as the call's arguments are */
+        args[1] = ags_value_make(AGS_VK_CONST, Py_NewRef(name), NULL);
+        rc = ags_inline(it, f, hook, hsrc, args, 2, NULL, &result);
+        ags_value_clear(&args[1]);
+    }
+    if (rc == AGS_GO) {
+        rc = method ? ags_push_callable(f, result, NULL) : ags_push(f, result);
+    }
+    Py_XDECREF(hsrc);
+    return rc;
+}
+
 int
 ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method)
 {
@@ -232,6 +288,10 @@ ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method)
             rc = ags_push_callable(f, m, &self);
         }
     }
+    else if (owner.kind == AGS_VK_CONST && getattribute_hook(owner.obj)) {
+        rc = inline_getattribute(it, f, &owner, getattribute_hook(owner.obj),
+                                 name, method);
+    }
     else if (owner.kind == AGS_VK_CONST) {
         rc = known_attr(it, f, &owner, name, method);
     }
@@ -260,16 +320,79 @@ op_load_method(ags_interp *it, ags_frame *f, const ags_instr *ins)
                          1);
 }
 
+/* Whether no frame between f (the read past a class's __getattribute__)
+ * and the getattr() that inlined it has a handler around where it runs:
+ * the AttributeError would reach that getattr() and nothing else. */
+static int
+absent_unwinds(ags_interp *it, ags_frame *f)
+{
+    for (ags_frame *g = f; g != NULL && g != it->absent_to; g = g->parent) {
+        ags_except *table = NULL;
+        Py_ssize_t n = 0;
+        int offset = g->bc.instrs[g->pc].offset, covered = 0;
+
+        if (ags_bc_exceptions(g->code, &table, &n) < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            covered |= table[i].start <= offset && offset < table[i].end;
+        }
+        PyMem_Free(table);
+        if (covered || g->parent == NULL) {
+            return 0;
+        }
+    }
+    return it->absent_to != NULL;
+}
+
+/* getattr(obj, name[, default]) or hasattr(obj, name) where obj's class has
+ * its own __getattribute__ (hook): the hook inlined; when the read past it
+ * finds nothing, the AttributeError it raises is getattr()'s default or
+ * hasattr()'s False (with the absence guarded). */
+static int
+hooked_getattr(ags_interp *it, ags_frame *f, int has, PyObject *hook,
+               ags_value *args, int nargs, ags_value *result)
+{
+    ags_frame *saved_to = it->absent_to;
+    int saved = it->absent, rc;
+    int catches = has || nargs == 3;
+
+    it->absent_to = catches ? f : NULL;
+    it->absent = 0;
+    rc = inline_getattribute(it, f, &args[0], hook, args[1].obj, 0);
+    if (rc == AGS_BREAK && catches && it->absent) {
+        /* the capture goes on past the raise the hook let through */
+        it->brk_reason = -1;
+        it->brk_code = NULL;
+        Py_CLEAR(it->brk_detail);
+        rc = has ? (ags_value_of(it, Py_False, result) < 0 ? AGS_ERROR
+                                                          : AGS_GO)
+                 : (*result = ags_value_copy(&args[2]), AGS_GO);
+    }
+    else if (rc == AGS_GO) {
+        *result = ags_pop(f);
+        if (has) {
+            ags_value_clear(result);
+            rc = ags_value_of(it, Py_True, result) < 0 ? AGS_ERROR : AGS_GO;
+        }
+    }
+    it->absent_to = saved_to;
+    it->absent = saved;
+    return rc;
+}
+
 /* getattr(obj, name[, default]) and hasattr(obj, name) with a constant
  * name: the attribute is loaded as LOAD_ATTR would, under the same guard
  * on its source; a missing one (with a default, or for hasattr) is guarded
  * absent.  *result is set on AGS_GO. */
 int
-ags_call_getattr(ags_interp *it, ags_frame *f, int has, ags_value *args,
+ags_call_getattr(ags_interp *it, ags_frame *f, int mode, ags_value *args,
              int nargs, PyObject *kwnames, ags_value *result)
 {
+    int has = mode == AGS_GETATTR_HAS;
     const char *fn = has ? "hasattr" : "getattr";
-    PyObject *name, *answer, *src = NULL;
+    PyObject *name, *answer, *src = NULL, *hook;
     int rc, how, missing;
 
     if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
@@ -315,11 +438,19 @@ ags_call_getattr(ags_interp *it, ags_frame *f, int has, ags_value *args,
         }
         return rc;
     }
+    hook = mode == AGS_GETATTR_RAW ? NULL : getattribute_hook(args[0].obj);
+    if (hook != NULL) {
+        return hooked_getattr(it, f, has, hook, args, nargs, result);
+    }
     rc = ask_attr(it, args[0].obj, name, &answer, &how);
     if (rc != AGS_GO) {
         return rc;
     }
     missing = how == AGS_ATTR_MISSING;
+    if (missing && mode == AGS_GETATTR_RAW && nargs == 2
+        && absent_unwinds(it, f)) {
+        it->absent = 1;   /* the break below returns to the getattr() */
+    }
     if (attr_source(it, &args[0], name, &src) < 0) {
         Py_DECREF(answer);
         return AGS_ERROR;

@@ -179,6 +179,29 @@ call_inline(ags_interp *it, ags_frame *f, PyObject *plan,
                             args, nargs, kwnames, result);
 }
 
+/* object.__getattribute__(obj, name), reached unbound or as
+ * super().__getattribute__ (`self` the object): the attribute as
+ * getattr() finds it, without the class's own __getattribute__. */
+static int
+raw_getattr(ags_interp *it, ags_frame *f, const ags_value *self,
+            ags_value *args, int nargs, PyObject *kwnames, ags_value *result)
+{
+    ags_value all[2];
+
+    if (nargs + (self != NULL) != 2) {
+        return ags_stopf(it, AGS_REASON_BAD_CALL,
+                         "object.__getattribute__() takes an object and "
+                         "a name");
+    }
+    if (self == NULL) {
+        return ags_call_getattr(it, f, AGS_GETATTR_RAW, args, nargs, kwnames,
+                                result);
+    }
+    all[0] = *self;     /* borrowed, as args are */
+    all[1] = args[0];
+    return ags_call_getattr(it, f, AGS_GETATTR_RAW, all, 2, kwnames, result);
+}
+
 /* Calls `callable` (with `self` first, when not NULL) on args (all
  * borrowed), setting *result.  AGS_GO, or a break or an error. */
 int
@@ -276,8 +299,13 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
         rc = self != NULL
                  ? ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "calling %R",
                              callable->obj)
-                 : ags_call_getattr(it, f, kind == AGS_PLAN_HASATTR, args, nargs,
-                                kwnames, result);
+                 : ags_call_getattr(it, f, kind == AGS_PLAN_HASATTR
+                                               ? AGS_GETATTR_HAS
+                                               : AGS_GETATTR_GET,
+                                    args, nargs, kwnames, result);
+        break;
+    case AGS_PLAN_RAW_GETATTR:
+        rc = raw_getattr(it, f, self, args, nargs, kwnames, result);
         break;
     case AGS_PLAN_NEW:
         rc = self != NULL

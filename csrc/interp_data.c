@@ -93,7 +93,7 @@ store_local(ags_interp *it, ags_frame *f, uint32_t i)
     ags_value_clear(&f->locals[i]);
     f->locals[i] = ags_pop(f);
     if (f->cells != NULL && f->cells[i] != NULL) {
-        PyObject *contents = ags_graph_arg(it, &f->locals[i]);
+        PyObject *contents = ags_cell_arg(it, &f->locals[i]);
 
         if (contents == NULL) {
             return PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;

@@ -100,7 +100,7 @@ ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
     }
     if (owner->source != NULL) {
         /* reached from the frame: an object of the program */
-        rc = ags_effect_setattr(it, owner, name, arg);
+        rc = ags_effect_setattr(it, f, owner, name, arg);
         Py_DECREF(arg);
         return rc;
     }

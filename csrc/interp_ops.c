@@ -12,6 +12,10 @@
 static PyObject *binary_ops;    /* tuple: operator functions by NB_* index */
 static PyObject *unary_ops;     /* operator.neg, operator.invert, operator.pos */
 
+/* BINARY_OP's first in-place operator (NB_INPLACE_ADD): the in-place
+ * forms follow the plain ones in the same order. */
+#define AGS_INPLACE_FIRST 13u
+
 PyObject *
 ags_binary_fn(uint32_t op)
 {
@@ -98,6 +102,13 @@ op_binary_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
     }
     ops[1] = ags_pop(f);
     ops[0] = ags_pop(f);
+    if (ins->arg >= AGS_INPLACE_FIRST && ops[0].kind == AGS_VK_CONST
+        && ops[1].kind == AGS_VK_TENSOR && !PyList_Check(ops[0].obj)) {
+        /* `n += t` with a number n: numbers have no in-place slot, so
+         * Python computes n + t (and the graph must not name a constant
+         * as the target of an augmented assignment) */
+        fn = ags_binary_fn(ins->arg - AGS_INPLACE_FIRST);
+    }
     return apply_operator(it, f, fn, ops, 2);
 }
 

@@ -149,6 +149,9 @@
               "call, its forward inlined") \
     X(GETATTR, "(GETATTR,): getattr() with a constant name") \
     X(HASATTR, "(HASATTR,): hasattr() with a constant name") \
+    X(RAW_GETATTR, "(RAW_GETATTR,): object.__getattribute__(obj, name) " \
+                   "with a constant name: getattr() past the class's own " \
+                   "__getattribute__") \
     X(CONST, "(CONST, value): a call whose result is known") \
     X(SUPER, "(SUPER,): super() of the running method") \
     X(CTX, "(CTX, fn): a context manager the builder models (grad mode, " \

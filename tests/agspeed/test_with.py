@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import agspeed  # noqa: E402
+from _dynamo_ref import dynamo_graph_count  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -329,3 +330,49 @@ def test_a_premade_managers_fields_are_guarded():
         torch.testing.assert_close(out, ref)
     finally:
         AMP.fast_dtype = saved
+
+
+def _inference_block(x):
+    with torch.inference_mode():
+        y = x * 2
+    return y + 1, y.is_inference(), torch.is_grad_enabled()
+
+
+def _inference_off(x):
+    with torch.inference_mode(False):
+        y = x.sin()
+    return y * 2
+
+
+@torch.inference_mode()
+def _inference_decorated(x):
+    return x.cos() * 2
+
+
+_PREMADE_INFERENCE = torch.inference_mode()
+
+
+def _inference_premade(x):
+    with _PREMADE_INFERENCE:
+        return x.exp()
+
+
+@pytest.mark.parametrize("fn", [_inference_block, _inference_off, _inference_decorated,
+                                _inference_premade])
+def test_inference_mode_is_a_graph_block(fn):
+    x = torch.randn(4, requires_grad=True)
+    report = agspeed.explain(fn, x)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
+    # (Dynamo makes none for a manager made before the call: it runs that frame eager)
+    assert report.graph_count <= max(1, dynamo_graph_count(fn, x))
+    fast = agspeed.optimize(fn, backend="eager")
+    x = torch.randn(4, requires_grad=True)
+    got, want = fast(x), fn(x)
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    for a, b in zip(got, want):
+        if isinstance(b, torch.Tensor):
+            torch.testing.assert_close(a, b)
+            assert (a.is_inference(), a.requires_grad) == (b.is_inference(), b.requires_grad)
+        else:
+            assert a == b
+    assert not torch.is_inference_mode_enabled() and torch.is_grad_enabled()
