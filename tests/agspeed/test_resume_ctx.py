@@ -302,3 +302,26 @@ def test_a_second_break_in_the_block_of_a_resume_function():
     report, seen = check(two_breaks_in_block, vec, 3)
     assert seen == [(False, False), (False, False)]
     assert any(name.startswith("resume_in_resume_in_") for name in report.resume_functions)
+
+
+def in_inference_mode(x):
+    y = x.sin()
+    with torch.inference_mode():
+        a = y * 2
+        note(a)
+        inside = torch.is_inference_mode_enabled()
+        b = a + 1
+    return b * 3, (b.is_inference(), inside, torch.is_inference_mode_enabled())
+
+
+def test_break_inside_inference_mode():
+    x = torch.randn(4)
+    report = agspeed.explain(in_inference_mode, x)
+    assert report.graph_count == 2 <= dynamo_graph_count(in_inference_mode, x)
+    fast = agspeed.optimize(in_inference_mode)
+    for _ in range(2):
+        x = torch.randn(4)
+        (out, flags), (ref, ref_flags) = fast(x), in_inference_mode(x)
+        torch.testing.assert_close(out, ref)
+        assert flags == ref_flags == (True, True, False)
+        assert not torch.is_inference_mode_enabled()
