@@ -25,8 +25,9 @@ generated code objects are cached per (code, break offset, layout), so later cal
 reuse them and their cache entries.
 
 With blocks.  A break inside ``with`` blocks of the managers the builder models
-(torch's grad modes, autocast, ``nullcontext``; ``agspeed._ctx``) resumes as
-torch._dynamo's does: the capture leaves the open blocks at the end of the graph (so
+(torch's grad modes, inference mode, autocast, ``nullcontext``; ``agspeed._ctx``)
+resumes as torch._dynamo's does: the capture leaves the open blocks at the end of the
+graph (so
 the graph ends in the modes the frame started in); the break code makes a manager of
 each block anew, of constants in its own code, and enters it around the break
 instruction (leaving it before calling on); the resume function makes and enters
