@@ -27,10 +27,9 @@ reuse them and their cache entries.
 With blocks.  A break inside ``with`` blocks of the managers the builder models
 (torch's grad modes, inference mode, autocast, ``nullcontext``; ``agspeed._ctx``)
 resumes as torch._dynamo's does: the capture leaves the open blocks at the end of the
-graph (so
-the graph ends in the modes the frame started in); the break code makes a manager of
-each block anew, of constants in its own code, and enters it around the break
-instruction (leaving it before calling on); the resume function makes and enters
+graph (so the graph ends in the modes the frame started in); the break code makes a
+manager of each block anew, of constants in its own code, and enters it around the
+break instruction (leaving it before calling on); the resume function makes and enters
 another in its prologue, at the block's place on the stack, so the rest of the block,
 its normal exit and its exception handler run as in the original.  An exception from
 the break instruction leaves the break code's blocks and goes on in a resume function
