@@ -111,7 +111,8 @@ class CallPolicy:
             return (Plan.GRAPH, fn)
         if fn in FOLDABLE or (
                 type(fn) is types.BuiltinFunctionType and fn.__module__ == "math") or \
-                is_namedtuple_type(fn) or fn is torch.finfo or fn is torch.iinfo:
+                is_namedtuple_type(fn) or fn is torch.finfo or fn is torch.iinfo or \
+                fn is torch.device:
             return (Plan.FOLD, fn)
         if type(fn) is types.FunctionType:
             if getattr(fn, "__module__", "") in ("torch._dynamo.eval_frame",

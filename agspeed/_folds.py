@@ -33,6 +33,7 @@ FOLDABLE = frozenset(_STRUCTURAL_FOLDS + _TYPE_FOLDS + _VALUE_FOLDS)
 # arguments, so reading it again on a later call needs no guard.
 _OBJECT_FOLDS = frozenset({logging.getLogger})
 _COLLECTIONS = (collections.OrderedDict, collections.defaultdict, collections.deque)
+_KEYS_VIEW = type({}.keys())
 _COMPARE = {Compare.LT: operator.lt, Compare.LE: operator.le, Compare.EQ: operator.eq,
             Compare.NE: operator.ne, Compare.GT: operator.gt, Compare.GE: operator.ge}
 
@@ -90,7 +91,7 @@ class Folds(StdlibFolds):
             if fn in (min, max, abs, pow, round):
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{fn.__name__}() of a tensor")
         if fn in (min, max, sum, any, all, sorted) and args and \
-                (type(args[0]) in (*_VIEWS, set, frozenset, *_COLLECTIONS) or
+                (type(args[0]) in (*_VIEWS, dict, set, frozenset, *_COLLECTIONS) or
                  type(args[0]) in SAFE_ITERATORS):
             args = (tuple(args[0]), *args[1:])
         if not all(self._is_static(a) or isinstance(a, (range, slice))
@@ -323,6 +324,8 @@ class Folds(StdlibFolds):
     def _comparable(self, value: Any) -> bool:
         if self._is_static(value):
             return True
+        if type(value) is _KEYS_VIEW:   # compared as a set of its (plain) keys
+            return all(self._is_static(k) for k in value)
         return type(value).__eq__ is object.__eq__  # identity comparison, no user code
 
     def truth(self, obj: Any) -> bool:

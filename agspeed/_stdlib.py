@@ -24,7 +24,7 @@ import types
 from typing import Any
 
 from agspeed._builder_types import GraphBreak, describe_callable
-from agspeed._sources import MISSING
+from agspeed._sources import MISSING, _class_lookup
 from agspeed.protocol import Attr, Plan, Reason
 
 _VIEWS = (type({}.keys()), type({}.values()), type({}.items()))
@@ -89,6 +89,7 @@ _FACTORIES = (list, dict, set, int, float, str, tuple, None)
 _COMPARING = frozenset({"index", "count", "remove", "sort"})
 #: classmethods of builtin containers folded on known values
 _CLASS_FOLDS = frozenset({(dict, "fromkeys"), (collections.OrderedDict, "fromkeys"),
+                          (collections.defaultdict, "fromkeys"),
                           (itertools.chain, "from_iterable")})
 
 
@@ -159,7 +160,7 @@ class StdlibFolds:
         classmethod of a builtin type: the descriptor is what a guard finds on the type, and
         the call folds it with ``obj`` first."""
         if type(obj) is type and (obj, name) in _CLASS_FOLDS:
-            return Attr.METHOD, obj.__dict__[name], obj
+            return Attr.METHOD, _class_lookup(obj, name), obj   # (maybe inherited)
         if type(obj) in _MUTABLE and name in _MUTATORS and self._of_program(obj):
             raise GraphBreak(Reason.SIDE_EFFECT, f"{type(obj).__name__}.{name}() on a "
                              "container of the program")

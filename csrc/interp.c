@@ -309,7 +309,7 @@ ags_frame_cell(ags_interp *it, ags_frame *f, int i, PyObject **cell)
             return AGS_ERROR;
         }
         if (f->locals[i].kind != AGS_VK_UNBOUND) {
-            contents = ags_cell_arg(it, &f->locals[i]);
+            contents = ags_held_arg(it, &f->locals[i]);
             if (contents == NULL) {
                 return PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
             }

@@ -61,13 +61,13 @@ ags_graph_arg(ags_interp *it, const ags_value *v)
     }
 }
 
-/* What a cell shared with a function the capture made holds for v: a
- * graph argument, but a list, dict or set the capture built is the object
- * itself (not a frozen copy), so that a closure sees it as built here and
- * changes through either name reach the same object.  New reference, or
- * NULL (a break or an error). */
+/* What a container the capture built, or a cell shared with a function it
+ * made, holds for v: a graph argument, but a list, dict or set the capture
+ * built is the object itself (not a frozen copy), so that changes through
+ * either reference reach the same object, as in Python.  New reference,
+ * or NULL (a break or an error). */
 PyObject *
-ags_cell_arg(ags_interp *it, const ags_value *v)
+ags_held_arg(ags_interp *it, const ags_value *v)
 {
     if (v->kind == AGS_VK_LIST || v->kind == AGS_VK_DICT
         || v->kind == AGS_VK_SET) {

@@ -362,7 +362,7 @@ op_map_add(ags_interp *it, ags_frame *f, const ags_instr *ins)
         goto done;
     }
     k = ags_graph_arg(it, &key);
-    v = k ? ags_graph_arg(it, &value) : NULL;
+    v = k ? ags_held_arg(it, &value) : NULL;
     if (v == NULL) {
         rc = PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
         goto done;

@@ -93,7 +93,7 @@ store_local(ags_interp *it, ags_frame *f, uint32_t i)
     ags_value_clear(&f->locals[i]);
     f->locals[i] = ags_pop(f);
     if (f->cells != NULL && f->cells[i] != NULL) {
-        PyObject *contents = ags_cell_arg(it, &f->locals[i]);
+        PyObject *contents = ags_held_arg(it, &f->locals[i]);
 
         if (contents == NULL) {
             return PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
@@ -291,7 +291,7 @@ build(ags_interp *it, ags_frame *f, int n, int kind)
         return AGS_ERROR;
     }
     for (int i = 0; i < n; i++) {
-        PyObject *a = ags_graph_arg(it, ags_peek(f, n - i));
+        PyObject *a = ags_held_arg(it, ags_peek(f, n - i));
         if (a == NULL) {
             Py_DECREF(items);
             return AGS_BREAK;
@@ -360,7 +360,7 @@ op_build_map(ags_interp *it, ags_frame *f, const ags_instr *ins)
                              "a dict key that is a %s",
                              AGS_DESCRIBE(k));
         }
-        a = ags_graph_arg(it, val);
+        a = ags_held_arg(it, val);
         if (a == NULL || PyDict_SetItem(dict, k->obj, a) < 0) {
             Py_XDECREF(a);
             Py_DECREF(dict);
@@ -387,7 +387,7 @@ op_build_const_key_map(ags_interp *it, ags_frame *f, const ags_instr *ins)
     }
     dict = PyDict_New();
     for (int i = 0; dict != NULL && i < n; i++) {
-        PyObject *a = ags_graph_arg(it, ags_peek(f, n - i));
+        PyObject *a = ags_held_arg(it, ags_peek(f, n - i));
         if (a == NULL || PyDict_SetItem(dict, PyTuple_GET_ITEM(keys.obj, i), a) < 0) {
             Py_XDECREF(a);
             Py_CLEAR(dict);
@@ -418,7 +418,7 @@ op_list_append(ags_interp *it, ags_frame *f, const ags_instr *ins)
                          "LIST_APPEND to a %s",
                          AGS_DESCRIBE(list));
     }
-    a = ags_graph_arg(it, &item);
+    a = ags_held_arg(it, &item);
     ags_value_clear(&item);
     if (a == NULL) {
         return AGS_BREAK;
@@ -717,7 +717,10 @@ store_subscript(ags_interp *it, ags_value *container, ags_value *index,
                          AGS_DESCRIBE(container));
     }
     i = ags_graph_arg(it, index);
-    v = i ? ags_graph_arg(it, value) : NULL;
+    /* a tensor's setitem records a node: its argument is frozen */
+    v = i == NULL ? NULL
+        : container->kind == AGS_VK_TENSOR ? ags_graph_arg(it, value)
+                                           : ags_held_arg(it, value);
     if (v == NULL) {
         Py_XDECREF(i);
         return AGS_BREAK;

@@ -237,6 +237,49 @@ def f_deque(x):
     return first + q[0] + q.pop() + len(q), q
 
 
+def f_device_made_in_the_frame(x):
+    return x + torch.ones(1, device=torch.device("cpu"))
+
+
+def f_sorted_keys_of_a_dict(x):
+    table = {1: "d", 10: "b", 3: "e"}
+    return x + 1, sorted(table), sorted(table, reverse=True)
+
+
+def f_containers_inside_containers_are_shared(x):
+    out = {"x": x}
+    out["z"] = [x + 1, x]
+    out["z"].append(x * 2)        # the list in the dict, not a copy of it
+    inner = [x]
+    outer = [inner, (inner,)]
+    inner.append(x * 3)
+    return out, len(outer[0]), len(outer[1][0])
+
+
+def f_closure_shares_a_list_the_frame_changes(x):
+    seen = [x]
+
+    def total():
+        return sum(seen)
+
+    seen.append(x * 2)
+    return total()
+
+
+def f_defaultdict_fromkeys(x):
+    d = collections.defaultdict.fromkeys("a", "b")
+    d["a"] = 1
+    d.setdefault("a", 10)
+    return x + d["a"]
+
+
+def f_dict_keys_compared(x):
+    d = {3: x}
+    keys = d.keys()
+    d[4] = x + 1
+    return x * ((3 in keys) + (5 in keys) + ({4: 0, 3: 1}.keys() == keys))
+
+
 FUNCTIONS = {name: fn for name, fn in globals().items() if name.startswith("f_")}
 
 
