@@ -58,6 +58,7 @@ class _Ctx:
                  inference: bool | None = None) -> None:
         self.builder, self.name = builder, name
         self.grad, self.autocast, self.result = grad, autocast, result
+        self.mode = grad    # the grad mode inside the block (set_grad_enabled's too)
         self.inference = inference
         self.inference_node: Any = None
         self.prev_grad: bool | None = None
@@ -183,6 +184,7 @@ class ContextPolicy:
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{name}({type(mode).__name__})")
             made = _Ctx(self, name)
             made.prev_grad = self.grad_mode   # it switches when made, back on exit
+            made.mode = mode
             self._switch_grad(mode)
             return made
         values = self._bound(fn, args, kwargs)

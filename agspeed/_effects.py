@@ -192,6 +192,15 @@ class SideEffects:
         self.known.setdefault(id(value), (value, item))  # type: ignore[attr-defined]
         return value
 
+    def is_shadow(self, value: Any) -> bool:
+        """Whether ``value`` is the capture's copy of a list or dict of the program."""
+        known = self._shadows.get(id(value))
+        return known is not None and known[0] is value
+
+    def shadow_source(self, value: Any) -> Any:
+        """The source of the list or dict of the program that shadow ``value`` copies."""
+        return next(e[1] for e in self._effects if e[0] == _CONTENTS and e[3] is value)
+
     def written(self, obj: Any, name: str) -> tuple | None:
         """``(value,)`` when this capture wrote ``obj.name``, else None."""
         hit = self._overlay.get((id(obj), name))

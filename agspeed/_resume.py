@@ -18,14 +18,45 @@ instruction *i* of a frame:
    names (``resume_in_<name>_at_<line>``), so the hook captures and caches it like any
    user code, and tracebacks through it name the user's lines.
 
-The frame's CALL entry (``agspeed._runtime``) runs the graph and the break code; the
+The frame's CALL entry (``agspeed._runtime``) runs the graph, replays the side effects
+the capture recorded before the break (attribute writes, lists and dicts written back,
+logging: in eager they happen before the break instruction), then the break code; the
 generated code objects are cached per (code, break offset, layout), so later calls
 reuse them and their cache entries.
 
-What is refused (the frame then runs eager as before, and says why): breaks inside a
-loop (as torch._dynamo does: it skips such a frame), under try/except or with, in
-code with cells or free variables, generators, and break instructions that are not a
-plain stack operation or a conditional jump.
+With blocks.  A break inside ``with`` blocks of the managers the builder models
+(torch's grad modes, inference mode, autocast, ``nullcontext``; ``agspeed._ctx``)
+resumes as torch._dynamo's does: the capture leaves the open blocks at the end of the
+graph (so the graph ends in the modes the frame started in); the break code makes a
+manager of each block anew, of constants in its own code, and enters it around the
+break instruction (leaving it before calling on); the resume function makes and enters
+another in its prologue, at the block's place on the stack, so the rest of the block,
+its normal exit and its exception handler run as in the original.  An exception from
+the break instruction leaves the break code's blocks and goes on in a resume function
+that starts at the innermost handler (the with block's cleanup), with the exception
+and its offset pushed where CPython pushes them, so the manager's exit sees it and
+outer handlers run.
+
+Cells and free variables.  A resume function keeps the original's cell and free
+variables: its prologue copies a closure that the runner makes per call from the
+values the frame started with (the hook reads a closure's contents), makes the cells,
+and fills the cells that are not parameters from parameters of their own; the original
+instructions' cell and free slots move past the added parameters.  Argument-less
+``super()`` works, as it finds ``__class__`` among the free variables and ``self`` in
+the first slot.
+
+A resume function's own break resumes again (its generated parameters are named past
+those it has: a local is read by its name).
+
+What is refused (the frame then runs eager as before, and says why), matching
+torch._dynamo where it has a rule: a break inside a loop (torch._dynamo skips such a
+frame: graph counts stay equal), under ``try`` whose handler is not a with block's
+(torch._dynamo compiles no graph there either), in a with block of a manager the
+builder does not model (a user's ``__enter__``/``__exit__``), in code that writes a
+variable of an enclosing function (the resume function's cells are its own), a local
+shared with a closure made before the break, an exception or exception class at the
+break (a guard would keep it, and its traceback's frames, alive), generators, and break
+instructions that are not a plain stack operation or a conditional jump.
 """
 
 from __future__ import annotations
@@ -51,6 +82,9 @@ _NO_OP = -1
 # belongs (the args tuple comes first).
 _CALL_EX_PUSH = {(3, 11): ("LOAD_FAST", "PUSH_NULL"), (3, 12): ("LOAD_FAST", "PUSH_NULL"),
                  (3, 13): ("PUSH_NULL", "LOAD_FAST")}[sys.version_info[:2]]
+# ... and CALL takes [NULL, callable, args] on 3.11/3.12, [callable, NULL, args] on 3.13.
+_CALL_PUSH = ("PUSH_NULL", "LOAD_CONST") if sys.version_info < (3, 13) else \
+    ("LOAD_CONST", "PUSH_NULL")
 # Instructions that belong with the CALL after them (they only set up the call).
 _CALL_PREFIX = {n for n in ("KW_NAMES", "PRECALL") if n in _OP}
 _BRANCHES = {_OP[n] for n in _OP if n.startswith("POP_JUMP") and "IF_" in n}
@@ -67,6 +101,8 @@ _REFUSED = set(dis.haslocal) | set(dis.hasfree) | {
 _NULL_LOADS = {_OP[n] for n in ("LOAD_METHOD", "PUSH_NULL") if n in _OP}
 _NULL_BIT_LOADS = {_OP[n] for n in (("LOAD_GLOBAL",) if sys.version_info < (3, 12)
                                      else ("LOAD_GLOBAL", "LOAD_ATTR", "LOAD_SUPER_ATTR"))}
+# How the handler of a with block's body starts (an exception leaving the block).
+_WITH_CLEANUP = ["PUSH_EXC_INFO", "WITH_EXCEPT_START"]
 _CO_VAR = 0x04 | 0x08  # CO_VARARGS | CO_VARKEYWORDS: a resume function takes a tuple
 _UNRESUMABLE = 0x20 | 0x80 | 0x100 | 0x200  # generators, coroutines
 
@@ -92,12 +128,15 @@ def decode(code: types.CodeType) -> tuple[list, list, dict]:
 
 class BreakSite(NamedTuple):
     """The root instructions a break code runs: ``first``..``last`` (indices), the
-    last a branch or not; ``offset`` the byte offset capture stops before."""
+    last a branch or not; ``offset`` the byte offset capture stops before;
+    ``handler`` the innermost exception handler covering them, (index, depth, lasti),
+    or None."""
 
     first: int
     last: int
     offset: int
     branch: bool
+    handler: tuple | None = None
 
 
 def break_site(code: types.CodeType, root_offset: int) -> BreakSite | str:
@@ -105,12 +144,10 @@ def break_site(code: types.CodeType, root_offset: int) -> BreakSite | str:
     the frame cannot resume there."""
     if code.co_flags & _UNRESUMABLE:
         return "generators are not resumed"
-    if code in _RESUMES:
-        # a second break in the same frame: its resume function runs eager (a nested
-        # resume gave wrong values on a cache hit in a transformers decoder layer)
-        return "a resume function's own break runs it eager"
-    if code.co_cellvars or code.co_freevars:
-        return "code with cells or free variables is not resumed yet"
+    if code.co_freevars and _writes_free(code):
+        # a resume function gets cells of its own holding the values the frame
+        # started with: a write would not reach the enclosing function's
+        return "a write to a variable of an enclosing function is not resumed"
     if root_offset < 0:
         return "capture stopped before the first instruction"
     rows = _C.decode(code)
@@ -118,9 +155,16 @@ def break_site(code: types.CodeType, root_offset: int) -> BreakSite | str:
     if at is None:
         return "no instruction at the break"
     start = rows[at][0]
-    for s, e, _h, _d, _l in _C.exception_table(code):
+    handler = None
+    for s, e, h, d, lasti in _C.exception_table(code):
         if s <= start < e:
-            return "a break under try/except or with is not resumed yet"
+            where = next((i for i, r in enumerate(rows) if r[0] == h), None)
+            if where is None:
+                return "an exception handler at no instruction"
+            if [dis.opname[r[2]] for r in rows[where:where + 2]] != _WITH_CLEANUP:
+                # (torch._dynamo does not resume there either: it compiles no graph)
+                return "a break under try runs the frame eager (as torch._dynamo does)"
+            handler = (where, d, lasti)
     for row in rows:
         if 0 <= row[4] <= start < row[0]:
             return "a break inside a loop runs the frame eager (as torch._dynamo does)"
@@ -130,27 +174,34 @@ def break_site(code: types.CodeType, root_offset: int) -> BreakSite | str:
             and dis.opname[op] == "CALL":
         first -= 1
     if op in _BRANCHES:
-        return BreakSite(first, at, rows[first][1], True)
+        return BreakSite(first, at, rows[first][1], True, handler)
     if op in _REFUSED or rows[at][4] >= 0 or dis.opname[op] in _CALL_PREFIX \
             or op in _NULL_LOADS or (op in _NULL_BIT_LOADS and rows[at][3] & 1):
         return f"{dis.opname[op]} cannot be run by a break code"
-    return BreakSite(first, at, rows[first][1], False)
+    return BreakSite(first, at, rows[first][1], False, handler)
 
 
 class Layout(NamedTuple):
     """How each slot of the state at a break is rebuilt: per stack slot and per local
     (co_varnames order), ("graph", i) the graph's i-th output, ("const", obj),
     ("local", name) the frame's local, ("null",) the call protocol's NULL,
-    ("unbound",) a local with no value."""
+    ("unbound",) a local with no value, ("ctx", cls, args) the exit of a with block
+    whose manager ``cls(*args)`` makes anew (the generated code makes and enters one
+    around the break instruction, and the resume function another around the rest:
+    made in their own code, of constants, so that capturing it assumes nothing of a
+    manager handed in)."""
 
     stack: tuple
     locals: tuple
     outputs: tuple  # the graph's outputs (nodes and containers of them)
+    cells: tuple = ()   # the cell variables that are not parameters, as ``locals``
 
     def key(self) -> tuple:
-        """What the generated code depends on: which slots are NULL or unbound."""
-        return (tuple(s[0] == "null" for s in self.stack),
-                tuple(s[0] == "unbound" for s in self.locals))
+        """What the generated code depends on: which stack slots are NULL or a with
+        block's exit (the slot itself), which locals are unbound."""
+        return (tuple(s if s[0] == "ctx" else s[0] if s[0] == "null" else "value"
+                      for s in self.stack),
+                tuple(s[0] == "unbound" for s in self.locals + self.cells))
 
 
 _DESCRIPTORS = (types.MethodDescriptorType, types.ClassMethodDescriptorType,
@@ -174,6 +225,62 @@ def _not_the_programs(value: Any, builder: Any) -> str:
     return ""
 
 
+def _modelled_exit(value: Any) -> Any:
+    """The ``agspeed._ctx._Ctx`` whose exit ``value`` is, or None."""
+    from agspeed._ctx import _Ctx
+
+    if type(value) is types.MethodType and type(value.__self__) is _Ctx \
+            and value.__func__ is _Ctx.exit:
+        return value.__self__
+    return None
+
+
+def _maker(model: Any) -> tuple:
+    """``(cls, args)``: ``cls(*args)`` is a real manager entering what ``model``
+    entered: its grad mode, its autocast state, inference mode, or nothing
+    (``nullcontext``, whose value was bound already)."""
+    import contextlib
+
+    import torch
+
+    if model.autocast is not None:
+        device, dtype, enabled, cache = model.autocast
+        return torch.autocast, (device, dtype, enabled, cache)
+    if model.inference is not None:
+        return torch.inference_mode, (model.inference,)
+    if model.mode is None:
+        return contextlib.nullcontext, ()
+    return (torch.enable_grad if model.mode else torch.no_grad), ()
+
+
+def _is_exception(value: Any) -> bool:
+    """Whether ``value`` is an exception or an exception class."""
+    return isinstance(value, BaseException) or (
+        isinstance(value, type) and issubclass(value, BaseException))
+
+
+def _holds_shadow(value: Any, builder: Any) -> bool:
+    """Whether ``value`` is, or holds, the capture's copy of a list or dict of the
+    program (``agspeed._effects``: changed before the break)."""
+    if builder.is_shadow(value):
+        return True
+    if type(value) in (tuple, list):
+        return any(_holds_shadow(v, builder) for v in value)
+    if type(value) is dict:
+        return any(_holds_shadow(v, builder) for v in value.values())
+    return False
+
+
+def close_contexts(state: dict) -> None:
+    """Leave, in the capture, the with blocks open at the break (innermost first), so
+    the graph ends in the modes the frame started in: the generated code enters them
+    again around the rest."""
+    for kind, payload, _source in reversed(state["stack"]):
+        model = _modelled_exit(payload) if kind == "CONST" else None
+        if model is not None:
+            model.exit(None, None, None)
+
+
 def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
     """The ``Layout`` of a stopped capture's ``state``, or why it cannot be rebuilt."""
     outputs: list = []
@@ -183,6 +290,14 @@ def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
             return ("null",)
         if kind == "UNBOUND" and not in_stack:
             return ("unbound",)
+        if kind in ("LIST", "DICT") and builder.is_shadow(payload):
+            # the program's own object, its contents written back before the break
+            original = builder.shadow_source(payload)
+            if type(original) is tuple and len(original) == 2 and original[0] == "local":
+                return ("local", original[1])
+        if kind in ("TUPLE", "LIST", "DICT") and _holds_shadow(payload, builder):
+            # the program's own object must go on, not a copy of its contents
+            return "a list or dict of the program changed before the break"
         if kind in ("TENSOR", "TUPLE", "LIST", "DICT"):
             try:
                 builder.check_output(payload)
@@ -190,6 +305,15 @@ def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
                 return f"a {kind.lower()} the graph cannot return"
             outputs.append(payload)
             return ("output", len(outputs) - 1)
+        if kind == "CONST" and in_stack and _modelled_exit(payload) is not None:
+            return ("ctx", *_maker(_modelled_exit(payload)))
+        if kind == "CONST" and type(payload) is types.MethodType \
+                and getattr(payload.__func__, "__name__", "") == "__exit__":
+            return "a with block of a manager the capture does not model at the break"
+        if kind in ("LAZY", "CONST") and _is_exception(payload):
+            # what the frame goes on to raise: the resume function's guard would keep
+            # it (no weak reference to an exception), and with it its traceback's frames
+            return "an exception being made or raised at the break"
         if kind in ("LAZY", "CONST"):
             if type(source) is tuple and len(source) == 2 and source[0] == "local":
                 return ("local", source[1])
@@ -209,14 +333,29 @@ def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
         if isinstance(s, str):
             return s
         stack.append(s)
-    for kind, payload, source in state["locals"][:code.co_nlocals]:
+    ncells = len(_cell_only(code))
+    for kind, payload, source in state["locals"][:code.co_nlocals + ncells]:
         s = slot(kind, payload, source, False)
         if isinstance(s, str):
             return s
         local.append(s)
     if state["cells"]:
         return "a local shared with a closure made before the break"
-    return Layout(tuple(stack), tuple(local), tuple(outputs))
+    return Layout(tuple(stack), tuple(local[:code.co_nlocals]), tuple(outputs),
+                  tuple(local[code.co_nlocals:]))
+
+
+def _cell_only(code: types.CodeType) -> list:
+    """The cell variables of ``code`` that are not among its locals (parameters are),
+    in the order of their slots."""
+    return [name for name in code.co_cellvars if name not in code.co_varnames]
+
+
+def _writes_free(code: types.CodeType) -> bool:
+    """Whether ``code`` stores to or deletes a free variable (``nonlocal``)."""
+    writes = {_OP[n] for n in ("STORE_DEREF", "DELETE_DEREF")}
+    return any(op in writes and code._varname_from_oparg(arg) in code.co_freevars
+               for _s, _o, op, arg, _t, _n in _C.decode(code))
 
 
 # ---------------------------------------------------------------------------------
@@ -238,41 +377,133 @@ def _line(code: types.CodeType, instrs: list, i: int) -> int:
     return pos[0] if pos else code.co_firstlineno
 
 
+def _fresh(code: types.CodeType, prefix: str, count: int) -> tuple:
+    """``count`` parameter names ``prefix``0, 1, ... that ``code`` does not have yet: a
+    resume function's own break adds stack parameters to those it has, and a local is
+    read by its name (two of one name gave the second's value for both)."""
+    taken = sum(1 for name in code.co_varnames if name.startswith(prefix))
+    return tuple(f"{prefix}{taken + i}" for i in range(count))
+
+
+def _enter(out: list, slot: tuple, consts: list, pos: Any) -> None:
+    """Make and enter the manager of a ("ctx", cls, args) stack slot: its exit stays
+    on the stack."""
+    def const(obj: Any) -> tuple:
+        consts.append(obj)
+        return (_OP["LOAD_CONST"], len(consts) - 1, _NO_OP, pos)
+
+    _kind, cls, args = slot
+    for name in _CALL_PUSH:         # the callable and the call protocol's NULL
+        out.append(const(cls) if name == "LOAD_CONST" else (_OP["PUSH_NULL"], 0, _NO_OP, pos))
+    out += [const(a) for a in args]
+    if "PRECALL" in _OP:
+        out.append((_OP["PRECALL"], len(args), _NO_OP, pos))
+    out += [(_OP["CALL"], len(args), _NO_OP, pos), (_OP["BEFORE_WITH"], 0, _NO_OP, pos),
+            (_OP["POP_TOP"], 0, _NO_OP, pos)]
+
+
+def _is_ctx(kind: Any) -> bool:
+    return type(kind) is tuple
+
+
+def _leave(out: list, count: int, none: int, pos: Any) -> None:
+    """Call ``count`` with-block exits lying under the top value, innermost first,
+    with no exception (``exit(None, None, None)``, the way a block's normal end calls
+    it: the exit takes the place of a method and the first None of its self)."""
+    for _ in range(count):
+        out.append((_OP["SWAP"], 2, _NO_OP, pos))
+        out += [(_OP["LOAD_CONST"], none, _NO_OP, pos)] * 3
+        if "PRECALL" in _OP:
+            out.append((_OP["PRECALL"], 2, _NO_OP, pos))
+        out += [(_OP["CALL"], 2, _NO_OP, pos), (_OP["POP_TOP"], 0, _NO_OP, pos)]
+
+
 def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handlers: list,
-                     target: int, stack_nulls: tuple, unbound: tuple) -> Any:
+                     target: int, kinds: tuple, unbound: tuple) -> tuple[Any, int]:
     """The function continuing ``code`` at instruction ``target`` with the stack
-    (non-NULL slots) and every local as arguments: (locals..., stack...)."""
+    (its "value" slots) and every local as arguments: (locals..., stack...); a with
+    block's slot gets a manager made and entered there again.  Also how far the
+    original instructions moved (their index in the new code is theirs plus this)."""
     nv = code.co_nlocals
-    nstack = sum(1 for null in stack_nulls if not null)
+    cells = _cell_only(code)
+    nstack = sum(1 for kind in kinds if kind == "value")
+    shift_slots = len(cells) + nstack   # parameters added before the cell slots
+    consts = list(code.co_consts)
     pos = instrs[target][3]
-    pro: list = [(_OP["RESUME"], 0, _NO_OP, pos)]
-    pro += [(_OP["DELETE_FAST"], i, _NO_OP, pos) for i, gone in enumerate(unbound) if gone]
+    pro: list = []
+    if code.co_freevars:    # the closure the runner makes per call
+        pro.append((_OP["COPY_FREE_VARS"], len(code.co_freevars), _NO_OP, pos))
+    slot_of = {name: code.co_varnames.index(name) if name in code.co_varnames
+               else nv + shift_slots + cells.index(name) for name in code.co_cellvars}
+    pro += [(_OP["MAKE_CELL"], slot_of[name], _NO_OP, pos) for name in code.co_cellvars]
+    pro.append((_OP["RESUME"], 0, _NO_OP, pos))
+    for i, gone in enumerate(unbound[:nv]):
+        if gone:
+            cell = code.co_varnames[i] in slot_of
+            pro.append((_OP["DELETE_DEREF" if cell else "DELETE_FAST"], i, _NO_OP, pos))
+    for j, name in enumerate(cells):  # values of the cells that are not parameters
+        if not unbound[nv + j]:
+            pro += [(_OP["LOAD_FAST"], nv + j, _NO_OP, pos),
+                    (_OP["STORE_DEREF"], slot_of[name], _NO_OP, pos)]
+    nv += len(cells)
     k = 0
-    for null in stack_nulls:
-        if null:
+    for kind in kinds:
+        if kind == "null":
             pro.append((_OP["PUSH_NULL"], 0, _NO_OP, pos))
-        else:
-            pro.append((_OP["LOAD_FAST"], nv + k, _NO_OP, pos))
-            k += 1
+            continue
+        if _is_ctx(kind):
+            _enter(pro, kind, consts, pos)
+            continue
+        pro.append((_OP["LOAD_FAST"], nv + k, _NO_OP, pos))
+        k += 1
     shift = len(pro) + 1
     pro.append((_OP["JUMP_FORWARD"], 0, target + shift, pos))
-    body = [(op, arg, t + shift if t >= 0 else t, p) for op, arg, t, p in instrs]
+    body = [(*_moved_slots(op, arg, code.co_nlocals, shift_slots), t + shift if t >= 0 else t,
+             p) for op, arg, t, p in instrs]
     moved = [(s + shift, e + shift, h + shift, d, lasti) for s, e, h, d, lasti in handlers]
     line = _line(code, instrs, target)
     name = f"resume_in_{code.co_name}_at_{line}"
-    varnames = code.co_varnames + tuple(f".stack{i}" for i in range(nstack))
+    varnames = code.co_varnames + _fresh(code, ".cell", len(cells)) + \
+        _fresh(code, ".stack", nstack)
     new = _C.emit(code, pro + body, moved, {
         "co_name": name, "co_qualname": name, "co_varnames": varnames,
         "co_argcount": len(varnames), "co_posonlyargcount": 0, "co_kwonlyargcount": 0,
-        "co_nlocals": len(varnames), "co_flags": code.co_flags & ~_CO_VAR})
+        "co_nlocals": len(varnames), "co_consts": tuple(consts),
+        "co_flags": code.co_flags & ~_CO_VAR})
     _RESUMES.add(new)
-    return types.FunctionType(new, f_globals, name)
+    closure = tuple(types.CellType() for _ in code.co_freevars) or None
+    return types.FunctionType(new, f_globals, name, None, closure), shift
+
+
+# 3.13's instructions naming two locals, one per half of the argument's low byte
+_PAIRED = {_OP[n] for n in ("LOAD_FAST_LOAD_FAST", "STORE_FAST_LOAD_FAST",
+                            "STORE_FAST_STORE_FAST") if n in _OP}
+_SLOTTED = (set(dis.haslocal) | set(dis.hasfree)) - _PAIRED
+_PROLOGUE = {_OP[n] for n in ("COPY_FREE_VARS", "MAKE_CELL") if n in _OP}
+
+
+def _moved_slots(op: int, arg: int, nv: int, by: int) -> tuple:
+    """``(op, arg)`` of an original instruction in a resume function, whose cell and
+    free slots (those from ``nv`` on) are ``by`` further on; the original prologue
+    (which the resume function jumps over, having its own) becomes NOPs."""
+    if op in _PROLOGUE:
+        return _OP["NOP"], 0
+    if op in _SLOTTED:
+        return op, arg + by if arg >= nv else arg
+    if op in _PAIRED:
+        hi, lo = arg >> 4, arg & 15
+        hi, lo = (hi + by if hi >= nv else hi), (lo + by if lo >= nv else lo)
+        if hi > 15 or lo > 15:
+            raise ValueError("a paired local instruction past slot 15 after the shift")
+        return op, hi << 4 | lo
+    return op, arg
 
 
 def _tail(instrs_out: list, nv: int, nstack: int, below: list, unbound: tuple, fn: int,
-          consts: list, pos: Any) -> None:
+          consts: list, pos: Any, exits: int = 0) -> None:
     """Return ``fn(*locals, *below, *top)``: ``top`` the ``nstack`` values on the
-    stack, ``below`` the parameters holding the stack slots under them."""
+    stack, ``below`` the parameters holding the stack slots under them; the ``exits``
+    with-block exits under ``top`` are called first."""
     def const(obj: Any) -> int:
         consts.append(obj)
         return len(consts) - 1
@@ -280,6 +511,7 @@ def _tail(instrs_out: list, nv: int, nstack: int, below: list, unbound: tuple, f
     none = const(None)
     out = instrs_out
     out.append((_OP["BUILD_TUPLE"], nstack, _NO_OP, pos))
+    _leave(out, exits, none, pos)
     for i in range(nv):
         out.append((_OP["LOAD_CONST"], none, _NO_OP, pos) if unbound[i]
                    else (_OP["LOAD_FAST"], i, _NO_OP, pos))
@@ -298,16 +530,25 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
               layout: Layout) -> tuple[Any, list]:
     """The break function of ``site`` for ``layout`` and the resume functions it
     calls.  It is called with every local (None for an unbound one) and then the
-    stack's values (its NULL slots left out)."""
+    stack's values (its NULL slots left out).
+
+    With blocks open at the break (stack slots of kind "ctx") get a manager made
+    anew, entered around the break instructions and left before the resume function
+    is called, which makes and enters another around the rest of the block.  When a
+    with block's handler covers the break, an exception from the break instructions
+    leaves the blocks and goes on in a resume function that starts at that handler,
+    with the exception (and the offset it is said to come from) where CPython would
+    push them."""
     key = (site.offset, layout.key(), id(f_globals))
     per_code = _CACHE.setdefault(code, {})
     hit = per_code.get(key)
     if hit is not None and hit[2] is f_globals:
         return hit[0], hit[1]
     instrs, handlers, _index = decode(code)
-    stack_nulls, unbound = layout.key()
-    nv = code.co_nlocals
-    depth = len(stack_nulls)
+    kinds, unbound = layout.key()
+    cells = _cell_only(code)
+    nv = code.co_nlocals + len(cells)   # parameters before the stack's: locals, cells
+    depth = len(kinds)
     effect = 0
     for i in range(site.first, site.last + 1):
         op, arg = instrs[i][0], instrs[i][1]
@@ -316,51 +557,83 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
         elif dis.opname[op] not in ("KW_NAMES",):
             effect += dis.stack_effect(op, arg, jump=False)
     after = depth + effect
-    consumed = _consumed(instrs, site, depth, stack_nulls)
+    consumed = _consumed(instrs, site, depth, kinds)
     keep = depth - consumed         # slots below the operands, left as they are
     produced = after - keep
     if produced < 0:
         raise ValueError("the break instruction's stack effect is not modelled")
+    ctxs = [j for j, kind in enumerate(kinds) if _is_ctx(kind)]
+    if any(j >= keep for j in ctxs):
+        raise ValueError("a with block's exit among the break instruction's operands")
+    if site.handler is not None and site.handler[1] > keep:
+        raise ValueError("an exception handler keeping the break instruction's operands")
     resumes = []
     targets = [site.last + 1]
     if site.branch:
         targets.append(instrs[site.last][2])
     for target in targets:
         resumes.append(_resume_function(code, f_globals, instrs, handlers, target,
-                                        stack_nulls[:keep] + (False,) * produced, unbound))
+                                        kinds[:keep] + ("value",) * produced, unbound)[0])
     consts = list(code.co_consts)
     pos0 = instrs[site.first][3]
     out: list = [(_OP["RESUME"], 0, _NO_OP, pos0)]
     params = []                     # parameter index of each non-NULL stack slot
-    for null in stack_nulls:
-        params.append(None if null else nv + sum(1 for p in params if p is not None))
+    for kind in kinds:
+        params.append(nv + sum(1 for p in params if p is not None)
+                      if kind == "value" else None)
+    for j in ctxs:
+        _enter(out, kinds[j], consts, pos0)
     for j in range(keep, depth):
         out.append((_OP["PUSH_NULL"], 0, _NO_OP, pos0) if params[j] is None
                    else (_OP["LOAD_FAST"], params[j], _NO_OP, pos0))
     branch_at = None
+    guarded = len(out)
     for i in range(site.first, site.last + 1):
         op, arg, _t, pos = instrs[i]
         if i == site.last and site.branch:
             branch_at = len(out)
         out.append((op, arg, _NO_OP, pos))
+    guarded_end = len(out)
     last_pos = instrs[site.last][3]
     below = [p for p in params[:keep] if p is not None]
     nstack = sum(1 for p in params if p is not None)
-    _tail(out, nv, produced, below, unbound, nv + nstack, consts, last_pos)
+    nres = len(resumes) + (site.handler is not None)
+    _tail(out, nv, produced, below, unbound, nv + nstack, consts, last_pos, len(ctxs))
     if branch_at is not None:
         op, arg, _t, pos = out[branch_at]
         out[branch_at] = (op, arg, len(out), pos)
-        _tail(out, nv, produced, below, unbound, nv + nstack + 1, consts, last_pos)
+        _tail(out, nv, produced, below, unbound, nv + nstack + 1, consts, last_pos,
+              len(ctxs))
+    own_handlers = []
+    if site.handler is not None:
+        at, hdepth, lasti = site.handler
+        onto = kinds[:hdepth] + ("value",) * (1 + bool(lasti))
+        fn, shift = _resume_function(code, f_globals, instrs, handlers, at, onto, unbound)
+        # never captured: the interpreter does not enter handlers (it would run eager
+        # anyway), and a capture would keep the exception and its frames in its records
+        _C.mark_skip(fn.__code__)
+        resumes.append(fn)
+        own_handlers.append((guarded, guarded_end, len(out), len(ctxs), 0))
+        consts.append(None)
+        _leave(out, len(ctxs), len(consts) - 1, last_pos)
+        if lasti:   # where CPython would say the exception came from, in code units
+            rows = _C.decode(fn.__code__)
+            consts.append(rows[site.last + shift][1] // 2)
+            out.append((_OP["LOAD_CONST"], len(consts) - 1, _NO_OP, last_pos))
+            out.append((_OP["SWAP"], 2, _NO_OP, last_pos))
+        held = [p for p in params[:hdepth] if p is not None]
+        _tail(out, nv, 1 + bool(lasti), held, unbound, nv + nstack + nres - 1, consts,
+              last_pos)
     # the resume functions are parameters with defaults, not constants: a tool that
     # traces this code (torch._dynamo) need not model a function constant
-    varnames = code.co_varnames + tuple(f".stack{i}" for i in range(nstack)) + \
-        tuple(f".resume{i}" for i in range(len(resumes)))
+    varnames = code.co_varnames + _fresh(code, ".cell", len(cells)) + \
+        _fresh(code, ".stack", nstack) + _fresh(code, ".resume", len(resumes))
     name = f"break_in_{code.co_name}_at_{_line(code, instrs, site.last)}"
-    new = _C.emit(code, out, [], {
+    new = _C.emit(code, out, own_handlers, {
         "co_name": name, "co_qualname": name, "co_varnames": varnames,
         "co_argcount": len(varnames), "co_posonlyargcount": 0, "co_kwonlyargcount": 0,
         "co_nlocals": len(varnames), "co_consts": tuple(consts),
-        "co_flags": code.co_flags & ~_CO_VAR})
+        "co_cellvars": (), "co_freevars": (), "co_flags": code.co_flags & ~_CO_VAR})
     _C.mark_skip(new)
     _GENERATED.add(new)
     fn = types.FunctionType(new, f_globals, name, tuple(resumes))
@@ -368,10 +641,10 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
     return fn, resumes
 
 
-def _consumed(instrs: list, site: BreakSite, depth: int, stack_nulls: tuple) -> int:
+def _consumed(instrs: list, site: BreakSite, depth: int, kinds: tuple) -> int:
     """How many stack slots, from the top, the break instructions read: a call's
     callable and arguments, a branch's condition; all of them for anything else
-    (then no NULL may be among them)."""
+    (then no NULL or with-block exit may be among them)."""
     op, arg = instrs[site.last][0], instrs[site.last][1]
     if site.branch:
         return 1
@@ -382,24 +655,35 @@ def _consumed(instrs: list, site: BreakSite, depth: int, stack_nulls: tuple) -> 
         return arg + 3              # ... and the tuple of keyword names (3.13)
     if name == "CALL_FUNCTION_EX":
         return 3 + (arg & 1)        # NULL, callable, args tuple, kwargs dict
-    if any(stack_nulls):
-        raise ValueError("a NULL on the stack at a break that is not a call")
+    if any(kind != "value" for kind in kinds):  # (a with block's exit is not "value")
+        raise ValueError("a NULL or a with block's exit on the stack at a break that is "
+                         "not a call")
     return depth
 
 
-def runner(graph: Any, read: Any, layout: Layout, fn: Any) -> Any:
+def runner(graph: Any, read: Any, layout: Layout, fn: Any, resumes: list = (),
+           free: tuple = ()) -> Any:
     """The compiled callable of a resumed frame's CALL entry: run ``graph`` on the
     inputs ``read`` gathers, rebuild the locals and stack from its outputs, the
     frame's locals and constants, and call the break function ``fn`` with them
-    (through the hook, so the resume functions it calls are captured)."""
+    (through the hook, so the resume functions it calls are captured).  For code
+    with free variables (``free``, their names), each call makes the ``resumes``
+    anew over cells holding the values the frame started with."""
     names = ("output", "constant", "local", "unbound")
     plan = tuple((names.index(s[0]), s[1] if len(s) > 1 else None)
-                 for s in layout.locals + layout.stack if s[0] != "null")
+                 for s in layout.locals + layout.cells + layout.stack
+                 if s[0] not in ("null", "ctx"))
+    made = [(r.__code__, r.__name__) for r in resumes] if free else []
 
     def run(f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
         outs = graph(*read(f_locals, f_globals, f_builtins))
         args = tuple(outs[v] if k == 0 else v if k == 1 else f_locals[v] if k == 2 else None
                      for k, v in plan)
+        if made:
+            closure = tuple(types.CellType(f_locals[n]) if n in f_locals
+                            else types.CellType() for n in free)
+            args += tuple(types.FunctionType(c, f_globals, n, None, closure)
+                          for c, n in made)
         return _C.call_user(fn, args)
 
     return run

@@ -305,6 +305,8 @@ class Context:
         from agspeed import _resume
         from agspeed._capture import Capture, Stopped, _guard, capture
         from agspeed._compile import compile_capture
+        from agspeed._ctx import restoring_modes
+        from agspeed._effects import replay
         from agspeed._tensor_check import arg_check
 
         site = _resume.break_site(code, brk.root_offset)
@@ -321,14 +323,14 @@ class Context:
             return site
         import torch
 
-        if builder.effect_plan() or list(builder.read_sources) != list(builder.sources):
-            # writes to the program's objects before the break would have to be
-            # replayed before the break code runs: not done yet, so the frame stays eager
-            return "side effects before the break are not replayed yet"
+        # writes to the program's objects before the break are replayed after the graph,
+        # before the break code runs (as in eager, they happen before the break)
+        effects = builder.effect_plan()
         ops = any(n.op in ("call_function", "call_method") for n in builder.graph.nodes)
         if not ops and not any(isinstance(v, torch.Tensor) for v in f_locals.values()):
             # no tensors here at all: generated code would only slow plain Python down
             return "no tensor work"
+        _resume.close_contexts(stopped.state)   # the graph leaves the modes as it found them
         gm = builder.output(layout.outputs)
         guard = _guard(torch, builder, f_locals, code)
         guard.break_at = getattr(brk_guard, "break_at", None)
@@ -336,15 +338,19 @@ class Context:
             fn, resumes = _resume.generated(code, f_globals, site, layout)
         except ValueError as exc:   # a layout the generated code cannot rebuild
             return str(exc)
+        cap = Capture(gm, builder.read_sources, guard, builder.example_inputs(), effects,
+                      len(builder.sources))
         if ops:
-            cap = Capture(gm, builder.sources, guard, builder.example_inputs())
             graph = compile_capture(self, cap, where)
             self._observe("graph", code, cap)
         else:
             graph = gm
+        graph = restoring_modes(gm, graph)   # with blocks left if the graph raises
+        if effects:
+            graph = replay(effects, cap.n_inputs, graph)
         self._note_break(code, where, brk)
         self._observe("resume", code, (brk, [r.__code__ for r in resumes]))
-        run = _resume.runner(graph, guard.read, layout, fn)
+        run = _resume.runner(graph, guard.read, layout, fn, resumes, code.co_freevars)
         signed = guard.sym is None
         entry = _C.CacheEntry(_C.ACTION_CALL, guard=guard, compiled=run, context=self,
                               signed=signed,

@@ -314,3 +314,126 @@ def test_numpy_values_reaching_a_resumed_graph_give_eagers_result(fn):
         got, expected = fast(x), fn(x)
         assert got.dtype == expected.dtype
         torch.testing.assert_close(got, expected)
+
+
+def pair(t):
+    print("pair")
+    return t.sin(), t.cos()
+
+
+def breaks_twice(x):
+    a, _ = pair(x)
+    b = a * 2
+    c, d = pair(b)
+    return c + a * d
+
+
+def test_a_resume_functions_own_break_resumes_again():
+    report = check(breaks_twice, vec, 3)
+    assert any(name.startswith("resume_in_resume_in_breaks_twice")
+               for name in report.resume_functions)
+    fast = agspeed.optimize(breaks_twice)
+    fast(torch.randn(6))
+    _C.reset_counters()
+    x = torch.randn(6)
+    torch.testing.assert_close(fast(x), breaks_twice(x))
+    assert _C.counters()["cache_misses"] == 0
+    from agspeed import _resume
+
+    for fn, _r, _g in _resume._CACHE.get(_resume_of(breaks_twice), {}).values():
+        names = fn.__code__.co_varnames
+        assert len(set(names)) == len(names)   # each parameter read by its own name
+
+
+def _resume_of(fn):
+    from agspeed import _resume
+
+    _f, resumes, _g = next(iter(_resume._CACHE[fn.__code__].values()))
+    return resumes[0].__code__
+
+
+class Doubling(torch.nn.Module if torch else object):
+    def forward(self, x):
+        return x * 2
+
+
+class Calls_super(Doubling):
+    def forward(self, x):
+        y = super().forward(x)
+        print("between supers")
+        return y + super().forward(y.sin())
+
+
+def test_argument_less_super_resumes():
+    report = check(Calls_super(), vec, 2)
+    assert report.resume_functions == ["resume_in_forward_at_"
+                                       f"{Calls_super.forward.__code__.co_firstlineno + 2}"]
+
+
+def scaled_by(k):
+    def scales(x):
+        y = x * k
+        print("scaled")
+        return y.tanh() + k
+    return scales
+
+
+def closes_over_later(x):
+    s = x.sin()
+    print("before the closure")
+    f = lambda t: t * s   # noqa: E731
+    return f(x)
+
+
+@pytest.mark.parametrize("fn", [scaled_by(3.0), closes_over_later])
+def test_free_and_cell_variables_resume(fn):
+    check(fn, vec, 2)
+    fast = agspeed.optimize(fn)
+    fast(torch.randn(6))
+    _C.reset_counters()
+    fast(torch.randn(6))
+    assert _C.counters()["cache_misses"] == 0
+
+
+def over_token(token):
+    def uses(x):
+        y = x * 2
+        print("token", type(token).__name__)
+        return y + 1
+    return uses
+
+
+def test_closures_made_per_call_let_their_values_go():
+    token = Token()
+    fn = over_token(token)
+    fast = agspeed.optimize(fn)
+    x = torch.randn(4)
+    fast(x)
+    gc.collect()
+    before = sys.getrefcount(token), sys.getrefcount(x)
+    for _ in range(5):
+        torch.testing.assert_close(fast(x), fn(x))
+    gc.collect()
+    assert (sys.getrefcount(token), sys.getrefcount(x)) == before
+
+
+def raises_after_a_break(x):
+    y = x * 2
+    print("before raising")
+    if y is not None:
+        raise KeyError("raised after a break")
+    return y
+
+
+def test_values_of_a_frame_that_raises_after_a_break_are_let_go():
+    import weakref
+
+    fast = agspeed.optimize(raises_after_a_break)
+    for _ in range(3):    # the captures, then cache hits
+        x = torch.randn(3)
+        alive = weakref.ref(x)
+        with pytest.raises(KeyError):
+            fast(x)
+        del x
+        gc.collect()
+        assert alive() is None   # no guard keeps the exception, its traceback, x

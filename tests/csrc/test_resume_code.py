@@ -9,6 +9,8 @@ on every version.  Graphs are not involved: the values are plain Python.
 import builtins
 import dis
 
+import pytest
+
 from agspeed import _C, _resume
 from test_interp import Recorder, T
 
@@ -20,10 +22,16 @@ class Stopper(Recorder):
         """Containers of plain values are returned as they are (no graph here)."""
         assert "Node" not in repr(type(value)), "no tensors in these tests"
 
+    def is_shadow(self, value):
+        """No list or dict of the program is changed in these tests."""
+        return False
+
 
 def resumed(fn, **f_locals):
     """fn(**f_locals) run the way a resumed frame runs it: break code, then resume."""
     code = fn.__code__
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        f_locals[name] = cell.cell_contents     # as the hook reads a closure
     out = _C.capture(code, dict(f_locals), fn.__globals__, builtins.__dict__, Stopper(), T)
     assert out["status"] == "break", out
     site = _resume.break_site(code, out["root_offset"])
@@ -36,7 +44,8 @@ def resumed(fn, **f_locals):
     assert not isinstance(layout, str), layout
     fn_break, resumes = _resume.generated(code, fn.__globals__, site, layout)
     # the "graph" returns its outputs as they are: plain values here
-    run = _resume.runner(lambda: layout.outputs, lambda *a: (), layout, fn_break)
+    run = _resume.runner(lambda: layout.outputs, lambda *a: (), layout, fn_break, resumes,
+                         code.co_freevars)
     return run(dict(f_locals), fn.__globals__, builtins.__dict__), fn_break, resumes
 
 
@@ -96,3 +105,166 @@ def test_a_break_in_a_loop_is_not_resumed():
                      Stopper(), T)
     assert out["status"] == "break"
     assert "loop" in _resume.break_site(looping.__code__, out["root_offset"])
+
+
+class Log:
+    """A context manager writing down what happens to it; ``swallow``: its exit
+    swallows an exception."""
+
+    def __init__(self, events, swallow=False):
+        self.events, self.swallow = events, swallow
+
+    def __enter__(self):
+        self.events.append("enter")
+        return self
+
+    def __exit__(self, kind, value, tb):
+        self.events.append(("exit", kind))
+        return self.swallow
+
+
+def block_with_print(a, cm):
+    b = a + 1
+    with cm:
+        print("inside", b)
+        c = b * 2
+    return c + 1
+
+
+def block_with_failure(a, cm):
+    b = a + 1
+    c = 0
+    with cm:
+        c = int(b)
+        c = float("not a number")
+        c = c + 100
+    return c + b
+
+
+def resumed_in_block(fn, events, monkeypatch, **f_locals):
+    """fn resumed at a break inside its with block, the block's manager standing for
+    one the builder models (a new Log per call, as torch.no_grad() is made anew)."""
+    monkeypatch.setattr(_resume, "_modelled_exit", lambda value: value.__self__ if (
+        isinstance(getattr(value, "__self__", None), Log)) else None)
+    swallow = f_locals["cm"].swallow
+
+    class Made(Log):
+        def __init__(self):
+            super().__init__(events, swallow)
+
+    monkeypatch.setattr(_resume, "_maker", lambda model: (Made, ()))
+    return resumed(fn, **f_locals)
+
+
+def test_a_break_in_a_with_block_enters_the_block_again(capsys, monkeypatch):
+    events = []
+    out, fn, resumes = resumed_in_block(block_with_print, events, monkeypatch,
+                                        a=3, cm=Log([]))
+    assert out == block_with_print(3, Log([]))
+    assert capsys.readouterr().out == "inside 4\n" * 2
+    # the break code's own block around print, then the resume function's around the rest
+    assert events == ["enter", ("exit", None), "enter", ("exit", None)]
+    assert fn.__code__.co_exceptiontable  # its block's exit runs when print raises
+    assert len(resumes) == 2      # after the break, and at the block's handler
+    assert "WITH_EXCEPT_START" in {i.opname for i in dis.get_instructions(resumes[1])}
+
+
+def test_an_exception_at_the_break_reaches_the_blocks_exit(monkeypatch):
+    events = []
+    out, _fn, _r = resumed_in_block(block_with_failure, events, monkeypatch,
+                                    a=3, cm=Log([], swallow=True))
+    assert out == block_with_failure(3, Log([], swallow=True)) == 8
+    # the break code leaves its block; the handler's resume function enters it again
+    # and its exit sees the exception (and swallows it, so the frame goes on)
+    assert events == ["enter", ("exit", None), "enter", ("exit", ValueError)]
+    events.clear()
+    with pytest.raises(ValueError) as info:
+        resumed_in_block(block_with_failure, events, monkeypatch, a=3, cm=Log([]))
+    assert events == ["enter", ("exit", None), "enter", ("exit", ValueError)]
+    lines = [tb.tb_lineno for tb in _walk(info.value.__traceback__)]
+    assert block_with_failure.__code__.co_firstlineno + 5 in lines
+
+
+def _walk(tb):
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
+
+
+def tried(a):
+    try:
+        print("in try", a)
+    finally:
+        a = a + 1
+    return a
+
+
+def test_a_break_under_try_is_not_resumed():
+    out = _C.capture(tried.__code__, {"a": 3}, tried.__globals__, builtins.__dict__,
+                     Stopper(), T)
+    assert out["status"] == "break"
+    assert "try" in _resume.break_site(tried.__code__, out["root_offset"])
+
+
+def make_adder(k):
+    def adds(a):
+        b = a + k
+        print("adds", b)
+        return b * k
+    return adds
+
+
+def test_free_variables_come_from_the_frames_closure(capsys):
+    for k in (3, 4):    # one code, two closures: each call's own values
+        adds = make_adder(k)
+        out, fn, resumes = resumed(adds, a=2)
+        assert out == adds(2)
+        assert not fn.__code__.co_freevars
+        assert resumes[0].__code__.co_freevars == ("k",)
+
+
+def captures_after(a, c):
+    b = a * c
+    print("captures", b)
+    f = lambda: b + c   # noqa: E731  (cells: a parameter's and a local's)
+    c = c + 1
+    return f() * c
+
+
+def test_cell_variables_are_cells_again_in_the_resume_function(capsys):
+    out, _fn, resumes = resumed(captures_after, a=2, c=5)
+    assert out == captures_after(2, 5)
+    assert set(resumes[0].__code__.co_cellvars) == {"b", "c"}
+
+
+class Base:
+    def value(self, a):
+        return a + 1
+
+
+class Child(Base):
+    def value(self, a):
+        b = super().value(a)
+        print("child", b)
+        return super().value(b) * 2
+
+
+def test_argument_less_super_works_in_the_resume_function(capsys):
+    child = Child()
+    out, _fn, _r = resumed(Child.value, self=child, a=4)
+    assert out == child.value(4)
+
+
+def counts():
+    n = 0
+
+    def bump(a):
+        nonlocal n
+        print("bump", a)
+        n += a
+        return n
+    return bump
+
+
+def test_a_write_to_an_enclosing_functions_variable_is_not_resumed():
+    assert "enclosing" in _resume.break_site(counts().__code__, 0)
