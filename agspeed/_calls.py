@@ -12,6 +12,7 @@ assumptions, so the guard checks it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import types
 from typing import Any
@@ -64,6 +65,11 @@ class CallPolicy:
         if pure is not None:
             return pure
         how, value = static_attr(obj, name)
+        if how is Attr.METHOD and type(value) is functools._lru_cache_wrapper and \
+                isinstance(obj, logging.Logger):
+            # a logger's cached method (transformers' warning_once): called for its
+            # effect after the graph, where its cache keeps eager's once-only output
+            self.replayed_calls = self.replayed_calls | {value}  # type: ignore
         if how is Attr.UNSUPPORTED:
             raise GraphBreak(Reason.UNSUPPORTED_ATTRIBUTE,
                              f"{type(obj).__name__}.{name}: {value}")

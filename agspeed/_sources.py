@@ -23,6 +23,7 @@ from __future__ import annotations
 import builtins
 import collections
 import contextvars
+import functools
 import os
 import sys
 import types
@@ -160,6 +161,8 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
             return Attr.VALUE, found.__func__
         if kind is classmethod and type(found.__func__) is types.FunctionType:
             return Attr.METHOD, found.__func__   # called with the class as self
+        if kind is functools._lru_cache_wrapper and not issubclass(cls, type):
+            return Attr.METHOD, found   # an lru_cache'd method: bound as a function is
         if hasattr(kind, "__get__") and kind not in (types.BuiltinFunctionType, type):
             if kind in (types.MethodDescriptorType, types.WrapperDescriptorType):
                 return Attr.UNSUPPORTED, "method of a builtin type"

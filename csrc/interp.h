@@ -3,7 +3,8 @@
  * The interpreter is split by job:
  *   interp.c       values, frames, the instruction loop, inlining, the entry
  *   interp_args.c  graph arguments, sources, assumptions, ownership
- *   interp_data.c  loads and stores, stack shuffles, containers, subscripts
+ *   interp_data.c  loads and stores, stack shuffles, containers
+ *   interp_subscr.c  slices and subscripts
  *   interp_attr.c  attributes: of known objects, of tensors, getattr, super
  *   interp_call.c  calls: torch ops, modules, functions, folds, by plan
  *   interp_func.c  functions: binding arguments and closures, making them

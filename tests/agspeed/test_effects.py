@@ -3,6 +3,7 @@ recorded during capture and replayed after the graph, in order, so every later c
 the caller see the state eager would have left; reads after a write see it; writes that
 cannot be replayed safely still break."""
 
+import functools
 import gc
 import logging
 import warnings
@@ -415,3 +416,37 @@ def test_the_capture_site_is_per_thread():
     for t in threads:
         t.join()
     assert seen == [()] * 4 and _C.capture_site() == ()
+
+
+class _OnceLogger(logging.Logger):
+    pass
+
+
+@functools.lru_cache(None)
+def _warn_once(self, *args, **kwargs):
+    self.warning(*args, **kwargs)
+
+
+_OnceLogger.warn_once_for_test = _warn_once
+_ONCE = _OnceLogger("agspeed.test.once")
+_ONCE.parent = logging.getLogger()   # made directly: joined to the hierarchy by hand
+
+
+def logs_once(x):
+    _ONCE.warn_once_for_test("said once")
+    return x + 1
+
+
+def test_an_lru_cached_logger_method_is_replayed_and_dedupes(caplog):
+    report = agspeed.explain(logs_once, torch.zeros(1))
+    assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
+    _warn_once.cache_clear()
+    fast = agspeed.optimize(logs_once, backend="eager")
+    with caplog.at_level(logging.WARNING, logger="agspeed.test.once"):
+        torch.testing.assert_close(fast(torch.zeros(1)), torch.ones(1))
+        first = len(caplog.records)
+        for _ in range(3):
+            torch.testing.assert_close(fast(torch.zeros(1)), torch.ones(1))
+    said = [r.getMessage() for r in caplog.records if r.name == "agspeed.test.once"]
+    assert first >= 1 and said == ["said once"] * first, said   # nothing after the first
+    assert _warn_once.cache_info().hits == 3

@@ -1,0 +1,239 @@
+/* interp_subscr.c: slices and subscripts for the symbolic interpreter
+ * (see interp.h).
+ *
+ * Subscripts of a tensor become graph nodes (operator.getitem / setitem);
+ * subscripts of known constants and of built containers are evaluated
+ * now by the builder; an object whose class defines __getitem__ or
+ * __setitem__ in Python has it inlined (interp_dunder.c).  Item
+ * assignment is allowed on what the capture built (lists, dicts, deques)
+ * and on the program's lists and dicts through their shadows
+ * (interp_effects.c).
+ */
+#include "interp.h"
+#include <string.h>
+
+AGS_HANDLER
+op_build_slice(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    int n = (int)ins->arg;
+    PyObject *parts[3] = {Py_None, Py_None, Py_None}, *slice;
+
+    for (int i = 0; i < n; i++) {
+        ags_value *v = ags_peek(f, n - i);
+        /* A graph value is a bound the graph computes (a size of a dynamic
+         * dimension): the slice holds its node, and what it indexes decides
+         * (a tensor: a graph node; a known sequence: the builder). */
+        if (v->kind != AGS_VK_CONST && v->kind != AGS_VK_TENSOR) {
+            return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                             "a slice bound that is "
+                             "a %s", AGS_DESCRIBE(v));
+        }
+        parts[i] = v->obj;
+    }
+    slice = PySlice_New(parts[0], parts[1], n == 3 ? parts[2] : Py_None);
+    if (slice == NULL) {
+        return AGS_ERROR;
+    }
+    ags_drop(f, n);
+    return ags_push(f, ags_value_make(AGS_VK_CONST, slice, NULL));
+}
+
+/* container[index] for values: a graph node when the container is a
+ * tensor, else evaluated by the builder on known values. */
+static int
+subscript(ags_interp *it, ags_frame *f, ags_value *container, ags_value *index)
+{
+    PyObject *c, *i = NULL, *out;
+    PyObject *source = NULL;
+    ags_value v;
+    int had = 1;
+    /* a Python __getitem__ (interp_dunder.c) */
+    int rc = ags_dunder_call(it, f, "__getitem__", container, index, 1, &v);
+
+    if (rc != AGS_DUNDER_NOT_MINE) {
+        return rc == AGS_GO ? ags_push(f, v) : rc;
+    }
+    /* a built dict is read in place: a defaultdict's missing key is added
+     * to it, not to a copy */
+    c = container->kind == AGS_VK_DICT ? Py_NewRef(container->obj)
+                                       : ags_graph_arg(it, container);
+    if (c == NULL || (i = ags_graph_arg(it, index)) == NULL) {
+        Py_XDECREF(c);
+        return AGS_BREAK;
+    }
+    if (container->kind == AGS_VK_DICT
+        && (had = PyDict_Contains(c, i)) < 0) {
+        PyErr_Clear();  /* unhashable: the builder's lookup breaks */
+        had = 1;
+    }
+    if (container->kind == AGS_VK_CONST) {
+        source = ags_source_of(it, container);
+    }
+    out = ags_call_builder(it, AGS_BOP_GETITEM, "(OOO)", c, i,
+                           source ? source : Py_None);
+    Py_DECREF(c);
+    Py_DECREF(i);
+    Py_XDECREF(source);
+    if (out == NULL) {
+        rc = ags_take_break(it);
+        if (container->kind == AGS_VK_TENSOR) {
+            /* what a tensor's subscript raised depends on sizes a dynamic
+             * capture need not have guarded: no handler catches it
+             * (interp_catch.c) */
+            Py_CLEAR(it->brk_raised);
+        }
+        return rc;
+    }
+    /* The builder answers (value, source or None): a known object that is
+     * guarded on its own source, or a graph argument. */
+    if (PyTuple_Check(out) && PyTuple_GET_SIZE(out) == 2
+        && PyTuple_GET_ITEM(out, 1) != Py_None) {
+        rc = ags_load_object(it, PyTuple_GET_ITEM(out, 1),
+                             PyTuple_GET_ITEM(out, 0), &v);
+    }
+    else if (PyTuple_Check(out) && PyTuple_GET_SIZE(out) == 2) {
+        rc = ags_value_of(it, PyTuple_GET_ITEM(out, 0), &v) < 0 ? AGS_ERROR
+                                                                : AGS_GO;
+        if (rc == AGS_GO && !had) {
+            /* a defaultdict's factory made it here */
+            rc = ags_own_created(it, &v);
+        }
+    }
+    else {
+        PyErr_SetString(PyExc_SystemError, "builder.getitem: bad answer");
+        rc = AGS_ERROR;
+    }
+    Py_DECREF(out);
+    return rc < 0 ? rc : ags_push(f, v);
+}
+
+AGS_HANDLER
+op_binary_subscr(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    ags_value index = ags_pop(f), container = ags_pop(f);
+    int rc = subscript(it, f, &container, &index);
+
+    (void)ins;
+    ags_value_clear(&index);
+    ags_value_clear(&container);
+    return rc;
+}
+
+static int
+make_slice(ags_interp *it, ags_frame *f, int n)
+{
+    int rc = op_build_slice(it, f, &(ags_instr){.arg = (uint32_t)n});
+    return rc;
+}
+
+AGS_HANDLER
+op_binary_slice(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    int rc = make_slice(it, f, 2);
+    (void)ins;
+    return rc < 0 ? rc : op_binary_subscr(it, f, ins);
+}
+
+/* A collections.deque the capture made (stepped and changed in place). */
+static int
+owned_deque(ags_interp *it, const ags_value *v)
+{
+    int rc;
+
+    if (v->kind != AGS_VK_CONST || !ags_is_deque(v->obj)) {
+        return 0;
+    }
+    rc = ags_is_owned(it, v->obj);
+    if (rc < 0) {
+        PyErr_Clear();
+    }
+    return rc == 1;
+}
+
+/* container[index] = value: a recorded operator.setitem on a tensor,
+ * a store into a list or dict the capture built; anything else is a side
+ * effect on the program's objects, which breaks. */
+static int
+store_subscript(ags_interp *it, ags_value *container, ags_value *index,
+                ags_value *value)
+{
+    PyObject *i, *v;
+    int rc;
+
+    if (ags_can_shadow(container)) {
+        rc = ags_shadow(it, container);  /* a list or dict of the program */
+        if (rc != AGS_GO) {
+            return rc;
+        }
+    }
+    if (container->kind != AGS_VK_TENSOR && container->kind != AGS_VK_LIST
+        && container->kind != AGS_VK_DICT && !owned_deque(it, container)) {
+        return ags_stopf(it, AGS_REASON_SIDE_EFFECT, "item assignment on a %s",
+                         AGS_DESCRIBE(container));
+    }
+    i = ags_graph_arg(it, index);
+    /* a tensor's setitem records a node: its argument is frozen */
+    v = i == NULL ? NULL
+        : container->kind == AGS_VK_TENSOR ? ags_graph_arg(it, value)
+                                           : ags_held_arg(it, value);
+    if (v == NULL) {
+        Py_XDECREF(i);
+        return AGS_BREAK;
+    }
+    if (container->kind == AGS_VK_TENSOR) {
+        PyObject *out = ags_call_builder(it, AGS_BOP_SETITEM, "(OOO)",
+                                         container->obj,
+                                         i, v);
+        rc = out ? AGS_GO : ags_take_break(it);
+        Py_XDECREF(out);
+    }
+    else {
+        rc = PyObject_SetItem(container->obj, i, v) < 0
+                 ? ags_stopf(it, AGS_REASON_OP_FAILED,
+                             "item assignment failed")
+                 : AGS_GO;
+        if (rc == AGS_BREAK) {
+            PyErr_Clear();
+        }
+    }
+    Py_DECREF(i);
+    Py_DECREF(v);
+    return rc;
+}
+
+AGS_HANDLER
+op_store_subscr(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    ags_value index = ags_pop(f), container = ags_pop(f), value = ags_pop(f);
+    int rc = store_subscript(it, &container, &index, &value);
+
+    (void)ins;
+    ags_value_clear(&index);
+    ags_value_clear(&container);
+    ags_value_clear(&value);
+    return rc;
+}
+
+/* obj.name = value: stored on an object the capture made
+ * (interp_object.c), or recorded as a side effect on an object of the
+ * program, replayed after the graph (interp_effects.c). */
+AGS_HANDLER
+op_store_attr(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    ags_value owner = ags_pop(f), value = ags_pop(f);
+    PyObject *name = PyTuple_GET_ITEM(f->code->co_names, ins->arg);
+    int rc = ags_store_attr(it, f, &owner, name, &value);
+
+    ags_value_clear(&owner);
+    ags_value_clear(&value);
+    return rc;
+}
+
+AGS_HANDLER
+op_store_slice(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    int rc = make_slice(it, f, 2);
+    (void)ins;
+    return rc < 0 ? rc : op_store_subscr(it, f, ins);
+}
+
