@@ -111,6 +111,22 @@ ags_builder_call(ags_interp *it, int op, PyObject *extra,
     return rc;
 }
 
+/* A PyMem array of `self` then args, all borrowed (the caller frees the
+ * array, not the values), or NULL with MemoryError. */
+static ags_value *
+self_first(const ags_value *self, ags_value *args, int nargs)
+{
+    ags_value *all = PyMem_Calloc((size_t)nargs + 1, sizeof(ags_value));
+
+    if (all == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    all[0] = *self;
+    memcpy(&all[1], args, (size_t)nargs * sizeof(ags_value));
+    return all;
+}
+
 /* Inlines func with `self` (a value, or NULL) before args. */
 static int
 inline_with_self(ags_interp *it, ags_frame *f, PyObject *func,
@@ -126,15 +142,11 @@ inline_with_self(ags_interp *it, ags_frame *f, PyObject *func,
     if (self == NULL) {
         return ags_inline(it, f, func, fsource, args, nargs, kwnames, result);
     }
-    all = PyMem_Calloc((size_t)nargs + 1, sizeof(ags_value));
-    if (all == NULL) {
-        PyErr_NoMemory();
+    if ((all = self_first(self, args, nargs)) == NULL) {
         return AGS_ERROR;
     }
-    all[0] = *self;
-    memcpy(&all[1], args, (size_t)nargs * sizeof(ags_value));
     rc = ags_inline(it, f, func, fsource, all, nargs + 1, kwnames, result);
-    PyMem_Free(all);  /* the values are borrowed from the caller */
+    PyMem_Free(all);
     return rc;
 }
 
@@ -155,14 +167,11 @@ call_inline(ags_interp *it, ags_frame *f, PyObject *plan,
         /* A bound callable in the method slot with a value in the self
          * slot (a with block's exit(None, None, None)): CPython passes
          * that value as the first argument, after the bound self. */
-        ags_value *all = PyMem_Calloc((size_t)nargs + 1, sizeof(ags_value));
+        ags_value *all = self_first(self, args, nargs);
 
         if (all == NULL) {
-            PyErr_NoMemory();
             return AGS_ERROR;
         }
-        all[0] = *self;
-        memcpy(&all[1], args, (size_t)nargs * sizeof(ags_value));
         rc = call_inline(it, f, plan, NULL, all, nargs + 1, kwnames, result);
         PyMem_Free(all);  /* the values are borrowed from the caller */
         return rc;
@@ -215,15 +224,11 @@ gen_ctx_call(ags_interp *it, ags_frame *f, PyObject *plan,
     if (self == NULL) {
         return ags_gen_ctx_new(it, f, plan, args, nargs, kwnames, result);
     }
-    all = PyMem_Calloc((size_t)nargs + 1, sizeof(ags_value));
-    if (all == NULL) {
-        PyErr_NoMemory();
+    if ((all = self_first(self, args, nargs)) == NULL) {
         return AGS_ERROR;
     }
-    all[0] = *self;
-    memcpy(&all[1], args, (size_t)nargs * sizeof(ags_value));
     rc = ags_gen_ctx_new(it, f, plan, all, nargs + 1, kwnames, result);
-    PyMem_Free(all);  /* the values are borrowed from the caller */
+    PyMem_Free(all);
     return rc;
 }
 
