@@ -15,6 +15,7 @@ import collections
 import logging
 import operator
 import os
+import sys
 import types
 from typing import Any
 
@@ -26,7 +27,7 @@ from agspeed.protocol import Attr, Compare, Reason
 _STRUCTURAL_FOLDS = (enumerate, zip, reversed, list, tuple, len, iter, dict, set, frozenset)
 _TYPE_FOLDS = (isinstance, issubclass, type, callable)
 _VALUE_FOLDS = (range, min, max, abs, int, float, bool, str, sum, any, all, round, divmod,
-                pow, sorted, repr, hash, ord, chr, slice)
+                pow, sorted, repr, hash, ord, chr, slice, sys.intern)
 #: every builtin ``fold`` evaluates (the call policy plans them as folds)
 FOLDABLE = frozenset(_STRUCTURAL_FOLDS + _TYPE_FOLDS + _VALUE_FOLDS)
 # Folds whose result is an object rather than a plain value: the same object for the same
@@ -90,6 +91,9 @@ class Folds(StdlibFolds):
         if any(isinstance(a, self.node_type) for a in (*args, *kwargs.values())):
             if fn in (min, max, abs, pow, round):
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{fn.__name__}() of a tensor")
+        if fn is operator.mul and len(args) == 2 and not kwargs and \
+                {type(a) for a in args} in ({int, list}, {int, tuple}):
+            return args[0] * args[1]   # a sequence repeated: its items as they are
         if fn in (min, max, sum, any, all, sorted) and args and \
                 (type(args[0]) in (*_VIEWS, dict, set, frozenset, *_COLLECTIONS) or
                  type(args[0]) in SAFE_ITERATORS):
@@ -109,6 +113,8 @@ class Folds(StdlibFolds):
                              f"{type(exc).__name__}: {exc}") from exc
         if isinstance(out, (range, slice)) or self._is_static(out) or fn in _OBJECT_FOLDS:
             return out
+        if fn is collections.namedtuple:
+            return out   # a class made from plain values: made once, at capture
         raise GraphBreak(Reason.NON_TENSOR_RESULT, f"{describe_callable(fn)} returned a "
                          f"{type(out).__name__}")
 

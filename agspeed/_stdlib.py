@@ -142,6 +142,8 @@ class StdlibFolds:
             return (Plan.FOLD, fn)
         if fn is inspect.signature:   # of a function or method the capture holds
             return (Plan.FOLD, fn)
+        if fn is collections.namedtuple:   # a class made in the frame, from plain values
+            return (Plan.FOLD, fn)
         if fn is next or fn is functools.partial or _one_of(fn, _ITERTOOLS) or \
                 fn is operator.itemgetter or kind is operator.itemgetter:
             return (Plan.FOLD, fn)

@@ -213,6 +213,19 @@ getattribute_hook(PyObject *obj)
     return found != NULL && PyFunction_Check(found) ? found : NULL;
 }
 
+/* Is `name` a Python function, staticmethod or classmethod on obj's class
+ * (a method of a namedtuple subclass, say)? */
+static int
+python_method(PyObject *obj, PyObject *name)
+{
+    PyObject *found = _PyType_Lookup(Py_TYPE(obj), name);
+
+    return found != NULL
+           && (PyFunction_Check(found)
+               || Py_IS_TYPE(found, &PyStaticMethod_Type)
+               || Py_IS_TYPE(found, &PyClassMethod_Type));
+}
+
 /* Pushes hook(owner, name), the hook inlined and guarded through the
  * owner's type: ("attr", ("type", owner's source), "__getattribute__"). */
 static int
@@ -269,10 +282,11 @@ ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method)
                                                  "(OO)",
                                                  owner.obj, name));
     }
-    else if (owner.kind == AGS_VK_TUPLE && !method
-             && !PyTuple_CheckExact(owner.obj)) {
-        /* a field of a structseq (x.max(1).values) or namedtuple */
-        rc = known_attr(it, f, &owner, name, 0);
+    else if (owner.kind == AGS_VK_TUPLE && !PyTuple_CheckExact(owner.obj)
+             && (!method || python_method(owner.obj, name))) {
+        /* a field of a structseq (x.max(1).values) or namedtuple, or a
+         * method its class defines in Python (inlined with the tuple) */
+        rc = known_attr(it, f, &owner, name, method);
     }
     else if (owner.kind == AGS_VK_TENSOR || owner.kind == AGS_VK_LIST
              || owner.kind == AGS_VK_DICT || owner.kind == AGS_VK_TUPLE

@@ -7,6 +7,7 @@ import collections
 import functools
 import itertools
 import operator
+import typing
 
 import pytest
 
@@ -296,6 +297,38 @@ def f_deque_insert_and_setitem(x):
     q[1] = x * 3
     q.remove("head")
     return list(q)
+
+
+def f_namedtuple_class_made_in_the_frame(x):
+    # (its instances' class is made per call in eager: the fields are compared)
+    pair = collections.namedtuple("pair", ["a", "b", "c"], defaults=(None, 2))
+    made = pair(x, x * 2)
+    return tuple(pair(made.a, made[1], made.c * x))
+
+
+class Span(typing.NamedTuple):
+    start: object
+    stop: object
+
+    def width(self):
+        return self.stop - self.start
+
+    @staticmethod
+    def unit():
+        return 1
+
+    @classmethod
+    def name(cls):
+        return cls.__name__
+
+
+def f_namedtuple_methods(x):
+    span = Span(x, x * 3)
+    return span.width() * span.unit(), span.name()
+
+
+def f_list_repeated(x):
+    return sum(3 * [x]) + len((x,) * 2)
 
 
 FUNCTIONS = {name: fn for name, fn in globals().items() if name.startswith("f_")}
