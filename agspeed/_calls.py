@@ -118,7 +118,7 @@ class CallPolicy:
         if fn in FOLDABLE or (
                 type(fn) is types.BuiltinFunctionType and fn.__module__ == "math") or \
                 is_namedtuple_type(fn) or fn is torch.finfo or fn is torch.iinfo or \
-                fn is torch.device:
+                fn is torch.device or fn is torch.Size:
             return (Plan.FOLD, fn)
         if type(fn) is types.FunctionType:
             if getattr(fn, "__module__", "") in ("torch._dynamo.eval_frame",

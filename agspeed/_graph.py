@@ -211,9 +211,22 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
     # -- operations -----------------------------------------------------------------
 
     def _fake(self, value: Any) -> Any:
-        import torch.fx
+        """``value`` with each node replaced by its example value; a ``torch.Size`` stays
+        one (``x.new(size)`` reads a Size as a shape, a tuple as data)."""
+        kind = type(value)
+        if kind is self.node_type:
+            return value.meta["example_value"]
+        if kind is self._torch.Size:
+            return value
+        if kind in (tuple, list):
+            return kind(self._fake(v) for v in value)
+        if kind is dict:
+            return {k: self._fake(v) for k, v in value.items()}
+        if isinstance(value, (tuple, list, dict)) or kind is slice:
+            import torch.fx
 
-        return torch.fx.node.map_arg(value, lambda node: node.meta["example_value"])
+            return torch.fx.node.map_arg(value, lambda node: node.meta["example_value"])
+        return value
 
     def call_function(self, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
         """Record ``fn(*args, **kwargs)``; args may hold nodes, constants and containers.

@@ -331,6 +331,12 @@ def f_list_repeated(x):
     return sum(3 * [x]) + len((x,) * 2)
 
 
+def f_a_size_argument_is_a_shape(x):
+    made = x.new(x.size())   # (uninitialized: only its shape is compared)
+    assert made.size() == x.size()
+    return x + 1, made.shape, x.new_ones(torch.Size([2, 3])) * 2
+
+
 FUNCTIONS = {name: fn for name, fn in globals().items() if name.startswith("f_")}
 
 
