@@ -143,9 +143,10 @@ class ContextPolicy:
     # -- the interpreter's operations --------------------------------------------------
 
     def plan_ctx(self, fn: Any) -> tuple | None:
-        """``(Plan.CTX, fn)`` when calling ``fn`` makes or steps a modelled manager."""
-        if type(fn) is types.MethodType and (isinstance(fn.__self__, _Ctx) or
-                                             self._is_clone(fn)):
+        """``(Plan.CTX, fn)`` when calling ``fn`` makes or steps a modelled manager, or
+        decorates a function with one made in the frame (``torch.no_grad()(f)``)."""
+        if type(fn) is _Ctx or type(fn) is types.MethodType and (
+                isinstance(fn.__self__, _Ctx) or self._is_clone(fn)):
             return (Plan.CTX, fn)
         return (Plan.CTX, fn) if self._modelled(fn) else None
 
@@ -159,6 +160,8 @@ class ContextPolicy:
         """Make (calling its class) or step (enter, exit) a modelled context manager."""
         if type(fn) is types.MethodType and isinstance(fn.__self__, _Ctx):
             return fn(*args, **kwargs)
+        if type(fn) is _Ctx:
+            return self._decorate(fn, args, kwargs)
         if type(fn) is types.MethodType:  # a decorator's clone(): the same manager, anew
             made = fn.__self__
             again = (made.mode,) if type(made) in (self._torch.set_grad_enabled,
@@ -196,6 +199,23 @@ class ContextPolicy:
         if not isinstance(target[0], str) or not isinstance(target[2], bool):
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{name}{target}")
         return _Ctx(self, name, autocast=target)
+
+    def _decorate(self, made: _Ctx, args: tuple, kwargs: dict) -> Any:
+        """``torch.no_grad()(f)`` on a manager made in the frame: torch's own decorator
+        around ``f``, made from a real manager of the same kind (its ``with`` on a clone
+        of it is modelled when the decorated function runs)."""
+        torch = self._torch
+        grad = torch.autograd.grad_mode
+        if len(args) != 1 or kwargs or type(args[0]) is not types.FunctionType or \
+                made.entered or made.autocast is not None or made.prev_grad is not None:
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{made.name}() called on these")
+        if made.inference is not None:
+            real = grad.inference_mode(made.inference)
+        elif made.grad is not None:
+            real = grad.no_grad() if made.grad is False else grad.enable_grad()
+        else:
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{made.name}() as a decorator")
+        return real(args[0])
 
     def enter_with(self, cm: Any, source: Any) -> tuple[Any, Any]:
         """``(exit, enter)`` for ``with cm:`` (csrc/interp_exc.c)."""

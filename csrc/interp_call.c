@@ -63,10 +63,16 @@ pack_args(ags_interp *it, const ags_value *first, ags_value *args, int nargs,
 
 /* A list, dict, set or iterator that a fold or a container method just
  * made, which nothing else refers to, cannot be an object of the program:
- * the capture owns it (it may mutate or step it).  out: borrowed. */
+ * the capture owns it (it may mutate or step it); so does a function a
+ * modelled manager just decorated.  out: borrowed. */
 static int
 fresh_container(ags_interp *it, int op, PyObject *out)
 {
+    if (op == AGS_BOP_CTX && PyFunction_Check(out) && Py_REFCNT(out) == 1) {
+        /* a function a modelled manager decorated here: its closure holds
+         * what the capture gave it, shared as a made function's is */
+        return ags_own(it, out);
+    }
     if ((op != AGS_BOP_FOLD && op != AGS_BOP_CONTAINER_METHOD)
         || Py_REFCNT(out) != 1) {
         return 0;

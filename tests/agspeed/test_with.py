@@ -449,3 +449,32 @@ def test_a_generator_that_does_not_yield_raises_as_eager():
     fast = agspeed.optimize(_enters_a_manager_that_never_yields, backend="eager")
     with pytest.raises(RuntimeError, match="generator didn't yield"):
         fast(torch.randn(2))
+
+
+def _decorates_a_function_in_the_frame(x):
+    @torch.no_grad()
+    def augment(t):
+        return (t + 1) * 2
+
+    @torch.inference_mode()
+    def frozen(t):
+        return t.sin()
+
+    out = augment(x)
+    return out, out.requires_grad, frozen(x).is_inference(), x * 3
+
+
+def test_a_manager_made_in_the_frame_decorates_a_function():
+    x = torch.randn(4, requires_grad=True)
+    report = agspeed.explain(_decorates_a_function_in_the_frame, x)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
+    assert report.graph_count <= max(1, dynamo_graph_count(_decorates_a_function_in_the_frame, x))
+    fast = agspeed.optimize(_decorates_a_function_in_the_frame, backend="eager")
+    x = torch.randn(4, requires_grad=True)
+    got, want = fast(x), _decorates_a_function_in_the_frame(x)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:3] == want[1:3]
+    torch.testing.assert_close(got[3], want[3])
+    got[3].sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((4,), 3.0))
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
