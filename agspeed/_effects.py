@@ -152,8 +152,7 @@ class SideEffects:
 
     def _setattr_hook(self, kind: type) -> Any:
         torch = self._torch  # type: ignore[attr-defined]
-        setattr_fn = next(k.__dict__["__setattr__"] for k in kind.__mro__
-                          if "__setattr__" in k.__dict__ and "__agspeed_view__" not in k.__dict__)
+        setattr_fn = _own_setattr(kind)
         if type(setattr_fn) is types.FunctionType and \
                 setattr_fn is not torch.nn.Module.__setattr__:
             return setattr_fn
@@ -281,9 +280,7 @@ class SideEffects:
     def _check_writable(self, obj: Any, name: str, value: Any, raw: bool = False) -> None:
         torch = self._torch  # type: ignore[attr-defined]
         kind = type(obj)
-        # an optimized module's view class forwards writes to its original's class
-        setattr_fn = next(k.__dict__["__setattr__"] for k in kind.__mro__
-                          if "__setattr__" in k.__dict__ and "__agspeed_view__" not in k.__dict__)
+        setattr_fn = _own_setattr(kind)
         if not raw and setattr_fn not in (object.__setattr__, torch.nn.Module.__setattr__):
             raise GraphBreak(Reason.SIDE_EFFECT,
                              f"setting {name!r} of a {kind.__name__}, whose class has "
@@ -309,6 +306,13 @@ class SideEffects:
                 raise GraphBreak(Reason.SIDE_EFFECT,
                                  f"storing a non-tensor in buffer {name!r} of a "
                                  f"{kind.__name__}")
+
+
+def _own_setattr(kind: type) -> Any:
+    """The ``__setattr__`` instances of ``kind`` run, past optimized-module view classes
+    (which forward writes to their original's class)."""
+    return next(k.__dict__["__setattr__"] for k in kind.__mro__
+                if "__setattr__" in k.__dict__ and "__agspeed_view__" not in k.__dict__)
 
 
 def _has_slot(template: Any) -> bool:

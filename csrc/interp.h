@@ -156,6 +156,8 @@ PyObject *ags_graph_arg(ags_interp *it, const ags_value *v);
 PyObject *ags_held_arg(ags_interp *it, const ags_value *v);
 int ags_value_of(ags_interp *it, PyObject *obj, ags_value *out);
 int ags_assume(ags_interp *it, PyObject *source, PyObject *value);
+int ags_type_attr_source(ags_interp *it, const ags_value *v, const char *name,
+                         PyObject *func, PyObject **out);
 PyObject *ags_source_of(ags_interp *it, const ags_value *v);
 int ags_load_object(ags_interp *it, PyObject *source, PyObject *value,
                     ags_value *out);
@@ -254,8 +256,8 @@ int ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out);
 int ags_can_shadow(const ags_value *v);
 int ags_is_mutator(PyObject *container, PyObject *name);
 int ags_shadow(ags_interp *it, ags_value *v);
-int ags_effect_setattr(ags_interp *it, ags_frame *f, ags_value *owner,
-                       PyObject *name, PyObject *arg);
+int ags_effect_setattr(ags_interp *it, ags_value *owner, PyObject *name,
+                       PyObject *arg, PyObject **hook);
 /* interp_object.c */
 int ags_call_new(ags_interp *it, ags_frame *f, PyObject *plan,
                  ags_value *args, int nargs, PyObject *kwnames,

@@ -197,6 +197,29 @@ ags_value_of(ags_interp *it, PyObject *obj, ags_value *out)
     return 0;
 }
 
+/* How a class's own special method `func`, run for v, is reached and
+ * guarded: *out the source ("attr", ("type", v's source), name), assumed
+ * to reach func, or NULL when v has no source.  AGS_GO or AGS_ERROR. */
+int
+ags_type_attr_source(ags_interp *it, const ags_value *v, const char *name,
+                     PyObject *func, PyObject **out)
+{
+    PyObject *src = ags_source_of(it, v);
+
+    *out = NULL;
+    if (src == NULL) {
+        return AGS_GO;
+    }
+    *out = Py_BuildValue("(s(sO)s)", ags_load_names[AGS_LOAD_ATTR],
+                         ags_load_names[AGS_LOAD_TYPE], src, name);
+    Py_DECREF(src);
+    if (*out == NULL || ags_assume(it, *out, func) < 0) {
+        Py_CLEAR(*out);
+        return AGS_ERROR;
+    }
+    return AGS_GO;
+}
+
 int
 ags_assume(ags_interp *it, PyObject *source, PyObject *value)
 {

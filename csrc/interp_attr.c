@@ -232,17 +232,10 @@ static int
 inline_getattribute(ags_interp *it, ags_frame *f, ags_value *owner,
                     PyObject *hook, PyObject *name, int method)
 {
-    PyObject *src = ags_source_of(it, owner), *hsrc = NULL;
+    PyObject *hsrc;
     ags_value args[2], result;
-    int rc = AGS_GO;
+    int rc = ags_type_attr_source(it, owner, "__getattribute__", hook, &hsrc);
 
-    if (src != NULL) {
-        hsrc = Py_BuildValue("(s(sO)s)", ags_load_names[AGS_LOAD_ATTR],
-                             ags_load_names[AGS_LOAD_TYPE], src,
-                             "__getattribute__");
-        Py_DECREF(src);
-        rc = hsrc == NULL ? AGS_ERROR : ags_assume(it, hsrc, hook);
-    }
     if (rc == AGS_GO) {
         args[0] = *owner;   /* borrowed, as the call's arguments are */
         args[1] = ags_value_make(AGS_VK_CONST, Py_NewRef(name), NULL);
@@ -302,12 +295,11 @@ ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method)
             rc = ags_push_callable(f, m, &self);
         }
     }
-    else if (owner.kind == AGS_VK_CONST && getattribute_hook(owner.obj)) {
-        rc = inline_getattribute(it, f, &owner, getattribute_hook(owner.obj),
-                                 name, method);
-    }
     else if (owner.kind == AGS_VK_CONST) {
-        rc = known_attr(it, f, &owner, name, method);
+        PyObject *hook = getattribute_hook(owner.obj);
+
+        rc = hook ? inline_getattribute(it, f, &owner, hook, name, method)
+                  : known_attr(it, f, &owner, name, method);
     }
     else {
         rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_ATTRIBUTE,

@@ -86,18 +86,18 @@ ags_is_mutator(PyObject *container, PyObject *name)
 
 /* owner.name = arg on an object of the program (owner has a source; arg
  * the graph argument stored): the builder records the write and the entry
- * replays it after the graph, or answers the class's own __setattr__,
- * inlined here in f.  owner, arg borrowed. */
+ * replays it after the graph (*hook NULL), or answers the class's own
+ * __setattr__ for the caller to inline (*hook, new), whose write past
+ * itself comes back as a recorded object.__setattr__.  owner, arg
+ * borrowed. */
 int
-ags_effect_setattr(ags_interp *it, ags_frame *f, ags_value *owner,
-                   PyObject *name, PyObject *arg)
+ags_effect_setattr(ags_interp *it, ags_value *owner, PyObject *name,
+                   PyObject *arg, PyObject **hook)
 {
     PyObject *out = ags_call_builder(it, AGS_BOP_EFFECT_SETATTR, "(OOOO)",
                                      owner->obj, owner->source, name, arg);
-    PyObject *hsrc;
-    ags_value args[3], ret;
-    int rc;
 
+    *hook = NULL;
     if (out == NULL) {
         return ags_take_break(it);
     }
@@ -105,41 +105,14 @@ ags_effect_setattr(ags_interp *it, ags_frame *f, ags_value *owner,
         Py_DECREF(out);
         return AGS_GO;
     }
-    /* the class's own __setattr__, inlined as out(owner, name, value): its
-     * write past itself comes back as a recorded object.__setattr__ */
     if (!PyFunction_Check(out)) {
         Py_DECREF(out);
         PyErr_SetString(PyExc_SystemError,
                         "builder.effect_setattr: bad answer");
         return AGS_ERROR;
     }
-    /* reached through the owner's type (its closure cells are guarded
-     * there): ("attr", ("type", owner's source), "__setattr__") */
-    hsrc = Py_BuildValue("(s(sO)s)", ags_load_names[AGS_LOAD_ATTR],
-                         ags_load_names[AGS_LOAD_TYPE], owner->source,
-                         "__setattr__");
-    if (hsrc == NULL || ags_assume(it, hsrc, out) < 0) {
-        Py_XDECREF(hsrc);
-        Py_DECREF(out);
-        return AGS_ERROR;
-    }
-    args[0] = *owner;   /* borrowed */
-    args[1] = ags_value_make(AGS_VK_CONST, Py_NewRef(name), NULL);
-    if (ags_value_of(it, arg, &args[2]) < 0) {
-        ags_value_clear(&args[1]);
-        Py_DECREF(hsrc);
-        Py_DECREF(out);
-        return AGS_ERROR;
-    }
-    rc = ags_inline(it, f, out, hsrc, args, 3, NULL, &ret);
-    if (rc == AGS_GO) {
-        ags_value_clear(&ret);
-    }
-    ags_value_clear(&args[1]);
-    ags_value_clear(&args[2]);
-    Py_DECREF(hsrc);
-    Py_DECREF(out);
-    return rc;
+    *hook = out;
+    return AGS_GO;
 }
 
 /* Is v a list or dict of the program that a shadow can stand for? */

@@ -82,7 +82,7 @@ int
 ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
                PyObject *name, ags_value *value)
 {
-    PyObject *arg, *out;
+    PyObject *arg, *out, *fsrc = NULL;
     ags_value args[3], ret;
     int rc, setter;
 
@@ -99,26 +99,37 @@ ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
         return PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
     }
     if (owner->source != NULL) {
-        /* reached from the frame: an object of the program */
-        rc = ags_effect_setattr(it, f, owner, name, arg);
+        /* reached from the frame: an object of the program, whose class's
+         * own __setattr__ is reached and guarded through its type */
+        rc = ags_effect_setattr(it, owner, name, arg, &out);
         Py_DECREF(arg);
-        return rc;
+        if (rc != AGS_GO || out == NULL) {
+            return rc;
+        }
+        if (ags_type_attr_source(it, owner, "__setattr__", out,
+                                 &fsrc) < 0) {
+            Py_DECREF(out);
+            return AGS_ERROR;
+        }
     }
-    out = ags_call_builder(it, AGS_BOP_STORE_ATTR, "(OOO)", owner->obj, name,
-                           arg);
-    Py_DECREF(arg);
-    if (out == NULL) {
-        return ags_take_break(it);
-    }
-    if (out == Py_None) {
-        Py_DECREF(out);
-        return AGS_GO;
+    else {
+        out = ags_call_builder(it, AGS_BOP_STORE_ATTR, "(OOO)", owner->obj,
+                               name, arg);
+        Py_DECREF(arg);
+        if (out == NULL) {
+            return ags_take_break(it);
+        }
+        if (out == Py_None) {
+            Py_DECREF(out);
+            return AGS_GO;
+        }
     }
     /* A __setattr__ written in Python, inlined as out(owner, name, value),
      * or a property's setter, as out(owner, value). */
     if (!PyFunction_Check(out)) {
         rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "calling %R", out);
         Py_DECREF(out);
+        Py_XDECREF(fsrc);
         return rc;
     }
     setter = ((PyCodeObject *)PyFunction_GET_CODE(out))->co_argcount == 2;
@@ -126,7 +137,7 @@ ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
     args[1] = setter ? *value
                      : ags_value_make(AGS_VK_CONST, Py_NewRef(name), NULL);
     args[2] = *value;
-    rc = ags_inline(it, f, out, NULL, args, setter ? 2 : 3, NULL, &ret);
+    rc = ags_inline(it, f, out, fsrc, args, setter ? 2 : 3, NULL, &ret);
     if (rc == AGS_GO) {
         ags_value_clear(&ret);
     }
@@ -134,5 +145,6 @@ ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
         ags_value_clear(&args[1]);
     }
     Py_DECREF(out);
+    Py_XDECREF(fsrc);
     return rc;
 }

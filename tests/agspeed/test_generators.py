@@ -11,6 +11,7 @@ import weakref
 import pytest
 
 import agspeed
+from _dynamo_ref import dynamo_graph_count
 
 try:
     import torch
@@ -134,21 +135,13 @@ def leaves(out):
     return [v for o in out for v in leaves(o)]
 
 
-def dynamo_graph_count(fn, args):
-    torch._dynamo.reset()
-    try:
-        return torch._dynamo.explain(fn)(*args).graph_count
-    finally:
-        torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("form", FORMS, ids=lambda f: getattr(f, "__name__", f))
 def test_generator_forms_capture_as_one_graph_like_eager(form):
     torch.manual_seed(0)
     fn = {"module": Blocks, "module_method": BlocksByMethod}.get(form, lambda: form)()
     report = agspeed.explain(fn, *inputs())
     assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
-    assert report.graph_count <= dynamo_graph_count(fn, inputs())
+    assert report.graph_count <= dynamo_graph_count(fn, *inputs())
     fast = agspeed.optimize(fn)
     for _ in range(3):
         args = inputs()

@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import agspeed  # noqa: E402
+from _dynamo_ref import dynamo_graph_count  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -377,15 +378,6 @@ class Counting:
     def __call__(self, gm, example_inputs):
         self.graphs.append(gm)
         return gm
-
-
-def dynamo_graph_count(fn, *args, **kwargs):
-    import torch._dynamo
-
-    try:
-        return torch._dynamo.explain(fn)(*args, **kwargs).graph_count
-    finally:
-        torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))

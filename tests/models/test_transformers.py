@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")  # slow: imported once for the module
 
 import agspeed  # noqa: E402
+from _dynamo_ref import dynamo_graph_count  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -162,8 +163,6 @@ def test_transformers_model_matches_eager(name, mode):
 @pytest.mark.parametrize("mode", ["eval", "train"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_transformers_model_is_one_graph(name, mode):
-    import torch._dynamo
-
     kind = MODELS[name][4]
     model = _build(name, mode)
     gen = torch.Generator().manual_seed(2)
@@ -171,11 +170,7 @@ def test_transformers_model_is_one_graph(name, mode):
     grad = torch.no_grad() if mode == "eval" else torch.enable_grad()
     with grad:
         report = agspeed.explain(model, **inputs)
-        torch._dynamo.reset()
-        try:
-            dynamo = torch._dynamo.explain(model)(**inputs).graph_count
-        finally:
-            torch._dynamo.reset()
+        dynamo = dynamo_graph_count(model, **inputs)
     assert (report.graph_count, report.graph_break_count) == (1, 0), \
         [str(b) for b in report.break_reasons]
     assert report.graph_count <= dynamo
