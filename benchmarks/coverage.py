@@ -485,6 +485,13 @@ def markdown(data: dict) -> str:
               f"of {s['cases']} model/mode cases (Dynamo: {s['dynamo_one_graph']}); its graphs "
               f"are at most Dynamo's count with no more breaks on {s['agspeed_at_most_dynamo']}; "
               f"results equal to eager on {s['equal']}.", ""]
+    for group, ratios in s.get("capture_ratios", {}).items():
+        if ratios:
+            lines += [f"Capture time, Dynamo's over agspeed's, on the {group} cases where "
+                      f"agspeed makes one graph with no break ({len(ratios)}): "
+                      f"{min(ratios):.1f}x to {max(ratios):.1f}x, median "
+                      f"{statistics.median(ratios):.1f}x (target: 5x or more; "
+                      f"{'met' if min(ratios) >= 5 else 'not met'}).", ""]
     if s["top_reasons"]:
         lines.append("agspeed's break reasons over all cases (breaks):")
         lines.append("")
@@ -498,12 +505,18 @@ def markdown(data: dict) -> str:
 def summarize(models: dict) -> dict:
     cases = one = dyn_one = at_most = equal = 0
     reasons: Counter = Counter()
-    for modes in models.values():
+    ratios: dict[str, list] = {"transformers": [], "zoo": []}
+    hf = set(HF_MODELS)
+    for name, modes in models.items():
         for row in modes.values():
             cases += 1
             a, d = row.get("agspeed", {}), row.get("dynamo", {})
             ok_a = "graphs" in a
-            one += ok_a and a["graphs"] == 1 and a["breaks"] == 0
+            one_graph = ok_a and a["graphs"] == 1 and a["breaks"] == 0
+            one += one_graph
+            if one_graph and a.get("capture_ms") and d.get("capture_ms"):
+                ratios["transformers" if name in hf else "zoo"].append(
+                    d["capture_ms"] / a["capture_ms"])
             dyn_one += "graphs" in d and d["graphs"] == 1 and d["breaks"] == 0
             at_most += (ok_a and "graphs" in d and a["graphs"] <= max(d["graphs"], 1)
                         and a["breaks"] <= d["breaks"])
@@ -512,7 +525,7 @@ def summarize(models: dict) -> dict:
                 reasons[r] += n
     return {"cases": cases, "agspeed_one_graph": one, "dynamo_one_graph": dyn_one,
             "agspeed_at_most_dynamo": at_most, "equal": equal,
-            "top_reasons": reasons.most_common(20)}
+            "capture_ratios": ratios, "top_reasons": reasons.most_common(20)}
 
 
 def main() -> int:

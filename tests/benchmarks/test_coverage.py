@@ -36,9 +36,16 @@ def test_coverage_benchmark_on_one_model(tmp_path):
         assert row["agspeed"]["capture_ms"] > 0 and row["dynamo"]["capture_ms"] > 0
         assert row["equal"] is True and row["equal_detail"] == ""
     assert data["summary"]["cases"] == 2 and data["summary"]["agspeed_one_graph"] == 2
+    ratios = data["summary"]["capture_ratios"]
+    assert ratios["transformers"] == [] and len(ratios["zoo"]) == 2
+    assert all(r == pytest.approx(data["models"]["mlp"][m]["dynamo"]["capture_ms"] /
+                                  data["models"]["mlp"][m]["agspeed"]["capture_ms"])
+               for r, m in zip(ratios["zoo"], ("eval", "train")))
     table = md.read_text()
     assert f"Machine: {versions['machine']}" in table
     assert "| mlp | eval | 1 / 0 | 1 / 0 |" in table and "| mlp | train | 1 / 0 | 1 / 0 |" in table
+    assert "Capture time, Dynamo's over agspeed's, on the zoo cases" in table
+    assert "on the transformers cases" not in table   # none measured in this run
     assert "agspeed one graph on 2 of 2" in proc.stdout
 
 
