@@ -64,6 +64,9 @@ class CallPolicy:
         pure = self.pure_method(obj, name)
         if pure is not None:
             return pure
+        const, value = self.numpy_const_attr(obj, name)  # type: ignore[attr-defined]
+        if const:
+            return Attr.VALUE, value, None
         how, value = static_attr(obj, name)
         if how is Attr.METHOD and type(value) is functools._lru_cache_wrapper and \
                 isinstance(obj, logging.Logger):
@@ -103,6 +106,8 @@ class CallPolicy:
         if fn is getattr or fn is hasattr:
             return (Plan.GETATTR,) if fn is getattr else (Plan.HASATTR,)
         plan = self.stdlib_plan(fn, source)
+        if plan is None:
+            plan = self.numpy_plan(fn)  # type: ignore[attr-defined]  # agspeed._numpy
         if plan is not None:
             return plan
         if type(fn) is types.FunctionType and fn in self._dict_views:  # self comes first

@@ -177,6 +177,7 @@ def _finish(torch: Any, code: Any, f_locals: dict, builder: GraphBuilder, out: d
     result = out["result"]
     try:
         builder.check_output(result)
+        builder.numpy_output(result)   # arrays where they can be made after the graph
     except GraphBreak as exc:
         brk = CaptureBreak(code.co_filename, code.co_firstlineno, "RETURN_VALUE",
                            exc.reason.id, exc.detail, code.co_name)

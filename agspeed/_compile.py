@@ -28,6 +28,7 @@ _internal_log = logging.getLogger("agspeed")
 def compile_capture(ctx: Any, result: Any, where: str) -> Any:
     """The graph of ``result`` (a ``_capture.Capture``) compiled by ``ctx``'s backend;
     its own forward, with a warning saying why, when the backend could not take it."""
+    from agspeed._numpy import numpy_outputs
     from agspeed.backends.autotune import compile_graph
 
     gm = result.graph_module
@@ -37,7 +38,7 @@ def compile_capture(ctx: Any, result: Any, where: str) -> Any:
                                      result.example_inputs)
     if failed:
         _internal_log.warning("agspeed: %s: %s; its graph runs eagerly", where, failed)
-    return compiled
+    return numpy_outputs(gm.meta.get("agspeed_numpy"), compiled)
 
 
 def compiled_entry(ctx: Any, code: Any, where: str, result: Any, f_locals: dict) -> Any:

@@ -60,6 +60,8 @@ class Folds(StdlibFolds):
                 types.MethodDescriptorType, types.ClassMethodDescriptorType):
             fn, args = fn.__func__, (fn.__self__, *args)
         handled, out = self.stdlib_fold(fn, args, kwargs)
+        if not handled:
+            handled, out = self.numpy_fold(fn, args, kwargs)  # type: ignore[attr-defined]
         if handled:
             return out
         if is_namedtuple_type(fn):  # fields may be tensors: it holds their nodes

@@ -57,6 +57,7 @@ from agspeed._effects import SideEffects
 from agspeed._ctx import ContextPolicy
 from agspeed._dunders import Dunders
 from agspeed._folds import Folds
+from agspeed._numpy import NumpyCall, NumpyPolicy
 from agspeed._objects import Objects, is_structseq_type
 from agspeed._sources import is_namedtuple_type, name_of
 from agspeed.protocol import Reason, check_builder
@@ -84,14 +85,15 @@ def _target_name(kind: str, target: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
-class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPolicy, Dunders):
+class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPolicy, Dunders,
+                   NumpyPolicy):
     """One graph being captured: inputs by source, nodes with fake example values.
 
     The recording of nodes lives here; planning calls (``CallPolicy``), evaluating known
     values (``Folds``), binding arguments (``Binding``), the objects the capture makes
     (``Objects``), side effects on the program's objects (``SideEffects``), context
-    managers (``ContextPolicy``) and Python special methods to inline (``Dunders``) are
-    its other parts."""
+    managers (``ContextPolicy``), Python special methods to inline (``Dunders``) and
+    NumPy code on tensors (``NumpyPolicy``) are its other parts."""
 
     # a root byte offset the interpreter stops before (agspeed._resume), or None
     stop_at: int | None = None
@@ -145,6 +147,7 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
         md = torch.nn.ModuleDict
         self._dict_views = {md.items: "items", md.keys: "keys", md.values: "values"}
         self._ctx_init()  # grad mode and autocast as the capture goes (agspeed/_ctx.py)
+        self._numpy_init()  # arrays of NumPy code on tensors (agspeed/_numpy.py)
 
     @staticmethod
     def _constant_calls(torch: Any) -> dict:
@@ -233,6 +236,8 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
         A call made for its effect (logging) is replayed after the graph instead."""
         if fn in self.replayed_calls:
             return self.replay_call(fn, args, kwargs or {})
+        if isinstance(fn, NumpyCall):
+            return self.numpy_call(fn, tuple(args), dict(kwargs or {}))
         return self._record("call_function", fn, tuple(args), dict(kwargs or {}))
 
     def call_method(self, name: str, args: tuple, kwargs: dict | None = None) -> Any:
@@ -245,6 +250,10 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
                 "device": "cuda" if cls.is_cuda else "cpu", "dtype": cls.dtype})
         if name == "__len__" and len(args) == 1 and not kwargs:
             return self._tensor_len(args[0])   # as len(x): its first size
+        if name == "numpy" and len(args) == 1:
+            return self.to_ndarray(args[0], dict(kwargs or {}))
+        if self._numpy_nodes and args and self.is_ndarray(args[0]):
+            return self.numpy_method(name, tuple(args), dict(kwargs or {}))
         if name in _UNSUPPORTED_METHODS:
             if name in ("item", "tolist"):
                 raise GraphBreak(Reason.DATA_DEPENDENT, f"Tensor.{name}()")
@@ -252,6 +261,10 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
         return self._record("call_method", name, tuple(args), dict(kwargs or {}))
 
     def _record(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
+        if self._numpy_nodes and not isinstance(target, NumpyCall):
+            routed = self.numpy_route(kind, target, args, kwargs)
+            if routed is not None:   # an operator on arrays, torch.from_numpy
+                return routed
         args, kwargs = self._writable(args), self._writable(kwargs)
         fake_args, fake_kwargs = self._fake(args), self._fake(kwargs)
         try:
@@ -281,7 +294,7 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
             return kind(self._writable(v) for v in value)
         if kind is dict:
             return {k: self._writable(v) for k, v in value.items()}
-        if kind.__module__ == "numpy":
+        if kind.__module__.startswith("numpy"):
             np = sys.modules["numpy"]
             if isinstance(value, np.generic) and hasattr(value, "item"):
                 return value.item()
@@ -291,7 +304,7 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
     def _is_static(self, value: Any) -> bool:
         if isinstance(value, (tuple, list)) and type(value) in (tuple, list, self._torch.Size):
             return all(self._is_static(v) for v in value)
-        return type(value) in self._static
+        return type(value) in self._static or self.is_numpy_constant(value)
 
     def _wrap(self, node: Any, out: Any, kind: str, target: Any) -> Any:
         """The graph argument for a recorded call's result ``out`` (a fake value)."""
@@ -388,6 +401,8 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
 
     def tensor_attr(self, node: Any, name: str) -> Any:
         """``tensor.name``: metadata as a constant, a view as a node."""
+        if self._numpy_nodes and node in self._numpy_nodes:
+            return self.numpy_attr(node, name)
         fake = node.meta["example_value"]
         if name == "shape" and self._sym_types:
             return self._shape_of(node)
@@ -451,10 +466,14 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
 
         if self.has_effects:  # the values the writes store come out of the graph too
             result = (result, tuple(self.effect_values()))
+        result, template = self.numpy_output(result)
         self.graph.output(self._build_namedtuples(result))
         self._drop_unused_sizes()
         self.graph.lint()
-        return torch.fx.GraphModule(self._torch.nn.Module(), self.graph)
+        gm = torch.fx.GraphModule(self._torch.nn.Module(), self.graph)
+        if template is not None:   # arrays leave the graph as tensors (agspeed._numpy)
+            gm.meta["agspeed_numpy"] = template
+        return gm
 
 
     def _drop_unused_sizes(self) -> None:

@@ -1,0 +1,219 @@
+"""NumPy code on tensors (agspeed/_numpy.py): ``x.numpy()``, NumPy functions, ufuncs,
+array methods, attributes and operators captured in the graph through torch's NumPy
+layer, with what leaves the graph made a real ``numpy.ndarray`` (or NumPy scalar, or
+dtype) as eager gives it.
+
+Each capture test: one graph, no break, no more graphs than torch._dynamo.explain counts,
+and results equal to eager's, types included (an array stays an array of the same dtype
+and shape, a NumPy scalar stays one), on fresh inputs twice (the capture, then a cache
+hit)."""
+
+import collections
+import gc
+import sys
+import weakref
+
+import pytest
+
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+
+import agspeed  # noqa: E402
+from tests._dynamo_ref import dynamo_graph_count  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def same(got, want):
+    assert type(got) is type(want), (type(got), type(want))
+    if isinstance(want, np.ndarray):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    elif isinstance(want, (tuple, list)):
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            same(a, b)
+    elif isinstance(want, dict):
+        assert list(got) == list(want)
+        for k in want:
+            same(got[k], want[k])
+    elif isinstance(want, torch.Tensor):
+        torch.testing.assert_close(got, want)
+    elif isinstance(want, np.generic):
+        assert got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    else:
+        assert got == want
+
+
+def check(fn, *shapes, dynamo=True):
+    torch.manual_seed(0)
+    args = [torch.randn(*s) for s in shapes]
+    e = agspeed.explain(fn, *[a.clone() for a in args])
+    assert e.break_reasons == [] and e.graph_count == 1
+    if dynamo:
+        assert e.graph_count <= dynamo_graph_count(fn, *[a.clone() for a in args])
+    opt = agspeed.optimize(fn)
+    for _ in range(2):
+        args = [torch.randn(*s) for s in shapes]
+        twins = [a.clone() for a in args]
+        same(opt(*args), fn(*twins))
+        for a, b in zip(args, twins):   # what the code wrote through an array, too
+            torch.testing.assert_close(a, b)
+    return opt
+
+
+def test_array_of_a_tensor_and_back():
+    def f(x):
+        a = x.numpy()
+        return torch.from_numpy(a.T) * 2, a.shape, a.ndim, a.size, a.itemsize, a.strides
+
+    check(f, (3, 4))
+
+
+def test_functions_reductions_and_scalars():
+    def f(x):
+        a = x.numpy()
+        m = np.mean(a, axis=1)
+        return m, np.sum(m), np.asarray(np.sum(m)), a.max(axis=0), a.max()
+
+    opt = check(f, (3, 4))
+    out = opt(torch.randn(3, 4))
+    assert type(out[1]) is np.float32      # a reduction to one value is a scalar
+    assert type(out[2]) is np.ndarray and out[2].shape == ()   # asarray keeps an array
+
+
+def test_operators_ufuncs_and_promotion():
+    def f(x, y):
+        a, b = x.numpy(), y.numpy()
+        c = np.exp(a) + b * 2.0 - np.float32(1.5)
+        d = np.where(a > 0, a, 0.0)
+        return c, d, np.ones(3) + a[0, :3], (a > 0).sum(), a[1], a[:, 2]
+
+    out = check(f, (3, 4), (3, 4))(torch.randn(3, 4), torch.randn(3, 4))
+    assert out[2].dtype == np.float64   # NumPy's default float, as eager
+
+
+def test_methods_submodules_and_dtypes():
+    def f(x):
+        a = x.numpy()
+        dt = np.dtype("float")
+        return (a.copy().reshape([1, a.size]), a.transpose(1, 0), a.astype(np.float64),
+                np.linalg.norm(a, axis=0), np.fft.fftshift(a), np.full_like(x, 2.4, dtype=dt),
+                np.concatenate([a, a]), a.dtype, a.dtype == np.float32,
+                np.finfo(a.dtype).eps, np.iinfo(np.int16).max)
+
+    check(f, (3, 4), dynamo=False)   # Dynamo makes no graph of it (it runs eager)
+
+
+def test_array_results_in_containers():
+    def f(x):
+        a = x.numpy()
+        return {"a": a * 2, "pair": [a.T, 3], "od": collections.OrderedDict(s=a.sum(0))}
+
+    check(f, (2, 3))
+
+
+def test_writes_through_an_array_reach_the_tensor():
+    def f(x):
+        a = x.numpy()
+        a += 1
+        a[0] = 7.0
+        return x * 2
+
+    check(f, (2, 3))
+
+
+def test_numpy_in_a_module_forward():
+    class Scaler(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            with torch.no_grad():
+                stats = np.std(self.lin(x).numpy(), axis=0)
+            return self.lin(x) * torch.from_numpy(stats)
+
+    torch.manual_seed(0)
+    m = Scaler()
+    x = torch.randn(5, 4)
+    e = agspeed.explain(m, x)
+    assert e.graph_count == 1 and e.break_reasons == []
+    opt = agspeed.optimize(m)
+    got, want = opt(x), m(x)
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+    g = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.zero_grad()
+    want.sum().backward()
+    for n, p in m.named_parameters():
+        torch.testing.assert_close(g[n], p.grad)
+
+
+def test_numpy_of_a_tensor_that_requires_grad_raises_as_eager():
+    def f(x):
+        return x.numpy() * 2
+
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError) as want:
+        f(x)
+    opt = agspeed.optimize(f)
+    with pytest.raises(RuntimeError) as got:
+        opt(x)
+    assert str(got.value) == str(want.value)
+    out = opt(torch.randn(3))           # the cache serves the next good call
+    assert type(out) is np.ndarray
+
+    def g(x):
+        return x.numpy(force=True) + 1   # force: a detached copy, captured
+
+    same(agspeed.optimize(g)(x), g(x))
+
+
+def test_numpy_random_runs_eager():
+    """NumPy's global generator is the program's: its draws are not moved into a graph
+    (which would draw from torch's), so seeded results stay eager's."""
+    def f(x):
+        return x + torch.from_numpy(np.random.rand(3).astype(np.float32))
+
+    e = agspeed.explain(f, torch.randn(3))
+    assert e.graph_break_count >= 1
+    assert any("numpy.random" in str(b) for b in e.break_reasons)
+    opt = agspeed.optimize(f)
+    x = torch.randn(3)
+    np.random.seed(3)
+    want = f(x)
+    np.random.seed(3)
+    torch.testing.assert_close(opt(x), want)
+
+
+def test_array_live_at_a_break_is_an_array_after_it():
+    def f(x):
+        a = x.numpy() * 2
+        torch._dynamo.graph_break()
+        return type(a).__name__, x + 1
+
+    opt = agspeed.optimize(f)
+    for _ in range(2):
+        x = torch.randn(3)
+        same(opt(x), f(x))
+
+
+def test_graph_targets_and_outputs_leave_nothing_behind():
+    def f(x):
+        return np.sum(x.numpy() * 2, axis=0)
+
+    opt = agspeed.optimize(f)
+    x = torch.randn(3, 4)
+    opt(x)
+    ref = weakref.ref(x)
+    before = sys.getrefcount(x)
+    for _ in range(5):
+        out = opt(x)
+    del out
+    gc.collect()
+    assert sys.getrefcount(x) == before
+    del x
+    gc.collect()
+    assert ref() is None
