@@ -67,6 +67,10 @@ class CallPolicy:
         const, value = self.numpy_const_attr(obj, name)  # type: ignore[attr-defined]
         if const:
             return Attr.VALUE, value, None
+        if type(obj) is self._cublas_type and name.startswith("allow_"):
+            # torch.backends.cuda.matmul's flags: read through its __getattr__ from
+            # torch's own state, a plain value (guarded by its source, read the same way)
+            return Attr.VALUE, getattr(obj, name), None
         how, value = static_attr(obj, name)
         if how is Attr.METHOD and type(value) is functools._lru_cache_wrapper and \
                 isinstance(obj, logging.Logger):
@@ -120,7 +124,7 @@ class CallPolicy:
                                                types.WrapperDescriptorType) and \
                 getattr(fn, "__objclass__", None) is torch._C.TensorBase:
             return (Plan.GRAPH, fn)
-        if fn in FOLDABLE or (
+        if fn in FOLDABLE or fn is torch.autograd._is_checkpoint_valid or (
                 type(fn) is types.BuiltinFunctionType and fn.__module__ == "math") or \
                 is_namedtuple_type(fn) or fn is torch.finfo or fn is torch.iinfo or \
                 fn is torch.device or fn is torch.Size:

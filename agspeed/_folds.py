@@ -211,7 +211,11 @@ class Folds(StdlibFolds):
                 index = slice(*(self._specialize(v) for v in (index.start, index.stop,
                                                               index.step)))
         if isinstance(index, self.node_type):
-            raise GraphBreak(Reason.UNSUPPORTED_VALUE, "indexing a sequence with a tensor")
+            known = index.meta.get("constant")   # torch.as_tensor(2): known at capture
+            if known is None or known.dim() != 0 or known.is_floating_point() or \
+                    known.is_complex():
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE, "indexing a sequence with a tensor")
+            index = operator.index(known)
         if isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential,
                                   torch.nn.ModuleDict, torch.nn.ParameterList,
                                   torch.nn.ParameterDict)):

@@ -58,7 +58,7 @@ from agspeed._ctx import ContextPolicy
 from agspeed._dunders import Dunders
 from agspeed._folds import Folds
 from agspeed._numpy import NumpyCall, NumpyPolicy
-from agspeed._objects import Objects, is_structseq_type
+from agspeed._objects import Objects, bare_dict_subclass, is_structseq_type
 from agspeed._sources import is_namedtuple_type, name_of
 from agspeed.protocol import Reason, check_builder
 
@@ -144,6 +144,8 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
         self._static = (torch.dtype, torch.device, torch.layout, torch.memory_format,
                         torch.Size, torch.finfo, torch.iinfo, *_PLAIN)
         self._consts = self._constant_calls(torch)
+        self._cublas_type = type(torch.backends.cuda.matmul)
+        self._constant_makers = frozenset({torch.tensor, torch.as_tensor, torch.scalar_tensor})
         md = torch.nn.ModuleDict
         self._dict_views = {md.items: "items", md.keys: "keys", md.values: "values"}
         self._ctx_init()  # grad mode and autocast as the capture goes (agspeed/_ctx.py)
@@ -283,7 +285,23 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
                              f"{_target_name(kind, target)} raised {type(exc).__name__}: {exc}"
                              ) from exc
         node = self.graph.create_node(kind, target, args, kwargs)
+        if type(target) is types.BuiltinFunctionType and target in self._constant_makers \
+                and args and type(args[0]) in (int, bool) and not self._has_nodes(kwargs):
+            # a tensor of plain values (torch.as_tensor(2)): its value is known now, for
+            # Python that reads it (a list indexed by it)
+            with self.mode_scope():
+                node.meta["constant"] = target(*args, **kwargs)
         return self._wrap(node, out, kind, target)
+
+    def _has_nodes(self, value: Any) -> bool:
+        kind = type(value)
+        if kind is self.node_type:
+            return True
+        if kind in (tuple, list):
+            return any(self._has_nodes(v) for v in value)
+        if kind is dict:
+            return any(self._has_nodes(v) for v in value.values())
+        return False
 
     def _writable(self, value: Any) -> Any:
         """``value`` as the graph's generated code can write it: a NumPy scalar becomes
@@ -439,7 +457,8 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
             for v in result:
                 self.check_output(v)
             return
-        if type(result) in (dict, *_REBUILT_DICTS) and all(self._is_static(k) for k in result):
+        if (type(result) in (dict, *_REBUILT_DICTS) or bare_dict_subclass(type(result))) and \
+                all(self._is_static(k) for k in result):
             for v in result.values():
                 self.check_output(v)
             return
@@ -512,7 +531,7 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
         if kind is collections.deque:
             return self.graph.call_function(
                 kind, ([self._build_namedtuples(v) for v in value],), {"maxlen": value.maxlen})
-        if kind in _REBUILT_DICTS:
+        if kind in _REBUILT_DICTS or bare_dict_subclass(kind):
             items = {k: self._build_namedtuples(v) for k, v in value.items()}
             if kind is collections.defaultdict:   # fx writes no literal for a type
                 factory = getattr(value.default_factory, "__name__", "None")

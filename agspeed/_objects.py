@@ -41,7 +41,7 @@ from agspeed._builder_types import GraphBreak
 from agspeed._sources import MISSING, _class_lookup, is_namedtuple_type, static_attr
 from agspeed.protocol import Attr, Plan, Reason
 
-__all__ = ["Objects", "is_structseq_type", "rebuild_object"]
+__all__ = ["Objects", "bare_dict_subclass", "is_structseq_type", "rebuild_object"]
 
 # Builtin methods of an owned object that only read it (or, for the mutators, write
 # the object itself): folded by calling them for real.
@@ -69,6 +69,52 @@ def _builtin_base(cls: type) -> type:
         if "__new__" in klass.__dict__:
             return klass
     return object
+
+
+def _torch_made(cls: type) -> bool:
+    """Whether making an instance of the nn.Module subclass ``cls`` runs torch's code
+    alone (no class of the program defines ``__init__`` or ``__new__``)."""
+    for name in ("__init__", "__new__"):
+        found = _class_lookup(cls, name)
+        module = getattr(found, "__module__", None) or ""
+        if found is not object.__new__ and not module.startswith("torch."):
+            return False
+    return True
+
+
+# what a class body holds that runs no code when its instances are made or read
+_INERT = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__",
+                    "__annotations__", "__firstlineno__", "__static_attributes__"})
+
+
+def bare_dict_subclass(cls: type) -> bool:
+    """A subclass of dict or OrderedDict (``class Batch(OrderedDict): pass``) whose
+    classes add no code of their own: it is made and read as its dict is."""
+    if cls in (dict, OrderedDict) or type(cls) is not type or not issubclass(cls, dict):
+        return False
+    for klass in cls.__mro__:
+        if klass in (dict, OrderedDict):
+            return True
+        if set(klass.__dict__) - _INERT:
+            return False
+    return False
+
+
+def _dict_keys(args: tuple, kwargs: dict) -> list:
+    """The keys ``dict(*args, **kwargs)`` would have (the positional one a mapping or
+    pairs)."""
+    keys = list(kwargs)
+    if len(args) > 1:
+        raise TypeError(f"expected at most 1 argument, got {len(args)}")
+    if args:
+        first = args[0]
+        if isinstance(first, dict):
+            keys += list(first)
+        elif type(first) in (tuple, list):
+            keys += [p[0] for p in first]
+        else:
+            raise TypeError(f"made from a {type(first).__name__}")
+    return keys
 
 
 def _dict_base(cls: type) -> Any:
@@ -234,9 +280,11 @@ class Objects:
             mo = _model_output_type()
             if is_structseq_type(fn) or (mo is not None and issubclass(fn, mo)):
                 return (Plan.FOLD, fn)
-            if issubclass(fn, self._torch.nn.Module) and \
-                    fn.__module__.startswith("torch.nn.modules."):
-                return (Plan.FOLD, fn)   # torch's own layer made in the frame (fold)
+            if issubclass(fn, self._torch.nn.Module) and (
+                    fn.__module__.startswith("torch.nn.modules.") or _torch_made(fn)):
+                return (Plan.FOLD, fn)   # a layer made by torch's code alone (fold)
+            if bare_dict_subclass(fn):
+                return (Plan.FOLD, fn)   # made by its dict's own __init__ (fold)
             if not is_namedtuple_type(fn) and not issubclass(fn, self._torch.nn.Module) \
                     and self._plain_class(fn):
                 init = _class_lookup(fn, "__init__")
@@ -266,6 +314,16 @@ class Objects:
             return self._make_model_output(fn, args, kwargs)
         if isinstance(fn, type) and issubclass(fn, self._torch.nn.Module):
             return self._make_module(fn, args, kwargs)
+        if isinstance(fn, type) and bare_dict_subclass(fn):
+            try:
+                keys = _dict_keys(args, kwargs)
+            except (TypeError, IndexError, KeyError) as exc:
+                raise GraphBreak(Reason.BAD_CALL, f"{fn.__qualname__}(): {exc}") from exc
+            for key in keys:
+                if not self._is_static(key):
+                    raise GraphBreak(Reason.UNSUPPORTED_VALUE,
+                                     f"{fn.__qualname__}() keyed by a {type(key).__name__}")
+            return self._run(fn, args, kwargs)   # owned by the interpreter, as a dict
         if mo is not None and fn in (mo.__getitem__, mo.to_tuple):
             if not args or not self.is_owned(args[0]):
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"ModelOutput.{fn.__name__}")

@@ -251,6 +251,10 @@ int ags_ops_init(void);
 PyObject *ags_binary_fn(uint32_t op);
 int ags_is_deque(PyObject *obj);
 
+/* interp_subscr.c: whether obj is a dict (or a subclass) storing items
+ * with dict's or OrderedDict's own __setitem__ (no Python method runs). */
+int ags_plain_dict_store(PyObject *obj);
+
 /* interp_effects.c */
 int ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out);
 int ags_can_shadow(const ags_value *v);

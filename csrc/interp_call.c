@@ -83,9 +83,11 @@ fresh_container(ags_interp *it, int op, PyObject *out)
     }
     if ((PyDict_Check(out)
          || ags_is_deque(out))
-        && !(Py_TYPE(out)->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+        && (!(Py_TYPE(out)->tp_flags & Py_TPFLAGS_HEAPTYPE)
+            || ags_plain_dict_store(out))) {
         /* OrderedDict, defaultdict, deque: C types whose methods call no
-         * user code (a defaultdict's factory is checked by the builder) */
+         * user code (a defaultdict's factory is checked by the builder); a
+         * subclass of a dict the builder made, storing items as its base */
         return ags_own(it, out);
     }
     return 0;

@@ -134,13 +134,28 @@ op_binary_slice(ags_interp *it, ags_frame *f, const ags_instr *ins)
     return rc < 0 ? rc : op_binary_subscr(it, f, ins);
 }
 
-/* A collections.deque the capture made (stepped and changed in place). */
+int
+ags_plain_dict_store(PyObject *obj)
+{
+    PyMappingMethods *mine = Py_TYPE(obj)->tp_as_mapping;
+
+    if (!PyDict_Check(obj) || mine == NULL) {
+        return 0;
+    }
+    return mine->mp_ass_subscript == PyDict_Type.tp_as_mapping->mp_ass_subscript
+           || mine->mp_ass_subscript
+                  == PyODict_Type.tp_as_mapping->mp_ass_subscript;
+}
+
+/* A collections.deque, or a dict subclass with its base's item store, the
+ * capture made (changed in place). */
 static int
-owned_deque(ags_interp *it, const ags_value *v)
+owned_store(ags_interp *it, const ags_value *v)
 {
     int rc;
 
-    if (v->kind != AGS_VK_CONST || !ags_is_deque(v->obj)) {
+    if (v->kind != AGS_VK_CONST
+        || !(ags_is_deque(v->obj) || ags_plain_dict_store(v->obj))) {
         return 0;
     }
     rc = ags_is_owned(it, v->obj);
@@ -167,7 +182,7 @@ store_subscript(ags_interp *it, ags_value *container, ags_value *index,
         }
     }
     if (container->kind != AGS_VK_TENSOR && container->kind != AGS_VK_LIST
-        && container->kind != AGS_VK_DICT && !owned_deque(it, container)) {
+        && container->kind != AGS_VK_DICT && !owned_store(it, container)) {
         return ags_stopf(it, AGS_REASON_SIDE_EFFECT, "item assignment on a %s",
                          AGS_DESCRIBE(container));
     }

@@ -547,3 +547,84 @@ def test_a_replaced_init_is_seen():
     finally:
         Child.__init__ = init
     torch.testing.assert_close(opt(x), x * 2)
+
+
+class Batch(collections.OrderedDict):
+    pass
+
+
+class PlainDict(dict):
+    """A docstring is all it adds."""
+
+
+class Cat(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.nn.ReLU()(torch.cat((x, y), dim=1))
+
+
+def test_bare_dict_subclass_made_in_the_frame():
+    def f(x):
+        b = Batch(sample=x + 1, n=3)
+        p = PlainDict([("a", x * 2)])
+        b["more"] = p["a"].sum()
+        return b, p
+
+    got = check(f, (2, 3))
+    assert list(got[0]) == ["sample", "n", "more"]
+
+
+def test_module_made_by_torch_code_alone():
+    def f(x, y):
+        call = Cat()                      # no __init__ of its own: torch's code makes it
+        return call(x, y) + Cat().forward(y, x).sum()
+
+    check(f, (2, 3), (2, 3))
+
+
+def test_module_with_its_own_init_made_in_the_frame_runs_eager():
+    class Counting(torch.nn.Module):
+        made = 0
+
+        def __init__(self):
+            super().__init__()
+            Counting.made += 1   # the program's code: it runs on every call, as eager
+
+        def forward(self, x):
+            return x + 1
+
+    def f(x):
+        return Counting()(x)
+
+    opt = agspeed.optimize(f)
+    x = torch.randn(3)
+    for _ in range(3):
+        torch.testing.assert_close(opt(x), f(x))
+    assert Counting.made == 6
+
+
+def test_list_indexed_by_a_constant_tensor():
+    def f(a, b):
+        items = [a, b, a + 1, b + 1]
+        return items[torch.as_tensor(2)] * items[torch.tensor(-1)]
+
+    check(f, (3,), (3,))
+
+
+def test_checkpoint_probe_and_cublas_flag_are_read_and_guarded():
+    def f(x):
+        if not torch.autograd._is_checkpoint_valid():
+            return x - 1
+        if torch.backends.cuda.matmul.allow_tf32:
+            return x.sin() + 1
+        return x.cos() - 1
+
+    check(f, (3,))
+    opt = agspeed.optimize(f)
+    x = torch.randn(3)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for flag in (False, True, False):
+            torch.backends.cuda.matmul.allow_tf32 = flag
+            torch.testing.assert_close(opt(x), f(x))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
