@@ -322,7 +322,8 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
     def _is_static(self, value: Any) -> bool:
         if isinstance(value, (tuple, list)) and type(value) in (tuple, list, self._torch.Size):
             return all(self._is_static(v) for v in value)
-        return type(value) in self._static or self.is_numpy_constant(value)
+        return type(value) in self._static or \
+            bool(self._numpy_constants) and isinstance(value, self._numpy_constants)
 
     def _wrap(self, node: Any, out: Any, kind: str, target: Any) -> Any:
         """The graph argument for a recorded call's result ``out`` (a fake value)."""

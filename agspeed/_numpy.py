@@ -165,6 +165,10 @@ class NumpyPolicy:
 
     def _numpy_init(self) -> None:
         self._numpy_nodes: set = set()   # nodes whose value is a NumPy array or scalar
+        np = _numpy()
+        # known values like an int: dtypes, scalars, finfo, iinfo
+        self._numpy_constants: tuple = () if np is None else (
+            np.dtype, np.generic, np.finfo, np.iinfo)
 
     def is_ndarray(self, value: Any) -> bool:
         """Whether ``value`` is a node standing for a NumPy array (or scalar)."""
@@ -336,9 +340,7 @@ class NumpyPolicy:
 
     def is_numpy_constant(self, value: Any) -> bool:
         """A NumPy dtype, scalar, finfo or iinfo: a known value, like an int."""
-        np = _numpy()
-        return np is not None and isinstance(value, (np.dtype, np.generic, np.finfo,
-                                                     np.iinfo))
+        return bool(self._numpy_constants) and isinstance(value, self._numpy_constants)
 
     def numpy_output(self, value: Any) -> tuple[Any, Any]:
         """``(graph_value, template)`` for the graph's output ``value``: NumPy
