@@ -193,6 +193,8 @@ class Folds(StdlibFolds):
         """For type checks: a placeholder stands for its real input, another node for
         its fake value (a plain Tensor, as eager's result would be)."""
         if isinstance(value, self.node_type):
+            if self._numpy_nodes and value in self._numpy_nodes:  # type: ignore
+                return self.numpy_type_view(value)  # type: ignore[attr-defined]
             if value.op == "placeholder":
                 for node, real in self._inputs.values():
                     if node is value:

@@ -172,6 +172,8 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
         known = self._inputs.get(source)
         if known is not None:
             return known[0]
+        if type(value) is self.ndarray_type:   # the tensor sharing its memory
+            return self.numpy_input(source, value)
         if not isinstance(value, self._torch.Tensor):
             raise TypeError(f"graph inputs are tensors; {source} is {type(value).__name__}")
         same = self._by_id.get(id(value))

@@ -166,6 +166,8 @@ class NumpyPolicy:
     def _numpy_init(self) -> None:
         self._numpy_nodes: set = set()   # nodes whose value is a NumPy array or scalar
         np = _numpy()
+        # arrays of the program the interpreter offers as graph inputs (csrc: INPUT)
+        self.ndarray_type: Any = None if np is None else np.ndarray
         # known values like an int: dtypes, scalars, finfo, iinfo
         self._numpy_constants: tuple = () if np is None else (
             np.dtype, np.generic, np.finfo, np.iinfo)
@@ -200,6 +202,30 @@ class NumpyPolicy:
         if call is not None and call[0] is fn:
             return (Plan.GRAPH, call[1])
         return None
+
+    def numpy_input(self, source: Any, array: Any) -> Any:
+        """A NumPy array of the program (an argument, a global, one live at a graph
+        break): the tensor sharing its memory as a graph input, read from
+        ``("numpy", source)`` on every call and tagged as an array; None (a constant
+        to the capture) for one torch cannot share."""
+        from agspeed._sources import MISSING, numpy_tensor
+
+        tensor = numpy_tensor(array)
+        if tensor is MISSING:
+            return None
+        node = self.input(("numpy", source), tensor)  # type: ignore[attr-defined]
+        self._numpy_nodes.add(node)
+        node.meta["numpy"] = "array"
+        return node
+
+    def numpy_type_view(self, node: Any) -> Any:
+        """For type checks on an array node: an empty array (or a scalar) of its dtype,
+        as NumPy would have made it."""
+        fake = node.meta["example_value"]
+        dtype = self._torch.empty(0, dtype=fake.dtype).numpy().dtype  # type: ignore
+        if node.meta.get("numpy") == "scalar":
+            return dtype.type(0)
+        return _numpy().empty((0,) * fake.dim(), dtype)
 
     def numpy_fold(self, fn: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
         """``(True, value)`` for a NumPy value describing arrays (``np.dtype("float")``,
@@ -261,6 +287,7 @@ class NumpyPolicy:
         if not kwargs.get("force"):
             self._check_numpy_source(node)
         args: tuple = (node,)
+        self._check_numpy_dtype(fake)
         if fake.requires_grad:
             args = (self._record("call_method", "detach", (node,), {}),)  # type: ignore
         if fake.device.type != "cpu":
@@ -275,6 +302,13 @@ class NumpyPolicy:
             raise GraphBreak(Reason.OP_FAILED, "a NumPy array of a tensor that requires grad")
         if fake.device.type != "cpu":
             raise GraphBreak(Reason.OP_FAILED, f"a NumPy array of a {fake.device.type} tensor")
+        self._check_numpy_dtype(fake)
+
+    def _check_numpy_dtype(self, fake: Any) -> None:
+        try:
+            self._torch.empty(0, dtype=fake.dtype).numpy()  # type: ignore
+        except TypeError as exc:   # bfloat16, float8: NumPy has no such dtype
+            raise GraphBreak(Reason.OP_FAILED, f"a NumPy array of {fake.dtype}") from exc
 
     def numpy_method(self, name: str, args: tuple, kwargs: dict) -> Any:
         """``a.name(...)`` on an array node."""
@@ -315,6 +349,11 @@ class NumpyPolicy:
             return self._record("call_function", _AS_TENSOR, args, {})  # type: ignore
         if getattr(target, "__module__", None) in ("_operator", "operator"):
             name = getattr(target, "__name__", "op")
+            if any(type(a) is self.node_type and a not in self._numpy_nodes and  # type: ignore
+                   isinstance(a.meta.get("example_value"), torch.Tensor) for a in args):
+                # an array and a tensor: eager raises, or converts by the left operand's
+                # rules (torch's for `tensor + array`): it decides
+                raise GraphBreak(Reason.OP_FAILED, f"{name} of a NumPy array and a tensor")
             return self.numpy_call(NumpyCall(name, target), args, kwargs)
         raise GraphBreak(Reason.OP_FAILED,
                          f"{getattr(target, '__name__', target)} given a NumPy array")

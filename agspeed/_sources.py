@@ -10,7 +10,8 @@ The interpreter (csrc/interp*.c) gives every value it loads a *source*, a nested
 * ``("cell", function, index)``: the contents of a closure cell of a function;
 * ``("fget", property)``: the getter of a property;
 * ``("type", base)``: the type of a value;
-* ``("cvar", base)``: the value of a ``contextvars.ContextVar`` (``var.get()``).
+* ``("cvar", base)``: the value of a ``contextvars.ContextVar`` (``var.get()``);
+* ``("numpy", base)``: the tensor sharing the memory of the NumPy array ``base``.
 
 Guards check each source's value on every call, and a cache hit reads the graph's inputs
 by their sources, so resolving must run no user code: ``static_attr`` reads instance and
@@ -276,11 +277,27 @@ def resolve_step(kind: str, base: Any, key: Any) -> Any:
             return base.get()
         except LookupError:
             return MISSING
+    if kind == "numpy":
+        return numpy_tensor(base)
     if kind == "type":
         return type(base)
     if kind == "gmod":  # base: the module
         return _lookup_global(base.__dict__, key)
     return MISSING
+
+
+def numpy_tensor(array: Any) -> Any:
+    """The tensor sharing the memory of ``array``, an exact ``numpy.ndarray`` torch can
+    share without a warning (writeable, of a dtype torch has); ``MISSING`` otherwise."""
+    np = sys.modules.get("numpy")
+    torch = sys.modules.get("torch")
+    if np is None or torch is None or type(array) is not np.ndarray or \
+            not array.flags.writeable:
+        return MISSING
+    try:
+        return torch.from_numpy(array)
+    except (TypeError, ValueError, RuntimeError):
+        return MISSING
 
 
 def _is_size(value: Any) -> bool:
@@ -306,6 +323,8 @@ def describe(source: tuple) -> str:
         return f"{base}.fget"
     if kind == "cvar":
         return f"{base}.get()"
+    if kind == "numpy":
+        return f"torch.from_numpy({base})"
     if kind == "type":
         return f"type({base})"
     return repr(source)

@@ -594,6 +594,16 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
     it.node_type = PyObject_GetAttrString(builder, "node_type");
     it.assumptions = PyObject_GetAttrString(builder, "assumptions");
     it.known = PyObject_GetAttrString(builder, "known");
+    it.array_type = PyObject_GetAttrString(builder, "ndarray_type");
+    if (it.array_type == Py_None) {
+        Py_CLEAR(it.array_type);
+    }
+    else if (it.array_type != NULL && !PyType_Check(it.array_type)) {
+        Py_CLEAR(it.array_type);
+        PyErr_SetString(PyExc_TypeError,
+                        "capture: builder.ndarray_type must be a type or None");
+        goto done;
+    }
     it.owned = PySet_New(NULL);
     it.shadows = PyDict_New();
     if (it.node_type == NULL || it.assumptions == NULL || it.known == NULL
@@ -649,6 +659,7 @@ done:
     Py_XDECREF(it.node_type);
     Py_XDECREF(it.assumptions);
     Py_XDECREF(it.known);
+    Py_XDECREF(it.array_type);
     Py_XDECREF(it.owned);
     Py_XDECREF(it.shadows);
     Py_XDECREF(it.brk_detail);

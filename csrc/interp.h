@@ -117,6 +117,8 @@ typedef struct ags_frame {
 
 typedef struct {
     PyObject *builder, *tensor_type, *node_type;
+    PyObject *array_type;       /* numpy.ndarray (builder.ndarray_type), or
+                                   NULL when NumPy is not loaded */
     PyObject *assumptions;      /* list of (source, value) */
     PyObject *known;            /* dict: id -> (object, source) */
     PyObject *owned;            /* set of ids of containers built here */

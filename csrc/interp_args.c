@@ -261,14 +261,21 @@ int
 ags_load_object(ags_interp *it, PyObject *source, PyObject *value,
                 ags_value *out)
 {
-    if (PyObject_TypeCheck(value, (PyTypeObject *)it->tensor_type)) {
+    int array = it->array_type != NULL
+                && Py_IS_TYPE(value, (PyTypeObject *)it->array_type);
+
+    if (array || PyObject_TypeCheck(value, (PyTypeObject *)it->tensor_type)) {
+        /* a NumPy array is the tensor sharing its memory, when it can be */
         PyObject *node = ags_call_builder(it, AGS_BOP_INPUT, "(OO)", source,
                                           value);
         if (node == NULL) {
             return AGS_ERROR;
         }
-        *out = ags_value_make(AGS_VK_TENSOR, node, Py_NewRef(source));
-        return AGS_GO;
+        if (node != Py_None) {
+            *out = ags_value_make(AGS_VK_TENSOR, node, Py_NewRef(source));
+            return AGS_GO;
+        }
+        Py_DECREF(node);
     }
     switch (ags_shadowed(it, value, out)) {
     case 1:

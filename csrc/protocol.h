@@ -100,7 +100,9 @@
  * the method of that name, called with the arguments shown.  A builder
  * that lacks one is refused when it is made (agspeed/protocol.py). */
 #define AGS_BUILDER_OP_LIST(X) \
-    X(INPUT, "input(source, tensor) -> node: a graph input read from source") \
+    X(INPUT, "input(source, value) -> node: a graph input read from " \
+             "source (a tensor, or a NumPy array as the tensor sharing its " \
+             "memory); None for an array that cannot be one") \
     X(ATTR, "attr(obj, name) -> (Attr, value, owner): an attribute found " \
             "without running user code") \
     X(TENSOR_ATTR, "tensor_attr(node, name) -> value: metadata or a node") \
@@ -216,7 +218,10 @@
     X(TYPE, "(type, base): the exact type of the base") \
     X(FGET, "(fget, base): the getter of a property") \
     X(CVAR, "(cvar, base): the value of a contextvars.ContextVar in the " \
-            "running context (its get()), or missing when it has none")
+            "running context (its get()), or missing when it has none") \
+    X(NUMPY, "(numpy, base): the tensor sharing the memory of the NumPy " \
+             "array base (torch.from_numpy), or missing when base is not " \
+             "an array torch can share")
 
 /* What a guard checks of one value (guards/check.c has a row of
  * behaviour for each; agspeed/guards/checks.py a class). */

@@ -14,6 +14,7 @@
  *   TYPE    the exact type of the parent's value
  *   FGET    the getter of a property
  *   CVAR    the value of a ContextVar (the Python step)
+ *   NUMPY   the tensor sharing a NumPy array's memory (the Python step)
  *
  * Every op is one row: its load (answers in C, or the Python step), its
  * parse rule (what _set_program accepts) and its memo rule (what the
@@ -482,6 +483,24 @@ parse_CVAR(const g_load *ld)
 
 /* A context variable's value changes with no object the memo watches. */
 #define depends_CVAR depends_nothing
+
+/* NUMPY ------------------------------------------------------------- */
+
+static inline PyObject *
+load_NUMPY(G_LOAD_ARGS)
+{
+    G_UNUSED_LOAD_ARGS;
+    return step(p, AGS_LOAD_NUMPY, base, ld->key);
+}
+
+static const char *
+parse_NUMPY(const g_load *ld)
+{
+    return child(ld);
+}
+
+/* A new tensor on every read: nothing to remember. */
+#define depends_NUMPY depends_nothing
 
 /* The table ---------------------------------------------------------- */
 

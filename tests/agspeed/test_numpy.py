@@ -217,3 +217,56 @@ def test_graph_targets_and_outputs_leave_nothing_behind():
     del x
     gc.collect()
     assert ref() is None
+
+
+def test_arrays_of_the_program_are_graph_inputs():
+    """An array argument is the tensor sharing its memory, read on every call: a new
+    dtype or shape captures again, a write through the graph reaches the array, and one
+    torch cannot share (read-only, object dtype) keeps the frame eager."""
+    def f(a, x):
+        b = np.sin(a) * 2
+        a[0] = 5.0
+        return b, torch.from_numpy(a.T) + x, a.shape
+
+    opt = agspeed.optimize(f)
+    e = agspeed.explain(f, np.ones((3, 4), np.float32), torch.randn(4, 3))
+    assert e.graph_count == 1 and e.break_reasons == []
+    for dtype, shape in ((np.float32, (3, 4)), (np.float64, (3, 4)), (np.float32, (2, 4)),
+                         (np.float32, (3, 4))):
+        a = np.random.randn(*shape).astype(dtype)
+        twin = a.copy()
+        x = torch.randn(shape[::-1])
+        same(opt(a, x), f(twin, x))
+        np.testing.assert_array_equal(a, twin)
+    frozen = np.ones((3, 4), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError) as want:
+        f(frozen, torch.randn(4, 3))
+    with pytest.raises(ValueError) as got:
+        opt(frozen, torch.randn(4, 3))
+    assert str(got.value) == str(want.value)
+
+
+def test_the_numpy_source_reads_a_shared_tensor_or_nothing():
+    from agspeed._sources import MISSING, describe, resolve
+
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    t = resolve(("numpy", ("local", "a")), {"a": a}, {}, {}, {})
+    assert isinstance(t, torch.Tensor) and np.shares_memory(t.numpy(), a)
+    frozen = a.copy()
+    frozen.flags.writeable = False
+    for bad in (frozen, np.array(["x"], dtype=object), [1.0], a.view(np.matrix)):
+        assert resolve(("numpy", ("local", "a")), {"a": bad}, {}, {}, {}) is MISSING
+    assert describe(("numpy", ("local", "a"))) == "torch.from_numpy(a)"
+
+
+def test_bfloat16_numpy_raises_as_eager():
+    def f(x):
+        return x.numpy()
+
+    x = torch.randn(3).to(torch.bfloat16)
+    with pytest.raises(TypeError) as want:
+        f(x)
+    with pytest.raises(TypeError) as got:
+        agspeed.optimize(f)(x)
+    assert str(got.value) == str(want.value)

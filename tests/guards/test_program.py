@@ -125,6 +125,7 @@ SOURCES = [
     ("gmod", "no.such.module", "x"), ("local", "absent"),
     ("cvar", ("local", "cvar")), ("cvar", ("local", "cvar_unset")),
     ("cvar", ("local", "plain")),
+    ("numpy", ("local", "plain")), ("numpy", ("local", "lst")),
 ]
 
 
