@@ -57,8 +57,9 @@ class NumpyCall:
     are arrays become their tensors again."""
 
     def __init__(self, name: str, fn: Any = None, method: str | None = None,
-                 attr: str | None = None) -> None:
+                 attr: str | None = None, real: Any = None) -> None:
         self.fn, self.method, self.attr = fn, method, attr
+        self.real = real   # NumPy's own function, for constant arguments
         self.__name__ = self.__qualname__ = "numpy_" + name.replace(".", "_")
         self.__module__ = __name__
 
@@ -138,7 +139,9 @@ class _Map:
                 if name in _FOLDED and not prefix:
                     self.folded[id(real)] = real
                 elif isinstance(real, type):   # np.float32(...): a scalar type
-                    self.calls[id(real)] = (real, _Folding(real, prefix + name, mine))
+                    self.calls[id(real)] = (real, NumpyCall(prefix + name, mine, real=real))
+                elif isinstance(real, np.ufunc):   # np.sqrt(64): a scalar of scalars
+                    self.calls[id(real)] = (real, NumpyCall(prefix + name, mine, real=real))
                 else:
                     self.calls[id(real)] = (real, NumpyCall(prefix + name, mine))
         for name in _FOLDED:
@@ -263,8 +266,16 @@ class NumpyPolicy:
         tagged as arrays (or scalars)."""
         args, kwargs = self._numpy_args(args), self._numpy_args(kwargs)
         nodes = [a for a in _leaves((args, kwargs)) if isinstance(a, self.node_type)]  # type: ignore
-        if isinstance(fn, _Folding) and not nodes:
-            return fn.real(*args, **kwargs)   # np.float32(2.0): NumPy's own scalar
+        if fn.real is not None and not nodes:
+            # a ufunc or scalar type of constants only (np.sqrt(64), np.float32(2.0)):
+            # NumPy's own answer, kept when it is a scalar; an array is made by the graph
+            try:
+                out = fn.real(*args, **kwargs)
+            except Exception as exc:
+                raise GraphBreak(Reason.OP_FAILED, f"{fn.__name__} raised "
+                                 f"{type(exc).__name__}: {exc}") from exc
+            if self._is_static(out):  # type: ignore
+                return out
         for a in nodes:
             if a not in self._numpy_nodes and fn is not _AS_ARRAY:
                 self._check_numpy_source(a)   # a tensor NumPy reads as an array
@@ -428,14 +439,6 @@ class _Const:
 
     def __init__(self, value: Any) -> None:
         self.value = value
-
-
-class _Folding(NumpyCall):
-    """A NumPy scalar type: evaluated at capture on constants, recorded on nodes."""
-
-    def __init__(self, real: Any, name: str, fn: Any) -> None:
-        super().__init__(name, fn)
-        self.real = real
 
 
 def _specialize_all(builder: Any, value: Any) -> Any:

@@ -199,7 +199,8 @@ class Objects:
         if type(cls) is not type and _class_lookup(type(cls), "__call__") is not \
                 type.__call__:
             return False
-        if cls.__module__ == "builtins" or cls.__module__.startswith("torch"):
+        if cls.__module__ == "builtins" or cls.__module__.startswith("torch") and \
+                not cls.__module__.startswith("torch.distributions."):
             return False
         base = _builtin_base(cls)
         if base not in (object, dict, OrderedDict):

@@ -594,16 +594,6 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
     it.node_type = PyObject_GetAttrString(builder, "node_type");
     it.assumptions = PyObject_GetAttrString(builder, "assumptions");
     it.known = PyObject_GetAttrString(builder, "known");
-    it.array_type = PyObject_GetAttrString(builder, "ndarray_type");
-    if (it.array_type == Py_None) {
-        Py_CLEAR(it.array_type);
-    }
-    else if (it.array_type != NULL && !PyType_Check(it.array_type)) {
-        Py_CLEAR(it.array_type);
-        PyErr_SetString(PyExc_TypeError,
-                        "capture: builder.ndarray_type must be a type or None");
-        goto done;
-    }
     it.owned = PySet_New(NULL);
     it.shadows = PyDict_New();
     if (it.node_type == NULL || it.assumptions == NULL || it.known == NULL
@@ -615,6 +605,22 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
         PyErr_SetString(PyExc_TypeError, "capture: builder.node_type must be "
                         "a type, builder.assumptions a list and builder.known "
                         "a dict");
+        goto done;
+    }
+    /* optional: a builder that never meets NumPy may leave it out */
+    it.array_type = PyObject_GetAttrString(builder, "ndarray_type");
+    if (it.array_type == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            goto done;
+        }
+        PyErr_Clear();
+    }
+    else if (it.array_type == Py_None) {
+        Py_CLEAR(it.array_type);
+    }
+    else if (!PyType_Check(it.array_type)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "capture: builder.ndarray_type must be a type or None");
         goto done;
     }
     if (ags_stop_at(builder, &it.stop_at) < 0

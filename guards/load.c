@@ -449,56 +449,30 @@ depends_TYPE(const g_values *t, Py_ssize_t i, PyObject *base)
     return VIA_CLASS_OR_DICT;
 }
 
-/* FGET -------------------------------------------------------------- */
+/* FGET, CVAR, NUMPY: the Python step answers, from the parent's value. */
 
-static inline PyObject *
-load_FGET(G_LOAD_ARGS)
-{
-    G_UNUSED_LOAD_ARGS;
-    return step(p, AGS_LOAD_FGET, base, ld->key);
-}
+#define PYTHON_STEP_LOAD(NAME)                          \
+    static inline PyObject *                            \
+    load_##NAME(G_LOAD_ARGS)                            \
+    {                                                   \
+        G_UNUSED_LOAD_ARGS;                             \
+        return step(p, AGS_LOAD_##NAME, base, ld->key); \
+    }                                                   \
+                                                        \
+    static const char *                                 \
+    parse_##NAME(const g_load *ld)                      \
+    {                                                   \
+        return child(ld);                               \
+    }
 
-static const char *
-parse_FGET(const g_load *ld)
-{
-    return child(ld);
-}
-
+PYTHON_STEP_LOAD(FGET)
 #define depends_FGET depends_nothing
 
-/* CVAR -------------------------------------------------------------- */
-
-static inline PyObject *
-load_CVAR(G_LOAD_ARGS)
-{
-    G_UNUSED_LOAD_ARGS;
-    return step(p, AGS_LOAD_CVAR, base, ld->key);
-}
-
-static const char *
-parse_CVAR(const g_load *ld)
-{
-    return child(ld);
-}
-
+PYTHON_STEP_LOAD(CVAR)
 /* A context variable's value changes with no object the memo watches. */
 #define depends_CVAR depends_nothing
 
-/* NUMPY ------------------------------------------------------------- */
-
-static inline PyObject *
-load_NUMPY(G_LOAD_ARGS)
-{
-    G_UNUSED_LOAD_ARGS;
-    return step(p, AGS_LOAD_NUMPY, base, ld->key);
-}
-
-static const char *
-parse_NUMPY(const g_load *ld)
-{
-    return child(ld);
-}
-
+PYTHON_STEP_LOAD(NUMPY)
 /* A new tensor on every read: nothing to remember. */
 #define depends_NUMPY depends_nothing
 

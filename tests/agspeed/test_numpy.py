@@ -270,3 +270,12 @@ def test_bfloat16_numpy_raises_as_eager():
     with pytest.raises(TypeError) as got:
         agspeed.optimize(f)(x)
     assert str(got.value) == str(want.value)
+
+
+def test_ufuncs_of_constants_are_numpy_scalars_and_arrays_come_from_the_graph():
+    def f(x):
+        scale = np.sqrt(64) * np.float32(0.5)     # NumPy's scalars, evaluated at capture
+        return x * scale + np.log(2.0), np.sqrt(9), np.array([1.0, 2.0]) * 2
+
+    out = check(f, (3,))(torch.randn(3))
+    assert type(out[1]) is np.float64 and type(out[2]) is np.ndarray

@@ -628,3 +628,34 @@ def test_checkpoint_probe_and_cublas_flag_are_read_and_guarded():
             torch.testing.assert_close(opt(x), f(x))
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_distributions_made_in_the_frame():
+    """torch.distributions objects are made like the program's own objects; with argument
+    validation off they capture whole, with it on (the default) the check reads tensor
+    data, so the graph breaks around it, and the results are eager's either way."""
+    def quiet(x):
+        normal = torch.distributions.Normal(x, torch.tensor(1.0), validate_args=False)
+        independent = torch.distributions.Independent(normal, 1, validate_args=False)
+        return independent.log_prob(x + 1) + normal.mean.sum()
+
+    def checked(x):
+        normal = torch.distributions.Normal(x, torch.tensor(1.0))
+        return torch.distributions.Independent(normal, 1).log_prob(x * 2)
+
+    check(quiet, (3, 4))
+    Distribution = torch.distributions.Distribution
+    saved = Distribution._validate_args   # torch._dynamo turns it off for the process
+    Distribution.set_default_validate_args(True)
+    try:
+        opt = agspeed.optimize(checked)
+        for _ in range(2):
+            x = torch.randn(3, 4)
+            torch.testing.assert_close(opt(x), checked(x))
+        with pytest.raises(ValueError) as want:
+            checked(torch.full((2,), float("nan")))
+        with pytest.raises(ValueError) as got:
+            opt(torch.full((2,), float("nan")))
+        assert str(got.value) == str(want.value)
+    finally:
+        Distribution.set_default_validate_args(saved)
