@@ -56,6 +56,45 @@ attr_source(ags_interp *it, ags_value *owner, PyObject *name, PyObject **src)
     return *src == NULL ? -1 : 0;
 }
 
+/* New reference or NULL (no error): for an object the capture made (it has
+ * no source), ("attr", its class's source, name) when `value` is what its
+ * class holds under name (no instance attribute hides it) and the class
+ * was loaded from a source, so a class-level table read through the object
+ * is guarded, item by item, like one read through the class. */
+static PyObject *
+class_attr_source(ags_interp *it, const ags_value *owner, PyObject *name,
+                  PyObject *value)
+{
+    PyObject *cls = (PyObject *)Py_TYPE(owner->obj), *dict, *src;
+    ags_value type_value;
+    int hidden;
+
+    if (owner->kind != AGS_VK_CONST
+        || _PyType_Lookup(Py_TYPE(owner->obj), name) != value
+        || ags_is_owned(it, owner->obj) != 1) {
+        PyErr_Clear();
+        return NULL;
+    }
+    dict = PyObject_GenericGetDict(owner->obj, NULL);
+    hidden = dict != NULL && PyDict_Check(dict)
+             && PyDict_Contains(dict, name) != 0;
+    Py_XDECREF(dict);
+    PyErr_Clear();
+    if (hidden) {
+        return NULL;
+    }
+    type_value = ags_value_make(AGS_VK_CONST, Py_NewRef(cls), NULL);
+    src = ags_source_of(it, &type_value);
+    ags_value_clear(&type_value);
+    if (src == NULL) {
+        return NULL;
+    }
+    Py_SETREF(src, Py_BuildValue("(sOO)", ags_load_names[AGS_LOAD_ATTR], src,
+                                 name));
+    PyErr_Clear();
+    return src;
+}
+
 /* Asks the builder for obj.name: *answer a new (Attr, value, self) tuple
  * and *how its Attr kind.  AGS_GO, or the builder's break, or AGS_ERROR
  * for an answer of a kind protocol.h does not list. */
@@ -104,6 +143,9 @@ known_attr(ags_interp *it, ags_frame *f, ags_value *owner, PyObject *name,
          * type, which implies the method; an instance has no attribute
          * the guard could load for it */
         Py_CLEAR(src);
+    }
+    if (how == AGS_ATTR_VALUE && src == NULL) {
+        src = class_attr_source(it, owner, name, value);
     }
     if (how == AGS_ATTR_VALUE || how == AGS_ATTR_METHOD) {
         if (src != NULL) {

@@ -659,3 +659,48 @@ def test_distributions_made_in_the_frame():
         assert str(got.value) == str(want.value)
     finally:
         Distribution.set_default_validate_args(saved)
+
+
+class Table:
+    weights = {"a": 1.0, "b": 2.0}
+
+    def __init__(self, x):
+        self.x = x
+
+    def weighted(self):
+        return self.x * self.weights["a"]
+
+    def loud(self):
+        print("weighing")                 # a break inside the method
+        return self.x + 1
+
+
+def test_class_table_read_through_an_object_made_here_is_guarded():
+    def f(x):
+        return Table(x).weighted()
+
+    check(f, (3,))
+    opt = agspeed.optimize(f)
+    x = torch.randn(3)
+    saved = dict(Table.weights)
+    try:
+        for value in (1.0, 10.0, -2.0):
+            Table.weights["a"] = value
+            torch.testing.assert_close(opt(x), f(x))
+    finally:
+        Table.weights.clear()
+        Table.weights.update(saved)
+
+
+def test_break_in_a_method_of_an_object_made_here_gets_a_real_object(capsys):
+    """At a break surfacing at the call, the object the capture made (holding graph
+    values) is rebuilt with real tensors for the code that runs the call."""
+    def f(x):
+        t = Table(x * 2)
+        return t.loud() + t.x
+
+    opt = agspeed.optimize(f)
+    for _ in range(2):
+        x = torch.randn(3)
+        torch.testing.assert_close(opt(x), f(x))
+    assert capsys.readouterr().out.count("weighing") == 4
