@@ -26,6 +26,10 @@ class Stopper(Recorder):
         """No list or dict of the program is changed in these tests."""
         return False
 
+    def can_escape(self, value):
+        """No object made in these frames is live at their breaks."""
+        return False
+
 
 def resumed(fn, **f_locals):
     """fn(**f_locals) run the way a resumed frame runs it: break code, then resume."""
