@@ -11,7 +11,8 @@ The interpreter (csrc/interp*.c) gives every value it loads a *source*, a nested
 * ``("fget", property)``: the getter of a property;
 * ``("type", base)``: the type of a value;
 * ``("cvar", base)``: the value of a ``contextvars.ContextVar`` (``var.get()``);
-* ``("numpy", base)``: the tensor sharing the memory of the NumPy array ``base``.
+* ``("numpy", base)``: the tensor sharing the memory of the NumPy array ``base``;
+* ``("keys", base)``: the keys of the dict ``base`` as a tuple, in their order.
 
 Guards check each source's value on every call, and a cache hit reads the graph's inputs
 by their sources, so resolving must run no user code: ``static_attr`` reads instance and
@@ -279,6 +280,8 @@ def resolve_step(kind: str, base: Any, key: Any) -> Any:
             return MISSING
     if kind == "numpy":
         return numpy_tensor(base)
+    if kind == "keys":   # a subclass's store, past its own methods
+        return tuple(dict.keys(base)) if isinstance(base, dict) else MISSING
     if kind == "type":
         return type(base)
     if kind == "gmod":  # base: the module
@@ -325,6 +328,8 @@ def describe(source: tuple) -> str:
         return f"{base}.get()"
     if kind == "numpy":
         return f"torch.from_numpy({base})"
+    if kind == "keys":
+        return f"tuple({base})"
     if kind == "type":
         return f"type({base})"
     return repr(source)

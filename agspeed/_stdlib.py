@@ -75,6 +75,7 @@ _DESCRIPTORS = (types.MethodDescriptorType, types.ClassMethodDescriptorType)
 _CONTEXTMANAGER_CODE = contextlib.contextmanager(lambda: iter(())).__code__
 # dict's own readers, called on a dict of the program (or a subclass's store)
 _DICT_READS = frozenset(dict.__dict__[n] for n in ("get", "__getitem__", "__contains__"))
+_DICT_VIEWS = frozenset(dict.__dict__[n] for n in ("items", "keys", "values"))
 _DEQUE_METHODS = frozenset({"append", "appendleft", "pop", "popleft", "extend",
                             "extendleft", "rotate", "clear", "copy", "count", "index",
                             "reverse", "insert", "remove"})
@@ -138,7 +139,8 @@ class StdlibFolds:
         if kind is types.MethodDescriptorType and fn.__objclass__ is collections.deque and \
                 fn.__name__ in _DEQUE_METHODS:
             return (Plan.FOLD, fn)
-        if fn in _DICT_READS:   # on a dict of the program (pure_method, super())
+        if fn in _DICT_READS or fn in _DICT_VIEWS:
+            # on a dict of the program (pure_method, super())
             return (Plan.FOLD, fn)
         if fn is inspect.signature:   # of a function or method the capture holds
             return (Plan.FOLD, fn)
@@ -181,8 +183,9 @@ class StdlibFolds:
             # read as a dict's (the fold below answers it for os.environ): dict's own
             # method, not Mapping.get, which other mappings run as Python
             return Attr.METHOD, dict.__dict__[name], obj
-        if type(obj) is dict and name == "get" and self._of_program(obj):
-            return Attr.METHOD, dict.__dict__["get"], obj   # read item by item, guarded
+        if type(obj) is dict and name in ("get", "items", "keys", "values") and \
+                self._of_program(obj):
+            return Attr.METHOD, dict.__dict__[name], obj   # read item by item, guarded
         if type(obj) is collections.deque and name in _DEQUE_METHODS:
             return Attr.METHOD, collections.deque.__dict__[name], obj
         names = _PURE_METHODS.get(type(obj))
@@ -203,6 +206,9 @@ class StdlibFolds:
             return True, self._collection(fn, args, kwargs)
         if type(fn) is types.MethodDescriptorType and fn.__objclass__ is collections.deque:
             return True, self._deque_method(fn, args, kwargs)
+        if fn in _DICT_VIEWS and len(args) == 1 and not kwargs and \
+                type(args[0]) is dict and self._of_program(args[0]):
+            return True, self._program_dict_view(fn, args[0])
         if fn in _DICT_READS and args and (isinstance(args[0], dict) or
                                            args[0] is os.environ) and \
                 self._of_program(args[0]):
@@ -322,6 +328,20 @@ class StdlibFolds:
             raise GraphBreak(Reason.UNSUPPORTED_CALL, "inspect.signature() of a "
                              f"{type(target).__name__}")
         return inspect.signature(target)
+
+    def _program_dict_view(self, fn: Any, d: dict) -> Any:
+        """``d.items()``, ``keys()`` or ``values()`` of a dict of the program: a view of
+        the capture's copy, each value loaded from ``("item", source, key)`` (a tensor
+        becomes a graph input) and the keys guarded in their order."""
+        source = self.known[id(d)][1]
+        keys = tuple(d)
+        if not all(type(k) in (str, int, bool, type(None)) for k in keys):
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, "iterating a dict of the program "
+                             "whose keys are not plain values")
+        self.assumptions.append((("keys", source), keys))
+        copy = {k: self._shadow_item(source, k, dict.__getitem__(d, k))  # type: ignore
+                for k in keys}
+        return fn(copy)
 
     def _program_dict_get(self, fn: Any, args: tuple, kwargs: dict) -> Any:
         """``d.get(key, default)``, ``d[key]`` and ``key in d`` by dict's own methods on

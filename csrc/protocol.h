@@ -221,7 +221,9 @@
             "running context (its get()), or missing when it has none") \
     X(NUMPY, "(numpy, base): the tensor sharing the memory of the NumPy " \
              "array base (torch.from_numpy), or missing when base is not " \
-             "an array torch can share")
+             "an array torch can share") \
+    X(KEYS, "(keys, base): the keys of the dict base as a tuple, in order, " \
+            "or missing when base is not a dict")
 
 /* What a guard checks of one value (guards/check.c has a row of
  * behaviour for each; agspeed/guards/checks.py a class). */

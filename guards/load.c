@@ -15,6 +15,7 @@
  *   FGET    the getter of a property
  *   CVAR    the value of a ContextVar (the Python step)
  *   NUMPY   the tensor sharing a NumPy array's memory (the Python step)
+ *   KEYS    a dict's keys as a tuple, in order (the Python step)
  *
  * Every op is one row: its load (answers in C, or the Python step), its
  * parse rule (what _set_program accepts) and its memo rule (what the
@@ -449,7 +450,8 @@ depends_TYPE(const g_values *t, Py_ssize_t i, PyObject *base)
     return VIA_CLASS_OR_DICT;
 }
 
-/* FGET, CVAR, NUMPY: the Python step answers, from the parent's value. */
+/* FGET, CVAR, NUMPY, KEYS: the Python step answers, from the parent's
+ * value. */
 
 #define PYTHON_STEP_LOAD(NAME)                          \
     static inline PyObject *                            \
@@ -475,6 +477,10 @@ PYTHON_STEP_LOAD(CVAR)
 PYTHON_STEP_LOAD(NUMPY)
 /* A new tensor on every read: nothing to remember. */
 #define depends_NUMPY depends_nothing
+
+PYTHON_STEP_LOAD(KEYS)
+/* A new tuple on every read, of a dict the memo does not watch. */
+#define depends_KEYS depends_nothing
 
 /* The table ---------------------------------------------------------- */
 

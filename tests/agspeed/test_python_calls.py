@@ -462,3 +462,45 @@ def test_the_root_frames_own_kwargs_dict_is_mutated_inside_the_graph():
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
         [str(b) for b in explained.break_reasons]
     assert explained.graph_count <= dynamo_graph_count(pops_its_kwargs, x, scale=2.0, bias=x)
+
+
+SCALES = {"a": 1.5, "b": -2.0}
+LAYERS = {}
+
+
+def test_a_dict_of_the_program_iterated_is_guarded_in_order():
+    """items(), keys() and values() of a global dict: its values loaded one by one (a
+    tensor among them a graph input), its keys guarded in their order, so a changed
+    value, a new key or a new order captures again."""
+    torch.manual_seed(0)
+    LAYERS.clear()
+    LAYERS.update(first=torch.nn.Linear(3, 3), second=torch.nn.Tanh())
+
+    def f(x):
+        for name, scale in SCALES.items():
+            x = x * scale if name != "b" else x - scale
+        for layer in LAYERS.values():
+            x = layer(x)
+        return x, list(SCALES.keys())
+
+    x = torch.randn(2, 3)
+    e = agspeed.explain(f, x)
+    assert e.graph_count == 1 and e.break_reasons == []
+    assert e.graph_count <= dynamo_graph_count(f, x)
+    opt = agspeed.optimize(f)
+    saved = dict(SCALES)
+    try:
+        for change in (None, ("a", 3.0), ("c", 0.5), "reorder", ("layer", None)):
+            if change == "reorder":
+                SCALES["a"] = SCALES.pop("a")
+            elif change and change[0] == "layer":
+                LAYERS["first"], LAYERS["second"] = LAYERS["second"], LAYERS["first"]
+                LAYERS["second"] = LAYERS.pop("second")
+            elif change:
+                SCALES[change[0]] = change[1]
+            got, want = opt(x), f(x)
+            torch.testing.assert_close(got[0], want[0])
+            assert got[1] == want[1]
+    finally:
+        SCALES.clear()
+        SCALES.update(saved)
