@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import copy
 import sys
+import types
 from typing import Any
 
 from agspeed._builder_types import GraphBreak
@@ -39,6 +40,7 @@ __all__ = ["NumpyCall", "NumpyPolicy", "numpy_outputs"]
 # NumPy callables evaluated at capture when their arguments are constants
 _FOLDED = ("dtype", "finfo", "iinfo", "result_type", "promote_types", "can_cast")
 _DICTS = (dict, collections.OrderedDict, collections.defaultdict)
+_FUNCTION_TYPES = (types.FunctionType, types.BuiltinFunctionType)
 # the submodules whose functions torch._numpy mirrors (numpy.random is left out: above)
 _SUBMODULES = ("linalg", "fft")
 # functions and methods whose 0-d result NumPy gives as an array, not a scalar
@@ -180,25 +182,30 @@ class NumpyPolicy:
         return type(value) is self.node_type and value in self._numpy_nodes  # type: ignore
 
     def numpy_plan(self, fn: Any) -> tuple | None:
-        """``(GRAPH, NumpyCall)`` for a NumPy function or ufunc; None for anything else."""
+        """``(GRAPH, NumpyCall)`` for a NumPy function or ufunc, ``(FOLD, fn)`` for one
+        that describes arrays; None for anything else.  Decided from types and plain
+        attributes of functions and classes, so no code of the program runs."""
         np = _numpy()
         if np is None:
             return None
-        module = getattr(type(fn), "__module__", "") or ""
-        if not module.startswith("numpy") and not (
-                isinstance(fn, type) and issubclass(fn, np.generic)) and \
-                fn is not np.dtype:
-            fmod = getattr(fn, "__module__", None)
-            if not (isinstance(fmod, str) and fmod.startswith("numpy")):
-                return None
-        mapped = _map()
-        assert mapped is not None
-        if getattr(fn, "__self__", None) is not None and \
-                type(fn.__self__).__name__ == "RandomState" or \
-                (getattr(fn, "__module__", "") or "").startswith("numpy.random"):
+        kind = type(fn)
+        if kind is types.MethodType:   # np.random.randn: a method of NumPy's generator
+            module = type(fn.__self__).__module__
+        elif isinstance(fn, type) or kind in _FUNCTION_TYPES or \
+                kind.__name__ == "cython_function_or_method":
+            module = getattr(fn, "__module__", None)   # a plain attribute of these
+        elif kind.__module__.startswith("numpy"):      # a ufunc, a dispatcher
+            module = kind.__module__
+        else:
+            return None
+        if not isinstance(module, str) or not module.startswith("numpy"):
+            return None
+        if module.startswith("numpy.random"):
             raise GraphBreak(Reason.UNSUPPORTED_CALL,
                              f"numpy.random.{getattr(fn, '__name__', '?')} (it draws from "
                              f"NumPy's own generator)")
+        mapped = _map()
+        assert mapped is not None
         if mapped.folded.get(id(fn)) is fn:
             return (Plan.FOLD, fn)
         call = mapped.calls.get(id(fn))
