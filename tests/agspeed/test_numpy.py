@@ -151,6 +151,7 @@ def test_numpy_in_a_module_forward():
         torch.testing.assert_close(g[n], p.grad)
 
 
+@pytest.mark.cxx_exceptions   # libtorch throws eager's error
 def test_numpy_of_a_tensor_that_requires_grad_raises_as_eager():
     def f(x):
         return x.numpy() * 2
@@ -260,6 +261,7 @@ def test_the_numpy_source_reads_a_shared_tensor_or_nothing():
     assert describe(("numpy", ("local", "a"))) == "torch.from_numpy(a)"
 
 
+@pytest.mark.cxx_exceptions   # libtorch throws eager's error
 def test_bfloat16_numpy_raises_as_eager():
     def f(x):
         return x.numpy()
