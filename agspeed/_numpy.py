@@ -33,6 +33,7 @@ import types
 from typing import Any
 
 from agspeed._builder_types import GraphBreak
+from agspeed._sources import SHARED_DTYPES
 from agspeed.protocol import Plan, Reason
 
 __all__ = ["NumpyCall", "NumpyPolicy", "numpy_outputs"]
@@ -446,14 +447,10 @@ class _Const:
         self.value = value
 
 
-_NUMPY_DTYPES = ("bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32",
-                 "int64", "float16", "float32", "float64", "complex64", "complex128")
-
-
 def _numpy_dtype(dtype: Any) -> str | None:
     """The name of NumPy's dtype for a torch dtype, or None where NumPy has none."""
     name = str(dtype).rpartition(".")[2]
-    return name if name in _NUMPY_DTYPES else None
+    return name if name in SHARED_DTYPES else None
 
 
 def _specialize_all(builder: Any, value: Any) -> Any:

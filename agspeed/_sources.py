@@ -33,7 +33,7 @@ from typing import Any
 
 from agspeed.protocol import Attr
 
-__all__ = ["MISSING", "static_attr", "resolve", "name_of", "describe"]
+__all__ = ["MISSING", "SHARED_DTYPES", "static_attr", "resolve", "name_of", "describe", "numpy_tensor"]
 
 
 class _Missing:
@@ -289,18 +289,23 @@ def resolve_step(kind: str, base: Any, key: Any) -> Any:
     return MISSING
 
 
+#: the NumPy dtypes torch shares memory with (torch.from_numpy)
+SHARED_DTYPES = frozenset({"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16",
+                           "int32", "int64", "float16", "float32", "float64", "complex64",
+                           "complex128"})
+
+
 def numpy_tensor(array: Any) -> Any:
     """The tensor sharing the memory of ``array``, an exact ``numpy.ndarray`` torch can
-    share without a warning (writeable, of a dtype torch has); ``MISSING`` otherwise."""
+    share as it is (writeable, native byte order, a dtype torch has, no negative
+    stride), decided before asking torch, which would raise; ``MISSING`` otherwise."""
     np = sys.modules.get("numpy")
     torch = sys.modules.get("torch")
     if np is None or torch is None or type(array) is not np.ndarray or \
-            not array.flags.writeable:
+            not array.flags.writeable or array.dtype.name not in SHARED_DTYPES or \
+            not array.dtype.isnative or any(s < 0 for s in array.strides):
         return MISSING
-    try:
-        return torch.from_numpy(array)
-    except (TypeError, ValueError, RuntimeError):
-        return MISSING
+    return torch.from_numpy(array)
 
 
 def _is_size(value: Any) -> bool:

@@ -256,7 +256,8 @@ def test_the_numpy_source_reads_a_shared_tensor_or_nothing():
     assert isinstance(t, torch.Tensor) and np.shares_memory(t.numpy(), a)
     frozen = a.copy()
     frozen.flags.writeable = False
-    for bad in (frozen, np.array(["x"], dtype=object), [1.0], a.view(np.matrix)):
+    for bad in (frozen, np.array(["x"], dtype=object), [1.0], a.view(np.matrix), a[:, ::-1],
+                a.astype(">f4")):
         assert resolve(("numpy", ("local", "a")), {"a": bad}, {}, {}, {}) is MISSING
     assert describe(("numpy", ("local", "a"))) == "torch.from_numpy(a)"
 
