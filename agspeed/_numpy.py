@@ -273,7 +273,8 @@ class NumpyPolicy:
         """Record ``fn`` (a ``NumpyCall``) on graph arguments; the tensor results are
         tagged as arrays (or scalars)."""
         args, kwargs = self._numpy_args(args), self._numpy_args(kwargs)
-        nodes = [a for a in _leaves((args, kwargs)) if isinstance(a, self.node_type)]  # type: ignore
+        nodes = [a for a in _leaves((args, kwargs))
+                 if isinstance(a, self.node_type)]  # type: ignore[attr-defined]
         if fn.real is not None and not nodes:
             # a ufunc or scalar type of constants only (np.sqrt(64), np.float32(2.0)):
             # NumPy's own answer, kept when it is a scalar; an array is made by the graph

@@ -33,7 +33,8 @@ from typing import Any
 
 from agspeed.protocol import Attr
 
-__all__ = ["MISSING", "SHARED_DTYPES", "static_attr", "resolve", "name_of", "describe", "numpy_tensor"]
+__all__ = ["MISSING", "SHARED_DTYPES", "static_attr", "resolve", "name_of", "describe",
+           "numpy_tensor"]
 
 
 class _Missing:
