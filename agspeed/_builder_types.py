@@ -24,6 +24,20 @@ class SymShape(tuple):
     __slots__ = ()
 
 
+class StorageSize:
+    """``x.untyped_storage()`` of a graph input, as far as the capture reads it: its
+    size in bytes (``size()``, ``nbytes()``), guarded on the input's source."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.bytes = nbytes
+
+    def size(self) -> int:
+        return self.bytes
+
+    def nbytes(self) -> int:
+        return self.bytes
+
+
 class GraphBreak(Exception):
     """Capture of a frame must stop here, for ``reason`` (an ``agspeed.protocol.Reason``;
     anything else fails loudly)."""

@@ -51,7 +51,7 @@ import types
 from typing import Any, Callable
 
 from agspeed._binding import Binding
-from agspeed._builder_types import GraphBreak, SymShape, concrete
+from agspeed._builder_types import GraphBreak, StorageSize, SymShape, concrete
 from agspeed._calls import CallPolicy
 from agspeed._effects import SideEffects
 from agspeed._ctx import ContextPolicy
@@ -258,11 +258,27 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
             return self.to_ndarray(args[0], dict(kwargs or {}))
         if self._numpy_nodes and args and self.is_ndarray(args[0]):
             return self.numpy_method(name, tuple(args), dict(kwargs or {}))
+        if name == "untyped_storage" and len(args) == 1 and not kwargs:
+            return self._storage_of(args[0])
         if name in _UNSUPPORTED_METHODS:
             if name in ("item", "tolist"):
                 raise GraphBreak(Reason.DATA_DEPENDENT, f"Tensor.{name}()")
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"Tensor.{name}()")
         return self._record("call_method", name, tuple(args), dict(kwargs or {}))
+
+    def _storage_of(self, node: Any) -> Any:
+        """``x.untyped_storage()`` of a graph input: its size, read now and guarded on
+        ``("storage", source)``; of a computed tensor, a break (its storage is the
+        graph's to choose)."""
+        from agspeed._sources import MISSING, storage_bytes
+
+        source = node.meta.get("source") if node.op == "placeholder" else None
+        real = self._inputs.get(source, (None, None))[1] if source is not None else None
+        nbytes = storage_bytes(real) if real is not None else MISSING
+        if nbytes is MISSING:
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, "Tensor.untyped_storage()")
+        self.assumptions.append((("storage", source), nbytes))
+        return StorageSize(nbytes)
 
     def _record(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
         if self._numpy_nodes and not isinstance(target, NumpyCall):

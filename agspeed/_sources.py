@@ -12,7 +12,8 @@ The interpreter (csrc/interp*.c) gives every value it loads a *source*, a nested
 * ``("type", base)``: the type of a value;
 * ``("cvar", base)``: the value of a ``contextvars.ContextVar`` (``var.get()``);
 * ``("numpy", base)``: the tensor sharing the memory of the NumPy array ``base``;
-* ``("keys", base)``: the keys of the dict ``base`` as a tuple, in their order.
+* ``("keys", base)``: the keys of the dict ``base`` as a tuple, in their order;
+* ``("storage", base)``: the size in bytes of the storage under the tensor ``base``.
 
 Guards check each source's value on every call, and a cache hit reads the graph's inputs
 by their sources, so resolving must run no user code: ``static_attr`` reads instance and
@@ -283,6 +284,8 @@ def resolve_step(kind: str, base: Any, key: Any) -> Any:
         return numpy_tensor(base)
     if kind == "keys":   # a subclass's store, past its own methods
         return tuple(dict.keys(base)) if isinstance(base, dict) else MISSING
+    if kind == "storage":
+        return storage_bytes(base)
     if kind == "type":
         return type(base)
     if kind == "gmod":  # base: the module
@@ -307,6 +310,16 @@ def numpy_tensor(array: Any) -> Any:
             not array.dtype.isnative or any(s < 0 for s in array.strides):
         return MISSING
     return torch.from_numpy(array)
+
+
+def storage_bytes(tensor: Any) -> Any:
+    """The size in bytes of the storage under ``tensor`` (a strided tensor that has
+    one), else ``MISSING``."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(tensor, torch.Tensor) or \
+            tensor.layout is not torch.strided or tensor.is_nested or tensor.is_meta:
+        return MISSING
+    return tensor.untyped_storage().nbytes()
 
 
 def _is_size(value: Any) -> bool:
@@ -336,6 +349,8 @@ def describe(source: tuple) -> str:
         return f"torch.from_numpy({base})"
     if kind == "keys":
         return f"tuple({base})"
+    if kind == "storage":
+        return f"{base}.untyped_storage().nbytes()"
     if kind == "type":
         return f"type({base})"
     return repr(source)

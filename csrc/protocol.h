@@ -223,7 +223,9 @@
              "array base (torch.from_numpy), or missing when base is not " \
              "an array torch can share") \
     X(KEYS, "(keys, base): the keys of the dict base as a tuple, in order, " \
-            "or missing when base is not a dict")
+            "or missing when base is not a dict") \
+    X(STORAGE, "(storage, base): the size in bytes of the storage under " \
+               "the tensor base, or missing when base is not a tensor")
 
 /* What a guard checks of one value (guards/check.c has a row of
  * behaviour for each; agspeed/guards/checks.py a class). */

@@ -16,6 +16,7 @@
  *   CVAR    the value of a ContextVar (the Python step)
  *   NUMPY   the tensor sharing a NumPy array's memory (the Python step)
  *   KEYS    a dict's keys as a tuple, in order (the Python step)
+ *   STORAGE the size in bytes of a tensor's storage (the Python step)
  *
  * Every op is one row: its load (answers in C, or the Python step), its
  * parse rule (what _set_program accepts) and its memo rule (what the
@@ -450,8 +451,8 @@ depends_TYPE(const g_values *t, Py_ssize_t i, PyObject *base)
     return VIA_CLASS_OR_DICT;
 }
 
-/* FGET, CVAR, NUMPY, KEYS: the Python step answers, from the parent's
- * value. */
+/* FGET, CVAR, NUMPY, KEYS, STORAGE: the Python step answers, from the
+ * parent's value. */
 
 #define PYTHON_STEP_LOAD(NAME)                          \
     static inline PyObject *                            \
@@ -481,6 +482,10 @@ PYTHON_STEP_LOAD(NUMPY)
 PYTHON_STEP_LOAD(KEYS)
 /* A new tuple on every read, of a dict the memo does not watch. */
 #define depends_KEYS depends_nothing
+
+PYTHON_STEP_LOAD(STORAGE)
+/* A tensor's storage can be resized in place: read on every call. */
+#define depends_STORAGE depends_nothing
 
 /* The table ---------------------------------------------------------- */
 

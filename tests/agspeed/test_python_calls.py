@@ -504,3 +504,28 @@ def test_a_dict_of_the_program_iterated_is_guarded_in_order():
     finally:
         SCALES.clear()
         SCALES.update(saved)
+
+
+def test_storage_size_of_an_input_is_read_and_guarded():
+    """x.untyped_storage().size() of an input (FSDP's _same_storage_size): read at
+    capture and guarded, so a view of a larger storage with the same shape captures
+    again and answers as eager does."""
+    def f(x):
+        if x.untyped_storage().size() // x.element_size() == 6:
+            return x + 1
+        return x - 1
+
+    x = torch.randn(6)
+    e = agspeed.explain(f, x)
+    assert e.graph_count == 1 and e.break_reasons == []
+    assert e.graph_count <= dynamo_graph_count(f, x)
+    assert "x.untyped_storage().nbytes() == 24" in str(e)   # its guard line
+    opt = agspeed.optimize(f)
+    big = torch.randn(12)
+    for t in (torch.randn(6), big[:6], torch.randn(6), torch.randn(12)[6:]):
+        torch.testing.assert_close(opt(t), f(t))
+
+    def g(x):
+        return (x * 2).untyped_storage().size()   # a computed tensor's storage: eager
+
+    assert agspeed.optimize(g)(x) == g(x)

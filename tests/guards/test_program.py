@@ -126,7 +126,7 @@ SOURCES = [
     ("cvar", ("local", "cvar")), ("cvar", ("local", "cvar_unset")),
     ("cvar", ("local", "plain")),
     ("numpy", ("local", "plain")), ("numpy", ("local", "lst")),
-    ("keys", ("local", "plain")),
+    ("keys", ("local", "plain")), ("storage", ("local", "plain")),
 ]
 
 
