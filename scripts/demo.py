@@ -5,7 +5,9 @@ the same synthetic batches: once plain eager, once through ``agspeed.optimize`` 
 autotuner (``backend="auto"``).  Prints the median step time of each (forward + backward
 + optimizer step), the time the first optimized step spent capturing and tuning, the
 backend the autotuner chose for each graph and by how much it beat eager, whether the two
-runs ended with the same losses and weights, and the runtime's counters.  Run it twice:
+runs ended with the same losses and weights (equal outright, or as close to the same
+training in float64 as eager is: a compiled backend rounds differently), and the
+runtime's counters.  Run it twice:
 the second run finds its choices in the knowledge base and does not tune again.
 
     python scripts/demo.py [--steps N] [--batch B] [--device cpu|cuda]
@@ -94,6 +96,22 @@ class Trainer:
         self.losses.append(loss.item())
 
 
+def _drift(losses: list[float], exact: list[float]) -> float:
+    """The largest distance of a run's losses from the float64 run's, relative to the
+    loss where it is above 1."""
+    return max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(losses, exact))
+
+
+def _weights_drift(model: nn.Module, exact: list) -> float:
+    """The largest distance of a model's final floating-point weights and buffers from
+    the float64 run's."""
+    out = 0.0
+    for a, b in zip(model.state_dict().values(), exact):
+        if a.is_floating_point():
+            out = max(out, (a.double() - b).abs().max().item())
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
@@ -126,11 +144,26 @@ def main() -> int:
     warm = slice(min(3, args.steps - 1), None)  # the first steps include one-time set-up
     eager_ms = statistics.median(eager_times[warm]) * 1e3
     opt_ms = statistics.median(opt_times[warm]) * 1e3
-    same_losses = all(abs(a - b) <= 1e-4 * max(1.0, abs(a)) for a, b in zip(eager_losses, opt_losses))
+
+    # The same training in float64 is the reference both runs are held to: a compiled
+    # backend sums in another order than eager's kernels, and over many steps the two
+    # float32 runs drift apart by rounding alone.  The optimized run passes when it is
+    # as close to float64 as eager is (or equal to eager outright).
+    exact = Trainer(copy.deepcopy(reference).double(), args.device)
+    for x, y in batches:
+        exact.step(x.double(), y)
+    eager_drift = _drift(eager_losses, exact.losses)
+    opt_drift = _drift(opt_losses, exact.losses)
+    same_losses = all(abs(a - b) <= 1e-4 * max(1.0, abs(a))
+                      for a, b in zip(eager_losses, opt_losses)) or \
+        opt_drift <= 2 * eager_drift + 1e-5
+    exact_weights = list(exact.model.state_dict().values())
+    eager_wdrift = _weights_drift(eager_model, exact_weights)
+    opt_wdrift = _weights_drift(optimized_model, exact_weights)
     same_weights = all(
         torch.allclose(a, b, rtol=1e-4, atol=1e-5)
         for a, b in zip(eager_model.state_dict().values(), optimized_model.state_dict().values())
-    )
+    ) or opt_wdrift <= 2 * eager_wdrift + 1e-6
 
     print(f"agspeed {agspeed.__version__} demo: SmallNet, {args.steps} steps, batch {args.batch}, "
           f"{args.device}, torch {torch.__version__}")
@@ -138,6 +171,8 @@ def main() -> int:
           f"agspeed {opt_ms:8.2f} ms   ratio {opt_ms / eager_ms:5.3f}")
     print(f"  final loss                        eager {eager_losses[-1]:8.4f}      "
           f"agspeed {opt_losses[-1]:8.4f}")
+    print(f"  largest distance from the float64 run: loss eager {eager_drift:.2e}, agspeed "
+          f"{opt_drift:.2e}; weights eager {eager_wdrift:.2e}, agspeed {opt_wdrift:.2e}")
     print(f"  same losses at every step: {same_losses}; same final weights: {same_weights}")
     print("  runtime counters (optimized run):")
     for name, value in counters.items():
