@@ -9,12 +9,14 @@ values (``_folds``) and argument binding (``_binding``).  They raise ``GraphBrea
 
 from __future__ import annotations
 
+import collections
 import types
 from typing import Any
 
 from agspeed.protocol import Reason
 
-__all__ = ["GraphBreak", "SymShape", "concrete", "describe_callable"]
+__all__ = ["GraphBreak", "StorageSize", "SymShape", "concrete", "describe_callable",
+           "holds_node"]
 
 
 class SymShape(tuple):
@@ -22,6 +24,20 @@ class SymShape(tuple):
     hold graph nodes).  A graph that returns one builds a ``torch.Size`` of it."""
 
     __slots__ = ()
+
+
+def holds_node(value: Any, node_type: type, depth: int = 0) -> bool:
+    """Whether ``value`` is a graph node or a container holding one somewhere (tuples,
+    lists, sets, deques, dict values)."""
+    if type(value) is node_type:
+        return True
+    if depth > 8:
+        return False
+    if isinstance(value, dict):
+        return any(holds_node(v, node_type, depth + 1) for v in value.values())
+    if isinstance(value, (tuple, list, set, frozenset, collections.deque)):
+        return any(holds_node(v, node_type, depth + 1) for v in value)
+    return False
 
 
 class StorageSize:

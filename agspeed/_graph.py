@@ -51,7 +51,7 @@ import types
 from typing import Any, Callable
 
 from agspeed._binding import Binding
-from agspeed._builder_types import GraphBreak, StorageSize, SymShape, concrete
+from agspeed._builder_types import GraphBreak, StorageSize, SymShape, concrete, holds_node
 from agspeed._calls import CallPolicy
 from agspeed._effects import SideEffects
 from agspeed._ctx import ContextPolicy
@@ -304,22 +304,13 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
                              ) from exc
         node = self.graph.create_node(kind, target, args, kwargs)
         if type(target) is types.BuiltinFunctionType and target in self._constant_makers \
-                and args and type(args[0]) in (int, bool) and not self._has_nodes(kwargs):
+                and args and type(args[0]) in (int, bool) and \
+                not holds_node(kwargs, self.node_type):
             # a tensor of plain values (torch.as_tensor(2)): its value is known now, for
             # Python that reads it (a list indexed by it)
             with self.mode_scope():
                 node.meta["constant"] = target(*args, **kwargs)
         return self._wrap(node, out, kind, target)
-
-    def _has_nodes(self, value: Any) -> bool:
-        kind = type(value)
-        if kind is self.node_type:
-            return True
-        if kind in (tuple, list):
-            return any(self._has_nodes(v) for v in value)
-        if kind is dict:
-            return any(self._has_nodes(v) for v in value.values())
-        return False
 
     def _writable(self, value: Any) -> Any:
         """``value`` as the graph's generated code can write it: a NumPy scalar becomes
@@ -340,8 +331,7 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
     def _is_static(self, value: Any) -> bool:
         if isinstance(value, (tuple, list)) and type(value) in (tuple, list, self._torch.Size):
             return all(self._is_static(v) for v in value)
-        return type(value) in self._static or \
-            bool(self._numpy_constants) and isinstance(value, self._numpy_constants)
+        return type(value) in self._static or self.is_numpy_constant(value)
 
     def _wrap(self, node: Any, out: Any, kind: str, target: Any) -> Any:
         """The graph argument for a recorded call's result ``out`` (a fake value)."""

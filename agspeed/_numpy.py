@@ -126,7 +126,6 @@ class _Map:
         self.np = np
         self.calls: dict[int, tuple[Any, NumpyCall]] = {}
         self.folded: dict[int, Any] = {}
-        self.random = id(np.random)
         pairs = [(np, tnp, "")] + [(getattr(np, m), getattr(tnp, m), m + ".")
                                    for m in _SUBMODULES]
         for real_mod, torch_mod, prefix in pairs:
@@ -136,18 +135,14 @@ class _Map:
                 real = getattr(real_mod, name, None)
                 mine = getattr(torch_mod, name, None)
                 if real is None or mine is None or not callable(real) or \
-                        isinstance(real, type) and not prefix and name not in _FOLDED and \
-                        not issubclass(real, np.generic):
+                        not prefix and name in _FOLDED or \
+                        isinstance(real, type) and not issubclass(real, np.generic):
                     continue
-                if name in _FOLDED and not prefix:
-                    self.folded[id(real)] = real
-                elif isinstance(real, type):   # np.float32(...): a scalar type
-                    self.calls[id(real)] = (real, NumpyCall(prefix + name, mine, real=real))
-                elif isinstance(real, np.ufunc):   # np.sqrt(64): a scalar of scalars
-                    self.calls[id(real)] = (real, NumpyCall(prefix + name, mine, real=real))
-                else:
-                    self.calls[id(real)] = (real, NumpyCall(prefix + name, mine))
-        for name in _FOLDED:
+                # a scalar type (np.float32(2.0)) or a ufunc (np.sqrt(64)) of constants
+                # gives NumPy's own scalar: NumPy's callable answers those
+                constant = real if isinstance(real, (type, np.ufunc)) else None
+                self.calls[id(real)] = (real, NumpyCall(prefix + name, mine, real=constant))
+        for name in _FOLDED:   # values that describe arrays, evaluated at capture
             real = getattr(np, name, None)
             if real is not None:
                 self.folded[id(real)] = real
@@ -304,10 +299,11 @@ class NumpyPolicy:
         fake = node.meta["example_value"]
         if set(kwargs) - {"force"} or type(kwargs.get("force", False)) is not bool:
             raise GraphBreak(Reason.BAD_CALL, "Tensor.numpy() with these arguments")
-        if not kwargs.get("force"):
+        if kwargs.get("force"):   # a detached CPU copy of any tensor NumPy has a dtype for
+            self._check_numpy_dtype(fake)
+        else:
             self._check_numpy_source(node)
         args: tuple = (node,)
-        self._check_numpy_dtype(fake)
         if fake.requires_grad:
             args = (self._record("call_method", "detach", (node,), {}),)  # type: ignore
         if fake.device.type != "cpu":

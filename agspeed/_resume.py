@@ -62,7 +62,6 @@ instructions that are not a plain stack operation or a conditional jump.
 from __future__ import annotations
 
 import dis
-import collections
 import functools
 import sys
 import types
@@ -70,6 +69,7 @@ import weakref
 from typing import Any, NamedTuple
 
 from agspeed import _C
+from agspeed._builder_types import holds_node
 
 __all__ = ["decode", "BreakSite", "break_site", "Layout", "layout_of", "generated",
            "is_generated"]
@@ -226,19 +226,6 @@ def _not_the_programs(value: Any, builder: Any) -> str:
     return ""
 
 
-def _holds_node(value: Any, node_type: type, depth: int = 0) -> bool:
-    """Whether a container the capture made holds a graph value (a node) somewhere."""
-    if type(value) is node_type:
-        return True
-    if depth > 8:
-        return False
-    if isinstance(value, dict):
-        return any(_holds_node(v, node_type, depth + 1) for v in value.values())
-    if isinstance(value, (tuple, list, set, frozenset, collections.deque)):
-        return any(_holds_node(v, node_type, depth + 1) for v in value)
-    return False
-
-
 def _modelled_exit(value: Any) -> Any:
     """The ``agspeed._ctx._Ctx`` whose exit ``value`` is, or None."""
     from agspeed._ctx import _Ctx
@@ -332,7 +319,7 @@ def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
             if type(source) is tuple and len(source) == 2 and source[0] == "local":
                 return ("local", source[1])
             if kind == "CONST" and (builder.can_escape(payload) or
-                                    _holds_node(payload, builder.node_type)):
+                                    holds_node(payload, builder.node_type)):
                 # an object the capture made (its tensors are graph values): the graph
                 # rebuilds it with real ones, once however many slots hold it
                 try:

@@ -341,19 +341,14 @@ def describe(source: tuple) -> str:
         return f"{base}[{source[2]!r}]"
     if kind == "cell":
         return f"{base}.__closure__[{source[2]}]"
-    if kind == "fget":
-        return f"{base}.fget"
-    if kind == "cvar":
-        return f"{base}.get()"
-    if kind == "numpy":
-        return f"torch.from_numpy({base})"
-    if kind == "keys":
-        return f"tuple({base})"
-    if kind == "storage":
-        return f"{base}.untyped_storage().nbytes()"
-    if kind == "type":
-        return f"type({base})"
-    return repr(source)
+    text = _DESCRIBED.get(kind)
+    return text.format(base) if text is not None else repr(source)
+
+
+# how the sources of one base and no key read, as Python
+_DESCRIBED = {"fget": "{}.fget", "cvar": "{}.get()", "numpy": "torch.from_numpy({})",
+              "keys": "tuple({})", "storage": "{}.untyped_storage().nbytes()",
+              "type": "type({})"}
 
 
 def name_of(source: tuple) -> str:
