@@ -173,6 +173,16 @@ def _is_namedtuple_new(code: Any, f_globals: dict) -> bool:
 _SKIP = _C.ACTION_SKIP
 _RUN_EAGER = _C.ACTION_RUN_EAGER
 _PASS = _C.ACTION_PASS
+_DISABLE = _C.ACTION_DISABLE
+
+
+def is_disable_wrapper(code: Any) -> bool:
+    """The wrapper ``torch.compiler.disable`` (``torch._dynamo.disable``, recursive)
+    puts around a function, also around ``torch.utils.checkpoint.checkpoint`` and other
+    torch functions kept out of graphs: everything under it runs with capture off."""
+    return code.co_name == "_fn" and \
+        getattr(code, "co_qualname", "") == "DisableContext.__call__.<locals>._fn" and \
+        code.co_filename.endswith(os.path.join("_dynamo", "eval_frame.py"))
 
 
 def _where(code: Any) -> str:
@@ -201,6 +211,13 @@ class Context:
         return f"<agspeed context backend={self.backend_name}{opts}>"
 
     def __call__(self, code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
+        # Capturing, compiling and tuning run operations that the program does not: a
+        # saved-tensors hook of the program's (activation checkpointing, offloading)
+        # must not see the tensors they save.
+        torch = sys.modules.get("torch")
+        set_tracing = getattr(getattr(getattr(torch, "_C", None), "_autograd", None),
+                              "_saved_tensors_hooks_set_tracing", None)
+        prior = set_tracing(True) if set_tracing is not None else None
         try:
             return self._decide(code, f_locals, f_globals, f_builtins)
         except GraphBreakError as exc:  # optimize(..., fullgraph=True) asked for it
@@ -211,8 +228,13 @@ class Context:
                 code.co_name, code.co_filename, code.co_firstlineno, exc_info=True,
             )
             return _C.CacheEntry(_SKIP)
+        finally:
+            if set_tracing is not None:
+                set_tracing(prior)
 
     def _decide(self, code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
+        if is_disable_wrapper(code):
+            return _C.CacheEntry(_DISABLE)
         if is_runtime_code(code.co_filename) and _roots.is_root(code) \
                 and not _roots.claim(code):
             return _C.CacheEntry(_PASS)  # an optimized root's code, reached elsewhere

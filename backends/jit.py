@@ -63,7 +63,9 @@ Decisions, and why:
 Refused (``RuntimeError``; the runtime then runs the graph eagerly): graphs with symbolic
 sizes (``Capabilities(dynamic=False)`` keeps the runtime from asking), inputs that are not
 tensors, outputs with no tensor or with leaves that are neither tensors nor constants,
-graphs that fail to trace, and the unsound traces above.
+graphs that fail to trace, the unsound traces above, and trained graphs that enter an
+autocast region of their own (TorchScript differentiates a cast region's ops as if their
+operands shared one dtype).
 """
 
 from __future__ import annotations
@@ -467,6 +469,10 @@ def _check_graph(torch: Any, gm: Any, example_inputs: list) -> set[str]:
            for n in gm.graph.nodes):
         raise RuntimeError("jit: the graph switches grad mode (a with block); a TorchScript "
                            "trace would record the operations but not the switch")
+    if any(n.op == "call_function" and n.target is torch.amp._enter_autocast
+           for n in gm.graph.nodes) and any(t.requires_grad for t in example_inputs):
+        raise RuntimeError("jit: the graph enters autocast regions and is trained; "
+                           "TorchScript's autodiff mixes the regions' dtypes in the backward")
     devices = {t.device.type for t in example_inputs}
     foreign = devices - {"cpu", "cuda"}
     if foreign:

@@ -212,6 +212,7 @@ typedef struct ags_code_state {
 } ags_code_state;
 
 #define AGS_CODE_SKIP 0x1u           /* never hook this code again */
+#define AGS_CODE_DISABLE 0x2u        /* run it, and its callees, unhooked */
 
 extern PyTypeObject *ags_entry_type;     /* strong, set by module init */
 extern PyType_Spec ags_entry_spec;

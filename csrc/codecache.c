@@ -518,11 +518,13 @@ ags_cache_describe(PyCodeObject *code)
     for (Py_ssize_t i = 0; i < n; i++) {
         PyList_SET_ITEM(entries, i, Py_NewRef(state->entries[i]));
     }
-    result = Py_BuildValue("{s:O,s:I,s:O,s:O}",
+    result = Py_BuildValue("{s:O,s:I,s:O,s:O,s:O}",
                            "has_cache", state ? Py_True : Py_False,
                            "flags", (unsigned int)flags,
                            "skip", (flags & AGS_CODE_SKIP) ? Py_True
                                                            : Py_False,
+                           "disable", (flags & AGS_CODE_DISABLE) ? Py_True
+                                                                 : Py_False,
                            "entries", entries);
 done:
     Py_XDECREF(entries);

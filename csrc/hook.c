@@ -213,6 +213,9 @@ decide(PyObject *ctx, PyCodeObject *code, struct _PyInterpreterFrame *frame,
     if (entry->action == AGS_ACTION_SKIP) {
         state->flags |= AGS_CODE_SKIP;
     }
+    else if (entry->action == AGS_ACTION_DISABLE) {
+        state->flags |= AGS_CODE_DISABLE;
+    }
     else if (entry->action == AGS_ACTION_PASS) {
         ;   /* decided for this frame alone */
     }
@@ -276,6 +279,22 @@ call_compiled(ags_entry *entry, PyCodeObject *code,
     return 0;
 }
 
+/* Runs a frame of DISABLE code with the runtime off on this thread until it
+ * returns, as agspeed.disable() would around the call. */
+static PyObject *
+eval_disabled(PyThreadState *ts, struct _PyInterpreterFrame *frame)
+{
+    ags_ctx_saved saved;
+    PyObject *result;
+
+    if (ags_ctx_enter(Py_None, &saved) < 0) {
+        return eval_untouched(ts, frame, 1);
+    }
+    result = eval_untouched(ts, frame, 0);
+    ags_ctx_exit(&saved);
+    return result;
+}
+
 PyObject *
 ags_hook_call_user(PyObject *fn, PyObject *args)
 {
@@ -323,8 +342,11 @@ ags_eval(PyThreadState *ts, struct _PyInterpreterFrame *frame, int throwflag)
         return eval_untouched(ts, frame, 0);
     }
     state = ags_cache_get(code);
-    if (state != NULL && (state->flags & AGS_CODE_SKIP)) {
+    if (state != NULL && (state->flags & (AGS_CODE_SKIP | AGS_CODE_DISABLE))) {
         ags_stats.frames_skipped++;
+        if (state->flags & AGS_CODE_DISABLE) {
+            return eval_disabled(ts, frame);
+        }
         return eval_untouched(ts, frame, 0);
     }
 
@@ -351,6 +373,10 @@ ags_eval(PyThreadState *ts, struct _PyInterpreterFrame *frame, int throwflag)
         ags_stats.callback_errors++;
         /* Propagate without running: see "Errors" at the top. */
         return eval_untouched(ts, frame, 1);
+    }
+    if (entry->action == AGS_ACTION_DISABLE) {
+        Py_DECREF(entry);
+        return eval_disabled(ts, frame);
     }
     /* SKIP and RUN_EAGER run the frame's own bytecode; so does a CALL
      * whose frame could not be made to return (rc 1).  A CALL that set up

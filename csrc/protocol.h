@@ -33,7 +33,10 @@
             "exception it raises propagates from the frame") \
     X(PASS, "run this frame untouched and remember nothing: the answer " \
             "depends on where the frame is reached (the torch code of an " \
-            "optimized root, reached outside that root's call)")
+            "optimized root, reached outside that root's call)") \
+    X(DISABLE, "run the frame with the runtime off, in any context: " \
+               "neither it nor anything it calls is captured (the wrapper " \
+               "torch.compiler.disable puts around a function)")
 
 /* Why capture stopped: a stable id, X(NAME, "what happened", "hint").  The
  * interpreter stops with one (ags_stop), the builder raises GraphBreak

@@ -16,7 +16,8 @@ re-read from the environment.
 The layout mirrors the source tree: tests/csrc/, tests/guards/, tests/backends/ and
 tests/agspeed/ hold the tests of the file they are named after (tests/guards/test_memo.py
 for guards/memo.c), tests/models/ whole models end to end, tests/benchmarks/ the
-benchmark scripts.  Test modules are named uniquely across the tree and import shared
+benchmark scripts, tests/training/ whole training loops (AMP, checkpoints, DDP, FSDP).
+Test modules are named uniquely across the tree and import shared
 helpers by module name (``from test_zoo import ZOO``, ``from _logs import logged``): this
 file puts tests/ and each of its directories on ``sys.path``.
 

@@ -339,6 +339,50 @@ def test_code_marked_skip_by_the_context_is_asked_about_once():
     assert _C.code_cache(add.__code__)["entries"] == []
 
 
+class Disabler(Recorder):
+    """Answers DISABLE for ``wrapper`` and RUN_EAGER for everything else."""
+
+    def __call__(self, code, f_locals, *frame):
+        entry = super().__call__(code, f_locals, *frame)
+        if code.co_name == "wrapper":
+            return _C.CacheEntry(_C.ACTION_DISABLE)
+        return entry
+
+
+def wrapper(fn, *args):
+    return fn(*args)
+
+
+def calls_through_wrapper(n):
+    return [add(n, 1), wrapper(calls_add, n), add(n, 2)]
+
+
+def test_code_marked_disable_runs_with_everything_it_calls_unseen():
+    ctx = Disabler()
+    region = _C.Region(calls_through_wrapper, ctx)
+    for _ in range(3):
+        assert region(2) == [3, [1, 2], 4]
+    # the wrapper is asked about once; nothing under it, in any call, is asked about
+    assert ctx.asked == ["calls_through_wrapper", "add", "wrapper"]
+    state = _C.code_cache(wrapper.__code__)
+    assert state["disable"] is True and state["skip"] is False and state["entries"] == []
+    # once its call returns the context is back: a later region still sees calls_add
+    assert _C.Region(calls_add, ctx)(1) == [1]
+    assert ctx.asked == ["calls_through_wrapper", "add", "wrapper", "calls_add"]
+
+
+def test_a_disabled_frame_that_raises_leaves_the_context_stack_as_it_was():
+    def boom(n):
+        raise KeyError(n)
+
+    ctx = Disabler()
+    region = _C.Region(calls_through_wrapper, ctx)
+    with pytest.raises(KeyError):
+        _C.Region(wrapper, ctx)(boom, 3)
+    assert region(1) == [2, [1], 3]
+    assert _C.code_cache(boom.__code__)["has_cache"] is False
+
+
 def test_mark_skip_from_python():
     def lonely(x):
         return x
