@@ -10,6 +10,7 @@ values (``_folds``) and argument binding (``_binding``).  They raise ``GraphBrea
 from __future__ import annotations
 
 import collections
+import functools
 import types
 from typing import Any
 
@@ -27,8 +28,9 @@ class SymShape(tuple):
 
 
 def holds_node(value: Any, node_type: type, depth: int = 0) -> bool:
-    """Whether ``value`` is a graph node or a container holding one somewhere (tuples,
-    lists, sets, deques, dict values)."""
+    """Whether ``value`` is a graph node or holds one somewhere: in a container (tuples,
+    lists, sets, deques, dict values), or in the cells of a closure or the arguments of
+    a ``functools.partial`` made during capture."""
     if type(value) is node_type:
         return True
     if depth > 8:
@@ -37,7 +39,19 @@ def holds_node(value: Any, node_type: type, depth: int = 0) -> bool:
         return any(holds_node(v, node_type, depth + 1) for v in value.values())
     if isinstance(value, (tuple, list, set, frozenset, collections.deque)):
         return any(holds_node(v, node_type, depth + 1) for v in value)
+    if type(value) is types.FunctionType and value.__closure__:
+        return any(holds_node(_cell_value(c), node_type, depth + 1)
+                   for c in value.__closure__)
+    if type(value) is functools.partial:
+        return holds_node((value.func, value.args, value.keywords), node_type, depth + 1)
     return False
+
+
+def _cell_value(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
 
 
 class StorageSize:

@@ -325,22 +325,33 @@ class Folds(StdlibFolds):
                 (isinstance(b, dict) and _class_lookup(type(b), "__contains__") is
                  dict.__contains__) or \
                 (b is os.environ and type(a) is str)   # read as a dict, guarded
-            if not (plain and self._is_static(a)):
+            if not (plain and (self._is_static(a) or self._enum_in(a, b))):
                 raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"`in` on a {type(b).__name__}")
             found = a in b
             self._guard_membership(a, b)
             return found if op is Compare.IN else not found
-        if not (self._comparable(a) and self._comparable(b)):
+        if not (self._comparable(a, op) and self._comparable(b, op)):
             raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"comparing a {type(a).__name__} and a "
                              f"{type(b).__name__}")
         return _COMPARE[op](a, b)
 
-    def _comparable(self, value: Any) -> bool:
+    def _enum_in(self, a: Any, b: Any) -> bool:
+        """``a in b`` for a str or int enum member ``a`` and a tuple or list ``b`` of
+        values compared the same way: no user code runs."""
+        return type(b) in (tuple, list) and self._comparable(a, Compare.EQ) and \
+            all(self._comparable(x, Compare.EQ) for x in b)
+
+    def _comparable(self, value: Any, op: Any) -> bool:
         if self._is_static(value):
             return True
         if type(value) is _KEYS_VIEW:   # compared as a set of its (plain) keys
             return all(self._is_static(k) for k in value)
-        return type(value).__eq__ is object.__eq__  # identity comparison, no user code
+        kind = type(value)
+        if op in (Compare.EQ, Compare.NE) and any(
+                isinstance(value, base) and kind.__eq__ is base.__eq__ and
+                kind.__ne__ is base.__ne__ for base in (str, int, float, bytes)):
+            return True  # a str or int enum (`class Action(str, Enum)`): the base compares
+        return kind.__eq__ is object.__eq__  # identity comparison, no user code
 
     def truth(self, obj: Any) -> bool:
         """The truth of a known object, decided without running user code; of a size

@@ -1,7 +1,9 @@
 """The backend registry.
 
 A backend turns a captured ``torch.fx.GraphModule`` into a callable, with the signature
-torch.compile uses: ``backend(gm, example_inputs) -> callable``.  The built-in backends
+torch.compile uses: ``backend(gm, example_inputs) -> callable``, where ``gm`` returns a
+flat tuple and the callable a sequence as long (``_outputs.py`` rebuilds the frame's
+result from it).  The built-in backends
 are the modules of this package, one per backend, found by file name: ``eager.py`` is the
 backend ``"eager"`` and defines a function ``backend``.  Users register theirs with
 ``register_backend`` (also a decorator), and may pass any such callable to

@@ -42,6 +42,7 @@ from statistics import median
 from typing import Any, Callable, NamedTuple
 
 from agspeed.backends import _measure, knowledge
+from agspeed.backends._outputs import flat_output
 from agspeed.backends._protocol import (Capabilities, autocast_state, graph_devices,
                                         is_dynamic, placeholder_values, why_not)
 
@@ -259,7 +260,9 @@ class _Tuning:
         reason = why_not(fn, self.gm, self.inputs, self.training)
         if reason:
             raise _Unfit(reason)
-        return _compile(fn, _fresh(self.gm), self.inputs, self.left())
+        flat, wrap = flat_output(_fresh(self.gm))
+        compiled, seconds = _compile(fn, flat, self.inputs, self.left())
+        return wrap(compiled), seconds
 
     def save(self, name: str, m: dict) -> None:
         try:
@@ -459,7 +462,10 @@ def compile_graph(name: str, backend: Any, gm: Any, inputs: list) -> tuple[Any, 
     runs_nothing = backend is autotuner or backend is eager.backend
     state = None if runs_nothing else _measure.State(inputs)
     try:
-        return backend(gm, inputs), None
+        if runs_nothing:
+            return backend(gm, inputs), None
+        flat, wrap = flat_output(_fresh(gm))
+        return wrap(backend(flat, inputs)), None
     except Exception as exc:  # noqa: BLE001 - the backend's failure must not stop the program
         return gm.forward, f"backend {name} failed ({type(exc).__name__}: {exc})"
     finally:

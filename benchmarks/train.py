@@ -171,7 +171,11 @@ def runtimes_for(args) -> list[str]:
         names += ["compile", "compile_max"]
         if args.device.startswith("cuda"):
             names.append("compile_ro")
-    return names + ["agspeed"]
+    names.append("agspeed")
+    if args.runtimes:
+        wanted = set(args.runtimes.split(",")) | {"eager", "agspeed"}
+        names = [n for n in names if n in wanted]
+    return names
 
 
 # --- warm-up, in a process of its own ---------------------------------------------------
@@ -491,6 +495,9 @@ def parse_args(argv=None):
                         help="tiny models, one model, few steps: a smoke run")
     parser.add_argument("--no-compile", action="store_true",
                         help="leave the torch.compile runtimes out")
+    parser.add_argument("--runtimes", default=None,
+                        help="comma list of the torch.compile runtimes to include (compile, "
+                        "compile_max, compile_ro; eager and agspeed always run)")
     parser.add_argument("--no-warmup", action="store_true",
                         help="leave the warm-up processes out")
     parser.add_argument("--compile-second-run", action="store_true",
@@ -552,7 +559,8 @@ def main(argv=None) -> int:
     # compile, they take the CPU for seconds, inside whatever is timed then
     import torch._inductor.config as inductor_config
 
-    inductor_config.compile_threads = 1
+    if not args.device.startswith("cuda"):  # on a GPU host the CPU is not what is timed
+        inductor_config.compile_threads = 1
     # and max-autotune's tables of candidate kernels stay out of the report
     inductor_config.autotune_num_choices_displayed = 0
     inductor_config.max_autotune_report_choices_stats = False

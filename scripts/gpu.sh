@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build agspeed and run the GPU checks on a machine with CUDA and torch but no network:
-# the full test suite (tests/backends/test_cuda.py included), the demo on CUDA and the CUDA
-# benchmarks.  xxHash comes from the Debian packages in .deb/ (apt-get download
+# the CUDA tests, the full test suite, the demo on CUDA and the CUDA benchmarks (stages
+# below).  xxHash comes from the Debian packages in .deb/ (apt-get download
 # libxxhash-dev libxxhash0), unpacked under /tmp/xx.  Logs and results go to $OUT
 # (default: gpu-out/).
 set -uo pipefail
@@ -22,13 +22,28 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT
 "$PY" setup.py -q build --build-base /tmp/agsbuild --build-lib /tmp/agslib 2>&1 | tail -5 || exit 1
 export PYTHONPATH=/tmp/agslib
 ROOT=$PWD
+# stages, in order (GPU_STAGES picks some): cuda (the CUDA tests), suite (every test),
+# demo, bench (guard and dispatch benchmarks), train (benchmarks/train.py on CUDA, with
+# TRAIN_ARGS), cpu (the guard benchmark on this host's CPU)
+STAGES=${GPU_STAGES:-cuda suite demo bench cpu}
+[ "${GPU_QUICK:-0}" = 1 ] && STAGES=cuda
 rc=0
-(cd /tmp && "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests/backends/test_cuda.py") 2>&1 | tee "$OUT/test_cuda.log" || rc=1
-[ "${GPU_QUICK:-0}" = 1 ] && exit $rc
-(cd /tmp && "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests") 2>&1 | tee "$OUT/tests.log" | tail -15 || rc=1
-"$PY" scripts/demo.py --device cuda 2>&1 | tee "$OUT/demo.log" | tail -30 || rc=1
-"$PY" benchmarks/hit_scaling.py --device cuda --out "$OUT/hit_scaling_cuda.json" 2>&1 | tail -12 || rc=1
-"$PY" benchmarks/dispatch.py --device cuda --out "$OUT/dispatch_cuda.json" 2>&1 | tail -10 || rc=1
-# the same on the CPU: Python 3.12 here, so the guard's structure memo runs on watchers
-"$PY" benchmarks/hit_scaling.py --out "$OUT/hit_scaling_py312.json" 2>&1 | tail -12 || rc=1
+for stage in $STAGES; do
+    echo "== $stage =="
+    case $stage in
+    cuda) (cd /tmp && "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests/backends/test_cuda.py" \
+              "$ROOT/tests/training" -k "cuda") 2>&1 | tee "$OUT/test_cuda.log" | tail -15 || rc=1 ;;
+    suite) (cd /tmp && "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests") 2>&1 \
+              | tee "$OUT/tests.log" | tail -15 || rc=1 ;;
+    demo) "$PY" scripts/demo.py --device cuda 2>&1 | tee "$OUT/demo.log" | tail -30 || rc=1 ;;
+    bench) "$PY" benchmarks/hit_scaling.py --device cuda --out "$OUT/hit_scaling_cuda.json" 2>&1 | tail -12 || rc=1
+           "$PY" benchmarks/dispatch.py --device cuda --out "$OUT/dispatch_cuda.json" 2>&1 | tail -10 || rc=1 ;;
+    train) # shellcheck disable=SC2086
+           "$PY" benchmarks/train.py --device cuda --out "$OUT/train_cuda.json" ${TRAIN_ARGS:-} 2>&1 \
+              | tee "$OUT/train.log" | tail -40 || rc=1 ;;
+    # Python 3.12 here, so the guard's structure memo runs on watchers
+    cpu) "$PY" benchmarks/hit_scaling.py --out "$OUT/hit_scaling_py312.json" 2>&1 | tail -12 || rc=1 ;;
+    *) echo "unknown stage $stage"; rc=1 ;;
+    esac
+done
 exit $rc

@@ -4,6 +4,7 @@ function; results, gradients and types equal eager's, graph counts no higher tha
 torch._dynamo.explain's, second calls all cache hits."""
 
 import collections
+import functools
 import gc
 import os
 import sys
@@ -106,6 +107,41 @@ def explicit(x):
 
 def test_explicit_graph_break():
     check(explicit, vec, 2)
+
+
+def pick_from(t):
+    def pick(i):
+        return t[i]
+    return pick
+
+
+def combined(*fns):
+    def both(i):
+        return fns[0](i) + fns[1](i)
+    return both
+
+
+def apply_after_break(fn, x):
+    torch._dynamo.graph_break()
+    return fn(0) * x
+
+
+def closure_over_graph_values(x):
+    y = x * 2
+    fn = combined(pick_from(y), functools.partial(torch.add, y + 1))
+    return apply_after_break(fn, x)
+
+
+def test_a_closure_over_graph_values_is_never_handed_to_eager_code():
+    # the closure's cells hold values of the graph being captured: at the break it can
+    # go on neither as it is nor rebuilt, so that frame runs eager
+    fast = agspeed.optimize(closure_over_graph_values)
+    for _ in range(2):
+        x = vec()[0]
+        assert torch.equal(fast(x), closure_over_graph_values(x))
+    why = [r.decision for r in agspeed._runtime.frame_records()
+           if r.name == "closure_over_graph_values"]
+    assert why and "function" in why[0], why
 
 
 class Inner(torch.nn.Module if torch else object):

@@ -59,12 +59,12 @@ if torch is not None:
 
 def _one_mul(gm, example_inputs):
     """Right for Chain, 300 times cheaper."""
-    return lambda x, scale: x * scale
+    return lambda x, scale: (x * scale,)
 
 
 def _one_mul_off(gm, example_inputs):
     """Fast and wrong: one percent off."""
-    return lambda x, scale: x * scale * 1.01
+    return lambda x, scale: (x * scale * 1.01,)
 
 
 def _slowed(gm, example_inputs):
@@ -167,7 +167,7 @@ def test_wrong_gradients_are_caught_in_training(candidates):
                 x, scale = ctx.saved_tensors
                 return g * scale, (g * x).sum(0) * 2  # the scale's gradient doubled
 
-        return lambda x, scale: Off.apply(x, scale)
+        return lambda x, scale: (Off.apply(x, scale),)
 
     agspeed.register_backend("t_badgrad", right_forward_wrong_backward, override=True)
     try:
@@ -307,7 +307,7 @@ def test_the_progress_bar_shows_on_a_terminal_only(candidates, monkeypatch):
 
     def slow_compile(gm, example_inputs):
         time.sleep(1.3)  # past the bar's one-second delay
-        return lambda x, scale: x * scale
+        return lambda x, scale: (x * scale,)
 
     agspeed.register_backend("t_slowcompile", slow_compile, override=True)
     try:

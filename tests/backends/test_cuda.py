@@ -5,6 +5,7 @@ These need a CUDA device; where there is none (CI) they are skipped, and they ru
 GPU machine with `python -m pytest tests/backends/test_cuda.py`.
 """
 
+import copy
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -56,6 +57,11 @@ def _train_like_eager(name, amp, backend="eager", tol=None, **options):
         inputs = [t.cuda() for t in make_inputs()]
         ctx = torch.autocast("cuda", dtype=dtype) if dtype else torch.autocast("cuda", enabled=False)
         state = {k: v.clone() for k, v in model.state_dict().items()}
+        if dtype is not None and tol:
+            exact_model = copy.deepcopy(model).double()
+            _, exact_grads = _step(exact_model, [t.double() if t.is_floating_point() else t
+                                                 for t in inputs],
+                                   torch.autocast("cuda", enabled=False))
         want, want_grads = _step(model, inputs, ctx)
         model.load_state_dict(state)
         got, got_grads = _step(optimized, inputs, ctx)
@@ -64,7 +70,16 @@ def _train_like_eager(name, amp, backend="eager", tol=None, **options):
             torch.testing.assert_close(g, w, **tol)
         assert got_grads.keys() == want_grads.keys()
         for key in want_grads:
-            torch.testing.assert_close(got_grads[key], want_grads[key], **tol)
+            if dtype is None or not tol:
+                torch.testing.assert_close(got_grads[key], want_grads[key], **tol)
+            else:
+                # A compiled kernel rounds fp16 elsewhere, and through BatchNorm over a
+                # small batch the two roundings can differ by more than any fixed
+                # tolerance: it must be as close as eager to the float64 gradient.
+                exact = exact_grads[key]
+                eager_err = (want_grads[key].double() - exact).norm()
+                err = (got_grads[key].double() - exact).norm()
+                assert err <= 2 * eager_err + 1e-3 * exact.norm() + 1e-6, key
     assert len(_captured()) == 1, _captured()
     assert not _breaks()
 

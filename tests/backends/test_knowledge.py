@@ -175,12 +175,12 @@ SCRIPT = textwrap.dedent('''
     import agspeed
 
     def fast(gm, example_inputs):
-        return lambda x, scale: x * scale
+        return lambda x, scale: (x * scale,)
 
     def doomed(gm, example_inputs):
         if os.environ.get("KILL_IN_TUNING") == "1":
             os._exit(17)          # the process dies in the middle of tuning
-        return lambda x, scale: x * scale
+        return lambda x, scale: (x * scale,)
 
     agspeed.register_backend("t_fast", fast)
     agspeed.register_backend("t_doomed", doomed)

@@ -183,7 +183,7 @@ def test_reset_empties_caches_and_releases_entries():
     gc.collect()
     assert token_ref() is None
     assert _C.code_cache(fn.__code__) == {"has_cache": True, "flags": 0, "skip": False,
-                                          "entries": []}
+                                          "disable": False, "entries": []}
     assert _C.code_cache(skipped.__code__)["skip"] is False
     asked = []
 
@@ -240,7 +240,8 @@ def test_code_cache_of_an_unseen_code():
         pass
 
     assert _C.code_cache(never_called.__code__) == {"has_cache": False, "flags": 0,
-                                                    "skip": False, "entries": []}
+                                                    "skip": False, "disable": False,
+                                                    "entries": []}
 
 
 def test_cache_hits_leak_no_reference_to_the_entry():

@@ -369,6 +369,8 @@ def test_code_marked_disable_runs_with_everything_it_calls_unseen():
     # once its call returns the context is back: a later region still sees calls_add
     assert _C.Region(calls_add, ctx)(1) == [1]
     assert ctx.asked == ["calls_through_wrapper", "add", "wrapper", "calls_add"]
+    agspeed.reset()  # forgets the mark with the rest
+    assert _C.code_cache(wrapper.__code__)["disable"] is False
 
 
 def test_a_disabled_frame_that_raises_leaves_the_context_stack_as_it_was():

@@ -21,11 +21,11 @@ class AmpNet(nn.Module):
     """Blocks under the caller's autocast, a float16 submodule, a LayerNorm and softmax
     kept in float32, and the loss."""
 
-    def __init__(self, width=32):
+    def __init__(self, width=32, inner=torch.float16):
         super().__init__()
         self.inp = nn.Linear(16, width)
         self.blocks = nn.ModuleList(Block(width) for _ in range(2))
-        self.mixed = HalfMix(width)
+        self.mixed = Mixed(width, inner)
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, 5)
 
@@ -34,24 +34,27 @@ class AmpNet(nn.Module):
         for block in self.blocks:
             h = block(h)
         h = self.mixed(h)
-        with torch.autocast("cpu", enabled=False):
+        with torch.autocast(h.device.type, enabled=False):
             h = self.norm(h.float())
             gate = torch.softmax(h, dim=-1)
         logits = self.head(h * gate)
         return nn.functional.cross_entropy(logits, y)
 
 
-class HalfMix(nn.Module):
-    def __init__(self, width):
+class Mixed(nn.Module):
+    """A submodule under autocast to its own dtype."""
+
+    def __init__(self, width, dtype):
         super().__init__()
         self.proj = nn.Linear(width, width)
+        self.dtype = dtype
 
     def forward(self, h):
-        with torch.autocast("cpu", dtype=torch.float16):
+        with torch.autocast(h.device.type, dtype=self.dtype):
             return h + self.proj(h)
 
 
-def amp_batches(n, poison=()):
+def amp_batches(n, poison=(), device="cpu"):
     """Batches; those at the steps in ``poison`` hold a value that overflows in the
     forward, so the loss and every gradient come out non-finite."""
     g = torch.Generator().manual_seed(1)
@@ -60,13 +63,13 @@ def amp_batches(n, poison=()):
         x = torch.randn(8, 16, generator=g)
         if i in poison:
             x[0, 0] = 3e38
-        out.append((x, torch.randint(0, 5, (8,), generator=g)))
+        out.append((x.to(device), torch.randint(0, 5, (8,), generator=g).to(device)))
     return out
 
 
-def amp_step(model, opt, scaler, x, y, cache_enabled):
+def amp_step(model, opt, scaler, x, y, cache_enabled, dtype=torch.bfloat16):
     opt.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache_enabled):
+    with torch.autocast(x.device.type, dtype=dtype, cache_enabled=cache_enabled):
         loss = model(x, y)
     scaler.scale(loss).backward()
     scaler.unscale_(opt)
@@ -76,12 +79,13 @@ def amp_step(model, opt, scaler, x, y, cache_enabled):
     return loss.detach()
 
 
-def run(model, data, cache_enabled):
+def run(model, data, cache_enabled, dtype=torch.bfloat16):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2)
+    scaler = torch.amp.GradScaler(data[0][0].device.type, init_scale=2.0 ** 10,
+                                  growth_interval=2)
     losses, scales, params = [], [], []
     for x, y in data:
-        losses.append(amp_step(model, opt, scaler, x, y, cache_enabled))
+        losses.append(amp_step(model, opt, scaler, x, y, cache_enabled, dtype))
         scales.append(scaler.get_scale())
         params.append([p.detach().clone() for p in model.parameters()])
     return losses, scales, params
@@ -97,11 +101,29 @@ def tolerance(backend):
 def test_amp_loop_with_grad_scaler_matches_eager(backend, cache_enabled, monkeypatch):
     monkeypatch.setenv("AGSPEED_AUTOTUNE_CANDIDATES", "eager,inductor,jit")
     agspeed.config.reload()
-    ref, mine = twins(AmpNet)
-    data = amp_batches(6, poison={3})
-    e_losses, e_scales, e_params = run(ref, data, cache_enabled)
+    check_amp_loop(backend, cache_enabled, "cpu", torch.bfloat16, torch.float16)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("backend", ["eager", "inductor", "cudagraphs", "auto"])
+def test_amp_loop_on_cuda_matches_eager(backend, dtype, monkeypatch):
+    monkeypatch.setenv("AGSPEED_AUTOTUNE_CANDIDATES", "eager,inductor,cudagraphs,jit")
+    agspeed.config.reload()
+    inner = torch.bfloat16 if dtype == torch.float16 else torch.float16
+    check_amp_loop(backend, True, "cuda", dtype, inner)
+
+
+def check_amp_loop(backend, cache_enabled, device, dtype, inner):
+    """The loop in eager and through agspeed, the fourth step's batch overflowing."""
+    ref, mine = (m.to(device) for m in twins(AmpNet, inner=inner))
+    data = amp_batches(6, poison={3}, device=device)
+    e_losses, e_scales, e_params = run(ref, data, cache_enabled, dtype)
     a_losses, a_scales, a_params = run(agspeed.optimize(mine, backend=backend), data,
-                                       cache_enabled)
+                                       cache_enabled, dtype)
     tol = tolerance(backend)
     # the scaler saw the same overflow at the same step and no other
     assert a_scales == e_scales

@@ -1,0 +1,98 @@
+"""The output contract between the runtime and a compiled backend.
+
+A captured graph returns what the frame returned: a tensor, or tuples, lists and dicts
+of tensors and constants, namedtuples and ``torch.Size`` made by call nodes of their
+class, and the ``(result, values)`` pair of a graph with side effects.  Compilers take
+less: Inductor and AOTAutograd want a graph returning one flat tuple of values, hand back
+a list for it, and fail on nested containers.  So every backend but eager (which runs
+the captured graph itself) is given a copy of the graph that returns a flat tuple of its
+output nodes, each node once, in order of first appearance, and its callable's result is
+rebuilt into the captured structure by a function generated for that structure:
+containers and constants made new on every call, as the frame made them, and an output
+node that appears twice is the same object twice.  This is the graph torch.compile
+gives a backend, so any backend written for torch.compile takes it.
+
+This module does not import torch at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+__all__ = ["flat_output"]
+
+
+def _is_builder(node: Any) -> bool:
+    """A call node that only makes the output's structure: a namedtuple or torch.Size
+    made of output values by calling its class."""
+    return node.op == "call_function" and isinstance(node.target, type) and \
+        issubclass(node.target, tuple)
+
+
+class _Template:
+    """Walks a graph's output argument, collecting its nodes and writing the expression
+    that rebuilds it from ``r``, the backend's flat result."""
+
+    def __init__(self) -> None:
+        self.leaves: list = []
+        self.index: dict = {}
+        self.names: dict[str, Any] = {}
+        self.builders: list = []
+
+    def const(self, value: Any) -> str:
+        if value is None or type(value) in (bool, int) or \
+                (type(value) is float and value == value and abs(value) != float("inf")):
+            return repr(value)
+        name = f"c{len(self.names)}"
+        self.names[name] = value
+        return name
+
+    def expr(self, value: Any) -> str:
+        from torch.fx import Node
+
+        if isinstance(value, Node):
+            if _is_builder(value) and len(value.users) == 1:
+                self.builders.append(value)
+                args = [self.expr(a) for a in value.args]
+                kwargs = [f"{k}={self.expr(v)}" for k, v in value.kwargs.items()]
+                return f"{self.const(value.target)}({', '.join(args + kwargs)})"
+            if value not in self.index:
+                self.index[value] = len(self.leaves)
+                self.leaves.append(value)
+            return f"r[{self.index[value]}]"
+        # fx keeps an argument's lists and dicts as its immutable subclasses of them
+        kind = type(value)
+        if kind is tuple:
+            items = [self.expr(v) for v in value]
+            return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+        if isinstance(value, list):
+            return f"[{', '.join(self.expr(v) for v in value)}]"
+        if isinstance(value, dict):
+            pairs = (f"{self.const(k)}: {self.expr(v)}" for k, v in value.items())
+            return f"{{{', '.join(pairs)}}}"
+        return self.const(value)
+
+
+def flat_output(gm: Any) -> tuple[Any, Callable[[Callable], Callable]]:
+    """Make ``gm`` (a copy the caller owns) return a flat tuple of its output nodes;
+    returns it with ``wrap``, which turns the backend's callable for it into one that
+    returns the captured structure."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    template = _Template()
+    expr = template.expr(output.args[0])
+    output.args = (tuple(template.leaves),)
+    for node in reversed(template.builders):  # consumers first, then what they used
+        if not node.users:
+            gm.graph.erase_node(node)
+    gm.recompile()
+    names = template.names
+    source = ("def wrap(compiled):\n"
+              "    def run(*args):\n"
+              "        r = compiled(*args)\n"
+              f"        return {expr}\n"
+              "    run.__wrapped__ = compiled\n"
+              "    return run\n")
+    code = compile(source, f"<agspeed output of {gm.meta.get('agspeed_where', 'a graph')}>",
+                   "exec")
+    exec(code, names)  # noqa: S102 - generated from the graph's own structure
+    return gm, names["wrap"]
