@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import agspeed  # noqa: E402
-from tests._dynamo_ref import dynamo_graph_count  # noqa: E402
+from _dynamo_ref import dynamo_graph_count  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 
 import agspeed  # noqa: E402
-from tests._dynamo_ref import dynamo_graph_count  # noqa: E402
+from _dynamo_ref import dynamo_graph_count  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

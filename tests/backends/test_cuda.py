@@ -64,6 +64,7 @@ def _train_like_eager(name, amp, backend="eager", tol=None, **options):
                                    torch.autocast("cuda", enabled=False))
             twin = copy.deepcopy(model)
             _, compiled_grads = _step(torch.compile(twin), inputs, ctx)
+            compiled_grads = {k.removeprefix("_orig_mod."): g for k, g in compiled_grads.items()}
             torch._dynamo.reset()
         want, want_grads = _step(model, inputs, ctx)
         model.load_state_dict(state)
@@ -84,7 +85,9 @@ def _train_like_eager(name, amp, backend="eager", tol=None, **options):
                 bound = max((ref[key].double() - exact).norm()
                             for ref in (want_grads, compiled_grads))
                 err = (got_grads[key].double() - exact).norm()
-                assert err <= 2 * bound + 1e-3 * exact.norm() + 1e-6, key
+                # (a bias before BatchNorm has a float64 gradient of zero: its fp16 one
+                # is rounding alone, hence the absolute term)
+                assert err <= 2 * bound + 1e-3 * exact.norm() + 1e-3, key
     assert len(_captured()) == 1, _captured()
     assert not _breaks()
 
