@@ -6,11 +6,12 @@ part kept in float32, a submodule in another dtype) are captured in the graph, a
 whose gradients are not finite is skipped as eager skips it."""
 
 import pytest
-import torch
-from torch import nn
 
-import agspeed
-from _train import Block, max_diff, twins
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import agspeed  # noqa: E402
+from _train import Block, max_diff, twins  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

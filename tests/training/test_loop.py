@@ -7,12 +7,13 @@ activation checkpointing inside the model."""
 import io
 
 import pytest
-import torch
-from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-import agspeed
-from _train import Block, Net, batches, max_diff, optimizer_diff, twins
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.utils.checkpoint import checkpoint  # noqa: E402
+
+import agspeed  # noqa: E402
+from _train import Block, Net, batches, max_diff, optimizer_diff, twins  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
