@@ -8,8 +8,8 @@ a list for it, and fail on nested containers.  So every backend but eager (which
 the captured graph itself) is given a copy of the graph that returns a flat tuple of its
 output nodes, each node once, in order of first appearance, and its callable's result is
 rebuilt into the captured structure by a function generated for that structure:
-containers and constants made new on every call, as the frame made them, and an output
-node that appears twice is the same object twice.  This is the graph torch.compile
+containers made new on every call, as the frame made them, and an output node that
+appears twice is the same object twice.  This is the graph torch.compile
 gives a backend, so any backend written for torch.compile takes it.
 
 This module does not import torch at import time.
@@ -51,7 +51,7 @@ class _Template:
         from torch.fx import Node
 
         if isinstance(value, Node):
-            if _is_builder(value) and len(value.users) == 1:
+            if _is_builder(value) and not value.users:  # used by the output alone
                 self.builders.append(value)
                 args = [self.expr(a) for a in value.args]
                 kwargs = [f"{k}={self.expr(v)}" for k, v in value.kwargs.items()]
@@ -74,17 +74,21 @@ class _Template:
 
 
 def flat_output(gm: Any) -> tuple[Any, Callable[[Callable], Callable]]:
-    """Make ``gm`` (a copy the caller owns) return a flat tuple of its output nodes;
-    returns it with ``wrap``, which turns the backend's callable for it into one that
-    returns the captured structure."""
-    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    """A copy of ``gm`` returning a flat tuple of its output nodes, with ``wrap``, which
+    turns a backend's callable for the copy into one returning the captured structure.
+    A copy, since compilers may rewrite the graph they get and eager and the other
+    candidates must keep the captured one; node metadata (the fake values) is shared."""
+    import torch.fx
+
+    graph = torch.fx.Graph()
     template = _Template()
-    expr = template.expr(output.args[0])
-    output.args = (tuple(template.leaves),)
+    expr = template.expr(graph.graph_copy(gm.graph, {}))
+    graph.output(tuple(template.leaves))
     for node in reversed(template.builders):  # consumers first, then what they used
         if not node.users:
-            gm.graph.erase_node(node)
-    gm.recompile()
+            graph.erase_node(node)
+    flat = torch.fx.GraphModule(gm, graph)
+    flat.meta = dict(getattr(gm, "meta", {}))
     names = template.names
     source = ("def wrap(compiled):\n"
               "    def run(*args):\n"
@@ -95,4 +99,4 @@ def flat_output(gm: Any) -> tuple[Any, Callable[[Callable], Callable]]:
     code = compile(source, f"<agspeed output of {gm.meta.get('agspeed_where', 'a graph')}>",
                    "exec")
     exec(code, names)  # noqa: S102 - generated from the graph's own structure
-    return gm, names["wrap"]
+    return flat, names["wrap"]

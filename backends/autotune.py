@@ -148,20 +148,6 @@ def _compile(fn: Callable, gm: Any, inputs: list, budget: float) -> tuple[Any, f
     return box["value"], seconds
 
 
-def _fresh(gm: Any) -> Any:
-    """A copy of ``gm`` for one candidate: compilers may rewrite the graph they get, and
-    eager and the other candidates must keep the captured one.  Node metadata (the fake
-    values) is shared, not copied."""
-    import torch.fx
-
-    graph = torch.fx.Graph()
-    out = graph.graph_copy(gm.graph, {})
-    graph.output(out)
-    copy = torch.fx.GraphModule(gm, graph)
-    copy.meta = dict(getattr(gm, "meta", {}))
-    return copy
-
-
 def _is_training(inputs: list) -> bool:
     import torch
 
@@ -260,7 +246,7 @@ class _Tuning:
         reason = why_not(fn, self.gm, self.inputs, self.training)
         if reason:
             raise _Unfit(reason)
-        flat, wrap = flat_output(_fresh(self.gm))
+        flat, wrap = flat_output(self.gm)
         compiled, seconds = _compile(fn, flat, self.inputs, self.left())
         return wrap(compiled), seconds
 
@@ -464,7 +450,7 @@ def compile_graph(name: str, backend: Any, gm: Any, inputs: list) -> tuple[Any, 
     try:
         if runs_nothing:
             return backend(gm, inputs), None
-        flat, wrap = flat_output(_fresh(gm))
+        flat, wrap = flat_output(gm)
         return wrap(backend(flat, inputs)), None
     except Exception as exc:  # noqa: BLE001 - the backend's failure must not stop the program
         return gm.forward, f"backend {name} failed ({type(exc).__name__}: {exc})"
