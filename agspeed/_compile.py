@@ -2,7 +2,8 @@
 
 The captured GraphModule goes to the context's backend through
 ``backends.autotune.compile_graph`` (for ``"auto"`` the autotuner, which chooses a
-backend for this graph).  A backend that cannot take the graph, or fails on it, is
+backend for this graph); a training graph of a module under DDP is cut into pieces
+first, each compiled so (``agspeed._ddp``).  A backend that cannot take the graph, or fails on it, is
 logged with a warning and the graph runs as captured (``gm.forward``): the entry runs
 either way.  The new entry's guards and graph are logged here (``guards`` and ``graphs``
 topics), once per entry.
@@ -28,14 +29,19 @@ _internal_log = logging.getLogger("agspeed")
 def compile_capture(ctx: Any, result: Any, where: str) -> Any:
     """The graph of ``result`` (a ``_capture.Capture``) compiled by ``ctx``'s backend;
     its own forward, with a warning saying why, when the backend could not take it."""
+    from agspeed import _ddp
     from agspeed._numpy import numpy_outputs
     from agspeed.backends.autotune import compile_graph
 
     gm = result.graph_module
     gm.meta["agspeed_where"] = where
     gm.meta["agspeed_options"] = ctx.options
-    compiled, failed = compile_graph(ctx.backend_name, ctx.backend, gm,
-                                     result.example_inputs)
+    inputs = result.example_inputs
+    ddp = _ddp.active()
+    if ddp is not None and _ddp.wants_cut(ctx.backend, inputs, ddp):
+        compiled, failed = _ddp.compile_cut(ctx.backend_name, ctx.backend, gm, inputs, ddp)
+    else:
+        compiled, failed = compile_graph(ctx.backend_name, ctx.backend, gm, inputs)
     if failed:
         _internal_log.warning("agspeed: %s: %s; its graph runs eagerly", where, failed)
     return numpy_outputs(gm.meta.get("agspeed_numpy"), compiled)

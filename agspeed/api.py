@@ -157,13 +157,16 @@ def disable(fn: Callable | None = None) -> Any:
 
 def reset() -> None:
     """Forget everything the runtime cached: code caches, skip marks, counters, records,
-    the autotuner's decisions in this process (the knowledge base on disk stays)."""
+    the autotuner's decisions and DDP cuts in this process (the knowledge base on disk
+    stays)."""
+    from agspeed._ddp import clear_splits
     from agspeed.backends.autotune import clear_decisions
 
     _C.clear_caches()
     _C.reset_counters()
     _runtime.clear()
     clear_decisions()
+    clear_splits()
 
 
 def counters() -> dict[str, int]:

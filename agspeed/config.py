@@ -121,6 +121,16 @@ def _parse_positive_int(text: str) -> int:
     return _check_positive_int(int(text.strip()))
 
 
+def _check_count(value: int) -> int:
+    if isinstance(value, bool) or value < 0:
+        raise ValueError(f"expected a whole number 0 or more, not {value!r}")
+    return value
+
+
+def _parse_count(text: str) -> int:
+    return _check_count(int(text.strip()))
+
+
 def _check_backend(value: str | None) -> str | None:
     return None if value is None else _parse_backend(value)
 
@@ -213,6 +223,16 @@ KNOBS: dict[str, Knob] = {
         Knob("progress", "AGSPEED_PROGRESS", lambda: True, _parse_bool, (bool,), _same,
              "show a progress bar on stderr while tuning takes more than a second "
              "(only when stderr is a terminal)"),
+        Knob("ddp_tune_steps", "AGSPEED_DDP_TUNE_STEPS", lambda: 5, _parse_count,
+             (int,), _check_count,
+             "training steps each candidate cut of a DDP graph is measured for before "
+             "one is chosen (the knowledge base remembers it); 0: DDP's bucket rule, "
+             "unmeasured"),
+        Knob("ddp_wait", "AGSPEED_DDP_WAIT", lambda: 60.0, _parse_seconds, (int, float),
+             _check_seconds,
+             "seconds a DDP rank waits for the other ranks' word on how to cut a graph "
+             "before deciding alone (a rank whose batches took another shape never "
+             "compiles that graph)"),
         Knob("recompile_limit", "AGSPEED_RECOMPILE_LIMIT", lambda: 8, _parse_positive_int,
              (int,), _check_positive_int,
              "most entries captured for one function (evicted ones included) before "

@@ -62,7 +62,8 @@ def max_diff(a, b):
     if isinstance(a, dict):
         assert list(a) == list(b)
         a, b = list(a.values()), list(b.values())
-    return max(float((x.double() - y.double()).abs().max()) for x, y in zip(a, b))
+    return max(float((x.detach().double() - y.detach().double()).abs().max())
+               for x, y in zip(a, b))
 
 
 def optimizer_diff(a, b):

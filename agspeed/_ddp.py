@@ -1,0 +1,468 @@
+"""DDP: the wrapped module is captured, and its gradients are still reduced during the
+backward, at cut points chosen by measurement.
+
+Both ``optimize(DDP(model))`` and ``DDP(optimize(model))`` reach here.  DDP's own
+``forward`` is torch's code and runs eager (``agspeed._roots``); the wrapped module's
+frames are captured as anywhere else.  While DDP runs the wrapped module it names itself
+in ``DistributedDataParallel._active_ddp_module``, and that is how a compile knows its
+graph is trained under DDP (``active``).
+
+Such a graph, compiled by any backend but eager (which runs op by op, so gradients become
+ready one by one as in plain PyTorch), is cut into pieces along DDP's buckets
+(``backends._split``), each piece compiled on its own.  How many pieces is a trade:
+DDP's bucket rule, which torch.compile uses, starts communication earliest; fewer pieces
+fuse more.  So the candidates are that rule and the rule with its bucket caps doubled
+again and again, down to the whole graph, and the first training steps measure them
+(``_Tuner``): each candidate runs in turn, the time from one call of the graph to the
+next is its step time, and after ``config.ddp_tune_steps`` measured steps of each (and
+two unmeasured rounds) the ranks post their medians to each other (``_Board``), and each
+takes the same fastest candidate by the slowest rank's time (a step is as slow as the
+slowest rank).  A candidate must beat the bucket rule by more than ``_MARGIN`` to
+replace it.  Only steps that reduce gradients count: calls under ``no_sync()`` run the
+current candidate unmeasured.
+
+The choice is stored in the knowledge base (a record keyed by the graph, its inputs, the
+environment and the DDP layout: world size, bucket caps, communication backend).  A later
+run compiles only the remembered cut; rank 0's knowledge base decides for every rank
+(posted when the graph is compiled), so ranks whose bases differ still agree.  The ranks
+talk through the job's key-value store, never through collectives: a rank that never
+compiles the graph delays the others by at most ``config.ddp_wait`` seconds and cannot
+hang them.  With ``ddp_tune_steps`` 0 the bucket rule is used without measuring.  A cut
+that fails to compile falls back to the whole graph, and that to eager, with a warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import sys
+import threading
+import time
+import weakref
+from statistics import median
+from typing import Any, NamedTuple
+
+__all__ = ["active", "wants_cut", "compile_cut", "Split", "splits", "clear_splits"]
+
+_log = logging.getLogger("agspeed.autotune")
+_warn = logging.getLogger("agspeed")
+# A candidate replaces the bucket rule only when its step is faster by more than this.
+_MARGIN = 0.02
+# Rounds of candidates run before measuring (first calls set things up).
+_WARM_ROUNDS = 2
+
+
+class Split(NamedTuple):
+    """How one DDP graph was cut, in this process."""
+
+    graph: str              # "forward (model.py:12)"
+    pieces: int             # the pieces of the chosen cut
+    candidates: dict        # pieces -> median step seconds (MAX over ranks); {} if remembered
+    source: str             # "tuned", "knowledge base", "bucket rule" or "only cut"
+
+
+_SPLITS: list[Split] = []
+_splits_lock = threading.Lock()
+
+
+def splits() -> list[Split]:
+    """The DDP graphs cut since the last ``agspeed.reset()``, with their cuts."""
+    with _splits_lock:
+        return list(_SPLITS)
+
+
+def clear_splits() -> None:
+    with _splits_lock:
+        _SPLITS.clear()
+
+
+def _note(split: Split) -> None:
+    with _splits_lock:
+        _SPLITS.append(split)
+
+
+def active() -> Any:
+    """The DDP module running its wrapped module now, or None."""
+    module = sys.modules.get("torch.nn.parallel.distributed")
+    if module is None:
+        return None
+    return getattr(module.DistributedDataParallel, "_active_ddp_module", None)
+
+
+def _reduced(ddp: Any) -> dict[int, int]:
+    """id -> bytes of the parameters whose gradients ``ddp`` reduces."""
+    ignored = getattr(ddp, "parameters_to_ignore", ()) or ()
+    return {id(p): p.numel() * p.element_size()
+            for name, p in ddp.module.named_parameters()
+            if p.requires_grad and name not in ignored}
+
+
+def _caps(ddp: Any) -> tuple[int, int]:
+    """DDP's (bucket cap, first bucket cap) in bytes."""
+    import torch.distributed as dist
+
+    config = getattr(ddp, "_bucket_config", None)
+    if config is not None and hasattr(config, "first_bucket_bytes_cap"):
+        return int(config.bucket_bytes_cap), int(config.first_bucket_bytes_cap)
+    cap = int(ddp.bucket_bytes_cap)
+    small = getattr(ddp, "bucket_bytes_cap_default", False)
+    first = min(int(getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", cap)), cap) if small else cap
+    return cap, first
+
+
+def wants_cut(backend: Any, inputs: list, ddp: Any) -> bool:
+    """Whether a graph compiled by ``backend`` on ``inputs`` under ``ddp`` is cut: a
+    training graph reading parameters DDP reduces, for a backend other than eager."""
+    import torch
+
+    from agspeed.backends import eager
+
+    if backend is eager.backend or not torch.is_grad_enabled():
+        return False
+    reduced = _reduced(ddp)
+    return any(id(v) in reduced for v in inputs)
+
+
+class _Board:
+    """What the ranks of one DDP group tell each other about one graph, through the
+    job's key-value store (the one ``init_process_group`` made).
+
+    Not a collective: a rank that never compiles the graph (its batches took another
+    shape) cannot hang the others, who wait at most ``config.ddp_wait`` seconds and
+    then go on with what they have, saying so.  Keys name the graph (its code and inputs and the
+    DDP layout, which every rank shares) and how many times this process compiled it.
+    """
+
+    _seen: dict = {}
+    _lock = threading.Lock()
+
+    def __init__(self, group: Any, graph: str) -> None:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        self.store = c10d._get_default_store()
+        self.ranks = sorted(dist.get_process_group_ranks(group))
+        self.rank = dist.get_rank()
+        with self._lock:
+            n = self._seen[graph] = self._seen.get(graph, 0) + 1
+        self.prefix = f"agspeed/ddp/{graph}/{n}/"
+
+    def post(self, name: str, value: Any) -> None:
+        self.store.set(f"{self.prefix}{name}/{self.rank}", json.dumps(value))
+
+    def read(self, name: str, ranks: list) -> dict:
+        """rank -> value posted as ``name`` by each of ``ranks`` within the wait."""
+        import datetime
+
+        from agspeed import config
+
+        keys = [f"{self.prefix}{name}/{r}" for r in ranks]
+        try:
+            self.store.wait(keys, datetime.timedelta(seconds=config.ddp_wait))
+        except Exception:  # noqa: BLE001 - a timeout: take what arrived
+            pass
+        got = {}
+        for r, key in zip(ranks, keys):
+            if self.store.check([key]):
+                got[r] = json.loads(self.store.get(key))
+        return got
+
+
+def _board(group: Any, gm: Any, inputs: list, layout: "_Layout") -> "_Board | None":
+    """The graph's board, or None (and a warning) where the store cannot be reached."""
+    from agspeed.backends import knowledge
+    from agspeed.backends._protocol import is_dynamic, placeholder_values
+
+    values = placeholder_values(gm) if is_dynamic(gm) else inputs
+    graph = knowledge.graph_key(gm, values, {"ddp": layout._asdict()})
+    try:
+        return _Board(group, graph)
+    except Exception as exc:  # noqa: BLE001 - private torch API: the ranks decide alone
+        _warn.warning("agspeed: no store to agree on DDP cuts (%s: %s); each rank "
+                      "decides alone", type(exc).__name__, exc)
+        return None
+
+
+def _label(n: int) -> str:
+    return "1 piece" if n == 1 else f"{n} pieces"
+
+
+class _Layout(NamedTuple):
+    """What a DDP graph's cut depends on besides the graph."""
+
+    world: int
+    cap: int
+    first_cap: int
+    comm: str
+
+
+def _layout(ddp: Any) -> _Layout:
+    import torch.distributed as dist
+
+    group = ddp.process_group
+    cap, first = _caps(ddp)
+    return _Layout(dist.get_world_size(group), cap, first, str(dist.get_backend(group)))
+
+
+def _build(name: str, backend: Any, flat: Any, inputs: list, pieces: dict) -> Any:
+    """``flat`` cut into ``pieces``, each compiled by ``backend``: the flat graph's
+    callable.  The pieces are compiled in order, each on the values the earlier ones
+    computed from ``inputs``; state they change is put back."""
+    import torch
+
+    from agspeed.backends import _measure, _split
+    from agspeed.backends.autotune import compile_graph
+
+    split = _split.cut(flat, pieces)
+    where = flat.meta.get("agspeed_where", "graph")
+    total = _split.count(pieces)
+    state = _measure.State(inputs)
+
+    class Compiling(torch.fx.Interpreter):
+        def call_module(self, target: str, args: tuple, kwargs: dict) -> Any:
+            child = self.fetch_attr(target)
+            k = int(target.rsplit("_", 1)[-1])
+            child.meta["agspeed_where"] = f"{where}, piece {k + 1} of {total}"
+            fn, failed = compile_graph(name, backend, child, list(args))
+            if failed:
+                raise RuntimeError(f"piece {k + 1} of {total}: {failed}")
+            setattr(split, target, _piece_class()(fn))
+            return fn(*args)
+
+    try:
+        Compiling(split).run(*inputs)
+    finally:
+        state.restore()
+    return split.forward
+
+
+@functools.lru_cache(maxsize=None)
+def _piece_class() -> type:
+    import torch
+
+    class Piece(torch.nn.Module):
+        """One compiled piece, in the place of its graph in the cut graph."""
+
+        def __init__(self, fn: Any) -> None:
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, *args: Any) -> Any:
+            return self.fn(*args)
+
+    return Piece
+
+
+class _Candidates:
+    """A DDP graph's cuts: compiled on demand, in a fixed order (most pieces first)."""
+
+    def __init__(self, name: str, backend: Any, gm: Any, inputs: list, ddp: Any) -> None:
+        from agspeed.backends import _split
+        from agspeed.backends._outputs import flat_output
+
+        self.name, self.backend, self.gm, self.inputs = name, backend, gm, inputs
+        self.flat, self.wrap = flat_output(gm)
+        self.flat.meta.update(gm.meta)
+        cap, first = _caps(ddp)
+        self.plans = _split.plans(self.flat, inputs, _reduced(ddp), cap, first)
+        self.sizes = [_split.count(p) for p in self.plans]
+
+    def compile(self, k: int) -> Any:
+        """Candidate ``k``'s callable; raises when it cannot be compiled."""
+        from agspeed.backends.autotune import compile_graph
+
+        if self.sizes[k] == 1:
+            fn, failed = compile_graph(self.name, self.backend, self.gm, self.inputs)
+            if failed:
+                raise RuntimeError(failed)
+            return fn
+        return self.wrap(_build(self.name, self.backend, self.flat, self.inputs,
+                                self.plans[k]))
+
+
+def _key(cands: _Candidates, layout: _Layout) -> tuple[str, dict]:
+    from agspeed.backends import knowledge
+    from agspeed.backends._protocol import graph_devices, is_dynamic, placeholder_values
+
+    env = dict(knowledge.environment(graph_devices(cands.inputs)),
+               ddp=layout._asdict(), backend=cands.name)
+    values = placeholder_values(cands.gm) if is_dynamic(cands.gm) else cands.inputs
+    return knowledge.graph_key(cands.gm, values, env), env
+
+
+def compile_cut(name: str, backend: Any, gm: Any, inputs: list, ddp: Any) -> tuple[Any, str | None]:
+    """``gm`` compiled by ``backend`` for training under ``ddp``; like ``compile_graph``,
+    (callable, None) or (a fallback, why)."""
+    from agspeed import config
+    from agspeed.backends import knowledge
+    from agspeed.backends._protocol import graph_devices
+    from agspeed.backends.autotune import compile_graph
+
+    where = gm.meta.get("agspeed_where", "graph")
+    try:
+        cands = _Candidates(name, backend, gm, inputs, ddp)
+    except Exception as exc:  # noqa: BLE001 - the whole graph still compiles
+        _warn.warning("agspeed: %s: cannot cut the graph for DDP (%s: %s); compiled whole",
+                      where, type(exc).__name__, exc)
+        return compile_graph(name, backend, gm, inputs)
+    layout = _layout(ddp)
+    key, env = _key(cands, layout)
+    rec = None if config.retune else knowledge.load(key, env)
+    remembered = rec.get("choice") if rec else None
+    board = _board(ddp.process_group, gm, inputs, layout)
+    if board is not None:  # rank 0's memory decides for every rank
+        first = board.ranks[0]
+        if board.rank == first:
+            board.post("remembered", remembered)
+        got = board.read("remembered", [first])
+        if first in got:
+            remembered = got[first]
+        else:
+            _warn.warning("agspeed: %s: rank %d did not say how to cut this graph; this "
+                          "rank decides alone", where, first)
+    labels = [_label(n) for n in cands.sizes]
+    if len(labels) == 1 or remembered in labels or config.ddp_tune_steps == 0:
+        k = labels.index(remembered) if remembered in labels else 0
+        source = ("only cut" if len(labels) == 1 else
+                  "knowledge base" if remembered in labels else "bucket rule")
+        fn, failed = _compile_or_fall_back(cands, k, where)
+        _note(Split(where, cands.sizes[k] if not failed else 1, {}, source))
+        if source == "knowledge base":
+            _log.info("%s: knowledge base says cut in %s for DDP; not measuring again",
+                      where, labels[k])
+        return fn, failed
+    compiled = []
+    for k in range(len(labels)):
+        try:
+            compiled.append(cands.compile(k))
+        except Exception as exc:  # noqa: BLE001 - that cut is left out
+            _warn.warning("agspeed: %s: the DDP cut in %s failed to compile (%s: %s)",
+                          where, labels[k], type(exc).__name__, exc)
+            compiled.append(None)
+    if all(fn is None for fn in compiled):
+        return compile_graph(name, backend, gm, inputs)
+    meta = {"graph": where, "kind": "ddp cut", "training": True}
+    cuda = "cuda" in graph_devices(inputs)
+    return _Tuner(ddp, board, cands.sizes, compiled, key, env, meta, cuda), None
+
+
+def _compile_or_fall_back(cands: _Candidates, k: int, where: str) -> tuple[Any, str | None]:
+    from agspeed.backends.autotune import compile_graph
+
+    try:
+        return cands.compile(k), None
+    except Exception as exc:  # noqa: BLE001 - the whole graph still runs
+        _warn.warning("agspeed: %s: the DDP cut in %s failed to compile (%s: %s); "
+                      "compiled whole", where, _label(cands.sizes[k]), type(exc).__name__,
+                      exc)
+        return compile_graph(cands.name, cands.backend, cands.gm, cands.inputs)
+
+
+class _Tuner:
+    """The compiled callable of a DDP graph while its cut is measured, then the chosen
+    cut's.  Every rank runs the same schedule and reads the same step times from the
+    board, so each makes the same choice."""
+
+    def __init__(self, ddp: Any, board: "_Board | None", sizes: list, compiled: list,
+                 key: str, env: dict, meta: dict, cuda: bool) -> None:
+        from agspeed import config
+
+        self.ddp = weakref.ref(ddp)
+        self.board = board
+        self.sizes, self.compiled = sizes, compiled
+        self.live = [k for k, fn in enumerate(compiled) if fn is not None]
+        self.key, self.env, self.meta = key, env, meta
+        self.cuda = cuda
+        self.steps = config.ddp_tune_steps
+        self.samples: dict[int, list[float]] = {k: [] for k in self.live}
+        self.calls = 0
+        self.last: tuple[int, float] | None = None
+        self.current = self.live[0]
+        self.chosen: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.chosen is not None:
+            return self.chosen(*args)
+        return self._tuning(args)
+
+    def _now(self) -> float:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _tuning(self, args: tuple) -> Any:
+        import torch
+
+        ddp = self.ddp()
+        now = self._now()
+        if self.last is not None:
+            k, start = self.last
+            self.samples[k].append(now - start)
+            self.last = None
+        syncing = ddp is not None and ddp.require_backward_grad_sync and \
+            torch.is_grad_enabled()
+        if not syncing:
+            return self.compiled[self.current](*args)
+        total = len(self.live) * (_WARM_ROUNDS + self.steps)
+        if self.calls >= total:
+            self._decide()
+            return self.chosen(*args)
+        rnd, turn = divmod(self.calls, len(self.live))
+        self.calls += 1
+        self.current = self.live[turn]
+        if rnd >= _WARM_ROUNDS:
+            self.last = (self.current, now)
+        return self.compiled[self.current](*args)
+
+    def _slowest(self, local: list) -> list:
+        """Each candidate's time on the slowest rank (this one's alone without a board,
+        or with ranks missing, which is logged)."""
+        if self.board is None:
+            return local
+        self.board.post("times", local)
+        got = self.board.read("times", self.board.ranks)
+        missing = sorted(set(self.board.ranks) - set(got))
+        if missing:
+            _warn.warning("agspeed: %s: ranks %s did not report their DDP step times; "
+                          "the cut is chosen without them", self.meta["graph"], missing)
+        rows = [v for v in got.values() if len(v) == len(local)] or [local]
+        return [max(row[j] for row in rows) for j in range(len(local))]
+
+    def _decide(self) -> None:
+        from agspeed.backends import knowledge
+
+        local = [median(self.samples[k]) if self.samples[k] else math.inf
+                 for k in self.live]
+        times = self._slowest(local)
+        base = times[0]
+        best = min(range(len(times)), key=times.__getitem__)
+        if not times[best] < base * (1 - _MARGIN):
+            best = 0
+        k = self.live[best]
+        self.chosen = self.compiled[k]
+        self.compiled = [None] * len(self.compiled)  # the others' memory goes
+        measured = {_label(self.sizes[j]): t for j, t in zip(self.live, times)}
+        where = self.meta["graph"]
+        for j, t in zip(self.live, times):
+            m = {"status": "ok", "median_s": t, "ratio": base / t if t else 0.0,
+                 "rounds": self.steps}
+            try:
+                knowledge.record(self.key, self.env, self.meta, _label(self.sizes[j]), m)
+            except OSError as exc:
+                _warn.warning("agspeed: cannot write the knowledge base (%s)", exc)
+                break
+        else:
+            try:
+                knowledge.choose(self.key, self.env, self.meta, _label(self.sizes[k]))
+            except (OSError, ValueError) as exc:
+                _warn.warning("agspeed: cannot write the knowledge base (%s)", exc)
+        _note(Split(where, self.sizes[k], {self.sizes[j]: t for j, t in
+                                           zip(self.live, times)}, "tuned"))
+        if _log.isEnabledFor(logging.INFO):
+            shown = ", ".join(f"{label} {t * 1e3:.2f} ms" for label, t in measured.items())
+            _log.info("%s: DDP step by cut (slowest rank, median of %d): %s; %s chosen",
+                      where, self.steps, shown, _label(self.sizes[k]))

@@ -1,0 +1,114 @@
+"""Cutting a training graph into pieces along gradient buckets, for DDP.
+
+A compiled training graph is one node of the autograd graph: its backward produces every
+parameter's gradient at once, at its very end.  DDP reduces gradients bucket by bucket as
+they become ready during the backward, so one graph would leave nothing to overlap with
+communication.  Cut into pieces, each piece's backward hands over its parameters'
+gradients as soon as it finishes, and the buckets holding them start reducing while the
+earlier pieces' backwards still run.
+
+The rule that places the cuts (``plan``) follows DDP's own bucketing: walking the graph
+from its end (the order the backward produces gradients in), nodes join the current
+piece until the parameters they read fill a bucket (``first_cap`` bytes for the first
+bucket, which DDP keeps small to start communicating early, ``cap`` for the rest); the
+next node starts a new piece.  With DDP's caps this is the rule torch.compile uses.
+Larger caps give fewer, larger pieces: more fusion, later communication.  Which is faster
+depends on the model, the network and the backend, so ``agspeed._ddp`` measures a few.
+
+A node that only unpacks a value (``getitem`` of a tuple) stays in its source's piece, so
+pieces exchange tensors and sizes, not tuples.
+
+This module does not import torch at import time.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+__all__ = ["plan", "plans", "cut"]
+
+
+def _param_bytes(gm: Any, inputs: list, sizes: dict[int, int]) -> dict[Any, int]:
+    """The placeholders of ``gm`` whose value is a parameter in ``sizes`` (by id), with
+    its size in bytes."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return {node: sizes[id(value)] for node, value in zip(placeholders, inputs)
+            if id(value) in sizes}
+
+
+def plan(gm: Any, inputs: list, sizes: dict[int, int], cap: int,
+         first_cap: int) -> dict[Any, int]:
+    """The piece of each computing node of ``gm``, numbered in forward order from 0.
+
+    ``sizes`` maps the id of each parameter whose gradient is reduced to its size in
+    bytes; ``inputs`` are the placeholders' values.
+    """
+    owned = _param_bytes(gm, inputs, sizes)
+    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    backwards: dict[Any, int] = {}
+    piece, filled, counted = 0, 0, set()
+    for node in reversed(nodes):
+        limit = first_cap if piece == 0 else cap
+        if filled >= limit:
+            piece, filled = piece + 1, 0
+        for arg in node.all_input_nodes:
+            if arg in owned and arg not in counted:
+                counted.add(arg)
+                filled += owned[arg]
+        backwards[node] = piece
+    last = piece
+    pieces = {node: last - k for node, k in backwards.items()}
+    for node in nodes:  # forward order: a source's piece is final before its users
+        if node.op == "call_function" and node.target is operator.getitem:
+            source = node.args[0]
+            if source in pieces:
+                pieces[node] = pieces[source]
+    return _renumber(pieces)
+
+
+def _renumber(pieces: dict[Any, int]) -> dict[Any, int]:
+    """Piece numbers made consecutive (moving unpacking nodes can empty a piece)."""
+    order = {p: k for k, p in enumerate(sorted(set(pieces.values())))}
+    return {node: order[p] for node, p in pieces.items()}
+
+
+def count(pieces: dict[Any, int]) -> int:
+    return len(set(pieces.values())) if pieces else 0
+
+
+def plans(gm: Any, inputs: list, sizes: dict[int, int], cap: int,
+          first_cap: int) -> list[dict[Any, int]]:
+    """The candidate cuts of ``gm``: DDP's bucket rule, then the rule with caps doubled
+    again and again, down to the whole graph as one piece; each number of pieces once,
+    most pieces first."""
+    found: dict[int, dict[Any, int]] = {}
+    scale = 1
+    while True:
+        pieces = plan(gm, inputs, sizes, cap * scale, first_cap * scale)
+        n = count(pieces)
+        found.setdefault(n, pieces)
+        if n <= 1:
+            break
+        scale *= 2
+    return [found[n] for n in sorted(found, reverse=True)]
+
+
+def cut(gm: Any, pieces: dict[Any, int]) -> Any:
+    """``gm`` as a GraphModule calling one submodule per piece (``submod_<k>``), each
+    with its nodes' metadata (the capture's example values) on it and its inputs."""
+    from torch.fx.passes.split_module import split_module
+
+    split = split_module(gm, gm, lambda node: pieces[node], keep_original_order=True)
+    for name, child in split.named_children():
+        child.meta.update({k: v for k, v in gm.meta.items() if k.startswith("agspeed_")})
+        _check_inputs(child)
+    return split
+
+
+def _check_inputs(child: Any) -> None:
+    """Each piece's placeholders must carry the example value the capture recorded
+    (split_module copies the node's metadata); backends read their sizes from it."""
+    for node in child.graph.nodes:
+        if node.op == "placeholder" and "example_value" not in node.meta:
+            raise RuntimeError(f"piece input {node.name} has no example value")

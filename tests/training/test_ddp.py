@@ -1,0 +1,163 @@
+"""DDP through agspeed: two gloo processes on this machine (ddp_worker.py), each training
+eagerly under DDP and through agspeed from the same weights on the same batches.
+
+Every test checks that both ranks end with the same parameters (DDP kept them in step)
+and that those equal eager DDP's; the cut tests check that the compiled graph's backward
+is in pieces (so gradients reach DDP's buckets while the backward still runs), that the
+cut is measured and chosen identically on both ranks, and that a second run takes it
+from the knowledge base.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="torch without gloo")
+
+_WORKER = os.path.join(os.path.dirname(__file__), "ddp_worker.py")
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run(tmp_path, scenario, caches=None, tune_steps=1, tag="run", wait=60):
+    """Both ranks of ``scenario``; their results.  ``caches``: each rank's cache dir."""
+    work = tmp_path / tag
+    work.mkdir()
+    caches = caches or [str(tmp_path / "cache")] * 2
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, AGSPEED_CACHE_DIR=caches[rank],
+                   AGSPEED_DDP_TUNE_STEPS=str(tune_steps), AGSPEED_PROGRESS="0",
+                   AGSPEED_DDP_WAIT=str(wait),
+                   PYTHONPATH=os.pathsep.join(filter(None, [_ROOT,
+                                                            os.environ.get("PYTHONPATH")])))
+        out = open(work / f"log{rank}", "w")
+        procs.append((subprocess.Popen(
+            [sys.executable, _WORKER, str(rank), "2", str(work / "init"),
+             json.dumps(scenario), str(work / f"out{rank}.json")],
+            env=env, stdout=out, stderr=subprocess.STDOUT), out))
+    for proc, out in procs:
+        try:
+            proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            for p, _ in procs:
+                p.kill()
+            raise
+        finally:
+            out.close()
+    results = []
+    for rank, (proc, _) in enumerate(procs):
+        log = (work / f"log{rank}").read_text()
+        assert proc.returncode == 0, f"rank {rank} failed:\n{log[-4000:]}"
+        results.append(json.loads((work / f"out{rank}.json").read_text()))
+        results[-1]["log"] = log
+    return results
+
+
+def check_equal(results, tol=1e-5):
+    """Both ranks equal eager DDP's parameters and each other's."""
+    for r in results:
+        assert r["max_diff"] <= tol, r
+    assert results[0]["digest"] == results[1]["digest"]
+    for r in results:
+        assert "Traceback" not in r["log"], r["log"]
+
+
+@pytest.mark.parametrize("order", ["outer", "inner"])
+def test_both_wrapping_orders_cut_measure_and_remember(tmp_path, order):
+    scenario = {"order": order, "backend": "jit", "steps": 14}
+    results = run(tmp_path, scenario)
+    check_equal(results)
+    first, second = results
+    # the first steps try the cuts, most pieces (DDP's bucket rule) first
+    assert first["pieces"][0] >= 3, first["pieces"]
+    assert first["pieces"] == second["pieces"]
+    assert len(first["splits"]) == 1
+    graph, chosen, candidates, source = first["splits"][0]
+    assert source == "tuned"
+    assert first["splits"] == second["splits"]  # one choice, on both ranks
+    assert len(candidates) >= 3 and str(chosen) in candidates
+    assert {int(n) for n in candidates} >= {1, first["pieces"][0]}
+    # after the choice every step runs the chosen cut
+    tail = first["pieces"][-2:]
+    assert tail == [chosen, chosen] or (chosen == 1 and set(tail) <= {0, 1})
+
+    again = run(tmp_path, dict(scenario, steps=4), tag="again")
+    check_equal(again)
+    assert again[0]["splits"] == [[graph, chosen, {}, "knowledge base"]]
+    assert again[0]["splits"] == again[1]["splits"]
+
+
+def test_ranks_agree_when_their_knowledge_bases_differ(tmp_path):
+    caches = [str(tmp_path / "cache0"), str(tmp_path / "cache1")]
+    scenario = {"order": "outer", "backend": "jit", "steps": 14}
+    run(tmp_path, scenario, caches=caches)
+    # rank 0 forgets; rank 1 remembers: rank 0's answer (measure again) holds for both
+    import shutil
+
+    shutil.rmtree(caches[0])
+    results = run(tmp_path, scenario, caches=caches, tag="again")
+    check_equal(results)
+    assert [r["splits"][0][3] for r in results] == ["tuned", "tuned"]
+    assert results[0]["pieces"] == results[1]["pieces"]
+
+
+def test_a_graph_only_one_rank_compiles_delays_it_without_hanging(tmp_path):
+    # rank 1's last batch is smaller: it alone compiles a graph for it, waits for rank
+    # 0's word on the cut, which never comes, and goes on
+    results = run(tmp_path, {"order": "outer", "backend": "jit", "steps": 4,
+                             "last_batch": {"1": 5}}, tune_steps=0, wait=3)
+    check_equal(results)
+    assert "rank 0 did not say how to cut this graph" in results[1]["log"]
+    assert "did not say" not in results[0]["log"]
+
+
+def test_no_sync_and_gradient_accumulation(tmp_path):
+    # three micro-batches per step, the first two under no_sync
+    results = run(tmp_path, {"order": "outer", "backend": "jit", "steps": 12,
+                             "accumulate": 3}, tune_steps=0)
+    check_equal(results)
+    assert results[0]["splits"][0][3] == "bucket rule"
+    assert min(results[0]["pieces"][3:]) >= 2
+
+
+def test_find_unused_parameters(tmp_path):
+    # a layer used on every other step only
+    results = run(tmp_path, {"order": "inner", "backend": "jit", "steps": 8,
+                             "unused": True}, tune_steps=0)
+    check_equal(results)
+    assert results[0]["graph_calls"] == 8
+
+
+def test_static_graph(tmp_path):
+    results = run(tmp_path, {"order": "outer", "backend": "jit", "steps": 8,
+                             "static_graph": True})
+    check_equal(results)
+
+
+def test_inductor_pieces(tmp_path):
+    results = run(tmp_path, {"order": "inner", "backend": "inductor", "steps": 4,
+                             "depth": 2}, tune_steps=0)
+    check_equal(results, tol=1e-5)
+    assert results[0]["pieces"][0] >= 2
+
+
+def test_autotuner_tunes_each_piece(tmp_path):
+    results = run(tmp_path, {"order": "outer", "backend": "auto", "candidates": ["jit"],
+                             "steps": 4}, tune_steps=0)
+    check_equal(results)
+    assert results[0]["splits"][0][1] >= 2
+
+
+def test_eager_backend_is_not_cut(tmp_path):
+    # op by op, gradients become ready one by one already
+    results = run(tmp_path, {"order": "outer", "backend": "eager", "steps": 4})
+    check_equal(results, tol=0.0)
+    assert results[0]["splits"] == []
+    assert results[0]["pieces"] == [0, 0, 0, 0]
