@@ -240,4 +240,20 @@ def optimize_module(module: Any, ctx: Any, spec: dict) -> Any:
     """An optimized view of ``module`` (see the module docstring)."""
     view = object.__new__(_View(module, ctx, spec).home)
     object.__setattr__(view, "__dict__", module.__dict__)
+    _share_distributed_state(module, view)
     return view
+
+
+def _share_distributed_state(module: Any, view: Any) -> None:
+    """Give ``view`` the state torch.distributed's composable APIs (``fully_shard``,
+    ``replicate``) keep for ``module``.  They keep it in a table keyed by the module
+    object, not in its ``__dict__``, so their methods called on the view
+    (``set_requires_gradient_sync``, ``unshard``, ``reshard``) would find none."""
+    import sys
+
+    table = sys.modules.get("torch.distributed._composable_state")
+    if table is None:
+        return
+    state = table._get_module_state(module)
+    if state is not None and table._get_module_state(view) is None:
+        table._insert_module_state(view, state)
