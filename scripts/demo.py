@@ -1,25 +1,33 @@
-"""agspeed demo: a short real training run, eager vs optimized, with a summary.
+"""agspeed demo: short real training runs, eager vs torch.compile vs agspeed, in one table.
 
-Trains the same small convolutional classifier twice from the same initial weights and
-the same synthetic batches: once plain eager, once through ``agspeed.optimize`` with the
-autotuner (``backend="auto"``).  Prints the median step time of each (forward + backward
-+ optimizer step), the time the first optimized step spent capturing and tuning, the
-backend the autotuner chose for each graph and by how much it beat eager, whether the two
-runs ended with the same losses and weights (equal outright, or as close to the same
-training in float64 as eager is: a compiled backend rounds differently), and the
-runtime's counters.  Run it twice:
-the second run finds its choices in the knowledge base and does not tune again.
+Two small models learn from generated data: a transformer language model (token and
+position embeddings, causal self-attention blocks, next-token loss) on sequences that
+follow a rule it can learn, and a residual CNN classifying images.  Each trains in FP32
+and in AMP (``torch.autocast``: bfloat16 on the CPU, float16 with a ``GradScaler`` on
+CUDA) three times from the same weights on the same batches: plain eager,
+``torch.compile(model)``, and ``agspeed.optimize(model)`` with its autotuner.  The three
+take their steps in turn, so all see the same machine.
 
-    python scripts/demo.py [--steps N] [--batch B] [--device cpu|cuda]
+The table gives, per model and precision and runtime: the median step time after the
+first steps (forward, loss, backward, optimizer step), the speedup over eager, the
+warm-up (what the first steps took beyond the median: capture, compile, tuning), the
+graphs compiled and how many of them came after the first step (recompiles), the backend
+that runs each graph, and whether every step's loss matches eager's (within the rounding
+a compiled kernel's other summation order explains: 2e-3 relative in FP32, 3e-2 in AMP).
+The exit status is 1 when agspeed's losses do not match.  Run it twice: the second run
+finds agspeed's choices in its knowledge base and tunes nothing.
 
-The data is generated, so the demo needs no download.  This is a command-line program:
-it prints its report.
+    python scripts/demo.py [--steps N] [--device cpu|cuda] [--models lm,cnn]
+        [--precisions fp32,amp] [--no-compile]
+
+The data is generated, so the demo downloads nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import math
 import statistics
 import time
 
@@ -28,10 +36,67 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import agspeed
+from agspeed import _runtime
 from agspeed.backends import autotune
 
+WARM = 3  # steps whose time is warm-up, not steady state
+TOLERANCE = {"fp32": 2e-3, "amp": 3e-2}
 
-class Block(nn.Module):
+
+# --- the models -----------------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyLM(nn.Module):
+    """A GPT-style language model; ``forward(tokens)`` returns the next-token loss."""
+
+    def __init__(self, vocab: int = 256, dim: int = 128, heads: int = 4, layers: int = 2,
+                 context: int = 64):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(context, dim)
+        self.blocks = nn.ModuleList(TransformerBlock(dim, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens):
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        positions = torch.arange(inputs.shape[1], device=tokens.device)
+        x = self.tok(inputs) + self.pos(positions)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln(x))
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+class ResidualBlock(nn.Module):
     """Conv-BN-ReLU twice with a residual connection."""
 
     def __init__(self, channels: int):
@@ -43,157 +108,222 @@ class Block(nn.Module):
 
     def forward(self, x):
         y = F.relu(self.bn1(self.conv1(x)))
-        y = self.bn2(self.conv2(y))
-        return F.relu(x + y)
+        return F.relu(x + self.bn2(self.conv2(y)))
 
 
-class SmallNet(nn.Module):
-    """A small residual CNN for 3x32x32 images and 10 classes."""
+class SmallCNN(nn.Module):
+    """A residual CNN for 3x32x32 images; ``forward(images, labels)`` returns the loss."""
 
-    def __init__(self, width: int = 32, depth: int = 3):
+    def __init__(self, width: int = 32, depth: int = 3, classes: int = 10):
         super().__init__()
         self.stem = nn.Conv2d(3, width, 3, padding=1)
-        self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
-        self.head = nn.Linear(width, 10)
+        self.blocks = nn.ModuleList(ResidualBlock(width) for _ in range(depth))
+        self.head = nn.Linear(width, classes)
 
-    def forward(self, x):
-        x = F.relu(self.stem(x))
+    def forward(self, images, labels):
+        x = F.relu(self.stem(images))
         for block in self.blocks:
             x = block(x)
-        x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
-        return self.head(x)
+        logits = self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+        return F.cross_entropy(logits, labels)
 
 
-def make_batches(steps: int, batch: int, device: str):
+def lm_batches(steps: int, device: str, batch: int = 16, length: int = 65,
+               vocab: int = 256):
+    """Sequences counting up from a random start by a random stride (1 to 4), modulo the
+    vocabulary: after two tokens the rest is predictable, so the loss falls."""
     gen = torch.Generator().manual_seed(0)
-    return [
-        (torch.randn(batch, 3, 32, 32, generator=gen).to(device),
-         torch.randint(0, 10, (batch,), generator=gen).to(device))
-        for _ in range(steps)
-    ]
+    out = []
+    for _ in range(steps):
+        start = torch.randint(0, vocab, (batch, 1), generator=gen)
+        stride = torch.randint(1, 5, (batch, 1), generator=gen)
+        out.append(((start + stride * torch.arange(length)) % vocab,))
+    return [tuple(t.to(device) for t in b) for b in out]
 
 
-class Trainer:
-    """One model and its optimizer; ``step`` runs one timed training step."""
+def cnn_batches(steps: int, device: str, batch: int = 32):
+    """Images whose class is the brightest of ten fixed patterns mixed into noise."""
+    gen = torch.Generator().manual_seed(0)
+    patterns = torch.randn(10, 3, 32, 32, generator=gen)
+    out = []
+    for _ in range(steps):
+        labels = torch.randint(0, 10, (batch,), generator=gen)
+        images = 0.5 * patterns[labels] + torch.randn(batch, 3, 32, 32, generator=gen)
+        out.append((images, labels))
+    return [tuple(t.to(device) for t in b) for b in out]
 
-    def __init__(self, model: nn.Module, device: str):
-        self.model, self.device = model, device
-        self.opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+MODELS = {"lm": ("transformer LM", TinyLM, lm_batches),
+          "cnn": ("residual CNN", SmallCNN, cnn_batches)}
+
+
+# --- one runtime's training -------------------------------------------------------------
+
+
+class Run:
+    """One runtime's model, optimizer and (CUDA AMP) GradScaler."""
+
+    def __init__(self, runtime: str, model: nn.Module, precision: str, device: str):
+        self.runtime, self.precision, self.device = runtime, precision, device
+        self.kind = "cuda" if device.startswith("cuda") else "cpu"
+        self.amp_dtype = torch.float16 if self.kind == "cuda" else torch.bfloat16
+        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        self.scaler = torch.amp.GradScaler(self.kind) \
+            if precision == "amp" and self.kind == "cuda" else None
         self.times: list[float] = []
         self.losses: list[float] = []
+        self.graphs_after_first = 0
+        if runtime == "eager":
+            self.fn = model
+        elif runtime == "torch.compile":
+            self.fn = torch.compile(model)
+        else:
+            self.fn = agspeed.optimize(model)
 
-    def step(self, x, y) -> None:
-        if self.device == "cuda":
+    def step(self, batch: tuple) -> None:
+        if self.kind == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
+        with torch.autocast(self.kind, dtype=self.amp_dtype, enabled=self.precision == "amp"):
+            loss = self.fn(*batch)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model(x), y)
-        loss.backward()
-        self.opt.step()
-        if self.device == "cuda":
-            torch.cuda.synchronize()
+        self.losses.append(loss.item())  # waits for the device
         self.times.append(time.perf_counter() - start)
-        self.losses.append(loss.item())
 
 
-def _drift(losses: list[float], exact: list[float]) -> float:
-    """The largest distance of a run's losses from the float64 run's, relative to the
-    loss where it is above 1."""
-    return max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(losses, exact))
+def _graphs(runtime: str) -> int:
+    """Graphs compiled so far by ``runtime`` (since its counters were last reset)."""
+    if runtime == "agspeed":
+        return sum(1 for r in _runtime.frame_records() if r.decision == "captured")
+    if runtime == "torch.compile":
+        from torch._dynamo.utils import counters
+
+        return counters["stats"]["unique_graphs"]
+    return 0
 
 
-def _weights_drift(model: nn.Module, exact: list) -> float:
-    """The largest distance of a model's final floating-point weights and buffers from
-    the float64 run's."""
-    out = 0.0
-    for a, b in zip(model.state_dict().values(), exact):
-        if a.is_floating_point():
-            out = max(out, (a.double() - b).abs().max().item())
-    return out
+def _backends(runtime: str) -> str:
+    if runtime == "eager":
+        return "-"
+    if runtime == "torch.compile":
+        return "inductor"
+    chosen: dict[str, int] = {}
+    for d in autotune.decisions():
+        chosen[d.choice] = chosen.get(d.choice, 0) + 1
+    tuned = any(d.source == "tuned" for d in autotune.decisions())
+    text = ", ".join(f"{n}x {name}" if n > 1 else name for name, n in chosen.items())
+    return (text or "eager") + ("" if tuned or not chosen else " (remembered)")
+
+
+def _mismatch(losses: list[float], eager: list[float]) -> float:
+    return max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(losses, eager))
+
+
+def train_case(name: str, precision: str, runtimes: list[str], steps: int,
+               device: str) -> list[dict]:
+    """Train model ``name`` in ``precision`` with each runtime; one table row each."""
+    _, make, make_batches = MODELS[name]
+    torch.manual_seed(0)
+    reference = make().to(device)
+    batches = make_batches(steps, device)
+    agspeed.reset()
+    if "torch.compile" in runtimes:
+        torch._dynamo.reset()
+    runs = {rt: Run(rt, copy.deepcopy(reference), precision, device) for rt in runtimes}
+    for k, batch in enumerate(batches):
+        order = runtimes[k % len(runtimes):] + runtimes[:k % len(runtimes)]
+        for rt in order:
+            before = _graphs(rt)
+            runs[rt].step(batch)
+            if k > 0:
+                runs[rt].graphs_after_first += _graphs(rt) - before
+    eager_losses = runs["eager"].losses
+    rows = []
+    eager_ms = statistics.median(runs["eager"].times[WARM:]) * 1e3
+    for rt, run in runs.items():
+        steady = statistics.median(run.times[WARM:])
+        warmup = sum(max(t - steady, 0.0) for t in run.times[:WARM])
+        diff = _mismatch(run.losses, eager_losses)
+        rows.append({"model": name, "precision": precision, "runtime": rt,
+                     "step_ms": steady * 1e3, "speedup": eager_ms / (steady * 1e3),
+                     "warmup_s": warmup, "graphs": _graphs(rt),
+                     "recompiles": run.graphs_after_first, "backends": _backends(rt),
+                     "loss_diff": diff, "match": diff <= TOLERANCE[precision],
+                     "first_loss": run.losses[0], "last_loss": run.losses[-1]})
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    head = (f"{'model':15s} {'prec':5s} {'runtime':14s} {'step ms':>8s} {'speedup':>8s} "
+            f"{'warm-up s':>9s} {'graphs':>6s} {'recomp':>6s}  {'losses match':14s} "
+            f"backends")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        match = ("yes" if r["match"] else "NO") + f" ({r['loss_diff']:.0e})"
+        label = MODELS[r["model"]][0]
+        print(f"{label:15s} {r['precision']:5s} {r['runtime']:14s} {r['step_ms']:8.2f} "
+              f"{r['speedup']:7.2f}x {r['warmup_s']:9.1f} {r['graphs']:6d} "
+              f"{r['recompiles']:6d}  {match:14s} {r['backends']}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--models", default="lm,cnn")
+    parser.add_argument("--precisions", default="fp32,amp")
+    parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     args = parser.parse_args()
-    if args.device.startswith("cuda"):
-        # cuDNN's and cuBLAS's fastest kernels may sum in a different order from one call
-        # to the next, so two eager runs would drift apart too; deterministic kernels let
-        # the check below compare the runtimes, not the kernels' rounding.
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
+    if args.steps <= WARM:
+        parser.error(f"--steps must be more than {WARM}")
+    models = [m for m in args.models.split(",") if m]
+    precisions = [p for p in args.precisions.split(",") if p]
+    bad = sorted(set(models) - set(MODELS)) + sorted(set(precisions) - set(TOLERANCE))
+    if bad:
+        parser.error(f"unknown {bad}; models: {', '.join(MODELS)}; precisions: fp32, amp")
+    if not args.device.startswith("cuda"):
+        # inductor's compile workers would take the CPU in the background while the
+        # other runtimes' steps are timed
+        import torch._inductor.config as inductor_config
 
-    torch.manual_seed(0)
-    reference = SmallNet().to(args.device)
-    eager_model = copy.deepcopy(reference)
-    optimized_model = agspeed.optimize(copy.deepcopy(reference))
-    batches = make_batches(args.steps, args.batch, args.device)
-
-    eager, optimized = Trainer(eager_model, args.device), Trainer(optimized_model, args.device)
-    agspeed.reset()
-    # Steps alternate between the two runs so both see the same machine state.
-    for x, y in batches:
-        eager.step(x, y)
-        optimized.step(x, y)
-    counters = agspeed.counters()
-    eager_times, eager_losses = eager.times, eager.losses
-    opt_times, opt_losses = optimized.times, optimized.losses
-
-    warm = slice(min(3, args.steps - 1), None)  # the first steps include one-time set-up
-    eager_ms = statistics.median(eager_times[warm]) * 1e3
-    opt_ms = statistics.median(opt_times[warm]) * 1e3
-
-    # The same training in float64 is the reference both runs are held to: a compiled
-    # backend sums in another order than eager's kernels, and over many steps the two
-    # float32 runs drift apart by rounding alone.  The optimized run passes when it is
-    # as close to float64 as eager is (or equal to eager outright).
-    exact = Trainer(copy.deepcopy(reference).double(), args.device)
-    for x, y in batches:
-        exact.step(x.double(), y)
-    eager_drift = _drift(eager_losses, exact.losses)
-    opt_drift = _drift(opt_losses, exact.losses)
-    same_losses = all(abs(a - b) <= 1e-4 * max(1.0, abs(a))
-                      for a, b in zip(eager_losses, opt_losses)) or \
-        opt_drift <= 2 * eager_drift + 1e-5
-    exact_weights = list(exact.model.state_dict().values())
-    eager_wdrift = _weights_drift(eager_model, exact_weights)
-    opt_wdrift = _weights_drift(optimized_model, exact_weights)
-    same_weights = all(
-        torch.allclose(a, b, rtol=1e-4, atol=1e-5)
-        for a, b in zip(eager_model.state_dict().values(), optimized_model.state_dict().values())
-    ) or opt_wdrift <= 2 * eager_wdrift + 1e-6
-
-    print(f"agspeed {agspeed.__version__} demo: SmallNet, {args.steps} steps, batch {args.batch}, "
-          f"{args.device}, torch {torch.__version__}")
-    print(f"  step time (median after warm-up)  eager {eager_ms:8.2f} ms   "
-          f"agspeed {opt_ms:8.2f} ms   ratio {opt_ms / eager_ms:5.3f}")
-    print(f"  final loss                        eager {eager_losses[-1]:8.4f}      "
-          f"agspeed {opt_losses[-1]:8.4f}")
-    print(f"  largest distance from the float64 run: loss eager {eager_drift:.2e}, agspeed "
-          f"{opt_drift:.2e}; weights eager {eager_wdrift:.2e}, agspeed {opt_wdrift:.2e}")
-    print(f"  same losses at every step: {same_losses}; same final weights: {same_weights}")
-    print("  runtime counters (optimized run):")
-    for name, value in counters.items():
-        print(f"    {name:16s} {value:8d}   {agspeed._C.COUNTER_DOCS[name]}")
-    print("  frames the runtime decided about (user code; torch and stdlib are skipped):")
-    seen = {}
-    for record in agspeed._runtime.frame_records():
-        seen.setdefault((record.name, record.filename, record.firstlineno), record)
-    for record in seen.values():
-        print(f"    {record}")
-    print("  backends chosen per graph (autotuner: checked against eager, timed forward + "
-          "backward):")
-    for d in autotune.decisions():
-        how = "tuned" if d.source == "tuned" else "from the knowledge base, not tuned"
-        print(f"    {d.graph}: {d.choice} ({d.speedup:.2f}x over eager; {how} in "
-              f"{d.seconds:.1f} s)")
-    if not autotune.decisions():
-        print("    (none: only eager was a candidate)")
-    print(f"  first optimized step (capture + tuning): {opt_times[0]:.1f} s; "
+        inductor_config.compile_threads = 1
+    runtimes = ["eager"] + ([] if args.no_compile else ["torch.compile"]) + ["agspeed"]
+    amp = "bfloat16" if not args.device.startswith("cuda") else "float16 + GradScaler"
+    print(f"agspeed {agspeed.__version__} demo on {args.device}, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads; {args.steps} steps per run, AMP = {amp}; "
           f"knowledge base: {agspeed.cache.info()['cache_dir']}")
-    return 0 if same_losses and same_weights else 1
+    rows = []
+    for name in models:
+        for precision in precisions:
+            start = time.perf_counter()
+            case = train_case(name, precision, runtimes, args.steps, args.device)
+            rows += case
+            agspeed_row = case[-1]
+            print(f"  {MODELS[name][0]} {precision}: done in {time.perf_counter() - start:.0f} s; "
+                  f"loss {agspeed_row['first_loss']:.3f} -> {agspeed_row['last_loss']:.3f}",
+                  flush=True)
+    print()
+    print_table(rows)
+    ours = [r for r in rows if r["runtime"] == "agspeed"]
+    geo = math.exp(statistics.fmean(math.log(r["speedup"]) for r in ours))
+    print(f"\nagspeed's geometric-mean speedup over eager: {geo:.2f}x", end="")
+    theirs = [r for r in rows if r["runtime"] == "torch.compile"]
+    if theirs:
+        geo_c = math.exp(statistics.fmean(math.log(r["speedup"]) for r in theirs))
+        print(f" (torch.compile: {geo_c:.2f}x)", end="")
+    print()
+    ok = all(r["match"] for r in ours)
+    if not ok:
+        print("agspeed's losses do not match eager's: see the table")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
