@@ -29,8 +29,8 @@ class SymShape(tuple):
 
 def holds_node(value: Any, node_type: type, depth: int = 0) -> bool:
     """Whether ``value`` is a graph node or holds one somewhere: in a container (tuples,
-    lists, sets, deques, dict values), or in the cells of a closure or the arguments of
-    a ``functools.partial`` made during capture."""
+    lists, sets, deques, dict values), or in the cells or default values of a function
+    or the arguments of a ``functools.partial`` made during capture."""
     if type(value) is node_type:
         return True
     if depth > 8:
@@ -39,9 +39,10 @@ def holds_node(value: Any, node_type: type, depth: int = 0) -> bool:
         return any(holds_node(v, node_type, depth + 1) for v in value.values())
     if isinstance(value, (tuple, list, set, frozenset, collections.deque)):
         return any(holds_node(v, node_type, depth + 1) for v in value)
-    if type(value) is types.FunctionType and value.__closure__:
-        return any(holds_node(_cell_value(c), node_type, depth + 1)
-                   for c in value.__closure__)
+    if type(value) is types.FunctionType:
+        cells = [_cell_value(c) for c in value.__closure__ or ()]
+        return holds_node((cells, value.__defaults__ or (), value.__kwdefaults__ or {}),
+                          node_type, depth + 1)
     if type(value) is functools.partial:
         return holds_node((value.func, value.args, value.keywords), node_type, depth + 1)
     return False

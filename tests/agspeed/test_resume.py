@@ -144,6 +144,19 @@ def test_a_closure_over_graph_values_is_never_handed_to_eager_code():
     assert why and "function" in why[0], why
 
 
+def defaults_over_graph_values(x):
+    y = x * 2
+    return apply_after_break(lambda i, t=y: t[i] + 1, x) + \
+        apply_after_break(lambda i, *, t=y + 1: t[i], x)
+
+
+def test_a_function_whose_defaults_are_graph_values_is_never_handed_to_eager_code():
+    fast = agspeed.optimize(defaults_over_graph_values)
+    for _ in range(2):
+        x = vec()[0]
+        assert torch.equal(fast(x), defaults_over_graph_values(x))
+
+
 class Inner(torch.nn.Module if torch else object):
     def __init__(self):
         super().__init__()

@@ -10,19 +10,18 @@ from the knowledge base.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="torch without gloo")
+from _ranks import HERE, needs_gloo, worker_env  # noqa: E402
 
-_WORKER = os.path.join(os.path.dirname(__file__), "ddp_worker.py")
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = needs_gloo
+_WORKER = os.path.join(HERE, "ddp_worker.py")
 
 
 def run(tmp_path, scenario, caches=None, tune_steps=1, tag="run", wait=60):
@@ -32,11 +31,8 @@ def run(tmp_path, scenario, caches=None, tune_steps=1, tag="run", wait=60):
     caches = caches or [str(tmp_path / "cache")] * 2
     procs = []
     for rank in range(2):
-        env = dict(os.environ, AGSPEED_CACHE_DIR=caches[rank],
-                   AGSPEED_DDP_TUNE_STEPS=str(tune_steps), AGSPEED_PROGRESS="0",
-                   AGSPEED_DDP_WAIT=str(wait),
-                   PYTHONPATH=os.pathsep.join(filter(None, [_ROOT,
-                                                            os.environ.get("PYTHONPATH")])))
+        env = worker_env(caches[rank], AGSPEED_DDP_TUNE_STEPS=str(tune_steps),
+                         AGSPEED_DDP_WAIT=str(wait))
         out = open(work / f"log{rank}", "w")
         procs.append((subprocess.Popen(
             [sys.executable, _WORKER, str(rank), "2", str(work / "init"),
@@ -99,8 +95,6 @@ def test_ranks_agree_when_their_knowledge_bases_differ(tmp_path):
     scenario = {"order": "outer", "backend": "jit", "steps": 14}
     run(tmp_path, scenario, caches=caches)
     # rank 0 forgets; rank 1 remembers: rank 0's answer (measure again) holds for both
-    import shutil
-
     shutil.rmtree(caches[0])
     results = run(tmp_path, scenario, caches=caches, tag="again")
     check_equal(results)

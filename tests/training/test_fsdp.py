@@ -13,19 +13,15 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="torch without gloo")
+from _ranks import HERE, needs_gloo, worker_env  # noqa: E402
 
-_WORKER = os.path.join(os.path.dirname(__file__), "fsdp_worker.py")
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = needs_gloo
+_WORKER = os.path.join(HERE, "fsdp_worker.py")
 
 
 def torchrun(tmp_path, scenario):
-    env = dict(os.environ, AGSPEED_CACHE_DIR=str(tmp_path / "cache"), AGSPEED_PROGRESS="0",
-               OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")])))
+    env = worker_env(tmp_path / "cache")
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          _WORKER, json.dumps(scenario), str(tmp_path)],
