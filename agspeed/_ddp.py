@@ -206,10 +206,12 @@ def _layout(ddp: Any) -> _Layout:
     return _Layout(dist.get_world_size(group), cap, first, str(dist.get_backend(group)))
 
 
-def _build(name: str, backend: Any, flat: Any, inputs: list, pieces: dict) -> Any:
+def _build(name: str, backend: Any, flat: Any, inputs: list, pieces: dict,
+           sized: list) -> Any:
     """``flat`` cut into ``pieces``, each compiled by ``backend``: the flat graph's
     callable.  The pieces are compiled in order, each on the values the earlier ones
-    computed from ``inputs``; state they change is put back."""
+    computed from ``inputs``; state they change is put back.  ``sized`` lists the
+    (input, dimension) of each size input ``flat`` takes first (``_split.bind_sizes``)."""
     import torch
 
     from agspeed.backends import _measure, _split
@@ -232,10 +234,17 @@ def _build(name: str, backend: Any, flat: Any, inputs: list, pieces: dict) -> An
             return fn(*args)
 
     try:
-        Compiling(split).run(*inputs)
+        Compiling(split).run(*[inputs[i].size(d) for i, d in sized], *inputs)
     finally:
         state.restore()
-    return split.forward
+    if not sized:
+        return split.forward
+    forward = split.forward
+
+    def with_sizes(*args: Any) -> Any:
+        return forward(*[args[i].size(d) for i, d in sized], *args)
+
+    return with_sizes
 
 
 @functools.lru_cache(maxsize=None)
@@ -265,8 +274,10 @@ class _Candidates:
         self.name, self.backend, self.gm, self.inputs = name, backend, gm, inputs
         self.flat, self.wrap = flat_output(gm)
         self.flat.meta.update(gm.meta)
+        self.sized = _split.bind_sizes(self.flat)
+        sizes = [inputs[i].size(d) for i, d in self.sized]
         cap, first = _caps(ddp)
-        self.plans = _split.plans(self.flat, inputs, _reduced(ddp), cap, first)
+        self.plans = _split.plans(self.flat, sizes + list(inputs), _reduced(ddp), cap, first)
         self.sizes = [_split.count(p) for p in self.plans]
 
     def compile(self, k: int) -> Any:
@@ -278,8 +289,9 @@ class _Candidates:
             if failed:
                 raise RuntimeError(failed)
             return fn
-        return self.wrap(_build(self.name, self.backend, self.flat, self.inputs,
-                                self.plans[k]))
+        run = _build(self.name, self.backend, self.flat, self.inputs, self.plans[k],
+                     self.sized)
+        return self.wrap(run)
 
 
 def _key(cands: _Candidates, layout: _Layout) -> tuple[str, dict]:
@@ -341,8 +353,12 @@ def compile_cut(name: str, backend: Any, gm: Any, inputs: list, ddp: Any) -> tup
             _warn.warning("agspeed: %s: the DDP cut in %s failed to compile (%s: %s)",
                           where, labels[k], type(exc).__name__, exc)
             compiled.append(None)
-    if all(fn is None for fn in compiled):
+    live = [k for k, fn in enumerate(compiled) if fn is not None]
+    if not live:
         return compile_graph(name, backend, gm, inputs)
+    if len(live) == 1:  # nothing left to choose between
+        _note(Split(where, cands.sizes[live[0]], {}, "only cut"))
+        return compiled[live[0]], None
     meta = {"graph": where, "kind": "ddp cut", "training": True}
     cuda = "cuda" in graph_devices(inputs)
     return _Tuner(ddp, board, cands.sizes, compiled, key, env, meta, cuda), None

@@ -26,7 +26,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-__all__ = ["plan", "plans", "cut"]
+__all__ = ["bind_sizes", "plan", "plans", "cut"]
 
 
 def _param_bytes(gm: Any, inputs: list, sizes: dict[int, int]) -> dict[Any, int]:
@@ -92,6 +92,40 @@ def plans(gm: Any, inputs: list, sizes: dict[int, int], cap: int,
             break
         scale *= 2
     return [found[n] for n in sorted(found, reverse=True)]
+
+
+def bind_sizes(gm: Any) -> list[tuple[int, int]]:
+    """Make each symbolic size of ``gm``'s tensor inputs an input of its own, placed
+    first; returns, for each added input in order, the (input, dimension) whose size it
+    is: the caller passes those sizes before the graph's own inputs.
+
+    A dynamic capture reads its sizes from its tensor inputs, but pieces pass sizes to
+    each other as values, and the cut (torch.fx's ``split_module``) finds each size
+    symbol's value by an input whose example value is that symbol.
+    """
+    import torch
+
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    bound = {v.node.expr for n in placeholders
+             if isinstance(v := n.meta.get("example_value"), torch.SymInt)}
+    found: list[tuple[int, int, Any]] = []
+    for index, node in enumerate(placeholders):
+        value = node.meta.get("example_value")
+        if not isinstance(value, torch.Tensor):
+            continue
+        for dim, size in enumerate(value.shape):
+            if isinstance(size, torch.SymInt) and size.node.expr.is_symbol \
+                    and size.node.expr not in bound:
+                bound.add(size.node.expr)
+                found.append((index, dim, size))
+    if not found:
+        return []
+    with gm.graph.inserting_before(nodes[0]):
+        for k, (_, _, size) in enumerate(found):
+            gm.graph.placeholder(f"size_{k}").meta["example_value"] = size
+    gm.recompile()
+    return [(index, dim) for index, dim, _ in found]
 
 
 def cut(gm: Any, pieces: dict[Any, int]) -> Any:

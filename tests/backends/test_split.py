@@ -97,3 +97,26 @@ def test_the_cut_graph_computes_what_the_graph_does():
             if node.op == "placeholder":
                 assert "example_value" in node.meta
     torch.testing.assert_close(split(*inputs), gm(*inputs))
+
+
+def test_symbolic_sizes_become_inputs_the_pieces_pass_on():
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append((gm, list(example_inputs)))
+        return gm.forward
+
+    model = stack()
+    agspeed.optimize(model, backend=backend, dynamic=True)(torch.randn(6, 16))
+    (gm, inputs), = seen
+    sized = _split.bind_sizes(gm)
+    assert sized == [(0, 0)]  # the batch size of the data input
+    assert _split.bind_sizes(gm) == []  # bound once
+    sizes = [inputs[i].size(d) for i, d in sized]
+    layer = (32 * 32 + 32) * 4
+    pieces = _split.plan(gm, sizes + inputs, sizes_of(model), cap=layer, first_cap=layer)
+    split = _split.cut(gm, pieces)
+    x = torch.randn(9, 16)  # another size, through the same cut graph
+    args = [x if t is inputs[0] else t for t in inputs]
+    torch.testing.assert_close(split(9, *args), gm(9, *args))
+    torch.testing.assert_close(split(9, *args)[0], model(x))

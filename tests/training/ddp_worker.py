@@ -36,10 +36,12 @@ class WithUnused(Net):
         return out
 
 
-def batches(rank, n, batch=8, last=None):
-    """``n`` batches for ``rank``; the last one of ``last`` rows when given."""
+def batches(rank, n, batch=8, last=None, sizes=None):
+    """``n`` batches for ``rank``; the last one of ``last`` rows when given, or of the
+    ``sizes`` given in turn."""
     g = torch.Generator().manual_seed(100 + rank)
-    sizes = [batch] * (n - 1) + [last or batch]
+    sizes = [sizes[k % len(sizes)] for k in range(n)] if sizes else \
+        [batch] * (n - 1) + [last or batch]
     return [(torch.randn(b, 16, generator=g), torch.randint(0, 5, (b,), generator=g))
             for b in sizes]
 
@@ -110,7 +112,8 @@ def main():
     eager_model = make(depth=s.get("depth", 3))
     torch.manual_seed(0)
     model = make(depth=s.get("depth", 3))
-    data = batches(rank, s.get("steps", 8), last=s.get("last_batch", {}).get(str(rank)))
+    data = batches(rank, s.get("steps", 8), last=s.get("last_batch", {}).get(str(rank)),
+                   sizes=s.get("sizes"))
 
     torch.manual_seed(1)
     train(wrap(eager_model, s, False), data, s)

@@ -24,15 +24,16 @@ pytestmark = needs_gloo
 _WORKER = os.path.join(HERE, "ddp_worker.py")
 
 
-def run(tmp_path, scenario, caches=None, tune_steps=1, tag="run", wait=60):
+def run(tmp_path, scenario, caches=None, tune_steps=1, tag="run", wait=60, **env):
     """Both ranks of ``scenario``; their results.  ``caches``: each rank's cache dir."""
     work = tmp_path / tag
     work.mkdir()
     caches = caches or [str(tmp_path / "cache")] * 2
+    extra = {k: str(v) for k, v in env.items()}
     procs = []
     for rank in range(2):
         env = worker_env(caches[rank], AGSPEED_DDP_TUNE_STEPS=str(tune_steps),
-                         AGSPEED_DDP_WAIT=str(wait))
+                         AGSPEED_DDP_WAIT=str(wait), **extra)
         out = open(work / f"log{rank}", "w")
         procs.append((subprocess.Popen(
             [sys.executable, _WORKER, str(rank), "2", str(work / "init"),
@@ -141,6 +142,19 @@ def test_inductor_pieces(tmp_path):
                              "depth": 2}, tune_steps=0)
     check_equal(results, tol=1e-5)
     assert results[0]["pieces"][0] >= 2
+
+
+def test_a_graph_with_symbolic_sizes_is_cut_too(tmp_path):
+    # batches of changing sizes: the second size makes the batch dimension symbolic,
+    # and the pieces pass it to each other
+    results = run(tmp_path, {"order": "outer", "backend": "inductor", "steps": 5,
+                             "depth": 2, "sizes": [8, 6, 7, 5, 4]}, tune_steps=0,
+                  AGSPEED_DYNAMIC_AFTER=2)
+    check_equal(results)
+    cuts = results[0]["splits"]
+    assert [c[3] for c in cuts] == ["bucket rule", "bucket rule"]
+    assert all(c[1] >= 2 for c in cuts)
+    assert min(results[0]["pieces"][1:]) >= 2
 
 
 def test_autotuner_tunes_each_piece(tmp_path):
