@@ -655,3 +655,21 @@ def test_a_switch_the_graph_needs_is_set_for_its_calls_and_put_back():
                 assert torch._C._jit_can_fuse_on_cpu() is user
     finally:
         torch._C._jit_override_can_fuse_on_cpu(before)
+
+
+def test_a_compiled_graph_keeps_no_input_alive():
+    # torch.jit.trace stores its example inputs in the traced module unless told not to:
+    # here those are the model's parameters and the first batch, which the cache entry
+    # would keep alive after the program dropped the model
+    import gc
+    import weakref
+
+    model = MLP(nn.ReLU())
+    fast = agspeed.optimize(model, backend="jit")
+    x = torch.randn(4, 8, requires_grad=True)
+    fast(x).sum().backward()
+    assert agspeed.counters()["graph_calls"] == 1
+    refs = [weakref.ref(t) for t in (x, *model.parameters())]
+    del model, fast, x
+    gc.collect()
+    assert [r() is None for r in refs] == [True] * len(refs)

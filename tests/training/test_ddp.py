@@ -170,3 +170,34 @@ def test_eager_backend_is_not_cut(tmp_path):
     check_equal(results, tol=0.0)
     assert results[0]["splits"] == []
     assert results[0]["pieces"] == [0, 0, 0, 0]
+
+
+def test_a_cut_graph_keeps_neither_the_model_nor_ddp_alive(tmp_path):
+    # one rank in this process: the cut entry's tuner holds DDP by a weak reference, and
+    # the compiled pieces hold no parameter
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+
+    import agspeed
+    from _train import Net
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0,
+                            world_size=1)
+    try:
+        with agspeed.config.override(cache_dir=str(tmp_path / "cache"), ddp_tune_steps=1):
+            model = Net(depth=3)
+            ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
+            fast = agspeed.optimize(ddp, backend="jit")
+            for _ in range(3):
+                x, y = torch.randn(8, 16), torch.randint(0, 5, (8,))
+                fast(x, y).backward()
+            assert agspeed.counters()["graph_calls"] == 3
+            refs = [weakref.ref(o) for o in (model, ddp, next(model.parameters()))]
+            del model, ddp, fast, x, y
+            gc.collect()
+            assert [r() is None for r in refs] == [True] * 3
+    finally:
+        agspeed.reset()
+        dist.destroy_process_group()
