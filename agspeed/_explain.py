@@ -154,12 +154,26 @@ def _where(code: Any) -> str:
     return f"{code.co_name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
 
 
+def _unoptimized(obj: Any) -> Any:
+    """What ``optimize`` was handed, for an object it returned: its own runtime context
+    would capture the call, and the report would see nothing."""
+    from agspeed import _C
+    from agspeed._module import _is_view, _record
+
+    if _is_view(obj):
+        return _record(obj).root
+    if isinstance(obj, _C.Region) and hasattr(obj, "__wrapped__"):
+        return obj.__wrapped__
+    return obj
+
+
 def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainOutput:
     """Call ``fn_or_module(*args, **kwargs)`` once under capture and report what happened.
 
     Graphs are compiled with the eager backend (they run as captured), so the call
     returns what eager would; ``result`` holds it.  Nothing is left cached: the next
-    call of the function, optimized or not, is unaffected.
+    call of the function, optimized or not, is unaffected.  An object ``optimize``
+    returned is explained as what it was made from.
     """
     from agspeed import _C, _roots, _runtime
     from agspeed.errors import InvalidArgumentError
@@ -168,6 +182,7 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainOutput:
         raise InvalidArgumentError(
             f"agspeed.explain() takes an nn.Module or a callable, not "
             f"{type(fn_or_module).__name__}")
+    fn_or_module = _unoptimized(fn_or_module)
     report = ExplainOutput()
 
     def observe(kind: str, code: Any, payload: Any) -> None:

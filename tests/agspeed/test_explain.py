@@ -85,6 +85,24 @@ def test_a_module_is_one_graph_with_parameters_as_inputs():
     assert any("self.a.weight tensor" in line for line in out.guards)
 
 
+def test_an_optimized_module_or_function_is_explained_as_what_it_was_made_from():
+    net = Net()
+    x = torch.randn(2, 4)
+    fast = agspeed.optimize(net, backend="eager")
+    out = agspeed.explain(fast, x)
+    assert (out.graph_count, out.graph_break_count) == (1, 0)
+    torch.testing.assert_close(out.result, net(x))
+    assert agspeed.counters()["graph_calls"] == 1  # explain's own graph, not fast's
+    fast(x)  # its own cache was left alone
+    assert agspeed.counters()["graph_calls"] == 2
+
+    def f(a):
+        return a.sin() + 1
+
+    out = agspeed.explain(agspeed.optimize(f, backend="eager"), x)
+    assert out.graph_count == 1
+
+
 def test_a_break_says_file_line_instruction_and_reason_and_callees_still_capture(capsys):
     x = torch.randn(3)
     out = agspeed.explain(breaks_then_calls, x)
