@@ -59,7 +59,7 @@ class Split(NamedTuple):
 
     graph: str              # "forward (model.py:12)"
     pieces: int             # the pieces of the chosen cut
-    candidates: dict        # pieces -> median step seconds (MAX over ranks); {} if remembered
+    candidates: dict        # pieces -> median step seconds on the slowest rank; {} if not measured
     source: str             # "tuned", "knowledge base", "bucket rule" or "only cut"
 
 
