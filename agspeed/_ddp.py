@@ -60,7 +60,7 @@ class Split(NamedTuple):
     graph: str              # "forward (model.py:12)"
     pieces: int             # the pieces of the chosen cut
     candidates: dict        # pieces -> median step seconds on the slowest rank; {} if not measured
-    source: str             # "tuned", "knowledge base", "bucket rule" or "only cut"
+    source: str             # "tuned", "knowledge base", "bucket rule", "only cut", "fallback"
 
 
 _SPLITS: list[Split] = []
@@ -339,8 +339,8 @@ def compile_cut(name: str, backend: Any, gm: Any, inputs: list, ddp: Any) -> tup
         k = labels.index(remembered) if remembered in labels else 0
         source = ("only cut" if len(labels) == 1 else
                   "knowledge base" if remembered in labels else "bucket rule")
-        fn, failed = _compile_or_fall_back(cands, k, where)
-        _note(Split(where, cands.sizes[k] if not failed else 1, {}, source))
+        fn, failed, used = _compile_or_fall_back(cands, k, where)
+        _note(Split(where, used, {}, source if used == cands.sizes[k] else "fallback"))
         if source == "knowledge base":
             _log.info("%s: knowledge base says cut in %s for DDP; not measuring again",
                       where, labels[k])
@@ -364,16 +364,20 @@ def compile_cut(name: str, backend: Any, gm: Any, inputs: list, ddp: Any) -> tup
     return _Tuner(ddp, board, cands.sizes, compiled, key, env, meta, cuda), None
 
 
-def _compile_or_fall_back(cands: _Candidates, k: int, where: str) -> tuple[Any, str | None]:
+def _compile_or_fall_back(cands: _Candidates, k: int,
+                          where: str) -> tuple[Any, str | None, int]:
+    """Candidate ``k`` compiled, or else the whole graph: (callable, why the backend
+    failed or None, the pieces it runs in)."""
     from agspeed.backends.autotune import compile_graph
 
     try:
-        return cands.compile(k), None
+        return cands.compile(k), None, cands.sizes[k]
     except Exception as exc:  # noqa: BLE001 - the whole graph still runs
         _warn.warning("agspeed: %s: the DDP cut in %s failed to compile (%s: %s); "
                       "compiled whole", where, _label(cands.sizes[k]), type(exc).__name__,
                       exc)
-        return compile_graph(cands.name, cands.backend, cands.gm, cands.inputs)
+        fn, failed = compile_graph(cands.name, cands.backend, cands.gm, cands.inputs)
+        return fn, failed, 1
 
 
 class _Tuner:
@@ -413,7 +417,7 @@ class _Tuner:
     def _tuning(self, args: tuple) -> Any:
         import torch
 
-        ddp = self.ddp()
+        ddp = self.ddp() or active()  # the module may have been wrapped in DDP again
         now = self._now()
         if self.last is not None:
             k, start = self.last
@@ -435,18 +439,21 @@ class _Tuner:
         return self.compiled[self.current](*args)
 
     def _slowest(self, local: list) -> list:
-        """Each candidate's time on the slowest rank (this one's alone without a board,
-        or with ranks missing, which is logged)."""
+        """Each candidate's time on the slowest rank, in ``self.live``'s order: posted by
+        label, so ranks whose compiled candidates differ still compare the same cuts; a
+        cut some rank lacks counts as never faster.  Without a board, or with ranks
+        missing (logged), the ranks that answered decide."""
+        labels = [_label(self.sizes[k]) for k in self.live]
         if self.board is None:
             return local
-        self.board.post("times", local)
+        self.board.post("times", dict(zip(labels, local)))
         got = self.board.read("times", self.board.ranks)
         missing = sorted(set(self.board.ranks) - set(got))
         if missing:
             _warn.warning("agspeed: %s: ranks %s did not report their DDP step times; "
                           "the cut is chosen without them", self.meta["graph"], missing)
-        rows = [v for v in got.values() if len(v) == len(local)] or [local]
-        return [max(row[j] for row in rows) for j in range(len(local))]
+        rows = [v for v in got.values() if isinstance(v, dict)] or [dict(zip(labels, local))]
+        return [max(row.get(label, math.inf) for row in rows) for label in labels]
 
     def _decide(self) -> None:
         from agspeed.backends import knowledge
@@ -464,8 +471,10 @@ class _Tuner:
         measured = {_label(self.sizes[j]): t for j, t in zip(self.live, times)}
         where = self.meta["graph"]
         for j, t in zip(self.live, times):
-            m = {"status": "ok", "median_s": t, "ratio": base / t if t else 0.0,
-                 "rounds": self.steps}
+            ratio = base / t if t and math.isfinite(base) else 0.0
+            m = {"status": "ok", "median_s": t, "ratio": ratio, "rounds": self.steps} \
+                if math.isfinite(t) else {"status": "failed",
+                                          "reason": "not measured on every rank"}
             try:
                 knowledge.record(self.key, self.env, self.meta, _label(self.sizes[j]), m)
             except OSError as exc:
@@ -473,7 +482,8 @@ class _Tuner:
                 break
         else:
             try:
-                knowledge.choose(self.key, self.env, self.meta, _label(self.sizes[k]))
+                if math.isfinite(times[best]):
+                    knowledge.choose(self.key, self.env, self.meta, _label(self.sizes[k]))
             except (OSError, ValueError) as exc:
                 _warn.warning("agspeed: cannot write the knowledge base (%s)", exc)
         _note(Split(where, self.sizes[k], {self.sizes[j]: t for j, t in

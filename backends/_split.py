@@ -46,6 +46,7 @@ def plan(gm: Any, inputs: list, sizes: dict[int, int], cap: int,
     """
     owned = _param_bytes(gm, inputs, sizes)
     nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    cap, first_cap = max(cap, 1), max(first_cap, 1)  # a cap of 0 bytes: one per bucket
     backwards: dict[Any, int] = {}
     piece, filled, counted = 0, 0, set()
     for node in reversed(nodes):
@@ -57,6 +58,11 @@ def plan(gm: Any, inputs: list, sizes: dict[int, int], cap: int,
                 counted.add(arg)
                 filled += owned[arg]
         backwards[node] = piece
+    if piece > 0 and filled == 0:
+        # the nodes before the first layer read no parameter: a piece of their own
+        # would only add a boundary (or hold no tensor at all), so they join the next
+        backwards = {node: min(k, piece - 1) for node, k in backwards.items()}
+        piece -= 1
     last = piece
     pieces = {node: last - k for node, k in backwards.items()}
     for node in nodes:  # forward order: a source's piece is final before its users
@@ -83,14 +89,18 @@ def plans(gm: Any, inputs: list, sizes: dict[int, int], cap: int,
     again and again, down to the whole graph as one piece; each number of pieces once,
     most pieces first."""
     found: dict[int, dict[Any, int]] = {}
+    cap, first_cap = max(cap, 1), max(first_cap, 1)
+    total = sum(b for node, b in _param_bytes(gm, inputs, sizes).items())
     scale = 1
     while True:
         pieces = plan(gm, inputs, sizes, cap * scale, first_cap * scale)
         n = count(pieces)
         found.setdefault(n, pieces)
-        if n <= 1:
+        if n <= 1 or min(cap, first_cap) * scale > total:
             break
         scale *= 2
+    if 1 not in found and found:
+        found[1] = {node: 0 for node in next(iter(found.values()))}
     return [found[n] for n in sorted(found, reverse=True)]
 
 

@@ -120,3 +120,33 @@ def test_symbolic_sizes_become_inputs_the_pieces_pass_on():
     args = [x if t is inputs[0] else t for t in inputs]
     torch.testing.assert_close(split(9, *args), gm(9, *args))
     torch.testing.assert_close(split(9, *args)[0], model(x))
+
+
+def test_a_zero_byte_bucket_cap_ends():
+    # DDP(bucket_cap_mb=0) is accepted by DDP: doubling a cap of 0 would never reach one
+    # piece
+    model = stack()
+    gm, inputs = capture(model, torch.randn(3, 16))
+    plans = _split.plans(gm, inputs, sizes_of(model), cap=0, first_cap=0)
+    counts = [_split.count(p) for p in plans]
+    assert counts[0] >= 3 and counts[-1] == 1
+
+
+def test_nodes_before_the_first_layer_join_its_piece():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            with torch.autocast("cpu", enabled=False):
+                return self.b(self.a(x * 2).relu())
+
+    model = Net()
+    gm, inputs = capture(model, torch.randn(4, 8))
+    pieces = _split.plan(gm, inputs, sizes_of(model), cap=1, first_cap=1)
+    first = [n for n in gm.graph.nodes if n in pieces and pieces[n] == 0]
+    assert any(n.target is torch._C._nn.linear for n in first), [n.name for n in first]
+    assert _split.count(pieces) == 2
+    split = _split.cut(gm, pieces)
+    torch.testing.assert_close(split(*inputs), gm(*inputs))
