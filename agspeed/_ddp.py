@@ -173,10 +173,8 @@ class _Board:
 def _board(group: Any, gm: Any, inputs: list, layout: "_Layout") -> "_Board | None":
     """The graph's board, or None (and a warning) where the store cannot be reached."""
     from agspeed.backends import knowledge
-    from agspeed.backends._protocol import is_dynamic, placeholder_values
 
-    values = placeholder_values(gm) if is_dynamic(gm) else inputs
-    graph = knowledge.graph_key(gm, values, {"ddp": layout._asdict()})
+    graph = knowledge.graph_key(gm, inputs, {"ddp": layout._asdict()})
     try:
         return _Board(group, graph)
     except Exception as exc:  # noqa: BLE001 - private torch API: the ranks decide alone
@@ -296,12 +294,11 @@ class _Candidates:
 
 def _key(cands: _Candidates, layout: _Layout) -> tuple[str, dict]:
     from agspeed.backends import knowledge
-    from agspeed.backends._protocol import graph_devices, is_dynamic, placeholder_values
+    from agspeed.backends._protocol import graph_devices
 
     env = dict(knowledge.environment(graph_devices(cands.inputs)),
                ddp=layout._asdict(), backend=cands.name)
-    values = placeholder_values(cands.gm) if is_dynamic(cands.gm) else cands.inputs
-    return knowledge.graph_key(cands.gm, values, env), env
+    return knowledge.graph_key(cands.gm, cands.inputs, env), env
 
 
 def compile_cut(name: str, backend: Any, gm: Any, inputs: list, ddp: Any) -> tuple[Any, str | None]:

@@ -44,7 +44,7 @@ from typing import Any, Callable, NamedTuple
 from agspeed.backends import _measure, knowledge
 from agspeed.backends._outputs import flat_output
 from agspeed.backends._protocol import (Capabilities, autocast_state, graph_devices,
-                                        is_dynamic, placeholder_values, why_not)
+                                        why_not)
 
 __all__ = ["autotuner", "compile_graph", "default_candidates", "Autotuner", "Decision",
            "decisions", "clear_decisions"]
@@ -226,8 +226,7 @@ class _Tuning:
         self.budget = float(options.get("tune_budget") or config.tune_budget)
         self.names = _names(options, self.devices)
         self.env = knowledge.environment(self.devices)
-        key_inputs = placeholder_values(gm) if is_dynamic(gm) else inputs
-        self.key = knowledge.graph_key(gm, key_inputs, self.env)
+        self.key = knowledge.graph_key(gm, inputs, self.env)
         ops = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method",
                                                           "call_module"))
         self.meta = {"graph": self.where, "ops": ops, "training": self.training}

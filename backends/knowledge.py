@@ -122,9 +122,14 @@ def _state(device_types: Any) -> list:
 def graph_key(gm: Any, inputs: list, env: dict) -> str:
     """The stable key of ``gm`` run on inputs like ``inputs`` in environment ``env``.
 
-    ``inputs`` are the placeholders' values; a dynamic graph's are its fake values, whose
-    symbolic sizes print as symbols, so every size of it shares one key.
+    ``inputs`` are the placeholders' values.  A dynamic graph is described by its
+    placeholders' fake values instead, whose symbolic sizes print as symbols, so every
+    size of it shares one key.
     """
+    from agspeed.backends._protocol import is_dynamic, placeholder_values
+
+    if is_dynamic(gm):
+        inputs = placeholder_values(gm)
     devices = {t.device.type for t in inputs if hasattr(t, "device")}
     consts = []
     for node in gm.graph.nodes:
