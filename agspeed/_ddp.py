@@ -232,7 +232,7 @@ def _build(name: str, backend: Any, flat: Any, inputs: list, pieces: dict,
             return fn(*args)
 
     try:
-        Compiling(split).run(*[inputs[i].size(d) for i, d in sized], *inputs)
+        Compiling(split).run(*_split.size_values(sized, inputs), *inputs)
     finally:
         state.restore()
     if not sized:
@@ -240,7 +240,7 @@ def _build(name: str, backend: Any, flat: Any, inputs: list, pieces: dict,
     forward = split.forward
 
     def with_sizes(*args: Any) -> Any:
-        return forward(*[args[i].size(d) for i, d in sized], *args)
+        return forward(*_split.size_values(sized, args), *args)
 
     return with_sizes
 
@@ -273,7 +273,7 @@ class _Candidates:
         self.flat, self.wrap = flat_output(gm)
         self.flat.meta.update(gm.meta)
         self.sized = _split.bind_sizes(self.flat)
-        sizes = [inputs[i].size(d) for i, d in self.sized]
+        sizes = _split.size_values(self.sized, inputs)
         cap, first = _caps(ddp)
         self.plans = _split.plans(self.flat, sizes + list(inputs), _reduced(ddp), cap, first)
         self.sizes = [_split.count(p) for p in self.plans]
@@ -316,6 +316,8 @@ def compile_cut(name: str, backend: Any, gm: Any, inputs: list, ddp: Any) -> tup
         _warn.warning("agspeed: %s: cannot cut the graph for DDP (%s: %s); compiled whole",
                       where, type(exc).__name__, exc)
         return compile_graph(name, backend, gm, inputs)
+    if len(cands.sizes) == 1:  # nothing to choose, to remember or to agree on
+        return _compile_one(cands, 0, where, "only cut")
     layout = _layout(ddp)
     key, env = _key(cands, layout)
     rec = None if config.retune else knowledge.load(key, env)
@@ -332,16 +334,13 @@ def compile_cut(name: str, backend: Any, gm: Any, inputs: list, ddp: Any) -> tup
             _warn.warning("agspeed: %s: rank %d did not say how to cut this graph; this "
                           "rank decides alone", where, first)
     labels = [_label(n) for n in cands.sizes]
-    if len(labels) == 1 or remembered in labels or config.ddp_tune_steps == 0:
+    if remembered in labels or config.ddp_tune_steps == 0:
         k = labels.index(remembered) if remembered in labels else 0
-        source = ("only cut" if len(labels) == 1 else
-                  "knowledge base" if remembered in labels else "bucket rule")
-        fn, failed, used = _compile_or_fall_back(cands, k, where)
-        _note(Split(where, used, {}, source if used == cands.sizes[k] else "fallback"))
+        source = "knowledge base" if remembered in labels else "bucket rule"
         if source == "knowledge base":
             _log.info("%s: knowledge base says cut in %s for DDP; not measuring again",
                       where, labels[k])
-        return fn, failed
+        return _compile_one(cands, k, where, source)
     compiled = []
     for k in range(len(labels)):
         try:
@@ -361,20 +360,26 @@ def compile_cut(name: str, backend: Any, gm: Any, inputs: list, ddp: Any) -> tup
     return _Tuner(ddp, board, cands.sizes, compiled, key, env, meta, cuda), None
 
 
-def _compile_or_fall_back(cands: _Candidates, k: int,
-                          where: str) -> tuple[Any, str | None, int]:
-    """Candidate ``k`` compiled, or else the whole graph: (callable, why the backend
-    failed or None, the pieces it runs in)."""
+def _compile_one(cands: _Candidates, k: int, where: str,
+                 source: str) -> tuple[Any, str | None]:
+    """Candidate ``k`` compiled, or else the whole graph, like ``compile_graph``:
+    (callable, why the backend failed or None); the cut used is noted with ``source``
+    ("fallback" when it was the whole graph instead)."""
     from agspeed.backends.autotune import compile_graph
 
+    if cands.sizes[k] == 1:  # the whole graph: its failure is compile_graph's to report
+        _note(Split(where, 1, {}, source))
+        return compile_graph(cands.name, cands.backend, cands.gm, cands.inputs)
     try:
-        return cands.compile(k), None, cands.sizes[k]
+        fn = cands.compile(k)
     except Exception as exc:  # noqa: BLE001 - the whole graph still runs
         _warn.warning("agspeed: %s: the DDP cut in %s failed to compile (%s: %s); "
                       "compiled whole", where, _label(cands.sizes[k]), type(exc).__name__,
                       exc)
-        fn, failed = compile_graph(cands.name, cands.backend, cands.gm, cands.inputs)
-        return fn, failed, 1
+        _note(Split(where, 1, {}, "fallback"))
+        return compile_graph(cands.name, cands.backend, cands.gm, cands.inputs)
+    _note(Split(where, cands.sizes[k], {}, source))
+    return fn, None
 
 
 class _Tuner:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-__all__ = ["bind_sizes", "plan", "plans", "cut"]
+__all__ = ["bind_sizes", "size_values", "plan", "plans", "cut"]
 
 
 def _param_bytes(gm: Any, inputs: list, sizes: dict[int, int]) -> dict[Any, int]:
@@ -136,6 +136,11 @@ def bind_sizes(gm: Any) -> list[tuple[int, int]]:
             gm.graph.placeholder(f"size_{k}").meta["example_value"] = size
     gm.recompile()
     return [(index, dim) for index, dim, _ in found]
+
+
+def size_values(sized: list[tuple[int, int]], values: Any) -> list:
+    """The sizes ``bind_sizes`` made inputs, read from the graph's other ``values``."""
+    return [values[i].size(d) for i, d in sized]
 
 
 def cut(gm: Any, pieces: dict[Any, int]) -> Any:

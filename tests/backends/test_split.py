@@ -11,15 +11,16 @@ import agspeed  # noqa: E402
 from agspeed.backends import _split  # noqa: E402
 
 
-def capture(model, *args):
-    """The graph agspeed captures for ``model(*args)`` and its example inputs."""
+def capture(model, *args, **options):
+    """The graph agspeed captures for ``model(*args)`` (``optimize`` given ``options``)
+    and its example inputs."""
     seen = []
 
     def backend(gm, example_inputs):
         seen.append((gm, list(example_inputs)))
         return gm.forward
 
-    agspeed.optimize(model, backend=backend)(*args)
+    agspeed.optimize(model, backend=backend, **options)(*args)
     (gm, inputs), = seen
     return gm, inputs
 
@@ -100,19 +101,12 @@ def test_the_cut_graph_computes_what_the_graph_does():
 
 
 def test_symbolic_sizes_become_inputs_the_pieces_pass_on():
-    seen = []
-
-    def backend(gm, example_inputs):
-        seen.append((gm, list(example_inputs)))
-        return gm.forward
-
     model = stack()
-    agspeed.optimize(model, backend=backend, dynamic=True)(torch.randn(6, 16))
-    (gm, inputs), = seen
+    gm, inputs = capture(model, torch.randn(6, 16), dynamic=True)
     sized = _split.bind_sizes(gm)
     assert sized == [(0, 0)]  # the batch size of the data input
     assert _split.bind_sizes(gm) == []  # bound once
-    sizes = [inputs[i].size(d) for i, d in sized]
+    sizes = _split.size_values(sized, inputs)
     layer = (32 * 32 + 32) * 4
     pieces = _split.plan(gm, sizes + inputs, sizes_of(model), cap=layer, first_cap=layer)
     split = _split.cut(gm, pieces)
