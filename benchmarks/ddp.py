@@ -47,6 +47,8 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 
+from train import autocast  # noqa: E402  (the single-process benchmark's precisions)
+
 RUNTIMES = ("eager", "compile", "agspeed")
 LOSS_RTOL = {"fp32": 1e-3, "bf16": 1e-2, "fp16": 1e-2}
 
@@ -75,13 +77,6 @@ def parse_args(argv=None):
 
 
 # --- in each rank ---------------------------------------------------------------------
-
-
-def autocast(precision: str, device: str):
-    kind = device.split(":")[0]
-    if precision == "fp32":
-        return torch.autocast(kind, enabled=False)
-    return torch.autocast(kind, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
 class Runner:
