@@ -3,9 +3,9 @@
 The captured GraphModule goes to the context's backend through
 ``backends.autotune.compile_graph`` (for ``"auto"`` the autotuner, which chooses a
 backend for this graph); a training graph of a module under DDP is cut into pieces
-first, each compiled so (``agspeed._ddp``).  A backend that cannot take the graph, or fails on it, is
-logged with a warning and the graph runs as captured (``gm.forward``): the entry runs
-either way.  The new entry's guards and graph are logged here (``guards`` and ``graphs``
+first, each compiled so (``agspeed._ddp``).  A backend that cannot take the graph, or
+fails on it, is logged with a warning and the graph runs as captured (``gm.forward``):
+the entry runs either way.  The new entry's guards and graph are logged here (``guards`` and ``graphs``
 topics), once per entry.
 
 Which entries exist, and whether a capture gets one at all, is decided before this step

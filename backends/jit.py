@@ -422,17 +422,14 @@ def _say_deprecated(torch: Any) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _no_stored_inputs_supported(trace: Any) -> bool:
-    import inspect
-
-    return "_store_inputs" in inspect.signature(trace).parameters
-
-
-def _no_stored_inputs(torch: Any) -> dict:
+def _no_stored_inputs(trace: Any) -> dict:
     """The argument that keeps ``torch.jit.trace`` from storing its example inputs in the
     traced module: they are the graph's real inputs (the model's parameters among them),
     which the compiled graph would keep alive for as long as its cache entry lives."""
-    return {"_store_inputs": False} if _no_stored_inputs_supported(torch.jit.trace) else {}
+    import inspect
+
+    return {"_store_inputs": False} if "_store_inputs" in inspect.signature(trace).parameters \
+        else {}
 
 
 def _trace(torch: Any, module: Any, example_inputs: list) -> Any:
@@ -442,7 +439,7 @@ def _trace(torch: Any, module: Any, example_inputs: list) -> Any:
         warnings.simplefilter("always")  # see every TracerWarning, torch's own included
         try:
             traced = torch.jit.trace(module, tuple(example_inputs), check_trace=False,
-                                     strict=False, **_no_stored_inputs(torch))
+                                     strict=False, **_no_stored_inputs(torch.jit.trace))
         except Exception as exc:
             raise RuntimeError(f"jit: tracing failed ({type(exc).__name__}: {exc})") from exc
     _say_deprecated(torch)
