@@ -13,13 +13,14 @@ ready one by one as in plain PyTorch), is cut into pieces along DDP's buckets
 DDP's bucket rule, which torch.compile uses, starts communication earliest; fewer pieces
 fuse more.  So the candidates are that rule and the rule with its bucket caps doubled
 again and again, down to the whole graph, and the first training steps measure them
-(``_Tuner``): each candidate runs in turn, the time from one call of the graph to the
-next is its step time, and after ``config.ddp_tune_steps`` measured steps of each (and
+(``backends._confirm.Turns``): each candidate runs for a whole step in turn, a step
+being the time from one ``optimizer.step()`` to the next (micro-batches under
+``no_sync()`` included), and after ``config.ddp_tune_steps`` measured steps of each (and
 two unmeasured rounds) the ranks post their medians to each other (``_Board``), and each
 takes the same fastest candidate by the slowest rank's time (a step is as slow as the
-slowest rank).  A candidate must beat the bucket rule by more than ``_MARGIN`` to
-replace it.  Only steps that reduce gradients count: calls under ``no_sync()`` run the
-current candidate unmeasured.
+slowest rank), once all have posted (``_Decider``; the steps go on with the bucket rule
+meanwhile).  A candidate must beat the bucket rule by more than ``_MARGIN`` to replace
+it.  A loop without torch.optim has no step clock: it keeps the bucket rule.
 
 The choice is stored in the knowledge base (a record keyed by the graph, its inputs, the
 environment and the DDP layout: world size, bucket caps, communication backend).  A later
@@ -40,7 +41,6 @@ import math
 import sys
 import threading
 import time
-import weakref
 from statistics import median
 from typing import Any, NamedTuple
 
@@ -152,6 +152,15 @@ class _Board:
     def post(self, name: str, value: Any) -> None:
         self.store.set(f"{self.prefix}{name}/{self.rank}", json.dumps(value))
 
+    def peek(self, name: str, ranks: list) -> dict:
+        """rank -> value posted as ``name`` by those of ``ranks`` that have, now."""
+        got = {}
+        for r in ranks:
+            key = f"{self.prefix}{name}/{r}"
+            if self.store.check([key]):
+                got[r] = json.loads(self.store.get(key))
+        return got
+
     def read(self, name: str, ranks: list) -> dict:
         """rank -> value posted as ``name`` by each of ``ranks`` within the wait."""
         import datetime
@@ -163,11 +172,7 @@ class _Board:
             self.store.wait(keys, datetime.timedelta(seconds=config.ddp_wait))
         except Exception:  # noqa: BLE001 - a timeout: take what arrived
             pass
-        got = {}
-        for r, key in zip(ranks, keys):
-            if self.store.check([key]):
-                got[r] = json.loads(self.store.get(key))
-        return got
+        return self.peek(name, ranks)
 
 
 def _board(group: Any, gm: Any, inputs: list, layout: "_Layout") -> "_Board | None":
@@ -305,7 +310,7 @@ def compile_cut(name: str, backend: Any, gm: Any, inputs: list, ddp: Any) -> tup
     """``gm`` compiled by ``backend`` for training under ``ddp``; like ``compile_graph``,
     (callable, None) or (a fallback, why)."""
     from agspeed import config
-    from agspeed.backends import knowledge
+    from agspeed.backends import _confirm, knowledge
     from agspeed.backends._protocol import graph_devices
     from agspeed.backends.autotune import compile_graph
 
@@ -357,7 +362,9 @@ def compile_cut(name: str, backend: Any, gm: Any, inputs: list, ddp: Any) -> tup
         return compiled[live[0]], None
     meta = {"graph": where, "kind": "ddp cut", "training": True}
     cuda = "cuda" in graph_devices(inputs)
-    return _Tuner(ddp, board, cands.sizes, compiled, key, env, meta, cuda), None
+    decide = _Decider(board, cands.sizes, live, key, env, meta, config.ddp_tune_steps)
+    return _confirm.turns([compiled[k] for k in live], config.ddp_tune_steps,
+                          _WARM_ROUNDS, cuda, where, decide, decide.gave_up, inputs), None
 
 
 def _compile_one(cands: _Candidates, k: int, where: str,
@@ -382,96 +389,71 @@ def _compile_one(cands: _Candidates, k: int, where: str,
     return fn, None
 
 
-class _Tuner:
-    """The compiled callable of a DDP graph while its cut is measured, then the chosen
-    cut's.  Every rank runs the same schedule and reads the same step times from the
-    board, so each makes the same choice."""
+class _Decider:
+    """How a DDP graph's measured cuts become one choice, the same on every rank: each
+    rank posts its median step time per cut to the board and takes, once every rank has
+    posted (or ``config.ddp_wait`` seconds after its own post, with a warning), the
+    fastest cut by the slowest rank's time.  It never blocks: until the others have
+    posted, the steps go on with the bucket rule (``_confirm.Turns`` asks again at each
+    step), so ranks whose turns began at different steps (one recompiled for a shape the
+    others saw earlier) cannot stall each other's allreduce.  Ranks in step decide at
+    the same step: the one after they post."""
 
-    def __init__(self, ddp: Any, board: "_Board | None", sizes: list, compiled: list,
-                 key: str, env: dict, meta: dict, cuda: bool) -> None:
-        from agspeed import config
-
-        self.ddp = weakref.ref(ddp)
-        self.board = board
-        self.sizes, self.compiled = sizes, compiled
-        self.live = [k for k, fn in enumerate(compiled) if fn is not None]
+    def __init__(self, board: "_Board | None", sizes: list, live: list, key: str,
+                 env: dict, meta: dict, steps: int) -> None:
+        self.board, self.sizes, self.live = board, sizes, live
         self.key, self.env, self.meta = key, env, meta
-        self.cuda = cuda
-        self.steps = config.ddp_tune_steps
-        self.samples: dict[int, list[float]] = {k: [] for k in self.live}
-        self.calls = 0
-        self.last: tuple[int, float] | None = None
-        self.current = self.live[0]
-        self.chosen: Any = None
+        self.steps = steps
+        self.posted: float | None = None
 
-    def __call__(self, *args: Any) -> Any:
-        if self.chosen is not None:
-            return self.chosen(*args)
-        return self._tuning(args)
+    def __call__(self, samples: list) -> int | None:
+        local = [median(s) if s else math.inf for s in samples]
+        times = self._slowest(local)
+        if times is None:
+            return None
+        base = times[0]
+        best = min(range(len(times)), key=times.__getitem__)
+        if not times[best] < base * (1 - _MARGIN):
+            best = 0
+        self._remember(times, best)
+        return best
 
-    def _now(self) -> float:
-        if self.cuda:
-            import torch
+    def gave_up(self) -> None:
+        """The turns ended without a decision: the bucket rule stays, unremembered."""
+        _note(Split(self.meta["graph"], self.sizes[self.live[0]], {}, "bucket rule"))
 
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    def _tuning(self, args: tuple) -> Any:
-        import torch
-
-        ddp = self.ddp() or active()  # the module may have been wrapped in DDP again
-        now = self._now()
-        if self.last is not None:
-            k, start = self.last
-            self.samples[k].append(now - start)
-            self.last = None
-        syncing = ddp is not None and ddp.require_backward_grad_sync and \
-            torch.is_grad_enabled()
-        if not syncing:
-            return self.compiled[self.current](*args)
-        total = len(self.live) * (_WARM_ROUNDS + self.steps)
-        if self.calls >= total:
-            self._decide()
-            return self.chosen(*args)
-        rnd, turn = divmod(self.calls, len(self.live))
-        self.calls += 1
-        self.current = self.live[turn]
-        if rnd >= _WARM_ROUNDS:
-            self.last = (self.current, now)
-        return self.compiled[self.current](*args)
-
-    def _slowest(self, local: list) -> list:
-        """Each candidate's time on the slowest rank, in ``self.live``'s order: posted by
-        label, so ranks whose compiled candidates differ still compare the same cuts; a
-        cut some rank lacks counts as never faster.  Without a board, or with ranks
-        missing (logged), the ranks that answered decide."""
-        labels = [_label(self.sizes[k]) for k in self.live]
+    def _slowest(self, local: list) -> list | None:
+        """Each cut's time on the slowest rank, in ``self.live``'s order, or None while
+        ranks have yet to post.  Posted by label, so ranks whose compiled cuts differ
+        still compare the same cuts; a cut some rank lacks counts as never faster.
+        Without a board, this rank's own times."""
         if self.board is None:
             return local
-        self.board.post("times", dict(zip(labels, local)))
-        got = self.board.read("times", self.board.ranks)
+        labels = [_label(self.sizes[k]) for k in self.live]
+        if self.posted is None:
+            # read from the next step on: that step's allreduce passes every rank in
+            # step with this one past its own post, so such ranks decide together
+            self.board.post("times", dict(zip(labels, local)))
+            self.posted = time.monotonic()
+            return None
+        got = self.board.peek("times", self.board.ranks)
         missing = sorted(set(self.board.ranks) - set(got))
         if missing:
+            from agspeed import config
+
+            if time.monotonic() - self.posted < config.ddp_wait:
+                return None
             _warn.warning("agspeed: %s: ranks %s did not report their DDP step times; "
                           "the cut is chosen without them", self.meta["graph"], missing)
         rows = [v for v in got.values() if isinstance(v, dict)] or [dict(zip(labels, local))]
         return [max(row.get(label, math.inf) for row in rows) for label in labels]
 
-    def _decide(self) -> None:
+    def _remember(self, times: list, best: int) -> None:
         from agspeed.backends import knowledge
 
-        local = [median(self.samples[k]) if self.samples[k] else math.inf
-                 for k in self.live]
-        times = self._slowest(local)
-        base = times[0]
-        best = min(range(len(times)), key=times.__getitem__)
-        if not times[best] < base * (1 - _MARGIN):
-            best = 0
         k = self.live[best]
-        self.chosen = self.compiled[k]
-        self.compiled = [None] * len(self.compiled)  # the others' memory goes
         measured = {_label(self.sizes[j]): t for j, t in zip(self.live, times)}
-        where = self.meta["graph"]
+        base = times[0]
         for j, t in zip(self.live, times):
             ratio = base / t if t and math.isfinite(base) else 0.0
             m = {"status": "ok", "median_s": t, "ratio": ratio, "rounds": self.steps} \
@@ -488,6 +470,7 @@ class _Tuner:
                     knowledge.choose(self.key, self.env, self.meta, _label(self.sizes[k]))
             except (OSError, ValueError) as exc:
                 _warn.warning("agspeed: cannot write the knowledge base (%s)", exc)
+        where = self.meta["graph"]
         _note(Split(where, self.sizes[k], {self.sizes[j]: t for j, t in
                                            zip(self.live, times)}, "tuned"))
         if _log.isEnabledFor(logging.INFO):

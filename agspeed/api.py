@@ -157,9 +157,10 @@ def disable(fn: Callable | None = None) -> Any:
 
 def reset() -> None:
     """Forget everything the runtime cached: code caches, skip marks, counters, records,
-    the autotuner's decisions and DDP cuts in this process (the knowledge base on disk
-    stays)."""
+    the autotuner's decisions, its checks on training steps and DDP cuts in this process
+    (the knowledge base on disk stays)."""
     from agspeed._ddp import clear_splits
+    from agspeed.backends import _confirm
     from agspeed.backends.autotune import clear_decisions
 
     _C.clear_caches()
@@ -167,6 +168,7 @@ def reset() -> None:
     _runtime.clear()
     clear_decisions()
     clear_splits()
+    _confirm.clear()
 
 
 def counters() -> dict[str, int]:

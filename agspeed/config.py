@@ -223,6 +223,11 @@ KNOBS: dict[str, Knob] = {
         Knob("progress", "AGSPEED_PROGRESS", lambda: True, _parse_bool, (bool,), _same,
              "show a progress bar on stderr while tuning takes more than a second "
              "(only when stderr is a terminal)"),
+        Knob("confirm_steps", "AGSPEED_CONFIRM_STEPS", lambda: 5, _parse_count, (int,),
+             _check_count,
+             "training steps of each (the autotuner's choice and eager, in turns) on which "
+             "a training graph's choice is checked on the program's own loop before it "
+             "is kept for good; 0: the graph-level measurement alone decides"),
         Knob("ddp_tune_steps", "AGSPEED_DDP_TUNE_STEPS", lambda: 5, _parse_count,
              (int,), _check_count,
              "training steps each candidate cut of a DDP graph is measured for before "

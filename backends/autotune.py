@@ -19,7 +19,11 @@ it), the autotuner:
    soon as it is made;
 5. keeps the candidate with the best median speedup among those whose speedup held in
    three turns of four by more than ``_MARGIN`` (the lower quartile of the per-turn
-   ratios); otherwise eager.  Ties keep eager.
+   ratios); otherwise eager.  Ties keep eager;
+6. for a training graph, checks a compiled choice once more on the program's own steps
+   (``_confirm``: the choice and eager in turns, timed from one optimizer step to the
+   next), and runs eager from then on where the choice loses there.  The knowledge base
+   keeps that verdict too, so a remembered choice is checked once.
 
 Tuning never changes what the program computes.  Every run starts from the state eager
 started from (``_measure.State``: mutated inputs and random generators put back), no
@@ -69,6 +73,9 @@ class Decision(NamedTuple):
     seconds: float      # time spent deciding (tuning, or compiling the remembered choice)
     source: str         # "tuned" or "knowledge base"
     key: str            # the knowledge base's key
+    # the choice's speedup over eager on the program's own training steps, once checked
+    # there (``_confirm``); ``choice`` is then what won there
+    loop: float | None = None
 
 
 _DECISIONS: list[Decision] = []
@@ -90,6 +97,38 @@ def _decided(t: "_Tuning", choice: str, speedup: float, source: str) -> None:
     with _decisions_lock:
         _DECISIONS.append(Decision(t.where, choice, speedup,
                                    time.perf_counter() - t.started, source, t.key))
+
+
+def _checked(key: str, verdict: dict) -> None:
+    """The program's steps gave ``verdict`` on the choice for ``key``: its decision says
+    so, and what won there."""
+    with _decisions_lock:
+        for k in range(len(_DECISIONS) - 1, -1, -1):
+            d = _DECISIONS[k]
+            if d.key == key:
+                _DECISIONS[k] = d._replace(choice=d.choice if verdict["kept"] else "eager",
+                                           loop=verdict["ratio"])
+                return
+
+
+def _watched(t: "_Tuning", choice: str, fn: Callable) -> Callable:
+    """``fn``, the callable of ``choice`` for ``t``'s graph, checked on the program's own
+    training steps first when it is a compiled choice for a training graph
+    (``_confirm``); the verdict goes to the knowledge base and the decision."""
+    from agspeed.backends import _confirm
+
+    if not t.training or choice == "eager":
+        return fn
+    key, env, meta = t.key, t.env, t.meta  # not t: it holds the captured call's inputs
+
+    def report(verdict: dict) -> None:
+        _checked(key, verdict)
+        try:
+            knowledge.confirm(key, env, meta, choice, verdict)
+        except OSError as exc:
+            _warn.warning("agspeed: cannot write the knowledge base (%s)", exc)
+
+    return _confirm.watching(fn, t.gm.forward, t.cuda, t.where, report, t.inputs)
 
 
 def default_candidates(devices: set) -> tuple:
@@ -393,7 +432,9 @@ def tune(gm: Any, inputs: list, options: dict | None = None) -> Callable[..., An
                       "again (compiled in %.2f s)", t.where, choice, ratio,
                       rec.get("updated", "before"), seconds)
         _decided(t, choice, rec["candidates"][choice]["ratio"], "knowledge base")
-        return fn
+        if knowledge.confirmed(rec):
+            return fn
+        return _watched(t, choice, fn)
     done = {} if rec is None or config.retune else {
         n: m for n, m in rec["candidates"].items() if n in t.names}
     choice, measured, tuned = _tune(t, done)
@@ -410,8 +451,8 @@ def tune(gm: Any, inputs: list, options: dict | None = None) -> Callable[..., An
         except Exception as exc:  # noqa: BLE001
             _warn.warning("agspeed: %s: %s failed to compile again (%s); it runs eager",
                           t.where, choice, exc)
-            fn = gm.forward
-    return fn
+            return gm.forward
+    return _watched(t, choice, fn)
 
 
 class Autotuner:

@@ -3,7 +3,9 @@
 It is the one owner of ``config.cache_dir``.  Below it:
 
     tuning/<key>.json        one record per graph: each candidate backend's measurement
-                             and the choice (the autotuner writes them, one at a time)
+                             and the choice (the autotuner writes them, one at a time),
+                             and what the program's own steps said of a training
+                             graph's choice ("loop", ``backends._confirm``)
     tuning/<key>.json.lock   its lock (filelock), shared by processes and threads
     inductor/                inductor's compiled artifacts (``artifact_dir("inductor")``)
 
@@ -40,7 +42,7 @@ import threading
 from typing import Any, Iterator
 
 __all__ = ["FORMAT", "root", "artifact_dir", "environment", "graph_key", "load", "record",
-           "choose", "records", "info", "clear"]
+           "choose", "confirm", "confirmed", "records", "info", "clear"]
 
 FORMAT = 1
 _log = logging.getLogger("agspeed")
@@ -256,6 +258,7 @@ def record(key: str, env: dict, meta: dict, name: str, measurement: dict) -> dic
     def change(rec: dict) -> None:
         rec["candidates"][name] = measurement
         rec["choice"] = None  # a choice is made over the complete set, by choose()
+        rec.pop("loop", None)  # and checked on the program's steps again
 
     return _update(key, env, meta, change)
 
@@ -269,6 +272,25 @@ def choose(key: str, env: dict, meta: dict, name: str) -> dict:
         rec["choice"] = name
 
     return _update(key, env, meta, change)
+
+
+def confirm(key: str, env: dict, meta: dict, name: str, verdict: dict) -> dict:
+    """Store what the program's own steps said of the choice ``name`` for ``key``
+    (``backends._confirm``): kept, or replaced by eager."""
+
+    def change(rec: dict) -> None:
+        rec["loop"] = {"candidate": name, **verdict}
+        if not verdict["kept"] and rec["candidates"].get("eager", {}).get("status") == "ok":
+            rec["choice"] = "eager"
+
+    return _update(key, env, meta, change)
+
+
+def confirmed(rec: dict) -> bool:
+    """Whether the program's steps checked ``rec``'s choice (and kept it)."""
+    loop = rec.get("loop")
+    return isinstance(loop, dict) and loop.get("candidate") == rec.get("choice") and \
+        loop.get("kept") is True
 
 
 def _files() -> Iterator[str]:

@@ -36,12 +36,12 @@ class WithUnused(Net):
         return out
 
 
-def batches(rank, n, batch=8, last=None, sizes=None):
-    """``n`` batches for ``rank``; the last one of ``last`` rows when given, or of the
-    ``sizes`` given in turn."""
+def batches(rank, n, batch=8, last=None, sizes=None, first=None):
+    """``n`` batches for ``rank``; the first one of ``first`` rows and the last one of
+    ``last`` rows when given, or of the ``sizes`` given in turn."""
     g = torch.Generator().manual_seed(100 + rank)
     sizes = [sizes[k % len(sizes)] for k in range(n)] if sizes else \
-        [batch] * (n - 1) + [last or batch]
+        [first or batch] + [batch] * (n - 2) + [last or batch]
     return [(torch.randn(b, 16, generator=g), torch.randint(0, 5, (b,), generator=g))
             for b in sizes]
 
@@ -113,7 +113,7 @@ def main():
     torch.manual_seed(0)
     model = make(depth=s.get("depth", 3))
     data = batches(rank, s.get("steps", 8), last=s.get("last_batch", {}).get(str(rank)),
-                   sizes=s.get("sizes"))
+                   sizes=s.get("sizes"), first=s.get("first_batch", {}).get(str(rank)))
 
     torch.manual_seed(1)
     train(wrap(eager_model, s, False), data, s)
