@@ -3,10 +3,11 @@
 The captured GraphModule goes to the context's backend through
 ``backends.autotune.compile_graph`` (for ``"auto"`` the autotuner, which chooses a
 backend for this graph); a training graph of a module under DDP is cut into pieces
-first, each compiled so (``agspeed._ddp``).  A backend that cannot take the graph, or
-fails on it, is logged with a warning and the graph runs as captured (``gm.forward``):
-the entry runs either way.  The new entry's guards and graph are logged here (``guards`` and ``graphs``
-topics), once per entry.
+first, each compiled so (``agspeed._ddp``), and a training graph compiled outside DDP
+is cut the first time it runs under one (``_ddp.later``).  A backend that cannot take
+the graph, or fails on it, is logged with a warning and the graph runs as captured
+(``gm.forward``): the entry runs either way.  The new entry's guards and graph are
+logged here (``guards`` and ``graphs`` topics), once per entry.
 
 Which entries exist, and whether a capture gets one at all, is decided before this step
 (``agspeed._policy``, ``agspeed._runtime``).
@@ -42,6 +43,8 @@ def compile_capture(ctx: Any, result: Any, where: str) -> Any:
         compiled, failed = _ddp.compile_cut(ctx.backend_name, ctx.backend, gm, inputs, ddp)
     else:
         compiled, failed = compile_graph(ctx.backend_name, ctx.backend, gm, inputs)
+        if ddp is None and not failed:
+            compiled = _ddp.later(ctx.backend_name, ctx.backend, gm, inputs, compiled)
     if failed:
         _internal_log.warning("agspeed: %s: %s; its graph runs eagerly", where, failed)
     return numpy_outputs(gm.meta.get("agspeed_numpy"), compiled)

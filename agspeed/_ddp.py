@@ -41,10 +41,12 @@ import math
 import sys
 import threading
 import time
+import weakref
 from statistics import median
 from typing import Any, NamedTuple
 
-__all__ = ["active", "wants_cut", "compile_cut", "Split", "splits", "clear_splits"]
+__all__ = ["active", "wants_cut", "compile_cut", "later", "Split", "splits",
+           "clear_splits"]
 
 _log = logging.getLogger("agspeed.autotune")
 _warn = logging.getLogger("agspeed")
@@ -190,6 +192,58 @@ def _board(group: Any, gm: Any, inputs: list, layout: "_Layout") -> "_Board | No
 
 def _label(n: int) -> str:
     return "1 piece" if n == 1 else f"{n} pieces"
+
+
+def later(name: str, backend: Any, gm: Any, inputs: list, compiled: Any) -> Any:
+    """``compiled``, ``gm`` compiled outside DDP, made to cut the graph the first time a
+    call runs under DDP: a model run before it is wrapped (a warm-up or evaluation
+    forward) reuses its graph under DDP, since DDP is not part of the guard, and uncut its
+    gradients would all reach DDP at the end of the backward.  ``compiled`` itself for a
+    graph no DDP would cut."""
+    import torch
+
+    from agspeed.backends import eager
+
+    dist = torch.distributed
+    if backend is eager.backend or not torch.is_grad_enabled() or \
+            not dist.is_available() or not dist.is_initialized():
+        return compiled  # no DDP without a process group
+    if not any(isinstance(v, torch.nn.Parameter) and v.requires_grad for v in inputs):
+        return compiled
+    return _Later(name, backend, gm, compiled)
+
+
+class _Later:
+    """A training graph compiled outside DDP: ``fn`` outside DDP, its cut under one."""
+
+    __slots__ = ("fn", "name", "backend", "gm", "ddp", "cut")
+
+    def __init__(self, name: str, backend: Any, gm: Any, fn: Any) -> None:
+        self.fn, self.name, self.backend, self.gm = fn, name, backend, gm
+        self.ddp: Any = None   # weak reference to the DDP module ``cut`` was made under
+        self.cut: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        ddp = active()
+        if ddp is None:
+            return self.fn(*args)
+        if self.ddp is None or self.ddp() is not ddp:
+            self.cut = self._compile(ddp, list(args))
+            self.ddp = weakref.ref(ddp)
+        return self.cut(*args)
+
+    def _compile(self, ddp: Any, args: list) -> Any:
+        """The graph cut for ``ddp`` and compiled on this call's inputs, as a capture
+        under it would have; ``fn`` when it reads no parameter ``ddp`` reduces."""
+        if not wants_cut(self.backend, args, ddp):
+            return self.fn
+        where = self.gm.meta.get("agspeed_where", "graph")
+        _log.info("%s: compiled outside DDP, now trained under it: cutting it", where)
+        fn, failed = compile_cut(self.name, self.backend, self.gm, args, ddp)
+        if failed:
+            _warn.warning("agspeed: %s: %s; it runs as compiled outside DDP", where, failed)
+            return self.fn
+        return fn
 
 
 class _Layout(NamedTuple):

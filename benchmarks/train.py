@@ -92,6 +92,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import agspeed  # noqa: E402
+from agspeed.backends import _confirm  # noqa: E402
 import _models  # noqa: E402
 from _report import add_device_args, default_out, machine, save, sync  # noqa: E402
 from plot import Svg, _nice_max, y_grid  # noqa: E402
@@ -289,7 +290,8 @@ def losses_agree(got: list[float], want: list[float], precision: str) -> tuple[b
 
 
 def run_rounds(args, base, data: list, precision: str, runtimes: list[str]) -> tuple:
-    """Prepare each runtime (WARM steps on its own), then time ``--rounds`` rounds in turns.
+    """Prepare each runtime (WARM steps on its own, and for agspeed until the checks of its
+    choices on the loop's steps end), then time ``--rounds`` rounds in turns.
     Returns the trainers, each one's preparation time, and agspeed's cache misses in the
     timed rounds."""
     warm_data, round_data = data[:args.warm_steps], data[args.warm_steps:]
@@ -298,6 +300,11 @@ def run_rounds(args, base, data: list, precision: str, runtimes: list[str]) -> t
         start = time.perf_counter()
         trainers[rt] = Trainer(rt, copy.deepcopy(base), precision, args.device, args.backend)
         for batch in warm_data:
+            trainers[rt].step(batch)
+        # agspeed's warm-up ends when its choices are checked on the loop's own steps
+        for batch in (warm_data * 4)[:3 * len(warm_data)]:
+            if not _confirm.hooked():
+                break
             trainers[rt].step(batch)
         prepare_s[rt] = time.perf_counter() - start
     before = agspeed.counters()

@@ -219,3 +219,57 @@ def test_a_cut_graph_keeps_neither_the_model_nor_ddp_alive(tmp_path):
     finally:
         agspeed.reset()
         dist.destroy_process_group()
+
+
+def test_a_graph_compiled_before_ddp_wraps_the_model_is_cut_under_it(tmp_path):
+    # a warm-up step before wrapping compiles the graph uncut; DDP is not in the guard,
+    # so the same entry serves the DDP steps: it cuts itself on its first call under DDP
+    import torch.distributed as dist
+
+    import agspeed
+    from _train import Net
+    from agspeed._ddp import splits
+    from ddp_worker import pieces_in_backward
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0,
+                            world_size=1)
+    try:
+        with agspeed.config.override(cache_dir=str(tmp_path / "cache"), ddp_tune_steps=0):
+            torch.manual_seed(0)
+            model, reference = Net(depth=3), Net(depth=3)
+            reference.load_state_dict(model.state_dict())
+            fast = agspeed.optimize(model, backend="jit")
+            data = [(torch.randn(8, 16), torch.randint(0, 5, (8,))) for _ in range(4)]
+            pieces = []
+            for net, wrapped in ((reference, False), (fast, True)):
+                opt = torch.optim.SGD(net.parameters(), lr=0.05)
+                loss = net(*data[0])  # the warm-up step, outside DDP
+                if wrapped:
+                    pieces.append(pieces_in_backward(loss))
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.01)
+                for x, y in data[1:]:
+                    loss = ddp(x, y)
+                    if wrapped:
+                        pieces.append(pieces_in_backward(loss))
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+            assert agspeed.counters()["graph_calls"] == 4
+            assert pieces[0] <= 1 and min(pieces[1:]) >= 2, pieces
+            assert [s.source for s in splits()] == ["bucket rule"]
+            for a, b in zip(model.parameters(), reference.parameters()):
+                torch.testing.assert_close(a, b)
+            # the entry remembers the DDP module it cut for weakly
+            import gc
+            import weakref
+
+            ref = weakref.ref(ddp)
+            del ddp, loss
+            gc.collect()
+            assert ref() is None
+    finally:
+        agspeed.reset()
+        dist.destroy_process_group()
