@@ -58,7 +58,8 @@ _log = logging.getLogger("agspeed.autotune")
 # compiled ones pays for the allocator's new pattern, and the first compiled step a lazy
 # setup some backends do on their second call.
 _WARM = 1
-# Steps in a row a watched graph may go uncalled before it is let go.
+# Steps a graph may go uncalled while it holds the turns (since it was last called)
+# before it is let go.
 _PATIENCE = 8
 # Calls of a graph waiting for its turns, with no optimizer step ever seen, after which
 # it is let go: a loop without torch.optim has no clock.
