@@ -114,14 +114,21 @@ def _caps(ddp: Any) -> tuple[int, int]:
     return cap, first
 
 
-def wants_cut(backend: Any, inputs: list, ddp: Any) -> bool:
-    """Whether a graph compiled by ``backend`` on ``inputs`` under ``ddp`` is cut: a
-    training graph reading parameters DDP reduces, for a backend other than eager."""
+def _trains(backend: Any) -> bool:
+    """Whether a graph compiled now by ``backend`` may be cut for DDP: gradients are on
+    and the backend is not eager (which runs op by op, so gradients are ready one by
+    one already)."""
     import torch
 
     from agspeed.backends import eager
 
-    if backend is eager.backend or not torch.is_grad_enabled():
+    return backend is not eager.backend and torch.is_grad_enabled()
+
+
+def wants_cut(backend: Any, inputs: list, ddp: Any) -> bool:
+    """Whether a graph compiled by ``backend`` on ``inputs`` under ``ddp`` is cut: a
+    training graph reading parameters DDP reduces, for a backend other than eager."""
+    if not _trains(backend):
         return False
     reduced = _reduced(ddp)
     return any(id(v) in reduced for v in inputs)
@@ -202,11 +209,8 @@ def later(name: str, backend: Any, gm: Any, inputs: list, compiled: Any) -> Any:
     graph no DDP would cut."""
     import torch
 
-    from agspeed.backends import eager
-
     dist = torch.distributed
-    if backend is eager.backend or not torch.is_grad_enabled() or \
-            not dist.is_available() or not dist.is_initialized():
+    if not _trains(backend) or not dist.is_available() or not dist.is_initialized():
         return compiled  # no DDP without a process group
     if not any(isinstance(v, torch.nn.Parameter) and v.requires_grad for v in inputs):
         return compiled

@@ -13,8 +13,8 @@ mechanism both use:
   the next is one training step, whatever runs between (data loading, the loss, the
   backward, clipping, other graphs).  Only an optimizer that updates the graph's
   parameters ticks its clock (for a graph without parameters, the first optimizer
-  stepped), so a loop with two optimizers (a GAN's) is not timed by halves.  On CUDA the hook synchronizes while a
-  graph is watched, so each step is charged its own kernels.
+  stepped), so a loop with two optimizers (a GAN's) is not timed by halves.  On CUDA the
+  hook synchronizes while a graph is watched, so each step is charged its own kernels.
 - From one step to the next the graph runs one variant: every call in a step runs the
   same one, so gradient accumulation (DDP's ``no_sync`` micro-batches included) and a
   graph called several times per step are timed whole.  A step in which the graph was not

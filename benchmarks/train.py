@@ -302,7 +302,7 @@ def run_rounds(args, base, data: list, precision: str, runtimes: list[str]) -> t
         for batch in warm_data:
             trainers[rt].step(batch)
         # agspeed's warm-up ends when its choices are checked on the loop's own steps
-        for batch in (warm_data * 4)[:3 * len(warm_data)]:
+        for batch in warm_data * 3:
             if not _confirm.hooked():
                 break
             trainers[rt].step(batch)
