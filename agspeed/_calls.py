@@ -97,6 +97,9 @@ class CallPolicy:
         ctx = self.plan_ctx(fn)  # type: ignore[attr-defined]  # agspeed._ctx
         if ctx is not None:
             return ctx
+        ckpt = self.checkpoint_plan(fn)  # type: ignore[attr-defined]  # agspeed._checkpoint
+        if ckpt is not None:
+            return ckpt
         if isinstance(fn, torch.nn.Module):
             return self._plan_module(fn, source)
         if fn in self.replayed_calls:  # type: ignore[attr-defined]

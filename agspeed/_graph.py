@@ -53,6 +53,7 @@ from typing import Any, Callable
 from agspeed._binding import Binding
 from agspeed._builder_types import GraphBreak, StorageSize, SymShape, concrete, holds_node
 from agspeed._calls import CallPolicy
+from agspeed._checkpoint import CheckpointPolicy, outline
 from agspeed._effects import SideEffects
 from agspeed._ctx import ContextPolicy
 from agspeed._dunders import Dunders
@@ -86,14 +87,15 @@ def _target_name(kind: str, target: Any) -> str:
 
 
 class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPolicy, Dunders,
-                   NumpyPolicy):
+                   NumpyPolicy, CheckpointPolicy):
     """One graph being captured: inputs by source, nodes with fake example values.
 
     The recording of nodes lives here; planning calls (``CallPolicy``), evaluating known
     values (``Folds``), binding arguments (``Binding``), the objects the capture makes
     (``Objects``), side effects on the program's objects (``SideEffects``), context
-    managers (``ContextPolicy``), Python special methods to inline (``Dunders``) and
-    NumPy code on tensors (``NumpyPolicy``) are its other parts."""
+    managers (``ContextPolicy``), Python special methods to inline (``Dunders``), NumPy
+    code on tensors (``NumpyPolicy``) and activation checkpointing (``CheckpointPolicy``)
+    are its other parts."""
 
     # a root byte offset the interpreter stops before (agspeed._resume), or None
     stop_at: int | None = None
@@ -240,6 +242,8 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
         A call made for its effect (logging) is replayed after the graph instead."""
         if fn in self.replayed_calls:
             return self.replay_call(fn, args, kwargs or {})
+        if fn in self.checkpoint_markers:
+            return self.checkpoint_call(fn, tuple(args))
         if isinstance(fn, NumpyCall):
             return self.numpy_call(fn, tuple(args), dict(kwargs or {}))
         return self._record("call_function", fn, tuple(args), dict(kwargs or {}))
@@ -497,8 +501,10 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
         result, template = self.numpy_output(result)
         self.graph.output(self._build_namedtuples(result))
         self._drop_unused_sizes()
+        root = self._torch.nn.Module()
+        outline(self.graph, root, self.checkpoint_regions)
         self.graph.lint()
-        gm = torch.fx.GraphModule(self._torch.nn.Module(), self.graph)
+        gm = torch.fx.GraphModule(root, self.graph)
         if template is not None:   # arrays leave the graph as tensors (agspeed._numpy)
             gm.meta["agspeed_numpy"] = template
         return gm
@@ -552,6 +558,9 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
 def _defaultdict(factory: str, items: dict) -> collections.defaultdict:
     """A defaultdict the graph returns; its factory (a builtin type) by name."""
     return collections.defaultdict(getattr(builtins, factory, None), items)
+
+
+_defaultdict.agspeed_rebuilds = collections.defaultdict  # type: ignore[attr-defined]
 
 
 def _legacy_name(source: str) -> str:

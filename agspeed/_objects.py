@@ -174,6 +174,7 @@ def _rebuilder(cls: type) -> Any:
         return rebuild_object(cls, attrs, items)
 
     rebuild.__name__ = rebuild.__qualname__ = f"rebuild_{cls.__name__}"
+    rebuild.agspeed_rebuilds = cls  # type: ignore[attr-defined]  # see backends._outputs
     return rebuild
 
 

@@ -17,16 +17,25 @@ This module does not import torch at import time.
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Callable
 
 __all__ = ["flat_output"]
 
 
+_STRUCTURES = (tuple, dict, set, frozenset, collections.deque)
+
+
 def _is_builder(node: Any) -> bool:
-    """A call node that only makes the output's structure: a namedtuple or torch.Size
-    made of output values by calling its class."""
-    return node.op == "call_function" and isinstance(node.target, type) and \
-        issubclass(node.target, tuple)
+    """A call node that only makes the output's structure: a namedtuple, torch.Size,
+    set, deque or dict subclass made of output values by calling its class, or an object
+    the frame made (a dataclass, a ``ModelOutput``) remade from its state
+    (``agspeed._objects``)."""
+    if node.op != "call_function":
+        return False
+    target = node.target
+    return (isinstance(target, type) and issubclass(target, _STRUCTURES)) or \
+        hasattr(target, "agspeed_rebuilds")
 
 
 class _Template:
@@ -37,7 +46,8 @@ class _Template:
         self.leaves: list = []
         self.index: dict = {}
         self.names: dict[str, Any] = {}
-        self.builders: list = []
+        self.builders: list = []  # consumers before what they use
+        self.built: dict = {}  # builder node -> its name in the expression
 
     def const(self, value: Any) -> str:
         if value is None or type(value) in (bool, int) or \
@@ -51,11 +61,16 @@ class _Template:
         from torch.fx import Node
 
         if isinstance(value, Node):
-            if _is_builder(value) and not value.users:  # used by the output alone
+            if _is_builder(value) and all(u in self.built for u in value.users):
+                # used by the output alone, or by a structure that is: made once, as
+                # b<k>, and that one object wherever it appears again
+                if value in self.built:
+                    return self.built[value]
+                name = self.built[value] = f"b{len(self.built)}"
                 self.builders.append(value)
                 args = [self.expr(a) for a in value.args]
                 kwargs = [f"{k}={self.expr(v)}" for k, v in value.kwargs.items()]
-                return f"{self.const(value.target)}({', '.join(args + kwargs)})"
+                return f"({name} := {self.const(value.target)}({', '.join(args + kwargs)}))"
             if value not in self.index:
                 self.index[value] = len(self.leaves)
                 self.leaves.append(value)
@@ -84,7 +99,7 @@ def flat_output(gm: Any) -> tuple[Any, Callable[[Callable], Callable]]:
     template = _Template()
     expr = template.expr(graph.graph_copy(gm.graph, {}))
     graph.output(tuple(template.leaves))
-    for node in reversed(template.builders):  # consumers first, then what they used
+    for node in template.builders:  # consumers first, then what they used
         if not node.users:
             graph.erase_node(node)
     flat = torch.fx.GraphModule(gm, graph)

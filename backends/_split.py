@@ -70,6 +70,9 @@ def plan(gm: Any, inputs: list, sizes: dict[int, int], cap: int,
             source = node.args[0]
             if source in pieces:
                 pieces[node] = pieces[source]
+    for node in nodes:  # a submodule (a checkpointed region's) goes with its call
+        if node.op == "get_attr" and node.users:
+            pieces[node] = min(pieces[u] for u in node.users)
     return _renumber(pieces)
 
 

@@ -101,7 +101,9 @@ def backend(gm: Any, example_inputs: list) -> Callable[..., Any]:
         raise RuntimeError(f"cudagraphs is unavailable: {reason}")
     from torch._functorch.aot_autograd import aot_module_simplified
 
-    return aot_module_simplified(gm, list(example_inputs), fw_compiler=_compiler,
+    from agspeed._checkpoint import tagged
+
+    return aot_module_simplified(tagged(gm), list(example_inputs), fw_compiler=_compiler,
                                  bw_compiler=_compiler)
 
 

@@ -118,10 +118,12 @@ def backend(gm: Any, example_inputs: list) -> Callable[..., Any]:
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
+    from agspeed._checkpoint import tagged
+
     _point_cache()
     with inductor_config.patch(fallback_random=True), \
             functorch_config.patch(force_non_lazy_backward_lowering=True):
-        return compile_fx(gm, _example_values(gm, example_inputs))
+        return compile_fx(tagged(gm), _example_values(gm, example_inputs))
 
 
 backend.capabilities = capabilities

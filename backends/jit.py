@@ -476,6 +476,12 @@ def _check_graph(torch: Any, gm: Any, example_inputs: list) -> set[str]:
         if not isinstance(t, torch.Tensor):
             raise RuntimeError(f"jit: graph input {i} is a {type(t).__name__}, not a tensor; "
                                f"TorchScript traces tensor inputs only")
+    from agspeed._checkpoint import has_regions
+
+    if has_regions(gm):
+        raise RuntimeError("jit: the graph checkpoints activations (torch.utils.checkpoint); "
+                           "a TorchScript trace would record the region's operations and "
+                           "keep their activations")
     if any(n.op == "call_function" and n.target is torch._C._set_grad_enabled
            for n in gm.graph.nodes):
         raise RuntimeError("jit: the graph switches grad mode (a with block); a TorchScript "

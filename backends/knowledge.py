@@ -102,10 +102,13 @@ def environment(device_types: Any = ("cpu",)) -> dict:
 
 def _describe_input(value: Any) -> list:
     import torch
+    import torch.fx
 
     if isinstance(value, torch.Tensor):
         return [type(value).__name__, str(value.dtype), [str(d) for d in value.shape],
                 [str(s) for s in value.stride()], value.device.type, value.requires_grad]
+    if isinstance(value, torch.fx.GraphModule):  # a checkpointed region: its code
+        return [type(value).__name__, value.code]
     return [type(value).__name__, repr(value)]
 
 

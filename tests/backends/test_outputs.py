@@ -79,3 +79,61 @@ def test_inductor_compiles_nested_outputs():
     (want[0].sum() + want[2]["k"].sum()).backward()
     torch.testing.assert_close(g, x.grad)
     assert not any("failed" in str(r.decision) for r in agspeed._runtime.frame_records())
+
+
+class Layer:
+    def __init__(self, key):
+        self.key = key
+
+
+class Cache:
+    def __init__(self, keys):
+        self.layers = [Layer(k) for k in keys]
+
+
+class Output(collections.OrderedDict):
+    """A dict subclass with attributes, as transformers' ModelOutput is."""
+
+
+def made_objects(x):
+    cache = Cache([x.sin(), x.cos()])
+    out = Output(logits=x * 2, cache=cache)
+    return out, cache
+
+
+def test_objects_the_frame_made_are_rebuilt_around_a_flat_tuple():
+    """Objects made in the frame (a model output holding a cache holding layers) leave a
+    compiled graph as a flat tuple of tensors; the call rebuilds them, one object where
+    the frame returned one twice."""
+    seen.clear()
+    f = agspeed.optimize(made_objects, backend=listing)
+    x = torch.randn(3)
+    got, cache = f(x)
+    (flat,) = seen
+    assert all(n.meta["example_value"].__class__.__name__ == "FakeTensor" for n in flat)
+    assert len(flat) == 3
+    assert type(got) is Output and type(cache) is Cache and got["cache"] is cache
+    assert [type(layer) for layer in cache.layers] == [Layer, Layer]
+    torch.testing.assert_close(got["logits"], x * 2)
+    torch.testing.assert_close(cache.layers[1].key, x.cos())
+    again, _ = f(x)
+    assert again is not got and again["cache"] is not cache
+
+
+def collections_out(x):
+    return (collections.deque([x.sin()], maxlen=3), collections.OrderedDict(a=x.cos()),
+            collections.defaultdict(list, {"k": x + 1}))
+
+
+def test_collections_the_frame_built_are_rebuilt_around_a_flat_tuple():
+    seen.clear()
+    f = agspeed.optimize(collections_out, backend=listing)
+    x = torch.randn(3)
+    dq, od, dd = f(x)
+    (flat,) = seen
+    assert len(flat) == 3 and all(isinstance(n.meta["example_value"], torch.Tensor)
+                                  for n in flat)
+    assert type(dq) is collections.deque and dq.maxlen == 3
+    assert type(od) is collections.OrderedDict and list(od) == ["a"]
+    assert type(dd) is collections.defaultdict and dd.default_factory is list
+    torch.testing.assert_close(dd["k"], x + 1)

@@ -144,3 +144,37 @@ def test_nodes_before_the_first_layer_join_its_piece():
     assert _split.count(pieces) == 2
     split = _split.cut(gm, pieces)
     torch.testing.assert_close(split(*inputs), gm(*inputs))
+
+
+class CheckpointedStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = stack()
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+        return x
+
+
+@pytest.mark.cxx_exceptions  # checkpoint's recomputation stops early by raising
+def test_a_checkpointed_region_is_cut_with_its_submodule():
+    import torch.utils.checkpoint  # noqa: F401
+
+    model = CheckpointedStack()
+    x = torch.randn(5, 16, requires_grad=True)
+    gm, inputs = capture(model, x)
+    layer = (32 * 32 + 32) * 4
+    pieces = _split.plan(gm, inputs, sizes_of(model), cap=layer, first_cap=layer)
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":   # a region's submodule, in its call's piece
+            (call,) = node.users
+            assert pieces[node] == pieces[call]
+    split = _split.cut(gm, pieces)
+    assert len(list(split.named_children())) == 3
+    want = gm(*inputs)[0]
+    got = split(*inputs)[0]
+    torch.testing.assert_close(got, want)
+    (g_want,) = torch.autograd.grad(want.sum(), x)
+    (g_got,) = torch.autograd.grad(got.sum(), x)
+    torch.testing.assert_close(g_got, g_want)
