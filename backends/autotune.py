@@ -128,7 +128,7 @@ def _watched(t: "_Tuning", choice: str, fn: Callable) -> Callable:
         except OSError as exc:
             _warn.warning("agspeed: cannot write the knowledge base (%s)", exc)
 
-    return _confirm.watching(fn, t.gm.forward, t.cuda, t.where, report, t.inputs)
+    return _confirm.watching(fn, t.gm.forward, t.cuda, t.where, report, t.program_inputs)
 
 
 def default_candidates(devices: set) -> tuple:
@@ -229,13 +229,15 @@ def _pick(measured: dict) -> str:
 
 
 def _leaf(value: Any) -> Any:
-    """A non-leaf input that requires grad (an earlier graph's output), as a fresh leaf on
-    the same memory: tuning's backward must stop at the graph's own inputs.  Reaching
-    through it into the earlier graph's history (whose parameters may be this graph's
-    too) would free that graph's saved tensors, and the program's backward would fail."""
+    """An input that requires grad as a fresh leaf on the same memory: tuning's backward
+    must stop at the graph's own inputs.  Reaching through a non-leaf (an earlier graph's
+    output) into its history, whose parameters may be this graph's too, would free that
+    graph's saved tensors, and the program's backward would fail; and a parameter's own
+    hooks (``register_hook``: gradient logging, clipping) must see only the program's
+    backward passes, not the measurement's."""
     import torch
 
-    if isinstance(value, torch.Tensor) and value.requires_grad and not value.is_leaf:
+    if isinstance(value, torch.Tensor) and value.requires_grad:
         return value.detach().requires_grad_(True)
     return value
 
@@ -257,6 +259,7 @@ class _Tuning:
         from agspeed import config
 
         self.gm, self.inputs = gm, [_leaf(v) for v in inputs]
+        self.program_inputs = inputs   # the parameters themselves, for the step clock
         self.where = gm.meta.get("agspeed_where", "graph") if hasattr(gm, "meta") else "graph"
         self.training = _is_training(inputs)
         self.devices = graph_devices(inputs)

@@ -469,3 +469,17 @@ def test_under_autocast_results_are_held_to_the_autocast_dtypes_tolerance():
     assert _measure.autocast_dtype({"cpu"}) is None
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert _measure.autocast_dtype({"cpu"}) == torch.bfloat16
+
+
+def test_tuning_does_not_call_the_parameters_own_hooks(monkeypatch):
+    """A hook on a parameter (gradient logging) sees the program's backward passes only,
+    not the autotuner's measurements."""
+    monkeypatch.setenv("AGSPEED_AUTOTUNE_CANDIDATES", "eager,jit")
+    monkeypatch.setattr(agspeed.config, "autotune_candidates", ("eager", "jit"))
+    lin = torch.nn.Linear(8, 8)
+    calls = []
+    lin.weight.register_hook(lambda g: calls.append(1))
+    model = agspeed.optimize(lin, backend="auto")
+    for _ in range(3):
+        model(torch.randn(4, 8)).sum().backward()
+    assert len(calls) == 3
