@@ -22,7 +22,7 @@ the region ends the graph before the ``checkpoint`` call, which then runs eager.
 from __future__ import annotations
 
 import operator
-import types
+import sys
 from typing import Any
 
 from agspeed._builder_types import GraphBreak
@@ -33,9 +33,6 @@ __all__ = ["checkpointed", "is_checkpoint", "CheckpointPolicy", "outline", "run"
 
 # the node meta key naming a node's region
 TAG = "agspeed_checkpoint"
-# checkpoint's own keywords, besides the function's
-_DEFAULTS = {"use_reentrant": None, "context_fn": None, "determinism_check": "default",
-             "debug": False, "early_stop": True, "preserve_rng_state": True}
 
 
 def _begin(*options: Any) -> int:
@@ -63,8 +60,6 @@ def checkpointed(function: Any, *args: Any, use_reentrant: Any = None,
 
 def is_checkpoint(fn: Any) -> bool:
     """Whether ``fn`` is ``torch.utils.checkpoint.checkpoint``."""
-    import sys
-
     module = sys.modules.get("torch.utils.checkpoint")
     return module is not None and fn is getattr(module, "checkpoint", None)
 
@@ -73,8 +68,11 @@ class CheckpointPolicy:
     """The part of ``GraphBuilder`` that marks checkpointed regions."""
 
     checkpoint_markers = frozenset({_begin, _end})
-    # region -> run's options, once the region ended (a builder's own dict from its first)
-    checkpoint_regions: Any = types.MappingProxyType({})
+
+    def _checkpoint_init(self) -> None:
+        self.checkpoint_regions: dict[int, dict] = {}  # region -> run's options, once ended
+        self._ckpt_open: list = []  # (the last node before it, options) per open region
+        self._ckpt_count = 0
 
     def checkpoint_plan(self, fn: Any) -> tuple | None:
         from agspeed.protocol import Plan
@@ -91,8 +89,6 @@ class CheckpointPolicy:
             return self._checkpoint_begin(args)
         region, out = args
         marker, options = self._ckpt_open.pop()
-        if type(self.checkpoint_regions) is not dict:
-            self.checkpoint_regions = {}
         node = marker.next
         while node.op != "root":
             if node.op not in ("placeholder", "get_attr", "output"):
@@ -122,9 +118,6 @@ class CheckpointPolicy:
         saved: list = []  # checkpoint saves the tensors passed to it, and only them
         torch.fx.node.map_arg(explicit, saved.append)
         options["saved"] = saved
-        if "_ckpt_open" not in self.__dict__:
-            self._ckpt_open: list = []   # (the last node before, options) per open region
-            self._ckpt_count = 0
         self._ckpt_open.append((marker, options))
         self._ckpt_count += 1
         return self._ckpt_count

@@ -151,6 +151,7 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
         md = torch.nn.ModuleDict
         self._dict_views = {md.items: "items", md.keys: "keys", md.values: "values"}
         self._ctx_init()  # grad mode and autocast as the capture goes (agspeed/_ctx.py)
+        self._checkpoint_init()  # checkpointed regions (agspeed/_checkpoint.py)
         self._numpy_init()  # arrays of NumPy code on tensors (agspeed/_numpy.py)
 
     @staticmethod
