@@ -2,9 +2,12 @@
 
 The decisions about entries, apart from making them:
 
-* ``recompile_limit`` (``agspeed.config``): a function captured that many times in one
-  context, evicted entries included, runs eager from then on, so a cycle of more shapes
-  than fit cannot recompile forever.
+* ``recompile_limit`` (``agspeed.config``): a function captured that many times for one
+  object (the arguments its guards check by identity, a method's ``self``), evicted
+  entries included, runs eager for that object from then on, so a cycle of more shapes
+  than fit cannot recompile forever; other instances of the class go on being captured.
+* Freed objects: an entry whose guard checks a freed object by identity can never pass
+  again; it is evicted at the next capture and counts toward nothing.
 * ``cache_size_limit``: a new entry beyond it evicts the least recently used one
   (``CacheEntry.last_used``, a clock ticked by every hit and insert), with a log line.
 * Dynamic replacement: a capture that made a dimension dynamic drops the static entries
@@ -32,6 +35,8 @@ from typing import Any, NamedTuple
 
 from agspeed import _C, config, log
 from agspeed._shapes import DimPolicy, history_of, is_data_source
+from agspeed._sources import MISSING
+from agspeed.guards.guard import SameObjects
 from agspeed.protocol import Check
 
 __all__ = ["EntryPolicy", "RecompileRecord", "recompiles", "widened", "clear"]
@@ -57,14 +62,36 @@ class EntryPolicy:
         """Start counting evictions again (``agspeed.reset``)."""
         self._evicted.clear()
 
-    def at_recompile_limit(self, code: Any, where: str, entries: list) -> bool:
-        """Whether ``code``, with ``entries`` in this context, may not be captured again
-        (said in the ``recompiles`` log when so)."""
-        if len(entries) + self._evicted.get(code, 0) < config.recompile_limit:
-            return False
+    def drop_gone(self, code: Any, entries: list) -> list:
+        """``entries`` less those whose guard checks an object that has been freed (a
+        model deleted, a sweep's earlier model): they are evicted from the cache, and
+        count toward nothing."""
+        live = []
+        for entry in entries:
+            gone = getattr(entry.guard, "gone", None)
+            if gone is not None and gone():
+                _C.evict(code, entry)
+            else:
+                live.append(entry)
+        return live
+
+    def at_recompile_limit(self, code: Any, where: str, entries: list,
+                           f_locals: dict) -> Any:
+        """None while ``code`` may be captured again for this frame; else the guard of
+        the eager entry that serves the frame's object from now on (said in the
+        ``recompiles`` log).
+
+        The count is per object: only the entries captured for the objects this frame
+        is called with (its arguments checked by identity, a method's ``self``) count,
+        so that optimizing many instances of one class, alive together or one after
+        another, does not run the later ones eager."""
+        mine = [e for e in entries if _serves(e.guard, f_locals)]
+        if len(mine) + self._evicted.get(code, 0) < config.recompile_limit:
+            return None
         _recompiles_log.info("%s hit the recompile limit (%d): it runs eager from now "
                              "on", where, config.recompile_limit)
-        return True
+        identities = getattr(mine[-1].guard, "identities", None) if mine else None
+        return SameObjects(identities() if identities is not None else ())
 
     def dimensions(self, code: Any, mode: bool | None, f_locals: dict,
                    supported: bool) -> DimPolicy:
@@ -106,6 +133,15 @@ class EntryPolicy:
             _recompiles_log.info("%s: cache size limit (%d) reached: evicted the least "
                                  "recently used entry (%d hits; %s)", where,
                                  config.cache_size_limit, lru.hits, first)
+
+
+def _serves(guard: Any, f_locals: dict) -> bool:
+    """Whether an entry with ``guard`` was captured for the objects of this frame."""
+    identities = getattr(guard, "identities", None)
+    if identities is None:
+        return True
+    return all(f_locals.get(name, MISSING) is expected()
+               for name, expected in identities())
 
 
 def widened(guard: Any, entries: list) -> Any:

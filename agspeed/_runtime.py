@@ -269,10 +269,15 @@ class Context:
         where = _where(code)
         # Each context counts its own entries: another optimized object's recompiles of
         # this code are not this one's.
-        entries = [e for e in _C.code_cache(code)["entries"] if e.context is self]
-        if self.policy.at_recompile_limit(code, where, entries):
+        entries = self.policy.drop_gone(
+            code, [e for e in _C.code_cache(code)["entries"] if e.context is self])
+        limited = self.policy.at_recompile_limit(code, where, entries, f_locals)
+        if limited is not None:
             self._observe("eager", code, "recompile limit")
-            return _C.CacheEntry(_RUN_EAGER, context=self), "run eager (recompile limit)"
+            # unsigned: it serves the object's frames of every signature
+            return (_C.CacheEntry(_RUN_EAGER, guard=limited if limited.held else None,
+                                  context=self, signed=False),
+                    "run eager (recompile limit)")
         graph, brk, guard, shapes = self._capture_frame(code, f_locals, f_globals,
                                                         f_builtins)
         if brk is not None and self.options.get("fullgraph"):

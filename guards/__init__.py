@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from agspeed._C import GuardProgram, signature_hash
 from agspeed.guards.checks import KINDS, CheckKind
-from agspeed.guards.guard import ArgumentTypes, Guard, arg_names
+from agspeed.guards.guard import ArgumentTypes, Guard, SameObjects, arg_names
 from agspeed.guards.state import global_state
 
 __all__ = ["ArgumentTypes", "CheckKind", "Guard", "GuardProgram", "KINDS", "arg_names",

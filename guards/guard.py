@@ -24,7 +24,7 @@ from agspeed.guards.checks import KINDS, NO_SYMBOLS, Symbols, check_for, tensor_
 from agspeed.guards.state import global_state, state_probes, state_text
 from agspeed.protocol import Check, GuardFlag, Load, Part
 
-__all__ = ["ArgumentTypes", "Guard", "arg_names"]
+__all__ = ["ArgumentTypes", "Guard", "SameObjects", "arg_names"]
 
 # Loads read from the frame (no parent), and the key each takes from its source.
 _ROOT_KEYS = {Load.LOCAL: lambda s: s[1], Load.GLOBAL: lambda s: s[1],
@@ -212,6 +212,18 @@ class Guard(_C.GuardProgram):
                 return text
         return f"{part} {index} (the guard changed while it ran)"
 
+    def gone(self) -> bool:
+        """Whether an object this guard checks by identity has been freed: no frame can
+        pass it again, so its entry only costs a failing check and a recompile slot."""
+        return any(kind == Check.ID and expected() is None
+                   for _, kind, expected in self.checks)
+
+    def identities(self) -> tuple:
+        """``(name, weakref-or-holder)`` of the frame's arguments this guard checks by
+        identity (a method's ``self``): which object the entry was captured for."""
+        return tuple((source[1], expected) for source, kind, expected in self.checks
+                     if kind == Check.ID and Load.by_id[source[0]] is Load.LOCAL)
+
     def lines(self) -> list[str]:
         """The checks, readable (for AGSPEED_LOG=guards and explain)."""
         out = [f"{describe(s)} {KINDS[k].word} {KINDS[k].shown(e, self.sym)}"
@@ -251,3 +263,35 @@ class ArgumentTypes:
 
     def lines(self) -> list[str]:
         return [f"type({k}) is {t.__name__}" for k, t in self.types]
+
+
+class SameObjects:
+    """The guard of an entry that serves one object's calls: the frame's arguments are
+    the objects ``identities`` names (held as a ``Guard`` holds them, weakly where it
+    can).  An empty one passes every frame."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, identities: tuple):
+        self.held = identities
+
+    def __call__(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> bool:
+        for name, expected in self.held:
+            obj = expected()
+            if obj is None or f_locals.get(name, MISSING) is not obj:
+                return False
+        return True
+
+    def gone(self) -> bool:
+        return any(expected() is None for _, expected in self.held)
+
+    def identities(self) -> tuple:
+        return self.held
+
+    def failures(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> list[str]:
+        return [f"{name}: not the object this entry serves" for name, expected in self.held
+                if f_locals.get(name, MISSING) is not expected()]
+
+    def lines(self) -> list[str]:
+        return [f"{name} is the same {type(expected()).__name__}" for name, expected
+                in self.held]

@@ -92,3 +92,63 @@ def test_evict_refuses_bad_arguments_and_ignores_unknown_entries():
     with pytest.raises(TypeError):
         _C.evict("not code", None)
     assert _C.evict(work.__code__, object()) is False
+
+
+class Cell(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x).relu()
+
+
+def _cell_entries():
+    return _C.code_cache(Cell.forward.__code__)["entries"]
+
+
+
+
+def test_entries_of_freed_objects_are_dropped_and_do_not_count():
+    """A sweep optimizes one model after another: the entries of the freed ones can never
+    pass again, so they are evicted and do not run the later models eager."""
+    with agspeed.config.override(recompile_limit=3):
+        for _ in range(6):
+            model = Cell()
+            opt = agspeed.optimize(model, backend="eager")
+            x = torch.randn(2, 4)
+            torch.testing.assert_close(opt(x), model(x))
+            entries = [e for e in _cell_entries() if e.guard is not None]
+            assert len(entries) == 1, [e.guard.lines()[:1] for e in entries]
+            assert entries[0].compiled is not None      # a graph, not the limit's eager
+            del model, opt, entries
+            gc.collect()
+
+
+def test_the_recompile_limit_counts_per_object():
+    """Instances alive together each get their own entries; one that reaches the limit
+    runs eager alone, and the others go on being captured."""
+    models = [Cell() for _ in range(5)]
+    opts = [agspeed.optimize(m, backend="eager", dynamic=False) for m in models]
+    with agspeed.config.override(recompile_limit=3):
+        for opt, model in zip(opts, models):
+            x = torch.randn(2, 4)
+            torch.testing.assert_close(opt(x), model(x))
+        assert sum(e.compiled is not None for e in _cell_entries()) == 5
+        busy = opts[0]
+        for n in range(3, 7):                   # new shapes: the first model's limit
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(busy(x), models[0](x))
+        graphs = [e for e in _cell_entries() if e.compiled is not None]
+        eager = [e for e in _cell_entries() if e.compiled is None]
+        assert len(graphs) == 5 + 2 and len(eager) == 1
+        assert "is the same Cell" in eager[0].guard.lines()[0]
+        assert eager[0].guard({"self": opts[0], "x": x}, {}, {})
+        assert not eager[0].guard({"self": opts[1], "x": x}, {}, {})
+        x = torch.randn(9, 4)                   # another model still captures
+        torch.testing.assert_close(opts[1](x), models[1](x))
+        assert sum(e.compiled is not None for e in _cell_entries()) == 5 + 3
+    del opts, models, graphs, eager, busy, opt, model
+    gc.collect()
+    assert not [e for e in _cell_entries() if e.guard is not None
+                and not (hasattr(e.guard, "gone") and e.guard.gone())]
