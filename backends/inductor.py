@@ -6,7 +6,7 @@ Triton on CUDA).  Graphs with symbolic sizes are compiled once for every size: t
 placeholders' fake example values, which carry the capture's ShapeEnv symbols, are what
 inductor is given, so the compiled code reads each size from its input at run time.
 
-Three settings differ from a plain ``torch.compile`` and are agspeed's decisions:
+Four settings differ from a plain ``torch.compile`` and are agspeed's decisions:
 
 * Random numbers come from eager's generator (inductor's ``fallback_random``): dropout
   draws the same mask from the same seed and leaves the generator where eager leaves it,
@@ -14,6 +14,14 @@ Three settings differ from a plain ``torch.compile`` and are agspeed's decisions
   Inductor's own RNG would be a little faster and never equal to eager.
 * The backward is compiled with the forward (not lazily on the first backward), so a
   graph is ready, and timed, as a whole, and both land in the same cache.
+* Saved activations are never donated to the backward (AOTAutograd's
+  ``donated_buffer``): a donated buffer lets the compiled backward write over what the
+  forward saved, so AOTAutograd refuses ``backward(retain_graph=True)`` on such a graph,
+  and the backward compiled with the forward always has them.  A second backward over
+  the same graph (several losses, GANs, ``retain_graph`` to probe gradients) works as in
+  eager.  AOTAutograd reads the setting when the backward runs, not when it compiles,
+  so it is switched off for the whole process on the first compile, a ``torch.compile``
+  of the user's in the same process included (which then accepts ``retain_graph`` too).
 * Compiled artifacts (inductor's FX graph cache, AOTAutograd's cache, the compiled
   kernels) live under agspeed's cache directory, ``<cache_dir>/inductor``, so a second
   process finds them there instead of compiling again.  A ``TORCHINDUCTOR_CACHE_DIR``
@@ -121,6 +129,7 @@ def backend(gm: Any, example_inputs: list) -> Callable[..., Any]:
     from agspeed._checkpoint import tagged
 
     _point_cache()
+    functorch_config.donated_buffer = False     # see the module's docstring
     with inductor_config.patch(fallback_random=True), \
             functorch_config.patch(force_non_lazy_backward_lowering=True):
         return compile_fx(tagged(gm), _example_values(gm, example_inputs))

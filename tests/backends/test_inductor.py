@@ -106,6 +106,25 @@ def test_batchnorm_and_dropout_train_like_eager_with_eagers_random_numbers():
     assert torch.equal(torch.get_rng_state(), want)
 
 
+def test_a_second_backward_over_a_retained_graph_gives_eagers_gradients():
+    """The backward compiled with the forward donates no saved activation, so
+    ``retain_graph=True`` and a second backward through the same graph work, accumulate
+    what eager accumulates, and leave the saved values intact."""
+    eager, model = _twins(Block)
+    optimized = agspeed.optimize(model, backend="inductor")
+    for _ in range(2):
+        x = torch.randn(6, 8)
+        for m in (eager, optimized):
+            out = m(x)
+            first, second = out.square().mean(), out.sin().sum()
+            first.backward(retain_graph=True)
+            second.backward(retain_graph=True)
+            first.backward()
+        for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, msg=name)
+    assert agspeed.counters()["graph_calls"] >= 2
+
+
 def test_one_dynamic_graph_serves_every_size():
     eager, model = _twins(Block)
     sizes = iter([3, 5, 7, 9])
