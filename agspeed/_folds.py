@@ -39,6 +39,12 @@ _COMPARE = {Compare.LT: operator.lt, Compare.LE: operator.le, Compare.EQ: operat
             Compare.NE: operator.ne, Compare.GT: operator.gt, Compare.GE: operator.ge}
 
 
+# Folds that move sizes the graph computes around without reading their values: they
+# keep them as size nodes (a dynamic dimension stays dynamic through ``tuple(x.shape)``).
+_KEEPS_SIZES = frozenset({len, tuple, list, iter, reversed, zip, enumerate})
+_CONCATS = frozenset({operator.add, operator.concat, operator.iadd})
+
+
 class Folds(StdlibFolds):
     """The part of ``GraphBuilder`` that evaluates known values (the standard library's
     iterators, itertools, functools and container methods in ``_stdlib``)."""
@@ -46,7 +52,12 @@ class Folds(StdlibFolds):
     def fold(self, fn: Any, args: tuple, kwargs: dict) -> Any:
         """``fn(*args, **kwargs)`` evaluated now on known values (sizes the graph would
         compute taken at their current, guarded, values)."""
-        if self._sym_types and fn is not len:
+        if self._sym_types and fn in _CONCATS and len(args) == 2 and not kwargs:
+            joined = self._join_shapes(*args) if fn is not operator.iadd or \
+                type(args[0]) is not list else None     # += on a list is in place
+            if joined is not None:
+                return joined
+        if self._sym_types and fn not in _KEEPS_SIZES:
             args = tuple(self._specialize(a) for a in args)
             kwargs = {k: self._specialize(v) for k, v in kwargs.items()}
         if type(fn) is types.MethodType and fn.__func__ in self._dict_views:
@@ -202,6 +213,23 @@ class Folds(StdlibFolds):
             return value.meta["example_value"]
         return value
 
+    def _join_shapes(self, a: Any, b: Any) -> Any:
+        """``a + b`` of two shapes, tuples or lists, one holding size nodes, with the sizes
+        kept symbolic: ``x.size()[:-1] + (n,)`` is a shape again (as a torch.Size
+        joined with a tuple is), ``(-1,) + tuple(x.shape)[1:]`` a tuple; None for
+        anything else."""
+        shaped = (tuple, SymShape, self._torch.Size)
+        kinds = (type(a), type(b))
+        if kinds == (list, list):
+            joined: Any = a + b
+        elif kinds[0] in shaped and kinds[1] in shaped:
+            joined = tuple(a) + tuple(b)
+            if SymShape in kinds or self._torch.Size in kinds:
+                joined = SymShape(joined)
+        else:
+            return None
+        return joined if self._has_size_node(joined) else None
+
     def getitem(self, container: Any, index: Any, source: Any) -> tuple[Any, Any]:
         """``(container[index], its source or None)``."""
         torch = self._torch
@@ -232,6 +260,8 @@ class Folds(StdlibFolds):
             except Exception as exc:
                 raise GraphBreak(Reason.OP_FAILED, f"{type(container).__name__}[{index!r}] raised "
                                  f"{type(exc).__name__}: {exc}") from exc
+            if type(container) is SymShape and type(index) is slice:
+                out = SymShape(out)     # a slice of a shape is a shape
             if source is not None and not self._is_static(container):
                 self._guard_read(container, index, source, out)
             keep = source is not None and not isinstance(index, slice) and \

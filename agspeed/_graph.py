@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import contextlib
 import functools
 import operator
 import sys
@@ -285,6 +286,16 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
         self.assumptions.append((("storage", source), nbytes))
         return StorageSize(nbytes)
 
+    def _dispatcher(self) -> Any:
+        """Where sizes can be symbols, composite ops run their Python decompositions
+        (torch's python dispatcher, as torch.compile traces them): their C++ bodies read
+        sizes as plain ints (``F.pad``), which fixes every dynamic dimension they touch."""
+        if not self.symbolic:
+            return contextlib.nullcontext()
+        from torch._dispatch.python import enable_python_dispatcher
+
+        return enable_python_dispatcher()
+
     def _record(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
         if self._numpy_nodes and not isinstance(target, NumpyCall):
             routed = self.numpy_route(kind, target, args, kwargs)
@@ -293,7 +304,7 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
         args, kwargs = self._writable(args), self._writable(kwargs)
         fake_args, fake_kwargs = self._fake(args), self._fake(kwargs)
         try:
-            with self.fake_mode, self.mode_scope():
+            with self.fake_mode, self.mode_scope(), self._dispatcher():
                 if kind == "call_method":
                     out = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 else:

@@ -142,6 +142,26 @@ def test_size_arithmetic_views_and_slices_follow_the_size():
     assert sum(not e.signed for e in entries(reshape)) == 1
 
 
+def test_shapes_joined_sliced_and_padded_stay_symbolic():
+    """A shape sliced and joined with a tuple (``x.size()[:-1] + (n,)``, transformers'
+    Conv1D), ``tuple(x.shape)`` and ``F.pad`` (whose C++ body reads plain sizes) keep
+    a dynamic dimension dynamic: one graph, and the shapes come back as torch.Size."""
+    def head(x, w):
+        y = (x.view(-1, x.size(-1)) @ w).view(x.size()[:-1] + (w.shape[1],))
+        z = torch.nn.functional.pad(y, (0, 1), value=-1.0)
+        parts = (-1,) + tuple(z.shape)[1:]
+        return z.reshape(parts).relu(), y.size()[1:] + (2,)
+
+    w = torch.randn(4, 3)
+    fast = agspeed.optimize(head, backend="eager", dynamic=True)
+    for t in [3, 5, 8, 2, 13]:
+        x = torch.randn(2, t, 4)
+        got, want = fast(x, w), head(x, w)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1] == want[1] and type(got[1]) is torch.Size
+    assert len(entries(head)) == 1 and not entries(head)[0].signed
+
+
 def test_non_contiguous_inputs_check_their_strides_symbolically():
     def f(x):
         return x * 3 + 1

@@ -78,20 +78,21 @@ MODELS = {
 }
 
 
-def _inputs(kind: str, labels: bool, gen: torch.Generator) -> dict:
-    """One batch for a model of input ``kind``, drawn from ``gen``."""
+def _inputs(kind: str, labels: bool, gen: torch.Generator, seq: int = SEQ) -> dict:
+    """One batch for a model of input ``kind``, drawn from ``gen``; text of ``seq``
+    tokens."""
     if kind == "image":
         kw = {"pixel_values": torch.randn(BATCH, 3, 16, 16, generator=gen)}
         if labels:
             kw["labels"] = torch.randint(0, 3, (BATCH,), generator=gen)
         return kw
-    ids = torch.randint(1, VOCAB, (BATCH, SEQ), generator=gen)
-    lengths = torch.randint(SEQ // 2, SEQ + 1, (BATCH, 1), generator=gen)
-    kw = {"input_ids": ids, "attention_mask": (torch.arange(SEQ) < lengths).long()}
+    ids = torch.randint(1, VOCAB, (BATCH, seq), generator=gen)
+    lengths = torch.randint(seq // 2, seq + 1, (BATCH, 1), generator=gen)
+    kw = {"input_ids": ids, "attention_mask": (torch.arange(seq) < lengths).long()}
     if kind == "bert":
         kw["token_type_ids"] = torch.zeros_like(ids)
     if kind == "seq2seq":
-        target = torch.randint(1, VOCAB, (BATCH, SEQ // 2), generator=gen)
+        target = torch.randint(1, VOCAB, (BATCH, seq // 2), generator=gen)
         kw["labels" if labels else "decoder_input_ids"] = target
     elif labels:
         kw["labels"] = (ids.clone() if kind == "lm"
@@ -158,6 +159,34 @@ def test_transformers_model_matches_eager(name, mode):
             for pname, grad in ref_grads.items():
                 torch.testing.assert_close(grads[pname], grad, rtol=RTOL, atol=ATOL,
                                            msg=f"{where}: gradient of {pname} differs")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODELS if MODELS[n][4] != "image"))
+def test_one_dynamic_graph_serves_every_sequence_length(name):
+    """With ``dynamic=True`` the first capture makes the sequence length a symbol: later
+    lengths are cache hits of that one graph (nothing in the model's code, its masks,
+    reshapes and loss included, fixes the length), with eager's loss and gradients."""
+    kind = MODELS[name][4]
+    model = _build(name, "train")
+    twin = copy.deepcopy(model)
+    fast = agspeed.optimize(twin, backend="eager", dynamic=True)
+    gen = torch.Generator().manual_seed(3)
+    misses = None
+    # the first call may change the model (BERT's classifier sets config.problem_type),
+    # which the second call's guard sees: counting starts after it
+    for k, seq in enumerate((8, 11, 6, 14, 9)):
+        inputs = _inputs(kind, True, gen, seq)
+        ref, ref_grads = _step(model, model, "train", inputs)
+        out, grads = _step(fast, twin, "train", inputs)
+        _assert_same_output(ref, out, f"{name}, {seq} tokens")
+        for pname, grad in ref_grads.items():
+            torch.testing.assert_close(grads[pname], grad, rtol=RTOL, atol=ATOL,
+                                       msg=f"{name}, {seq} tokens: gradient of {pname}")
+        if k == 1:
+            misses = agspeed.counters()["cache_misses"]
+    assert agspeed.counters()["cache_misses"] == misses, agspeed.recompiles()
+    (record,) = [r for r in agspeed.recompiles() if r.dynamic]
+    assert any("input_ids'].size(1)" in d for d in record.dynamic), record
 
 
 @pytest.mark.parametrize("mode", ["eval", "train"])
