@@ -2,7 +2,7 @@
 
 The interpreter asks ``plan_call`` how to capture a call and gets a ``Plan`` (see
 csrc/protocol.h): a graph node for torch functions and tensor methods (``can_record``),
-an inlined ``forward`` for an nn.Module without hooks, an inlined Python function, a fold
+an inlined ``forward`` for an nn.Module (with its forward hooks, ``agspeed._hooks``), an inlined Python function, a fold
 of a builtin on known values, or a constant for the capture probes libraries call
 (``torch.compiler.is_compiling()``).  ``attr`` finds an attribute without running user
 code (``agspeed._sources.static_attr``) and answers with an ``Attr`` kind.  Every module
@@ -19,6 +19,8 @@ from typing import Any
 
 from agspeed._builder_types import GraphBreak, describe_callable
 from agspeed._folds import FOLDABLE
+from agspeed._hooks import capturable
+from agspeed._hooks import hooked as hooked_call
 from agspeed._sources import MISSING, _class_lookup, is_namedtuple_type, static_attr
 from agspeed.protocol import Attr, Plan, Reason
 
@@ -146,15 +148,19 @@ class CallPolicy:
             raise GraphBreak(Reason.HOOKS, f"{cls.__name__} has its own __call__")
         d = object.__getattribute__(module, "__dict__")
         hooked = [h for h in _HOOK_DICTS if d.get(h)]
-        hooked += [h for h in _GLOBAL_HOOKS
-                   if getattr(torch.nn.modules.module, h, None)]
+        globally = [h for h in _GLOBAL_HOOKS if getattr(torch.nn.modules.module, h, None)]
         compiled_impl = static_attr(module, "_compiled_call_impl")[1]
-        if hooked or compiled_impl not in (None, MISSING):
-            raise GraphBreak(Reason.HOOKS, f"{cls.__name__} has {', '.join(hooked) or 'a compiled call'}")
+        inline_hooks = bool(hooked) and not globally and capturable(d)
+        if (hooked and not inline_hooks) or globally or \
+                compiled_impl not in (None, MISSING):
+            raise GraphBreak(Reason.HOOKS, f"{cls.__name__} has "
+                             f"{', '.join(hooked + globally) or 'a compiled call'}")
         how, forward = static_attr(module, "forward")
         if how not in (Attr.METHOD, Attr.VALUE) or type(forward) is not types.FunctionType:
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{cls.__name__}.forward is not a function")
         if source is None and self.made_modules.get(id(module)) is module:  # type: ignore
+            if inline_hooks:
+                return (Plan.INLINE, hooked_call, module, None)
             return (Plan.MODULE, forward, module if how is Attr.METHOD else None, None)
         if source is None:
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"a {cls.__name__} reached by no source")
@@ -167,6 +173,8 @@ class CallPolicy:
             value = getattr(torch.nn.modules.module, h, None)
             if value is not None:
                 self.assumptions.append((("gmod", "torch.nn.modules.module", h), value))
+        if inline_hooks:    # Module.__call__'s hook loop, inlined (agspeed._hooks)
+            return (Plan.INLINE, hooked_call, module, None)
         fsource = ("attr", source, "forward")
         self.assumptions.append((fsource, forward))
         return (Plan.MODULE, forward, module if how is Attr.METHOD else None, fsource)

@@ -283,6 +283,8 @@ def resolve_step(kind: str, base: Any, key: Any) -> Any:
     if kind == "numpy":
         return numpy_tensor(base)
     if kind == "keys":   # a subclass's store, past its own methods
+        if type(base) is collections.OrderedDict:   # its own order (move_to_end)
+            return tuple(base)
         return tuple(dict.keys(base)) if isinstance(base, dict) else MISSING
     if kind == "storage":
         return storage_bytes(base)

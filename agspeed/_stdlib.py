@@ -76,6 +76,9 @@ _CONTEXTMANAGER_CODE = contextlib.contextmanager(lambda: iter(())).__code__
 # dict's own readers, called on a dict of the program (or a subclass's store)
 _DICT_READS = frozenset(dict.__dict__[n] for n in ("get", "__getitem__", "__contains__"))
 _DICT_VIEWS = frozenset(dict.__dict__[n] for n in ("items", "keys", "values"))
+# dicts of the program whose reads and views are dict's own (an OrderedDict's in its order:
+# module hook dicts)
+_PLAIN_DICTS = (dict, collections.OrderedDict)
 _DEQUE_METHODS = frozenset({"append", "appendleft", "pop", "popleft", "extend",
                             "extendleft", "rotate", "clear", "copy", "count", "index",
                             "reverse", "insert", "remove"})
@@ -183,7 +186,7 @@ class StdlibFolds:
             # read as a dict's (the fold below answers it for os.environ): dict's own
             # method, not Mapping.get, which other mappings run as Python
             return Attr.METHOD, dict.__dict__[name], obj
-        if type(obj) is dict and name in ("get", "items", "keys", "values") and \
+        if type(obj) in _PLAIN_DICTS and name in ("get", "items", "keys", "values") and \
                 self._of_program(obj):
             return Attr.METHOD, dict.__dict__[name], obj   # read item by item, guarded
         if type(obj) is collections.deque and name in _DEQUE_METHODS:
@@ -207,7 +210,7 @@ class StdlibFolds:
         if type(fn) is types.MethodDescriptorType and fn.__objclass__ is collections.deque:
             return True, self._deque_method(fn, args, kwargs)
         if fn in _DICT_VIEWS and len(args) == 1 and not kwargs and \
-                type(args[0]) is dict and self._of_program(args[0]):
+                type(args[0]) in _PLAIN_DICTS and self._of_program(args[0]):
             return True, self._program_dict_view(fn, args[0])
         if fn in _DICT_READS and args and (isinstance(args[0], dict) or
                                            args[0] is os.environ) and \

@@ -224,3 +224,32 @@ def test_the_regions_are_freed_with_their_graph():
     agspeed.reset()
     gc.collect()
     assert body() is None
+
+
+def test_transformers_gradient_checkpointing_is_one_graph_per_step():
+    """``gradient_checkpointing_enable()`` checkpoints each layer (non-reentrant) and puts
+    a forward hook on the input embeddings (``enable_input_require_grads``): both are
+    captured, so a step is one graph call with eager's loss and gradients."""
+    transformers = pytest.importorskip("transformers")
+    import copy
+
+    config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2,
+                                     n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
+                                     attn_pdrop=0.0, use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).train()
+    model.gradient_checkpointing_enable()
+    assert model.get_input_embeddings()._forward_hooks
+    ref = copy.deepcopy(model)
+    fast = agspeed.optimize(model, backend="eager")
+    for step in range(3):
+        ids = torch.randint(0, 64, (2, 12))
+        calls = agspeed.counters()["graph_calls"]
+        got = fast(input_ids=ids, labels=ids)
+        got.loss.backward()
+        assert agspeed.counters()["graph_calls"] == calls + 1, step
+        want = ref(input_ids=ids, labels=ids)
+        want.loss.backward()
+        torch.testing.assert_close(got.loss, want.loss)
+        for (name, p), q in zip(ref.named_parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, msg=name)
