@@ -496,7 +496,27 @@ def compile_graph(name: str, backend: Any, gm: Any, inputs: list) -> tuple[Any, 
         flat, wrap = flat_output(gm)
         return wrap(backend(flat, inputs)), None
     except Exception as exc:  # noqa: BLE001 - the backend's failure must not stop the program
+        if _raises_eagerly(gm, inputs):
+            # the program's own error (a float64 batch for a float32 model): the graph
+            # runs eagerly and raises what eager raises, with no word of a backend
+            return gm.forward, None
         return gm.forward, f"backend {name} failed ({type(exc).__name__}: {exc})"
     finally:
         if state is not None:
             state.restore()
+
+
+def _raises_eagerly(gm: Any, inputs: list) -> bool:
+    """Whether the graph itself raises on these inputs, run as captured (state put
+    back)."""
+    import torch
+
+    state = _measure.State(inputs)
+    try:
+        with torch.no_grad():
+            gm.forward(*inputs)
+    except Exception:  # noqa: BLE001 - any error is the program's here
+        return True
+    finally:
+        state.restore()
+    return False

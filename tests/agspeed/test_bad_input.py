@@ -86,3 +86,24 @@ def test_bad_input_to_an_optimized_function_is_quiet(capfd):
     expected = _error_of(lambda: f(a, b))
     assert _error_of(lambda: fast(a, b)) == expected
     assert capfd.readouterr() == ("", "")
+
+
+@pytest.mark.cxx_exceptions
+@pytest.mark.parametrize("backend", ["jit", "auto"])
+@pytest.mark.parametrize("case", ["wrong_dtype", "integer_input"])
+def test_a_first_call_with_bad_input_names_no_backend(case, backend, capfd, caplog):
+    """The first call captures and compiles on the bad input itself: the backend fails
+    on it as eager does, which is the program's error, not a backend's to report."""
+    torch.manual_seed(0)
+    model = Block()
+    args, kwargs = BAD[case]()
+    expected = _error_of(lambda: model(*args, **kwargs))
+    with agspeed.config.override(autotune_candidates="eager,jit"):
+        fast = agspeed.optimize(model, backend=backend)
+        capfd.readouterr()
+        assert _error_of(lambda: fast(*args, **kwargs)) == expected
+        out, err = capfd.readouterr()
+        said = out + err + caplog.text
+        assert "backend" not in said and "failed" not in said, said
+        good = torch.randn(2, 4)
+        torch.testing.assert_close(fast(good), model(good))
