@@ -245,7 +245,7 @@ class Context:
                                  os.path.basename(code.co_filename), code.co_firstlineno)
             return _C.CacheEntry(_SKIP)
         try:
-            entry, decision = self._capture(code, f_locals, f_globals, f_builtins)
+            entry, decision = self._capture_alone(code, f_locals, f_globals, f_builtins)
         except GraphBreakError as exc:
             _record_frame(code, f_locals, f"raise GraphBreakError (graph break: "
                                           f"{os.path.basename(exc.filename)}:{exc.line} "
@@ -253,6 +253,22 @@ class Context:
             raise
         _record_frame(code, f_locals, decision)
         return entry
+
+    def _capture_alone(self, code: Any, f_locals: dict, f_globals: dict,
+                       f_builtins: dict) -> tuple[Any, str]:
+        """``_capture``, one thread at a time in the process.
+
+        Threads whose first calls come together (a server's workers) would each capture,
+        compile and tune the same frame, and inductor's compiles do not run side by
+        side.  A thread that waited while another made an entry for this code runs its
+        frame eager once (``PASS``) rather than capture again; its next call finds the
+        entry in the cache."""
+        before = _entries_of(code, self)
+        with _capture_lock:
+            if _entries_of(code, self) != before:
+                return (_C.CacheEntry(_PASS),
+                        "run eager (another thread captured it meanwhile)")
+            return self._capture(code, f_locals, f_globals, f_builtins)
 
     def _capture(self, code: Any, f_locals: dict, f_globals: dict,
                  f_builtins: dict) -> tuple[Any, str]:
@@ -471,6 +487,13 @@ def keep_dynamo_out() -> None:
 
 _CONTEXTS: dict[tuple, Context] = {}
 _contexts_lock = threading.Lock()
+# held while a frame is captured, compiled and tuned (Context._capture_alone)
+_capture_lock = threading.RLock()
+
+
+def _entries_of(code: Any, ctx: Context) -> tuple:
+    """The identities of ``ctx``'s cache entries of ``code``."""
+    return tuple(id(e) for e in _C.code_cache(code)["entries"] if e.context is ctx)
 
 
 def context_for(backend_name: str, backend: Any, options: dict[str, Any]) -> Context:

@@ -291,3 +291,45 @@ def test_cudagraphs_on_a_machine_without_cuda_says_so_and_the_graph_runs(caplog)
     torch.testing.assert_close(out, dense(x, model.fc.weight, model.fc.bias))
     assert "cudagraphs cannot take this graph" in caplog.text and "CUDA" in caplog.text
     assert any(r.decision == "captured" for r in agspeed._runtime.frame_records())
+
+
+def test_threads_calling_first_together_compile_the_graph_once():
+    """A server's worker threads whose first calls come at once: one thread captures and
+    compiles while the others wait, then run that call eager (same results) and find
+    the graph in the cache on their next call."""
+    import threading
+    import time
+
+    compiled = []
+
+    def slow(gm, example_inputs):
+        compiled.append(threading.get_ident())
+        time.sleep(0.3)     # long enough for every thread to arrive meanwhile
+        return gm.forward
+
+    agspeed.register_backend("t_slow_compile", slow, override=True)
+    try:
+        model = MLP()
+        fast = agspeed.optimize(model, backend="t_slow_compile")
+        x = torch.randn(3, 4)
+        start = threading.Barrier(4)
+        outs = [None] * 4
+
+        def worker(k):
+            start.wait()
+            outs[k] = fast(x)
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(compiled) == 1
+        want = model(x)
+        for out in outs:
+            torch.testing.assert_close(out, want)
+        calls = agspeed.counters()["graph_calls"]
+        torch.testing.assert_close(fast(x), want)
+        assert agspeed.counters()["graph_calls"] == calls + 1 and len(compiled) == 1
+    finally:
+        backends._registered.pop("t_slow_compile", None)
