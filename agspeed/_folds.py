@@ -42,7 +42,8 @@ _COMPARE = {Compare.LT: operator.lt, Compare.LE: operator.le, Compare.EQ: operat
 # Folds that move sizes the graph computes around without reading their values: they
 # keep them as size nodes (a dynamic dimension stays dynamic through ``tuple(x.shape)``).
 _KEEPS_SIZES = frozenset({len, tuple, list, iter, reversed, zip, enumerate})
-_CONCATS = frozenset({operator.add, operator.concat, operator.iadd})
+_SEQUENCE_OPS = frozenset({operator.add, operator.concat, operator.iadd, operator.mul,
+                           operator.imul})
 
 
 class Folds(StdlibFolds):
@@ -52,9 +53,8 @@ class Folds(StdlibFolds):
     def fold(self, fn: Any, args: tuple, kwargs: dict) -> Any:
         """``fn(*args, **kwargs)`` evaluated now on known values (sizes the graph would
         compute taken at their current, guarded, values)."""
-        if self._sym_types and fn in _CONCATS and len(args) == 2 and not kwargs:
-            joined = self._join_shapes(*args) if fn is not operator.iadd or \
-                type(args[0]) is not list else None     # += on a list is in place
+        if self._sym_types and fn in _SEQUENCE_OPS and len(args) == 2 and not kwargs:
+            joined = self._sequence_op(fn, *args)
             if joined is not None:
                 return joined
         if self._sym_types and fn not in _KEEPS_SIZES:
@@ -213,22 +213,32 @@ class Folds(StdlibFolds):
             return value.meta["example_value"]
         return value
 
-    def _join_shapes(self, a: Any, b: Any) -> Any:
-        """``a + b`` of two shapes, tuples or lists, one holding size nodes, with the sizes
-        kept symbolic: ``x.size()[:-1] + (n,)`` is a shape again (as a torch.Size
-        joined with a tuple is), ``(-1,) + tuple(x.shape)[1:]`` a tuple; None for
-        anything else."""
+    def _sequence_op(self, fn: Any, a: Any, b: Any) -> Any:
+        """``a + b`` or ``a * n`` of shapes, tuples or lists that hold size nodes, with the
+        sizes kept symbolic: ``x.size()[:-1] + (n,)`` and ``x.shape[1:] * 2`` are shapes
+        again (as with a torch.Size), ``(-1,) + tuple(x.shape)[1:]`` a tuple.  None for
+        anything else, which is evaluated with the sizes taken at their values."""
         shaped = (tuple, SymShape, self._torch.Size)
-        kinds = (type(a), type(b))
-        if kinds == (list, list):
-            joined: Any = a + b
-        elif kinds[0] in shaped and kinds[1] in shaped:
-            joined = tuple(a) + tuple(b)
-            if SymShape in kinds or self._torch.Size in kinds:
-                joined = SymShape(joined)
+        if fn in (operator.mul, operator.imul):
+            if type(a) is int:
+                a, b = b, a
+            if type(b) is not int or type(a) not in (*shaped, list) or \
+                    (fn is operator.imul and type(a) is list):   # *= on a list: in place
+                return None
+            out, kinds = a * b, (type(a),)
         else:
+            kinds = (type(a), type(b))
+            if kinds == (list, list) and fn is not operator.iadd:   # += is in place
+                out = a + b
+            elif kinds[0] in shaped and kinds[1] in shaped:
+                out = tuple(a) + tuple(b)
+            else:
+                return None
+        if not self._has_size_node(out):
             return None
-        return joined if self._has_size_node(joined) else None
+        if SymShape in kinds or self._torch.Size in kinds:
+            return SymShape(out)
+        return out if type(out) is list else tuple(out)
 
     def getitem(self, container: Any, index: Any, source: Any) -> tuple[Any, Any]:
         """``(container[index], its source or None)``."""

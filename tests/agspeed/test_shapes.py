@@ -161,6 +161,20 @@ def test_shapes_joined_sliced_and_padded_stay_symbolic():
         assert got[1] == want[1] and type(got[1]) is torch.Size
     assert len(entries(head)) == 1 and not entries(head)[0].signed
 
+    def containers(x):
+        sizes = list(x.shape)
+        sizes[0] = -1
+        return x.reshape(sizes) * 2, tuple(x.shape), sizes, x.shape[1:] * 2, \
+            [pair for pair in zip(x.shape, reversed(x.shape))]
+
+    fast = agspeed.optimize(containers, backend="eager", dynamic=True)
+    for n in [3, 5, 8]:
+        x = torch.randn(n, n + 1)
+        got, want = fast(x), containers(x)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1:] == want[1:] and [type(v) for v in got] == [type(v) for v in want]
+    assert len(entries(containers)) == 1
+
 
 def test_non_contiguous_inputs_check_their_strides_symbolically():
     def f(x):
