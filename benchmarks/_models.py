@@ -342,6 +342,14 @@ def _gpt2(size):
     return CausalLMTask(_no_dropout(GPT2LMHeadModel(config)))
 
 
+def _gpt2_ckpt(size):
+    task = _gpt2(size)
+    # each layer checkpointed (non-reentrant) and a forward hook on the input embeddings,
+    # as transformers' Trainer does with gradient_checkpointing=True
+    task.model.gradient_checkpointing_enable()
+    return task
+
+
 def _gpt2_batch(size, gen):
     s = HF_SIZES[size]
     ids = _tokens(gen, s["vocab"], s["batch"], s["seq"])
@@ -381,6 +389,8 @@ SPECS: dict[str, Spec] = {
                     "BertForSequenceClassification, hidden 128, 2 layers, seq 64, batch 8"),
     "hf_gpt2": Spec("transformers", _gpt2, _gpt2_batch,
                     "GPT2LMHeadModel, hidden 128, 2 layers, seq 64, batch 8"),
+    "hf_gpt2_ckpt": Spec("transformers", _gpt2_ckpt, _gpt2_batch,
+                         "GPT2LMHeadModel as hf_gpt2, with gradient_checkpointing_enable()"),
     "hf_vit": Spec("transformers", _vit, _vit_batch,
                    "ViTForImageClassification, hidden 128, 2 layers, 32x32, patch 8, batch 8"),
 }
