@@ -20,9 +20,12 @@ mechanism both use:
   graph called several times per step are timed whole.  A step in which the graph was not
   called (an evaluation loop between steps) counts for none.
 - After unmeasured rounds (one for a watched choice), ``config.confirm_steps`` measured
-  steps of each decide for a watched choice: it stays when its median step is shorter
-  than eager's; otherwise the graph runs eager from then on and the compiled callable is
-  dropped.  The verdict goes to the knowledge base (``knowledge.confirm``), so a later run
+  steps of each decide for a watched choice, compared side by side (a step of the choice
+  against the eager step next to it, so that a machine whose speed drifts weighs on
+  both): when nearly all pairs agree the verdict is theirs; while they disagree (noise
+  as large as the difference) more steps are measured, up to three times as many, and
+  then the median of the pairs' ratios decides.  The choice stays when it is faster;
+  otherwise the graph runs eager from then on and the compiled callable is dropped.  The verdict goes to the knowledge base (``knowledge.confirm``), so a later run
   takes it without watching.
 - One graph takes its turns at a time, in the order they were compiled; the others run
   their first choice meanwhile, so a verdict is about one graph and not about whichever
@@ -51,7 +54,7 @@ from collections import deque
 from statistics import median
 from typing import Any, Callable
 
-__all__ = ["Turns", "turns", "watching", "clear", "hooked", "distributed"]
+__all__ = ["MORE", "Turns", "turns", "watching", "clear", "hooked", "distributed"]
 
 _log = logging.getLogger("agspeed.autotune")
 # Unmeasured steps of each variant before the measured ones: the first eager step after
@@ -64,6 +67,10 @@ _PATIENCE = 8
 # Calls of a graph waiting for its turns, with no optimizer step ever seen, after which
 # it is let go: a loop without torch.optim has no clock.
 _UNCLOCKED = 32
+# A watched choice's verdict: decided when this share of the side-by-side steps agree;
+# while they disagree, ``confirm_steps`` more of each, up to this many times as many.
+_CLEAR = 0.8
+_MOST = 3
 
 
 def _is_parameter(value: Any) -> bool:
@@ -82,6 +89,8 @@ def distributed() -> bool:
 
 
 DONE, ON, IDLE = "done", "on", "idle"  # what a step did to a graph's turns
+# what ``decide`` answers for another ``steps`` measured rounds of every variant
+MORE = -1
 
 
 class Turns:
@@ -91,13 +100,14 @@ class Turns:
     ``variants[0]`` is the default: it runs before the turns start, while ``decide``
     waits, and for good when the graph is let go.  After ``warm`` unmeasured rounds,
     ``steps`` measured rounds of every variant; then ``decide(samples)`` (the step
-    seconds of each variant, in order) returns the winner's index, or None to be asked
-    again at the next step (it waits on something, running the default meanwhile).
+    seconds of each variant, in order) returns the winner's index, None to be asked
+    again at the next step (it waits on something, running the default meanwhile), or
+    ``MORE`` for another ``steps`` rounds of every variant.
     ``gave_up()`` is called instead when the turns end without a decision.  The graph's
     parameters, among ``inputs``, say which optimizer's steps are its steps."""
 
-    __slots__ = ("fn", "variants", "schedule", "warm", "index", "calls", "seen", "idle",
-                 "samples", "decide", "gave_up", "cuda", "where", "params", "done",
+    __slots__ = ("fn", "variants", "schedule", "warm", "rounds", "index", "calls", "seen",
+                 "idle", "samples", "decide", "gave_up", "cuda", "where", "params", "done",
                  "__weakref__")
 
     def __init__(self, variants: list, steps: int, warm: int, cuda: bool, where: str,
@@ -108,6 +118,7 @@ class Turns:
         n = len(self.variants)
         self.schedule = [k for _ in range(warm + steps) for k in range(n)]
         self.warm = warm * n
+        self.rounds = steps
         self.index = -1                  # the turn of the current step; -1: not begun
         self.calls = self.seen = self.idle = 0
         self.samples: list[list[float]] = [[] for _ in range(n)]
@@ -160,6 +171,11 @@ class Turns:
     def _decide(self) -> str:
         k = self.decide(self.samples)
         if k is None:
+            return ON
+        if k == MORE:
+            start = len(self.schedule)
+            self.schedule += [j for _ in range(self.rounds) for j in range(len(self.variants))]
+            self._turn(start)
             return ON
         self._finish(k)
         return DONE
@@ -315,8 +331,10 @@ def watching(chosen: Callable, eager: Callable, cuda: bool, where: str,
         return chosen
 
     def decide(samples: list) -> int:
+        kept = _faster(samples[0], samples[1], len(samples[0]) >= _MOST * steps)
+        if kept is None:
+            return MORE
         mine, eager_s = median(samples[0]), median(samples[1])
-        kept = mine < eager_s
         verdict = {"kept": kept, "median_s": mine, "eager_s": eager_s,
                    "ratio": eager_s / mine if mine > 0 else 0.0, "steps": len(samples[0])}
         _log.info("%s: on the program's steps (median of %d each) the choice takes "
@@ -326,6 +344,21 @@ def watching(chosen: Callable, eager: Callable, cuda: bool, where: str,
         return 0 if kept else 1
 
     return turns([chosen, eager], steps, _WARM, cuda, where, decide, inputs=inputs)
+
+
+def _faster(mine: list, eager: list, last: bool) -> bool | None:
+    """Whether the choice's steps beat eager's, from the steps side by side (the k-th of
+    each ran one after the other, so a machine that slows down or speeds up weighs on
+    both): when nearly every pair agrees, or, ``last``, by the median of the pairs'
+    ratios; None (measure more) while they disagree."""
+    ratios = [a / b for a, b in zip(mine, eager) if b > 0]
+    if not ratios:
+        return True
+    wins = sum(r < 1.0 for r in ratios)
+    needed = max(1, round(_CLEAR * len(ratios)))
+    if wins >= needed or len(ratios) - wins >= needed or last:
+        return median(ratios) < 1.0
+    return None
 
 
 def clear() -> None:

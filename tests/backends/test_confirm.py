@@ -280,3 +280,37 @@ def test_a_dropped_model_mid_turns_is_not_held_by_the_clock(kb):
     other = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
     other.step()  # the clock finds nothing left and removes its hook
     assert not _confirm.hooked()
+
+
+def test_a_verdict_comes_from_the_steps_side_by_side_and_waits_out_noise():
+    # the k-th step of each variant ran next to the other's: their ratios decide
+    assert _confirm._faster([1.0] * 5, [2.0] * 5, False) is True
+    assert _confirm._faster([2.0] * 5, [1.0] * 5, False) is False
+    # a machine that slows down halfway weighs on both: still a clear win
+    assert _confirm._faster([1, 1, 3, 3, 3], [1.2, 1.2, 3.5, 3.5, 3.5], False) is True
+    # as many pairs each way (noise as large as the difference): measure more...
+    mixed = ([1.0, 2.0, 1.0, 2.0, 1.0], [1.5] * 5)
+    assert _confirm._faster(*mixed, False) is None
+    # ...and on the last round, the median of the ratios
+    assert _confirm._faster(*mixed, True) is True
+
+
+def test_turns_measure_more_rounds_when_asked():
+    asked = []
+
+    def decide(samples):
+        asked.append([len(s) for s in samples])
+        return _confirm.MORE if len(asked) == 1 else 1
+
+    ran = []
+    t = _confirm.Turns([lambda: ran.append(0), lambda: ran.append(1)], 2, 0, False, "g",
+                       decide)
+    t.begin()
+    states = []
+    for _ in range(8):
+        t()
+        states.append(t.tick(0.01))
+    assert asked == [[2, 2], [4, 4]]
+    assert ran == [0, 1] * 4 and states[-1] == _confirm.DONE and states[:-1].count("on") == 7
+    t()
+    assert ran[-1] == 1 and t.done
