@@ -2,9 +2,9 @@
 
 The interpreter asks ``plan_call`` how to capture a call and gets a ``Plan`` (see
 csrc/protocol.h): a graph node for torch functions and tensor methods (``can_record``),
-an inlined ``forward`` for an nn.Module (with its forward hooks, ``agspeed._hooks``), an inlined Python function, a fold
-of a builtin on known values, or a constant for the capture probes libraries call
-(``torch.compiler.is_compiling()``).  ``attr`` finds an attribute without running user
+an inlined ``forward`` for an nn.Module (with its forward hooks, ``agspeed._hooks``), an
+inlined Python function, a fold of a builtin on known values, or a constant for the
+capture probes libraries call (``torch.compiler.is_compiling()``).  ``attr`` finds an attribute without running user
 code (``agspeed._sources.static_attr``) and answers with an ``Attr`` kind.  Every module
 fact a plan relies on (its type, hook dicts, ``forward``) is appended to the builder's
 assumptions, so the guard checks it.

@@ -35,7 +35,6 @@ from typing import Any, NamedTuple
 
 from agspeed import _C, config, log
 from agspeed._shapes import DimPolicy, history_of, is_data_source
-from agspeed._sources import MISSING
 from agspeed.guards.guard import SameObjects
 from agspeed.protocol import Check
 
@@ -138,10 +137,7 @@ class EntryPolicy:
 def _serves(guard: Any, f_locals: dict) -> bool:
     """Whether an entry with ``guard`` was captured for the objects of this frame."""
     identities = getattr(guard, "identities", None)
-    if identities is None:
-        return True
-    return all(f_locals.get(name, MISSING) is expected()
-               for name, expected in identities())
+    return identities is None or SameObjects(identities())(f_locals, {}, {})
 
 
 def widened(guard: Any, entries: list) -> Any:

@@ -263,9 +263,9 @@ class Context:
         side.  A thread that waited while another made an entry for this code runs its
         frame eager once (``PASS``) rather than capture again; its next call finds the
         entry in the cache."""
-        before = _entries_of(code, self)
+        before = _entries(code, self)
         with _capture_lock:
-            if _entries_of(code, self) != before:
+            if _entries(code, self) != before:
                 return (_C.CacheEntry(_PASS),
                         "run eager (another thread captured it meanwhile)")
             return self._capture(code, f_locals, f_globals, f_builtins)
@@ -285,8 +285,7 @@ class Context:
         where = _where(code)
         # Each context counts its own entries: another optimized object's recompiles of
         # this code are not this one's.
-        entries = self.policy.drop_gone(
-            code, [e for e in _C.code_cache(code)["entries"] if e.context is self])
+        entries = self.policy.drop_gone(code, _entries(code, self))
         limited = self.policy.at_recompile_limit(code, where, entries, f_locals)
         if limited is not None:
             self._observe("eager", code, "recompile limit")
@@ -491,9 +490,9 @@ _contexts_lock = threading.Lock()
 _capture_lock = threading.RLock()
 
 
-def _entries_of(code: Any, ctx: Context) -> tuple:
-    """The identities of ``ctx``'s cache entries of ``code``."""
-    return tuple(id(e) for e in _C.code_cache(code)["entries"] if e.context is ctx)
+def _entries(code: Any, ctx: Context) -> list:
+    """``ctx``'s cache entries of ``code`` (entries compare by identity)."""
+    return [e for e in _C.code_cache(code)["entries"] if e.context is ctx]
 
 
 def context_for(backend_name: str, backend: Any, options: dict[str, Any]) -> Context:

@@ -25,8 +25,9 @@ mechanism both use:
   both): when nearly all pairs agree the verdict is theirs; while they disagree (noise
   as large as the difference) more steps are measured, up to three times as many, and
   then the median of the pairs' ratios decides.  The choice stays when it is faster;
-  otherwise the graph runs eager from then on and the compiled callable is dropped.  The verdict goes to the knowledge base (``knowledge.confirm``), so a later run
-  takes it without watching.
+  otherwise the graph runs eager from then on and the compiled callable is dropped.
+  The verdict goes to the knowledge base (``knowledge.confirm``), so a later run takes
+  it without watching.
 - One graph takes its turns at a time, in the order they were compiled; the others run
   their first choice meanwhile, so a verdict is about one graph and not about whichever
   graphs changed together.  A graph not called in its step hands the turns to the next
@@ -106,7 +107,7 @@ class Turns:
     ``gave_up()`` is called instead when the turns end without a decision.  The graph's
     parameters, among ``inputs``, say which optimizer's steps are its steps."""
 
-    __slots__ = ("fn", "variants", "schedule", "warm", "rounds", "index", "calls", "seen",
+    __slots__ = ("fn", "variants", "turns", "warm", "rounds", "index", "calls", "seen",
                  "idle", "samples", "decide", "gave_up", "cuda", "where", "params", "done",
                  "__weakref__")
 
@@ -116,7 +117,7 @@ class Turns:
         self.variants = list(variants)
         self.fn = self.variants[0]       # what calls run now
         n = len(self.variants)
-        self.schedule = [k for _ in range(warm + steps) for k in range(n)]
+        self.turns = (warm + steps) * n  # turn k runs variant k % n: one of each per round
         self.warm = warm * n
         self.rounds = steps
         self.index = -1                  # the turn of the current step; -1: not begun
@@ -143,14 +144,14 @@ class Turns:
 
     def _turn(self, index: int) -> None:
         self.index, self.seen = index, self.calls
-        self.fn = self.variants[self.schedule[index]]
+        self.fn = self.variants[index % len(self.variants)]
 
     def tick(self, seconds: float) -> str:
         """A step of ``seconds`` ended: ``DONE``, ``ON`` (its turns go on) or ``IDLE``
         (not called in that step: another graph may take the turns meanwhile)."""
         if self.done:
             return DONE
-        if self.index >= len(self.schedule):  # the turns are over; decide waits
+        if self.index >= self.turns:  # the turns are over; decide waits
             return self._decide()
         if self.calls == self.seen:
             self.idle += 1
@@ -160,11 +161,11 @@ class Turns:
             return IDLE
         self.idle = 0
         if self.index >= self.warm:
-            self.samples[self.schedule[self.index]].append(seconds)
-        if self.index + 1 < len(self.schedule):
+            self.samples[self.index % len(self.variants)].append(seconds)
+        if self.index + 1 < self.turns:
             self._turn(self.index + 1)
             return ON
-        self.index = len(self.schedule)
+        self.index = self.turns
         self.fn = self.variants[0]
         return self._decide()
 
@@ -173,8 +174,8 @@ class Turns:
         if k is None:
             return ON
         if k == MORE:
-            start = len(self.schedule)
-            self.schedule += [j for _ in range(self.rounds) for j in range(len(self.variants))]
+            start = self.turns
+            self.turns += self.rounds * len(self.variants)
             self._turn(start)
             return ON
         self._finish(k)
