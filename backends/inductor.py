@@ -38,6 +38,7 @@ import os
 import shutil
 from typing import Any, Callable
 
+from agspeed.backends import _split
 from agspeed.backends._protocol import Capabilities, is_dynamic, placeholder_values
 
 __all__ = ["backend", "capabilities", "cache_dir"]
@@ -130,9 +131,36 @@ def backend(gm: Any, example_inputs: list) -> Callable[..., Any]:
 
     _point_cache()
     functorch_config.donated_buffer = False     # see the module's docstring
+    example = _example_values(gm, example_inputs)
+    gm, sized = _sizes_bound(tagged(gm))
     with inductor_config.patch(fallback_random=True), \
             functorch_config.patch(force_non_lazy_backward_lowering=True):
-        return compile_fx(tagged(gm), _example_values(gm, example_inputs))
+        compiled = compile_fx(gm, _split.size_values(sized, example) + example)
+    if not sized:
+        return compiled
+
+    def with_sizes(*args: Any) -> Any:
+        return compiled(*_split.size_values(sized, args), *args)
+    return with_sizes
+
+
+def _sizes_bound(gm: Any) -> tuple[Any, list]:
+    """A copy of ``gm`` that takes each size symbol of its tensor inputs as an input of
+    its own, first (``_split.bind_sizes``), and those sizes' places; ``gm`` and ``[]``
+    when it has none.  AOTAutograd hands the backward the sizes it needs as the forward
+    computed them: without the symbol itself among the forward's inputs, a backward that
+    needs ``s`` where the forward only computed ``s + 1`` (padding by one, a causal LM's
+    shifted labels) gets ``s + 1`` alone, and inductor refuses to compile it."""
+    import torch.fx
+
+    if not is_dynamic(gm):
+        return gm, []
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    bound = torch.fx.GraphModule(gm, graph)
+    bound.meta.update(gm.meta)
+    sized = _split.bind_sizes(bound)
+    return (bound, sized) if sized else (gm, [])
 
 
 backend.capabilities = capabilities

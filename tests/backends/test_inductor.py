@@ -5,6 +5,7 @@ the session shares one cache directory (tests/conftest.py), so graphs that repea
 tests are compiled once.
 """
 
+import logging
 import os
 import subprocess
 import sys
@@ -20,6 +21,17 @@ pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")
 nn = torch.nn
 F = torch.nn.functional
+
+
+@pytest.fixture(autouse=True)
+def _no_fallback(caplog):
+    """Every graph here must really run through inductor: a compile that failed and left
+    its graph eager would pass the comparisons with eager unseen."""
+    with caplog.at_level(logging.WARNING, logger="agspeed"):
+        yield
+    fell_back = [r.getMessage() for r in caplog.get_records("call")
+                 if "runs eagerly" in r.getMessage()]
+    assert not fell_back
 
 
 class Block(nn.Module):
@@ -141,6 +153,30 @@ def test_marked_dynamic_from_the_start():
     for n in (4, 6, 11):
         x = torch.randn(n, 8)
         torch.testing.assert_close(optimized(x), eager(x))
+    captured = [r for r in agspeed._runtime.frame_records() if r.decision == "captured"]
+    assert len(captured) == 1
+
+
+def test_a_dynamic_graph_whose_backward_needs_a_size_plus_one():
+    """Padding by one (a causal LM's shifted labels) makes the backward slice a size
+    ``s + 1`` back to ``s``; the backward must find ``s`` among its inputs."""
+    torch.manual_seed(0)
+    emb = nn.Embedding(20, 8)
+
+    def loss_of(ids, labels):
+        logits = emb(ids.view(-1, ids.size(1))) @ emb.weight.t()
+        shifted = F.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
+        return F.cross_entropy(logits.view(-1, 20), shifted.view(-1))
+
+    optimized = agspeed.optimize(loss_of, backend="inductor", dynamic=True)
+    for n in (5, 7, 9):
+        ids = torch.randint(0, 20, (2, n))
+        got = optimized(ids, ids.clone())
+        (got_grad,) = torch.autograd.grad(got, emb.weight)
+        want = loss_of(ids, ids.clone())
+        (want_grad,) = torch.autograd.grad(want, emb.weight)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got_grad, want_grad)
     captured = [r for r in agspeed._runtime.frame_records() if r.decision == "captured"]
     assert len(captured) == 1
 
