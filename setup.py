@@ -1,6 +1,8 @@
 """Build of agspeed: one C extension, agspeed._C, and the Python package.
 
-The C sources are every .c file of csrc/ and guards/.  xxHash comes from
+The C sources are every .c file of csrc/, guards/ and backends/nvrtc/ (the fused
+kernels' code generation and their CUDA driver, which opens libnvrtc and libcuda at run
+time: nothing of CUDA is needed to build).  xxHash comes from
 the system (Debian: libxxhash-dev); a missing header stops the build with
 the package to install.  The build never imports torch.
 
@@ -58,14 +60,15 @@ def _flags():
 
 
 compile_args, link_args = _flags()
-sources = sorted(glob.glob("csrc/*.c")) + sorted(glob.glob("guards/*.c"))
+sources = (sorted(glob.glob("csrc/*.c")) + sorted(glob.glob("guards/*.c"))
+           + sorted(glob.glob("backends/nvrtc/*.c")))
 
 setup(
     name="agspeed",
     version="0.1.0",
     description="Graph capture for unmodified PyTorch training code, in C.",
     python_requires=">=3.11,<3.14",
-    packages=["agspeed", "agspeed.guards", "agspeed.backends"],
+    packages=["agspeed", "agspeed.guards", "agspeed.backends", "agspeed.backends.nvrtc"],
     package_dir={
         "agspeed": "agspeed",
         "agspeed.guards": "guards",
@@ -75,9 +78,10 @@ setup(
         Extension(
             "agspeed._C",
             sources=sources,
-            include_dirs=["csrc", "guards"],
-            libraries=["xxhash"],
-            depends=glob.glob("csrc/*.h") + glob.glob("guards/*.h"),
+            include_dirs=["csrc", "guards", "backends/nvrtc"],
+            libraries=["xxhash", "dl"],
+            depends=(glob.glob("csrc/*.h") + glob.glob("guards/*.h")
+                     + glob.glob("backends/nvrtc/*.h")),
             extra_compile_args=compile_args,
             extra_link_args=link_args,
         )

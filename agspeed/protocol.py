@@ -2,8 +2,8 @@
 
 Every kind the interpreter, the builder, the guard compiler and the guard programs
 exchange (break reasons, builder operations, call plans, attribute answers, parameter
-bindings, comparisons, guard loads, check kinds, program flags) is one row of a table in
-csrc/protocol.h.  The extension exports the tables (``agspeed._C.PROTOCOL``) and this
+bindings, comparisons, guard loads, check kinds, program flags), and the fused kernels'
+instructions and storage types, is one row of a table in csrc/protocol.h.  The extension exports the tables (``agspeed._C.PROTOCOL``) and this
 module makes one ``IntEnum`` of each, so Python names a kind by its member and C receives
 the member's value: nothing is copied by hand, and a value C does not know fails loudly
 there.
@@ -22,7 +22,7 @@ from typing import Any
 from agspeed import _C
 
 __all__ = ["Action", "Attr", "Bind", "BuilderOp", "Check", "Compare", "GuardFlag", "Load",
-           "Part", "Plan", "Reason", "SizeOp", "check_builder"]
+           "KernelKind", "KernelOp", "KernelType", "Part", "Plan", "Reason", "SizeOp", "check_builder"]
 
 
 def _table(name: str, table: str, columns: tuple[str, ...], flag: bool = False) -> Any:
@@ -50,6 +50,9 @@ Check = _table("Check", "check", ("doc",))
 Part = _table("Part", "part", ("doc",))
 GuardFlag = _table("GuardFlag", "guard_flag", ("doc",), flag=True)
 SizeOp = _table("SizeOp", "size_op", ("immediates", "doc"))
+KernelOp = _table("KernelOp", "kernel_op", ("operands", "doc"))
+KernelKind = _table("KernelKind", "kernel_kind", ("doc",))
+KernelType = _table("KernelType", "kernel_type", ("ctype", "bytes", "doc"))
 
 for _member in Reason:
     _member.doc = _member.what

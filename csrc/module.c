@@ -9,6 +9,7 @@
  */
 #include "agspeed.h"
 #include "emit.h"
+#include "nvrtc.h"
 #include <string.h>
 
 typedef struct {
@@ -460,7 +461,8 @@ module_exec(PyObject *module)
         || add_type(module, &ags_entry_spec, &st->entry_type) < 0
         || ags_guard_init() < 0
         || add_type(module, &ags_guard_spec, &st->guard_type) < 0
-        || add_tables(module) < 0) {
+        || add_tables(module) < 0
+        || ags_nvrtc_init(module) < 0) {
         return -1;
     }
     /* The hook checks decisions against the CacheEntry type of the module

@@ -102,6 +102,7 @@ add_table(PyObject *tables, const char *name, PyObject *rows)
 #define ROW_TWO_TEXTS(name, a, b) #name, v++, a, b
 #define ROW_FLAG(name, bit, doc) #name, bit, doc
 #define ROW_SIZE_OP(name, imm, doc) #name, v++, imm, doc
+#define ROW_KTYPE(name, ctype, bytes, doc) #name, v++, ctype, bytes, doc
 
 #define ROW_EXPORT(...) \
     if (ok && add_row(rows, Py_BuildValue(ROW_FMT, ROW(__VA_ARGS__))) < 0) { \
@@ -140,6 +141,7 @@ ags_protocol_export(PyObject *module)
     TABLE_EXPORT("load", AGS_LOAD_LIST);
     TABLE_EXPORT("check", AGS_CHECK_LIST);
     TABLE_EXPORT("part", AGS_PART_LIST);
+    TABLE_EXPORT("kernel_kind", AGS_KKIND_LIST);
 #undef ROW
 #define ROW ROW_FLAG
     TABLE_EXPORT("guard_flag", AGS_GFLAG_LIST);
@@ -154,6 +156,12 @@ ags_protocol_export(PyObject *module)
 #define ROW_FMT "(siis)"
 #define ROW ROW_SIZE_OP
     TABLE_EXPORT("size_op", AGS_SOP_LIST);
+    TABLE_EXPORT("kernel_op", AGS_KOP_LIST);  /* (operands, meaning) */
+#undef ROW
+#undef ROW_FMT
+#define ROW_FMT "(sisis)"
+#define ROW ROW_KTYPE
+    TABLE_EXPORT("kernel_type", AGS_KTYPE_LIST);
 #undef ROW
 #undef ROW_FMT
     if (PyModule_AddObjectRef(module, "PROTOCOL", tables) < 0) {

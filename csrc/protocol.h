@@ -279,6 +279,76 @@
     X(NOT, 0, "not a")
 
 /* The enums. */
+/* The fused kernels' instruction set (backends/nvrtc): a kernel is a list
+ * of these in SSA order, instruction i defining value i.  X(NAME, operands,
+ * "meaning"); the operands are earlier values, but for LOAD (an input's
+ * index) and CONST (the number is the instruction's immediate).  Values
+ * compute in the instruction's type (KTYPE): float for every floating
+ * storage type but double, whose values stay double.  backends/nvrtc/
+ * codegen.c has each one's CUDA expression. */
+#define AGS_KOP_LIST(X) \
+    X(LOAD, 0, "input <operand> at this element, converted to the type") \
+    X(CONST, 0, "the immediate") \
+    X(CAST, 1, "a converted to the type (C rules; bool: a != 0)") \
+    X(NEG, 1, "-a") \
+    X(ABS, 1, "|a|") \
+    X(EXP, 1, "e ** a") \
+    X(LOG, 1, "natural logarithm") \
+    X(LOG1P, 1, "log(1 + a)") \
+    X(EXPM1, 1, "e ** a - 1") \
+    X(SQRT, 1, "square root") \
+    X(RSQRT, 1, "1 / sqrt(a)") \
+    X(RECIPROCAL, 1, "1 / a") \
+    X(TANH, 1, "hyperbolic tangent") \
+    X(SIGMOID, 1, "1 / (1 + e ** -a)") \
+    X(ERF, 1, "the error function") \
+    X(SIN, 1, "sine") \
+    X(COS, 1, "cosine") \
+    X(FLOOR, 1, "round down") \
+    X(CEIL, 1, "round up") \
+    X(TRUNC, 1, "round toward zero") \
+    X(SIGN, 1, "-1, 0 or 1 (NaN stays NaN)") \
+    X(RELU, 1, "max(a, 0), NaN kept") \
+    X(NOT, 1, "logical not") \
+    X(ISNAN, 1, "a is NaN") \
+    X(ADD, 2, "a + b") \
+    X(SUB, 2, "a - b") \
+    X(MUL, 2, "a * b") \
+    X(DIV, 2, "a / b (true division)") \
+    X(POW, 2, "a ** b") \
+    X(MAX, 2, "the larger; NaN if either is") \
+    X(MIN, 2, "the smaller; NaN if either is") \
+    X(EQ, 2, "a == b") \
+    X(NE, 2, "a != b") \
+    X(LT, 2, "a < b") \
+    X(LE, 2, "a <= b") \
+    X(GT, 2, "a > b") \
+    X(GE, 2, "a >= b") \
+    X(AND, 2, "logical and") \
+    X(OR, 2, "logical or") \
+    X(WHERE, 3, "b if a else c") \
+    X(SUM, 1, "the sum of a over the reduced dimensions (rows kernels)") \
+    X(AMAX, 1, "the largest a over the reduced dimensions; NaN if any is") \
+    X(AMIN, 1, "the smallest a over the reduced dimensions; NaN if any is")
+
+/* The shapes of fused kernels' work (backends/nvrtc/codegen.c). */
+#define AGS_KKIND_LIST(X) \
+    X(POINTWISE, "one thread per element, in a grid-stride loop") \
+    X(ROWS, "one block per row; the row's trailing dimensions are reduced")
+
+/* Storage types of fused kernels' inputs and outputs, and the types their
+ * values compute in: X(NAME, "CUDA storage type", bytes, "meaning"). */
+#define AGS_KTYPE_LIST(X) \
+    X(F32, "float", 4, "torch.float32") \
+    X(F16, "unsigned short", 2, "torch.float16, computed in float") \
+    X(BF16, "unsigned short", 2, "torch.bfloat16, computed in float") \
+    X(F64, "double", 8, "torch.float64") \
+    X(I64, "long long", 8, "torch.int64") \
+    X(I32, "int", 4, "torch.int32") \
+    X(I8, "signed char", 1, "torch.int8") \
+    X(U8, "unsigned char", 1, "torch.uint8") \
+    X(BOOL, "bool", 1, "torch.bool")
+
 #define AGS_PROTO_ENUM(P, LIST) \
     typedef enum { LIST(AGS_PROTO_ROW_##P) AGS_##P##_COUNT } ags_##P##_kind;
 
@@ -293,6 +363,9 @@
 #define AGS_PROTO_ROW_CHECK(name, ...) AGS_CHECK_##name,
 #define AGS_PROTO_ROW_PART(name, ...) AGS_PART_##name,
 #define AGS_PROTO_ROW_SOP(name, ...) AGS_SOP_##name,
+#define AGS_PROTO_ROW_KOP(name, ...) AGS_KOP_##name,
+#define AGS_PROTO_ROW_KTYPE(name, ...) AGS_KTYPE_##name,
+#define AGS_PROTO_ROW_KKIND(name, ...) AGS_KKIND_##name,
 
 AGS_PROTO_ENUM(ACTION, AGS_ACTION_LIST)
 AGS_PROTO_ENUM(REASON, AGS_REASON_LIST)
@@ -305,6 +378,9 @@ AGS_PROTO_ENUM(LOAD, AGS_LOAD_LIST)
 AGS_PROTO_ENUM(CHECK, AGS_CHECK_LIST)
 AGS_PROTO_ENUM(PART, AGS_PART_LIST)
 AGS_PROTO_ENUM(SOP, AGS_SOP_LIST)
+AGS_PROTO_ENUM(KOP, AGS_KOP_LIST)
+AGS_PROTO_ENUM(KTYPE, AGS_KTYPE_LIST)
+AGS_PROTO_ENUM(KKIND, AGS_KKIND_LIST)
 
 typedef ags_ACTION_kind ags_action;
 

@@ -5,12 +5,16 @@
 #   ags_ensure_xxhash              install Debian's libxxhash-dev if xxhash.h is missing
 #   ags_find_python VERSION        print an interpreter for VERSION (3.11, ...) or fail
 #   ags_venv VERSION DIR TORCH     make DIR a venv of VERSION with the test dependencies
-#                                  (TORCH=1: also torch==2.13.0 and transformers) and agspeed installed
+#                                  (TORCH=1: also torch==2.13.0, transformers and
+#                                  the nvrtc wheel) and agspeed installed
 #                                  in editable mode (built for that interpreter)
 
 AGS_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 AGS_TORCH_PIN="torch==2.13.0"   # always exact: a loose spec pulls a multi-GB CUDA build
 AGS_TRANSFORMERS_PIN="transformers==5.23.0"  # real third-party models (benchmarks/train.py)
+# libnvrtc for the fused kernels' tests (NVRTC compiles to PTX without a GPU); CUDA 13.0,
+# the GPU machine's driver level, so its PTX loads there too
+AGS_NVRTC_PIN="nvidia-cuda-nvrtc==13.0.88"
 
 ags_say() { printf '[agspeed setup] %s\n' "$*" >&2; }
 
@@ -62,6 +66,12 @@ ags_venv() {
         # with the torch pin in the same command, so pip cannot swap torch for a CUDA build
         "$dir/bin/python" -m pip install -q --disable-pip-version-check \
             "$AGS_TRANSFORMERS_PIN" "$AGS_TORCH_PIN"
+    fi
+    if [ "$torch" = 1 ] && ! "$dir/bin/python" -m pip show -q nvidia-cuda-nvrtc \
+        >/dev/null 2>&1; then
+        ags_say "installing $AGS_NVRTC_PIN into $2"
+        "$dir/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+            "$AGS_NVRTC_PIN"
     fi
     ags_ensure_xxhash
     ags_say "building agspeed for Python $version${AGSPEED_DEBUG:+ (AGSPEED_DEBUG=$AGSPEED_DEBUG)}"

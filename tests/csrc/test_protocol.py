@@ -28,6 +28,9 @@ TABLES = {
     "guard_flag": ("AGS_GFLAG_LIST", protocol.GuardFlag),
     "part": ("AGS_PART_LIST", protocol.Part),
     "size_op": ("AGS_SOP_LIST", protocol.SizeOp),
+    "kernel_op": ("AGS_KOP_LIST", protocol.KernelOp),
+    "kernel_kind": ("AGS_KKIND_LIST", protocol.KernelKind),
+    "kernel_type": ("AGS_KTYPE_LIST", protocol.KernelType),
 }
 
 
@@ -173,3 +176,9 @@ def test_known_kinds_round_trip_through_c():
     assert out["status"] == "graph" and out["result"] == 5
     out = _capture(_calls_len, Builder((Plan.CONST, 7)), x=(1, 2))
     assert out["status"] == "graph" and out["result"] == 7
+
+
+def test_kernel_rows_carry_their_columns():
+    assert protocol.KernelOp.WHERE.operands == 3 and protocol.KernelOp.LOAD.operands == 0
+    assert protocol.KernelType.BF16.ctype == "unsigned short"
+    assert protocol.KernelType.BF16.bytes == 2 and protocol.KernelType.I64.bytes == 8

@@ -1,0 +1,71 @@
+"""Running a fused kernel's CUDA C on the CPU, to check its arithmetic without a GPU.
+
+codegen.c's kernels compile as host C++ when ``AGS_HOST`` is defined: this shim gives them
+one thread per block and one block (the kernels loop over their elements and rows, so
+that covers everything), host math, and conversions to and from fp16 (GCC's
+``_Float16``) and bf16.  ``run(desc, tensors, ints)`` builds the source with g++ into a
+shared library, cached per source, and calls the kernel through ctypes with the tensors'
+data pointers.
+"""
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+
+from agspeed import _C
+
+SHIM = r"""
+#include <math.h>
+#include <string.h>
+#define AGS_HOST 1
+#define AGS_BLOCK_MAX 1024
+#define __global__
+#define __shared__ static
+#define __restrict__ __restrict
+struct ags_dim3 { unsigned int x, y, z; };
+static const ags_dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0};
+static const ags_dim3 blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+static inline void __syncthreads() {}
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+static inline float ags_from_f16(unsigned short h)
+{ _Float16 f; memcpy(&f, &h, 2); return (float)f; }
+static inline unsigned short ags_to_f16(float x)
+{ _Float16 f = (_Float16)x; unsigned short h; memcpy(&h, &f, 2); return h; }
+static inline float ags_from_bf16(unsigned short b)
+{ unsigned int u = ((unsigned int)b) << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned short ags_to_bf16(float f)
+{ unsigned int u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16); }
+static inline double ags_f64_bits(unsigned long long b)
+{ double d; memcpy(&d, &b, 8); return d; }
+"""
+
+_DIR = tempfile.mkdtemp(prefix="agspeed-nvrtc-host-")
+_LIBS = {}
+
+
+def build(source: str) -> ctypes.CDLL:
+    key = hashlib.sha256(source.encode()).hexdigest()[:16]
+    if key not in _LIBS:
+        src = os.path.join(_DIR, f"k{key}.cpp")
+        lib = os.path.join(_DIR, f"k{key}.so")
+        with open(src, "w") as f:
+            f.write(SHIM + source)
+        subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", lib, src], check=True,
+                       capture_output=True, text=True)
+        _LIBS[key] = ctypes.CDLL(lib)
+    return _LIBS[key]
+
+
+def run(desc: tuple, tensors: list, ints: list) -> None:
+    """Runs the kernel of ``desc`` on CPU ``tensors`` (inputs then outputs) with ``ints``
+    (sizes, then strides), as the launcher passes them."""
+    fn = getattr(build(_C.nvrtc_source(desc)), desc[0])
+    fn.restype = None
+    args = [ctypes.c_void_p(t.data_ptr()) for t in tensors]
+    args += [ctypes.c_longlong(int(v)) for v in ints]
+    fn(*args)

@@ -1,0 +1,299 @@
+"""The fused kernels' code generation (backends/nvrtc/codegen.c), without a GPU.
+
+Each kernel family is written as a description, its CUDA C is run on the CPU through the
+host shim (_nvrtc_host.py) and compared with torch on random inputs, and NVRTC compiles
+the same source to PTX and to a cubin for the GPUs it knows.
+"""
+
+import pytest
+
+from agspeed import _C
+from agspeed.protocol import KernelKind as KK
+from agspeed.protocol import KernelOp as K
+from agspeed.protocol import KernelType as T
+
+pytestmark = pytest.mark.torch
+torch = pytest.importorskip("torch")
+
+import _nvrtc_host as host  # noqa: E402
+
+F32, F16, BF16, F64, I64, BOOL = T.F32, T.F16, T.BF16, T.F64, T.I64, T.BOOL
+_STORAGE = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16,
+            T.F64: torch.float64, T.I64: torch.int64, T.BOOL: torch.bool}
+
+
+def op(kop, ktype, *operands, imm=None):
+    return (kop, ktype, tuple(operands), imm)
+
+
+def strides_of(t, shape):
+    """``t``'s strides in a space of ``shape`` (0 where it broadcasts)."""
+    t = t.expand(shape)
+    return list(t.stride())
+
+
+# ---- descriptions of each family, with what torch computes for them ----------------
+
+def add_relu_scale(storage=F32):
+    """x + b (b broadcast over rows, strided), relu, * 0.1."""
+    desc = ("add_relu_scale", KK.POINTWISE, 2, 0, ((storage, 0), (storage, 1)),
+            (op(K.LOAD, F32, 0), op(K.LOAD, F32, 1), op(K.ADD, F32, 0, 1),
+             op(K.RELU, F32, 2), op(K.CONST, F32, imm=0.1), op(K.MUL, F32, 3, 4)),
+            ((5, storage, 0),))
+    return desc
+
+
+def softmax_desc(storage=F32):
+    return ("softmax_rows", KK.ROWS, 2, 1, ((storage, 0),),
+            (op(K.LOAD, F32, 0), op(K.AMAX, F32, 0), op(K.SUB, F32, 0, 1),
+             op(K.EXP, F32, 2), op(K.SUM, F32, 3), op(K.DIV, F32, 3, 4)),
+            ((5, storage, 0), (1, F32, 0)))
+
+
+def layer_norm_desc(n, storage=F32):
+    """(x - mean) * rsqrt(var + eps) * w + b over the last dimension, with the row's
+    mean and rstd as outputs (what a backward keeps)."""
+    return ("layer_norm_rows", KK.ROWS, 2, 1,
+            ((storage, 0), (F32, 1), (F32, 1)),
+            (op(K.LOAD, F32, 0),                      # 0 x
+             op(K.SUM, F32, 0),                       # 1
+             op(K.CONST, F32, imm=1.0 / n),           # 2
+             op(K.MUL, F32, 1, 2),                    # 3 mean
+             op(K.SUB, F32, 0, 3),                    # 4 x - mean
+             op(K.MUL, F32, 4, 4),                    # 5
+             op(K.SUM, F32, 5),                       # 6
+             op(K.MUL, F32, 6, 2),                    # 7 var
+             op(K.CONST, F32, imm=1e-5),              # 8
+             op(K.ADD, F32, 7, 8),                    # 9
+             op(K.RSQRT, F32, 9),                     # 10 rstd
+             op(K.MUL, F32, 4, 10),                   # 11
+             op(K.LOAD, F32, 1), op(K.MUL, F32, 11, 12),   # 12, 13
+             op(K.LOAD, F32, 2), op(K.ADD, F32, 13, 14)),  # 14, 15
+            ((15, storage, 0), (3, F32, 0), (10, F32, 0)))
+
+
+@pytest.mark.parametrize("storage", [F32, F16, BF16])
+def test_pointwise_with_a_broadcast_input_matches_torch(storage):
+    dtype = _STORAGE[storage]
+    x = torch.randn(5, 7).to(dtype)
+    b = torch.randn(7).to(dtype)
+    out = torch.empty(5, 7, dtype=dtype)
+    host.run(add_relu_scale(storage), [x, b, out], [5, 7, *strides_of(b, (5, 7))])
+    want = ((x.float() + b.float()).relu() * 0.1).to(dtype)
+    torch.testing.assert_close(out, want, rtol=0, atol=0) if storage == F32 else \
+        torch.testing.assert_close(out, want)
+
+
+def test_a_strided_input_and_output_are_read_and_written_by_their_strides():
+    desc = ("transpose_tanh", KK.POINTWISE, 2, 0, ((F32, 1),),
+            (op(K.LOAD, F32, 0), op(K.TANH, F32, 0)), ((1, F32, 1),))
+    x = torch.randn(6, 4).t()                    # (4, 6), strides (1, 4)
+    out = torch.empty(6, 4).t()                  # written through strides too
+    host.run(desc, [x, out], [4, 6, *x.stride(), *out.stride()])
+    torch.testing.assert_close(out, x.tanh())
+
+
+@pytest.mark.parametrize("storage", [F32, F16, BF16])
+def test_softmax_rows_with_the_row_max_as_an_output(storage):
+    dtype = _STORAGE[storage]
+    x = (torch.randn(9, 37) * 4).to(dtype)
+    out = torch.empty(9, 37, dtype=dtype)
+    row_max = torch.empty(9, 1)
+    host.run(softmax_desc(storage), [x, out, row_max], [9, 37])
+    torch.testing.assert_close(out, torch.softmax(x.float(), -1).to(dtype))
+    torch.testing.assert_close(row_max, x.float().amax(-1, keepdim=True))
+
+
+def test_layer_norm_rows_matches_torch_and_keeps_mean_and_rstd():
+    n = 50
+    x = torch.randn(8, n) * 3 + 1
+    w, b = torch.randn(n), torch.randn(n)
+    out, mean, rstd = torch.empty(8, n), torch.empty(8, 1), torch.empty(8, 1)
+    host.run(layer_norm_desc(n), [x, w, b, out, mean, rstd],
+             [8, n, *strides_of(w, (8, n)), *strides_of(b, (8, n))])
+    want, want_mean, want_rstd = torch.ops.aten.native_layer_norm(x, [n], w, b, 1e-5)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(mean, want_mean)
+    torch.testing.assert_close(rstd, want_rstd)
+
+
+def test_reducing_the_last_two_dimensions():
+    desc = ("sum_last_two", KK.ROWS, 3, 2, ((F64, 0),),
+            (op(K.LOAD, F64, 0), op(K.MUL, F64, 0, 0), op(K.SUM, F64, 1)),
+            ((2, F64, 0),))
+    x = torch.randn(3, 4, 5, dtype=torch.float64)
+    out = torch.empty(3, dtype=torch.float64)
+    host.run(desc, [x, out], [3, 4, 5])
+    torch.testing.assert_close(out, (x * x).sum((1, 2)))
+
+
+def test_nan_and_infinity_behave_as_in_torch():
+    # maximum and amax propagate NaN; relu keeps it; comparisons with inf constants
+    desc = ("nan_rules", KK.ROWS, 2, 1, ((F32, 0), (F32, 0)),
+            (op(K.LOAD, F32, 0), op(K.LOAD, F32, 1), op(K.MAX, F32, 0, 1),
+             op(K.RELU, F32, 0), op(K.CONST, F32, imm=float("inf")),
+             op(K.LT, BOOL, 0, 4), op(K.ISNAN, BOOL, 0), op(K.AMAX, F32, 0),
+             op(K.CONST, F32, imm=float("-inf")), op(K.WHERE, F32, 6, 8, 2)),
+            ((2, F32, 0), (3, F32, 0), (5, BOOL, 0), (7, F32, 0), (9, F32, 0)))
+    x = torch.tensor([[1.0, float("nan"), -2.0, float("inf")], [0.5, -1.0, 3.0, -0.0]])
+    y = torch.tensor([[float("nan"), 0.0, 5.0, 1.0], [2.0, -3.0, float("-inf"), 1.0]])
+    outs = [torch.empty(2, 4), torch.empty(2, 4), torch.empty(2, 4, dtype=torch.bool),
+            torch.empty(2, 1), torch.empty(2, 4)]
+    host.run(desc, [x, y, *outs], [2, 4])
+    torch.testing.assert_close(outs[0], torch.maximum(x, y), equal_nan=True)
+    torch.testing.assert_close(outs[1], torch.relu(x), equal_nan=True)
+    assert torch.equal(outs[2], x < float("inf"))
+    torch.testing.assert_close(outs[3], x.amax(-1, keepdim=True), equal_nan=True)
+    want = torch.where(x.isnan(), torch.tensor(float("-inf")), torch.maximum(x, y))
+    torch.testing.assert_close(outs[4], want, equal_nan=True)
+
+
+def test_integer_and_boolean_values():
+    desc = ("ints", KK.POINTWISE, 1, 0, ((I64, 0), (BOOL, 0)),
+            (op(K.LOAD, I64, 0), op(K.LOAD, BOOL, 1), op(K.CONST, I64, imm=3),
+             op(K.MUL, I64, 0, 2), op(K.NEG, I64, 0), op(K.WHERE, I64, 1, 3, 4),
+             op(K.CAST, F32, 5), op(K.CONST, F32, imm=0.5), op(K.MUL, F32, 6, 7),
+             op(K.EQ, BOOL, 0, 2)),
+            ((5, I64, 0), (8, F32, 0), (9, BOOL, 0)))
+    a = torch.randint(-5, 6, (17,))
+    m = torch.rand(17) > 0.5
+    outs = [torch.empty(17, dtype=torch.int64), torch.empty(17),
+            torch.empty(17, dtype=torch.bool)]
+    host.run(desc, [a, m, *outs], [17])
+    want = torch.where(m, a * 3, -a)
+    assert torch.equal(outs[0], want)
+    torch.testing.assert_close(outs[1], want.float() * 0.5)
+    assert torch.equal(outs[2], a == 3)
+
+
+def test_every_unary_float_instruction_matches_torch():
+    unary = {K.NEG: torch.neg, K.ABS: torch.abs, K.EXP: torch.exp, K.LOG: torch.log,
+             K.LOG1P: torch.log1p, K.EXPM1: torch.expm1, K.SQRT: torch.sqrt,
+             K.RSQRT: torch.rsqrt, K.RECIPROCAL: torch.reciprocal, K.TANH: torch.tanh,
+             K.SIGMOID: torch.sigmoid, K.ERF: torch.erf, K.SIN: torch.sin,
+             K.COS: torch.cos, K.FLOOR: torch.floor, K.CEIL: torch.ceil,
+             K.TRUNC: torch.trunc, K.SIGN: torch.sign, K.RELU: torch.relu}
+    x = torch.randn(64) * 3
+    x[:8] = x[:8].abs() + 0.1   # some positive values for log and sqrt
+    for kop, fn in unary.items():
+        desc = (f"u_{kop.id}", KK.POINTWISE, 1, 0, ((F32, 0),),
+                (op(K.LOAD, F32, 0), op(kop, F32, 0)), ((1, F32, 0),))
+        out = torch.empty(64)
+        host.run(desc, [x, out], [64])
+        torch.testing.assert_close(out, fn(x), equal_nan=True, msg=kop.id)
+
+
+def test_every_binary_instruction_matches_torch():
+    binary = {K.ADD: torch.add, K.SUB: torch.sub, K.MUL: torch.mul, K.DIV: torch.div,
+              K.POW: torch.pow, K.MAX: torch.maximum, K.MIN: torch.minimum}
+    a, b = torch.rand(40) + 0.5, torch.randn(40)
+    for kop, fn in binary.items():
+        desc = (f"b_{kop.id}", KK.POINTWISE, 1, 0, ((F32, 0), (F32, 0)),
+                (op(K.LOAD, F32, 0), op(K.LOAD, F32, 1), op(kop, F32, 0, 1)),
+                ((2, F32, 0),))
+        out = torch.empty(40)
+        host.run(desc, [a, b, out], [40])
+        torch.testing.assert_close(out, fn(a, b), msg=kop.id)
+
+
+def test_a_zero_dimensional_space_is_one_element():
+    desc = ("scalar", KK.POINTWISE, 0, 0, ((F32, 0),),
+            (op(K.LOAD, F32, 0), op(K.EXP, F32, 0)), ((1, F32, 0),))
+    x, out = torch.tensor(0.5), torch.empty(())
+    host.run(desc, [x, out], [])
+    torch.testing.assert_close(out, x.exp())
+
+
+@pytest.mark.parametrize("desc,error", [
+    (("k", KK.POINTWISE, 1, 0, ((F32, 0),), (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)),
+      ((1, F32, 0),)), "in a POINTWISE kernel"),
+    (("k", KK.POINTWISE, 1, 0, ((I64, 0),), (op(K.LOAD, I64, 0), op(K.EXP, I64, 0)),
+      ((1, I64, 0),)), "not defined"),
+    (("k", KK.POINTWISE, 1, 0, ((F32, 0),), (op(K.LOAD, F32, 0), op(K.NEG, F32, 1)),
+      ((1, F32, 0),)), "earlier value"),
+    (("k", KK.POINTWISE, 1, 0, ((F32, 0),), (op(K.LOAD, F32, 3),), ((0, F32, 0),)),
+     "input"),
+    (("no-name", KK.POINTWISE, 1, 0, ((F32, 0),), (op(K.LOAD, F32, 0),),
+      ((0, F32, 0),)), "identifier"),
+    (("k", KK.ROWS, 1, 0, ((F32, 0),), (op(K.LOAD, F32, 0),), ((0, F32, 0),)),
+     "reduces"),
+    (("k", KK.POINTWISE, 1, 0, ((F32, 0),), (op(K.CONST, F32, imm=1.0),),
+      ((0, F32, 0),)), "constant"),
+    (("k", KK.POINTWISE, 1, 0, ((F32, 0),), (op(K.ADD, F32, 0),), ((0, F32, 0),)),
+     "operand"),
+    (("k", 7, 1, 0, (), (), ()), "kind"),
+])
+def test_a_bad_description_is_refused_with_what_is_wrong(desc, error):
+    with pytest.raises((ValueError, TypeError), match=error):
+        _C.nvrtc_source(desc)
+
+
+# ---- NVRTC ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def nvrtc():
+    from agspeed.backends.nvrtc import _libs
+
+    version, why = _libs.nvrtc()
+    assert version is not None, why  # the test set-up installs the nvrtc wheel
+    return version
+
+
+ALL = [add_relu_scale(F32), add_relu_scale(BF16), softmax_desc(F16), layer_norm_desc(64),
+       ("sum_last_two", KK.ROWS, 3, 2, ((F64, 0),),
+        (op(K.LOAD, F64, 0), op(K.MUL, F64, 0, 0), op(K.SUM, F64, 1)), ((2, F64, 0),))]
+
+
+@pytest.mark.parametrize("desc", ALL, ids=[d[0] + str(i) for i, d in enumerate(ALL)])
+def test_nvrtc_compiles_each_family_to_ptx_and_cubin(nvrtc, desc):
+    source = _C.nvrtc_source(desc)
+    ptx = _C.nvrtc_compile(source, desc[0] + ".cu", ("--gpu-architecture=compute_80",),
+                           False)
+    assert b".entry " + desc[0].encode() in ptx
+    cubin = _C.nvrtc_compile(source, desc[0] + ".cu", ("--gpu-architecture=sm_90",), True)
+    assert cubin[:4] == b"\x7fELF"
+
+
+def test_a_source_that_does_not_compile_raises_with_nvrtcs_log(nvrtc):
+    with pytest.raises(RuntimeError, match="could not compile bad.cu"):
+        _C.nvrtc_compile("this is not CUDA", "bad.cu", (), False)
+
+
+def test_without_a_driver_the_reason_is_said():
+    from agspeed.backends.nvrtc import _libs
+
+    version, why = _libs.cuda()
+    if version is None:
+        assert "no CUDA driver" in why
+    else:
+        assert why is None and version >= 11000
+
+
+def test_generating_keeps_no_reference_to_the_description():
+    import sys
+
+    desc = softmax_desc()
+    bad = ("k", KK.POINTWISE, 1, 0, ((F32, 0),), (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)),
+           ((1, F32, 0),))
+    before = sys.getrefcount(desc), sys.getrefcount(bad)
+    for _ in range(200):
+        _C.nvrtc_source(desc)
+        with pytest.raises(ValueError):
+            _C.nvrtc_source(bad)
+    assert (sys.getrefcount(desc), sys.getrefcount(bad)) == before
+
+
+def test_the_backend_takes_no_graph_yet_and_says_why(caplog):
+    import logging
+
+    import agspeed
+    from agspeed import backends
+
+    caps = backends.capabilities_of(backends.get_backend("nvrtc"))
+    why = caps.unavailable()
+    assert why and caps.devices == {"cuda"}
+    with caplog.at_level(logging.WARNING, logger="agspeed"):
+        f = agspeed.optimize(lambda x: x.sin() + 1, backend="nvrtc")
+        x = torch.randn(5)
+        torch.testing.assert_close(f(x), x.sin() + 1)
+    assert why in caplog.text and "runs eagerly" in caplog.text
