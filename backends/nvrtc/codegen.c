@@ -3,8 +3,9 @@
  * The partitioner (backends/nvrtc/partition.py) finds the fusible groups of
  * an aten graph and writes each as a description: a tuple that names the
  * kernel, its iteration space and its instructions (protocol.h's KOP
- * table), nothing of torch.  This file turns a description into the source
- * of one `extern "C" __global__` function; NVRTC compiles it (driver.c).
+ * table), nothing of torch.  describe.c reads and checks a description;
+ * this file turns it into the source of one `extern "C" __global__`
+ * function; NVRTC compiles it (driver.c).
  *
  *   (name, kind, ndim, nred, inputs, ops, outputs)
  *     kind     KKIND: POINTWISE (one thread per element of an ndim-sized
@@ -48,46 +49,8 @@
 #include <stdarg.h>
 #include <string.h>
 
-#include "protocol.h"
+#include "kernel.h"
 #include "nvrtc.h"
-
-#define MAX_DIMS 16
-#define MAX_ITEMS 4096
-
-/* What a type computes in, and its C name there. */
-static const char *const storage_names[] = {
-#define AGS_X(name, ctype, bytes, doc) ctype,
-    AGS_KTYPE_LIST(AGS_X)
-#undef AGS_X
-};
-
-typedef enum { INT_LIKE, FLOAT_LIKE, DOUBLE_LIKE, BOOL_LIKE } family;
-
-static family
-family_of(int t)
-{
-    switch (t) {
-    case AGS_KTYPE_F32: case AGS_KTYPE_F16: case AGS_KTYPE_BF16:
-        return FLOAT_LIKE;
-    case AGS_KTYPE_F64:
-        return DOUBLE_LIKE;
-    case AGS_KTYPE_BOOL:
-        return BOOL_LIKE;
-    default:
-        return INT_LIKE;
-    }
-}
-
-static const char *
-compute_name(int t)
-{
-    switch (family_of(t)) {
-    case FLOAT_LIKE: return "float";
-    case DOUBLE_LIKE: return "double";
-    case BOOL_LIKE: return "bool";
-    default: return t >= 0 && t < AGS_KTYPE_COUNT ? storage_names[t] : "?";
-    }
-}
 
 /* Each instruction's expression per family: $0.. are its operands, $T the
  * type it computes in.  NULL: not defined for that family (a ValueError). */
@@ -143,43 +106,6 @@ static const op_template templates[AGS_KOP_COUNT] = {
     [AGS_KOP_WHERE] = {"($0 ? $1 : $2)", "($0 ? $1 : $2)", "($0 ? $1 : $2)"},
 };
 
-static const int operand_counts[] = {
-#define AGS_X(name, operands, doc) operands,
-    AGS_KOP_LIST(AGS_X)
-#undef AGS_X
-};
-
-static const char *const kop_names[] = {
-#define AGS_X(name, operands, doc) #name,
-    AGS_KOP_LIST(AGS_X)
-#undef AGS_X
-};
-
-enum { UNIFORM = 0, PER_ROW = 1, PER_ELEMENT = 2 };
-
-typedef struct {
-    int kop, type, n, args[3];
-    double imm;
-    int variance;
-} instr;
-
-typedef struct {
-    int type, strided;
-} operand;
-
-typedef struct {
-    int value, type, strided;
-} output;
-
-typedef struct {
-    const char *name;
-    int kind, ndim, nred;
-    int n_in, n_ops, n_out;
-    operand *in;
-    instr *ops;
-    output *out;
-} kernel;
-
 /* ---- a growing text buffer ------------------------------------------- */
 
 typedef struct {
@@ -225,259 +151,28 @@ put(text *t, const char *fmt, ...)
     t->len += (size_t)need;
 }
 
-/* ---- reading the description ------------------------------------------ */
-
-static int
-int_item(PyObject *seq, Py_ssize_t i, int lo, int hi, const char *what, int *out)
-{
-    PyObject *item = PyTuple_GET_ITEM(seq, i);
-    long v;
-
-    if (!PyLong_Check(item)) {
-        PyErr_Format(PyExc_TypeError, "kernel description: %s must be an int",
-                     what);
-        return -1;
-    }
-    v = PyLong_AsLong(item);
-    if (v == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    if (v < lo || v >= hi) {
-        PyErr_Format(PyExc_ValueError, "kernel description: %s %ld is out of "
-                     "range [%d, %d)", what, v, lo, hi);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
-static int
-tuple_of(PyObject *obj, Py_ssize_t n, const char *what)
-{
-    if (!PyTuple_Check(obj) || (n >= 0 && PyTuple_GET_SIZE(obj) != n)) {
-        PyErr_Format(PyExc_TypeError, "kernel description: %s must be a tuple"
-                     "%s", what, n >= 0 ? " of the documented length" : "");
-        return -1;
-    }
-    if (PyTuple_GET_SIZE(obj) > MAX_ITEMS) {
-        PyErr_Format(PyExc_ValueError, "kernel description: too many %s", what);
-        return -1;
-    }
-    return 0;
-}
-
-static int
-read_instr(kernel *k, int i, PyObject *row)
-{
-    instr *op = &k->ops[i];
-    PyObject *args, *imm;
-
-    if (tuple_of(row, 4, "an instruction") < 0
-        || int_item(row, 0, 0, AGS_KOP_COUNT, "an instruction's kop", &op->kop) < 0
-        || int_item(row, 1, 0, AGS_KTYPE_COUNT, "an instruction's type",
-                    &op->type) < 0) {
-        return -1;
-    }
-    args = PyTuple_GET_ITEM(row, 2);
-    imm = PyTuple_GET_ITEM(row, 3);
-    if (tuple_of(args, -1, "an instruction's operands") < 0) {
-        return -1;
-    }
-    op->n = (int)PyTuple_GET_SIZE(args);
-    if (op->n != operand_counts[op->kop] + (op->kop == AGS_KOP_LOAD)) {
-        PyErr_Format(PyExc_ValueError, "kernel description: %s takes %d "
-                     "operand(s), not %d", kop_names[op->kop],
-                     operand_counts[op->kop] + (op->kop == AGS_KOP_LOAD), op->n);
-        return -1;
-    }
-    for (int a = 0; a < op->n; a++) {
-        int hi = op->kop == AGS_KOP_LOAD ? k->n_in : i;
-
-        if (int_item(args, a, 0, hi, op->kop == AGS_KOP_LOAD
-                     ? "a LOAD's input" : "an operand (an earlier value)",
-                     &op->args[a]) < 0) {
-            return -1;
-        }
-    }
-    op->imm = 0.0;
-    if (imm != Py_None) {
-        op->imm = PyFloat_AsDouble(imm);
-        if (op->imm == -1.0 && PyErr_Occurred()) {
-            return -1;
-        }
-    }
-    return 0;
-}
-
-static int
-read_kernel(PyObject *desc, kernel *k)
-{
-    PyObject *ins, *ops, *outs, *name;
-
-    memset(k, 0, sizeof(*k));
-    if (tuple_of(desc, 7, "the description") < 0) {
-        return -1;
-    }
-    name = PyTuple_GET_ITEM(desc, 0);
-    if (!PyUnicode_Check(name)) {
-        PyErr_SetString(PyExc_TypeError, "kernel description: the name must be "
-                        "a str");
-        return -1;
-    }
-    k->name = PyUnicode_AsUTF8(name);
-    if (k->name == NULL) {
-        return -1;
-    }
-    for (const char *c = k->name; *c; c++) {
-        if (!(Py_ISALNUM(*c) || *c == '_')) {
-            PyErr_SetString(PyExc_ValueError, "kernel description: the name "
-                            "must be an identifier");
-            return -1;
-        }
-    }
-    if (int_item(desc, 1, 0, AGS_KKIND_COUNT, "the kind", &k->kind) < 0
-        || int_item(desc, 2, 0, MAX_DIMS + 1, "ndim", &k->ndim) < 0
-        || int_item(desc, 3, 0, k->ndim + 1, "nred", &k->nred) < 0) {
-        return -1;
-    }
-    if ((k->kind == AGS_KKIND_ROWS) != (k->nred > 0)) {
-        PyErr_SetString(PyExc_ValueError, "kernel description: a ROWS kernel "
-                        "reduces one dimension or more, a POINTWISE one none");
-        return -1;
-    }
-    ins = PyTuple_GET_ITEM(desc, 4);
-    ops = PyTuple_GET_ITEM(desc, 5);
-    outs = PyTuple_GET_ITEM(desc, 6);
-    if (tuple_of(ins, -1, "inputs") < 0 || tuple_of(ops, -1, "ops") < 0
-        || tuple_of(outs, -1, "outputs") < 0) {
-        return -1;
-    }
-    k->n_in = (int)PyTuple_GET_SIZE(ins);
-    k->n_ops = (int)PyTuple_GET_SIZE(ops);
-    k->n_out = (int)PyTuple_GET_SIZE(outs);
-    if (k->n_out == 0) {
-        PyErr_SetString(PyExc_ValueError, "kernel description: no outputs");
-        return -1;
-    }
-    k->in = PyMem_Calloc((size_t)k->n_in + 1, sizeof(operand));
-    k->ops = PyMem_Calloc((size_t)k->n_ops + 1, sizeof(instr));
-    k->out = PyMem_Calloc((size_t)k->n_out, sizeof(output));
-    if (k->in == NULL || k->ops == NULL || k->out == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (int i = 0; i < k->n_in; i++) {
-        PyObject *row = PyTuple_GET_ITEM(ins, i);
-
-        if (tuple_of(row, 2, "an input") < 0
-            || int_item(row, 0, 0, AGS_KTYPE_COUNT, "an input's type",
-                        &k->in[i].type) < 0
-            || int_item(row, 1, 0, 2, "an input's strided flag",
-                        &k->in[i].strided) < 0) {
-            return -1;
-        }
-    }
-    for (int i = 0; i < k->n_ops; i++) {
-        if (read_instr(k, i, PyTuple_GET_ITEM(ops, i)) < 0) {
-            return -1;
-        }
-    }
-    for (int i = 0; i < k->n_out; i++) {
-        PyObject *row = PyTuple_GET_ITEM(outs, i);
-
-        if (tuple_of(row, 3, "an output") < 0
-            || int_item(row, 0, 0, k->n_ops, "an output's value",
-                        &k->out[i].value) < 0
-            || int_item(row, 1, 0, AGS_KTYPE_COUNT, "an output's type",
-                        &k->out[i].type) < 0
-            || int_item(row, 2, 0, 2, "an output's strided flag",
-                        &k->out[i].strided) < 0) {
-            return -1;
-        }
-    }
-    return 0;
-}
-
-static void
-free_kernel(kernel *k)
-{
-    PyMem_Free(k->in);
-    PyMem_Free(k->ops);
-    PyMem_Free(k->out);
-}
-
-static int
-is_reduction(int kop)
-{
-    return kop == AGS_KOP_SUM || kop == AGS_KOP_AMAX || kop == AGS_KOP_AMIN;
-}
-
-/* Each value's variance, and the checks that need it. */
-static int
-classify(kernel *k)
-{
-    for (int i = 0; i < k->n_ops; i++) {
-        instr *op = &k->ops[i];
-        int v = UNIFORM;
-
-        if (op->kop == AGS_KOP_LOAD) {
-            v = PER_ELEMENT;
-        }
-        else if (op->kop != AGS_KOP_CONST) {
-            for (int a = 0; a < op->n; a++) {
-                int va = k->ops[op->args[a]].variance;
-                v = va > v ? va : v;
-            }
-        }
-        if (is_reduction(op->kop)) {
-            if (k->kind != AGS_KKIND_ROWS) {
-                PyErr_Format(PyExc_ValueError, "kernel description: %s in a "
-                             "POINTWISE kernel", kop_names[op->kop]);
-                return -1;
-            }
-            if (family_of(op->type) == BOOL_LIKE
-                || (family_of(op->type) == INT_LIKE && op->kop != AGS_KOP_SUM)) {
-                PyErr_Format(PyExc_ValueError, "kernel description: %s of %s "
-                             "values", kop_names[op->kop],
-                             storage_names[op->type]);
-                return -1;
-            }
-            v = PER_ROW;
-        }
-        op->variance = v;
-    }
-    for (int i = 0; i < k->n_out; i++) {
-        if (k->ops[k->out[i].value].variance == UNIFORM) {
-            PyErr_SetString(PyExc_ValueError, "kernel description: an output "
-                            "that is a constant");
-            return -1;
-        }
-    }
-    return 0;
-}
-
 /* ---- emitting ---------------------------------------------------------- */
 
 /* The literal of `x` in type `t`: exact for every double. */
 static void
 put_number(text *t, int type, double x)
 {
-    switch (family_of(type)) {
+    switch (ags_kernel_family(type)) {
     case BOOL_LIKE:
         put(t, "%s", x != 0.0 ? "true" : "false");
         return;
     case INT_LIKE:
-        put(t, "((%s)%.0f)", storage_names[type], x);
+        put(t, "((%s)%.0f)", ags_kernel_storage_name(type), x);
         return;
     default:
         if (isfinite(x)) {
-            put(t, "((%s)%a)", compute_name(type), x);
+            put(t, "((%s)%a)", ags_kernel_compute_name(type), x);
         }
         else {
             unsigned long long bits;
 
             memcpy(&bits, &x, sizeof bits);
-            put(t, "((%s)ags_f64_bits(0x%llxULL))", compute_name(type), bits);
+            put(t, "((%s)ags_f64_bits(0x%llxULL))", ags_kernel_compute_name(type), bits);
         }
     }
 }
@@ -529,7 +224,7 @@ put_load(text *t, const kernel *k, const instr *op)
     char prefix[32];
 
     snprintf(prefix, sizeof prefix, "si%d", src);
-    put(t, "(%s)", compute_name(op->type));
+    put(t, "(%s)", ags_kernel_compute_name(op->type));
     if (st == AGS_KTYPE_F16) {
         put(t, "ags_from_f16(in%d[", src);
     }
@@ -549,9 +244,9 @@ put_instr(text *t, const kernel *k, int i)
     const instr *op = &k->ops[i];
     const op_template *tpl = &templates[op->kop];
     const char *form;
-    family fam = family_of(op->type);
+    ags_kernel_family_t fam = ags_kernel_family(op->type);
 
-    put(t, "%s v%d = ", compute_name(op->type), i);
+    put(t, "%s v%d = ", ags_kernel_compute_name(op->type), i);
     switch (op->kop) {
     case AGS_KOP_LOAD:
         put_load(t, k, op);
@@ -566,7 +261,7 @@ put_instr(text *t, const kernel *k, int i)
             put(t, "(v%d != 0);\n", op->args[0]);
         }
         else {
-            put(t, "(%s)v%d;\n", compute_name(op->type), op->args[0]);
+            put(t, "(%s)v%d;\n", ags_kernel_compute_name(op->type), op->args[0]);
         }
         return 0;
     default:
@@ -575,12 +270,13 @@ put_instr(text *t, const kernel *k, int i)
     form = fam == FLOAT_LIKE ? tpl->f : fam == DOUBLE_LIKE ? tpl->d : tpl->i;
     /* comparisons and logic take their operands' family, not the result's */
     if (op->n > 0 && (fam == BOOL_LIKE) && form != NULL) {
-        family fa = family_of(k->ops[op->args[0]].type);
+        ags_kernel_family_t fa = ags_kernel_family(k->ops[op->args[0]].type);
         form = fa == FLOAT_LIKE ? tpl->f : fa == DOUBLE_LIKE ? tpl->d : tpl->i;
     }
     if (form == NULL) {
         PyErr_Format(PyExc_ValueError, "kernel description: %s is not defined "
-                     "on %s values", kop_names[op->kop], storage_names[op->type]);
+                     "on %s values", ags_kernel_kop_name(op->kop),
+                     ags_kernel_storage_name(op->type));
         return -1;
     }
     for (const char *c = form; *c; c++) {
@@ -589,7 +285,7 @@ put_instr(text *t, const kernel *k, int i)
             c++;
         }
         else if (c[0] == '$' && c[1] == 'T') {
-            put(t, "%s", compute_name(op->type));
+            put(t, "%s", ags_kernel_compute_name(op->type));
             c++;
         }
         else {
@@ -621,7 +317,8 @@ put_store(text *t, const kernel *k, int o, int per_row)
         put(t, "] = ags_to_bf16((float)v%d);\n", out->value);
     }
     else {
-        put(t, "] = (%s)v%d;\n", storage_names[out->type], out->value);
+        put(t, "] = (%s)v%d;\n", ags_kernel_storage_name(out->type),
+            out->value);
     }
 }
 
@@ -631,11 +328,11 @@ put_signature(text *t, const kernel *k)
     put(t, "extern \"C\" __global__ void %s(", k->name);
     for (int i = 0; i < k->n_in; i++) {
         put(t, "%sconst %s *__restrict__ in%d", i ? ", " : "",
-            storage_names[k->in[i].type], i);
+            ags_kernel_storage_name(k->in[i].type), i);
     }
     for (int i = 0; i < k->n_out; i++) {
         put(t, "%s%s *__restrict__ out%d", k->n_in + i ? ", " : "",
-            storage_names[k->out[i].type], i);
+            ags_kernel_storage_name(k->out[i].type), i);
     }
     for (int d = 0; d < k->ndim; d++) {
         put(t, ", long long n%d", d);
@@ -755,7 +452,7 @@ put_pointwise(text *t, const kernel *k, char *need)
 static const char *
 shared_of(int type)
 {
-    switch (family_of(type)) {
+    switch (ags_kernel_family(type)) {
     case FLOAT_LIKE: return "ags_sh_f";
     case DOUBLE_LIKE: return "ags_sh_d";
     default: return "ags_sh_i";
@@ -783,7 +480,7 @@ static int
 put_reduction(text *t, const kernel *k, int r, char *need, int strided)
 {
     const instr *op = &k->ops[r];
-    const char *ct = compute_name(op->type);
+    const char *ct = ags_kernel_compute_name(op->type);
     const char *sh = shared_of(op->type);
     int arg = op->args[0];
     char a[48], b[48];
@@ -833,8 +530,8 @@ put_rows(text *t, const kernel *k, char *need, char *done)
         put(t, "%s *= n%d;\n", d < outer ? "rows" : "cols", d);
     }
     for (int i = 0; i < k->n_ops; i++) {
-        if (is_reduction(k->ops[i].kop)) {
-            family f = family_of(k->ops[i].type);
+        if (ags_kernel_is_reduction(k->ops[i].kop)) {
+            ags_kernel_family_t f = ags_kernel_family(k->ops[i].type);
             uses[f == FLOAT_LIKE ? 0 : f == DOUBLE_LIKE ? 1 : 2] = 1;
         }
     }
@@ -856,7 +553,7 @@ put_rows(text *t, const kernel *k, char *need, char *done)
     }
     memset(done, 0, (size_t)k->n_ops);
     for (int r = 0; r < k->n_ops; r++) {
-        if (!is_reduction(k->ops[r].kop)) {
+        if (!ags_kernel_is_reduction(k->ops[r].kop)) {
             continue;
         }
         if (put_reduction(t, k, r, need, strided) < 0) {
@@ -866,7 +563,7 @@ put_rows(text *t, const kernel *k, char *need, char *done)
         /* the row values that are known now */
         for (int i = r + 1; i < k->n_ops; i++) {
             const instr *op = &k->ops[i];
-            int ready = op->variance == PER_ROW && !is_reduction(op->kop)
+            int ready = op->variance == PER_ROW && !ags_kernel_is_reduction(op->kop)
                         && !done[i];
 
             for (int a = 0; ready && a < op->n; a++) {
@@ -943,7 +640,7 @@ ags_nvrtc_source(PyObject *desc)
     PyObject *result = NULL;
     int rc;
 
-    if (read_kernel(desc, &k) < 0 || classify(&k) < 0) {
+    if (ags_kernel_read(desc, &k) < 0) {
         goto done;
     }
     need = PyMem_Calloc((size_t)k.n_ops + 1, 1);
@@ -969,6 +666,6 @@ done:
     PyMem_Free(need);
     PyMem_Free(done);
     PyMem_Free(t.data);
-    free_kernel(&k);
+    ags_kernel_free(&k);
     return result;
 }

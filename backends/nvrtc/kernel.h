@@ -1,0 +1,54 @@
+/* kernel.h: a fused kernel's description in C (describe.c reads it,
+ * codegen.c writes its source).  Internal to backends/nvrtc. */
+#ifndef AGS_NVRTC_KERNEL_H
+#define AGS_NVRTC_KERNEL_H
+
+#include <Python.h>
+
+#include "protocol.h"
+
+#define AGS_KERNEL_MAX_DIMS 16
+#define AGS_KERNEL_MAX_ITEMS 4096
+
+/* What a storage type computes in. */
+typedef enum { INT_LIKE, FLOAT_LIKE, DOUBLE_LIKE, BOOL_LIKE } ags_kernel_family_t;
+
+enum { UNIFORM = 0, PER_ROW = 1, PER_ELEMENT = 2 };
+
+typedef struct {
+    int kop, type, n, args[3];
+    double imm;
+    int variance;
+} instr;
+
+typedef struct {
+    int type, strided;
+} operand;
+
+typedef struct {
+    int value, type, strided;
+} output;
+
+typedef struct {
+    const char *name;
+    int kind, ndim, nred;
+    int n_in, n_ops, n_out;
+    operand *in;
+    instr *ops;
+    output *out;
+} kernel;
+
+/* Reads and checks `desc` (borrowed) into *k, with every value's variance.
+ * 0, or -1 with ValueError/TypeError; *k must be freed either way. */
+int ags_kernel_read(PyObject *desc, kernel *k);
+void ags_kernel_free(kernel *k);
+
+ags_kernel_family_t ags_kernel_family(int ktype);
+/* The C type values of `ktype` compute in ("float" for fp16 too). */
+const char *ags_kernel_compute_name(int ktype);
+/* The C type `ktype` is stored as. */
+const char *ags_kernel_storage_name(int ktype);
+const char *ags_kernel_kop_name(int kop);
+int ags_kernel_is_reduction(int kop);
+
+#endif /* AGS_NVRTC_KERNEL_H */
