@@ -38,8 +38,8 @@ import os
 import shutil
 from typing import Any, Callable
 
-from agspeed.backends import _split
-from agspeed.backends._protocol import Capabilities, is_dynamic, placeholder_values
+from agspeed.backends import _aot
+from agspeed.backends._protocol import Capabilities
 
 __all__ = ["backend", "capabilities", "cache_dir"]
 
@@ -94,30 +94,6 @@ def _point_cache() -> None:
         _log.debug("inductor: compiled artifacts in %s", directory)
 
 
-def _static_fakes(example_inputs: list) -> list:
-    """Fake copies of real inputs, with static sizes, under a fake mode that has a
-    ShapeEnv: inductor's FX graph cache and AOTAutograd's cache store the guards of a
-    compile in it, and bypass (compile again in every process) without one."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    mode = FakeTensorMode(shape_env=ShapeEnv())
-    return [mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t
-            for t in example_inputs]
-
-
-def _example_values(gm: Any, example_inputs: list) -> list:
-    """What inductor traces with: the fake values with symbolic sizes for a dynamic graph
-    (so one compile serves every size), static fakes of the real inputs for another."""
-    if not is_dynamic(gm):
-        return _static_fakes(example_inputs)
-    fakes = placeholder_values(gm)
-    if len(fakes) != len(example_inputs) or any(f is None for f in fakes):
-        raise RuntimeError("a dynamic graph without fake values on its placeholders")
-    return fakes
-
-
 def backend(gm: Any, example_inputs: list) -> Callable[..., Any]:
     """Compile ``gm`` with inductor (forward and, where inputs need gradients, backward)."""
     reason = _unavailable()
@@ -131,36 +107,9 @@ def backend(gm: Any, example_inputs: list) -> Callable[..., Any]:
 
     _point_cache()
     functorch_config.donated_buffer = False     # see the module's docstring
-    example = _example_values(gm, example_inputs)
-    gm, sized = _sizes_bound(tagged(gm))
     with inductor_config.patch(fallback_random=True), \
             functorch_config.patch(force_non_lazy_backward_lowering=True):
-        compiled = compile_fx(gm, _split.size_values(sized, example) + example)
-    if not sized:
-        return compiled
-
-    def with_sizes(*args: Any) -> Any:
-        return compiled(*_split.size_values(sized, args), *args)
-    return with_sizes
-
-
-def _sizes_bound(gm: Any) -> tuple[Any, list]:
-    """A copy of ``gm`` that takes each size symbol of its tensor inputs as an input of
-    its own, first (``_split.bind_sizes``), and those sizes' places; ``gm`` and ``[]``
-    when it has none.  AOTAutograd hands the backward the sizes it needs as the forward
-    computed them: without the symbol itself among the forward's inputs, a backward that
-    needs ``s`` where the forward only computed ``s + 1`` (padding by one, a causal LM's
-    shifted labels) gets ``s + 1`` alone, and inductor refuses to compile it."""
-    import torch.fx
-
-    if not is_dynamic(gm):
-        return gm, []
-    graph = torch.fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    bound = torch.fx.GraphModule(gm, graph)
-    bound.meta.update(gm.meta)
-    sized = _split.bind_sizes(bound)
-    return (bound, sized) if sized else (gm, [])
+        return _aot.compile_bound(tagged(gm), example_inputs, compile_fx)
 
 
 backend.capabilities = capabilities

@@ -11,11 +11,18 @@ them.  The parts:
 * ``driver.c`` (C): libnvrtc and libcuda opened at run time (dlopen), so agspeed builds
   and imports without CUDA: NVRTC compiles a source to PTX or a cubin, the driver loads
   it, and ``agspeed._C.CudaKernel`` launches it without running Python per launch;
-* ``_libs.py``: where libnvrtc and libcuda are found, and why not.
+* ``_libs.py``: where libnvrtc and libcuda are found, and why not;
+* ``lower.py``: which aten ops a kernel computes, and their instructions;
+* ``partition.py``: the fusible groups of an aten graph, and the graph that calls one
+  kernel per group;
+* ``kernels.py``: ``Fused``, a group's callable (outputs allocated, sizes and strides
+  worked out, the kernel launched), and the NVRTC compile with its disk cache.
 
-The partitioner that turns an AOTAutograd graph into kernel descriptions is not built
-yet: until it is, the backend declares itself unavailable, with that reason, so neither
-``optimize(backend="nvrtc")`` nor the autotuner hands it a graph.
+A graph goes through AOTAutograd with inductor's decomposition table (layer norm,
+softmax, GELU... become the primitive ops and reductions a kernel does; dropout stays
+eager's, as with the inductor backend), and each of the forward and backward graphs is
+partitioned and rewritten.  Everything but the launch runs the same on the CPU through
+the tests' host launcher, which compiles the kernels' source as C++.
 """
 
 from __future__ import annotations
@@ -26,9 +33,6 @@ from agspeed.backends._protocol import Capabilities
 
 __all__ = ["backend", "capabilities"]
 
-_NOT_BUILT = "its graph partitioner is not built yet (kernels compile, graphs do not)"
-
-
 def _unavailable() -> str | None:
     from agspeed.backends.nvrtc import _libs
 
@@ -38,16 +42,64 @@ def _unavailable() -> str | None:
     driver, why = _libs.cuda()
     if driver is None:
         return why
-    return _NOT_BUILT
+    return None
 
 
 capabilities = Capabilities(training=True, dynamic=True, devices={"cuda"},
                             unavailable=_unavailable)
 
 
+def compile_aten(gm: Any, launcher: Callable[[tuple], Any]) -> Any:
+    """``gm`` (an aten graph with fake values on its nodes) with each fusible group one
+    kernel, made by ``launcher(description)``."""
+    from agspeed.backends.nvrtc import kernels, partition
+
+    found = partition.groups(gm)
+    return partition.rewrite(gm, found,
+                             lambda desc, plan: kernels.Fused(desc, plan, launcher(desc)))
+
+
+def compile_with(launcher: Callable[[tuple], Any]) -> Callable[..., Any]:
+    """A backend whose kernels ``launcher(description)`` makes: the real one launches on
+    the GPU, the tests' runs the kernels' source on the CPU."""
+
+    def compile_graph(gm: Any, example_inputs: list) -> Callable[..., Any]:
+        import torch._inductor.config as inductor_config
+        from functorch.compile import make_boxed_func
+        from torch._functorch.aot_autograd import aot_module_simplified
+        from torch._inductor.decomposition import select_decomp_table
+
+        from agspeed._checkpoint import tagged
+        from agspeed.backends import _aot
+
+        def compiler(aten_gm: Any, inputs: list) -> Callable[..., Any]:
+            return make_boxed_func(compile_aten(aten_gm, launcher).forward)
+
+        with inductor_config.patch(fallback_random=True):
+            table = select_decomp_table()
+        return _aot.compile_bound(
+            tagged(gm), example_inputs,
+            lambda graph, values: aot_module_simplified(
+                graph, values, fw_compiler=compiler, bw_compiler=compiler,
+                decompositions=table))
+
+    return compile_graph
+
+
 def backend(gm: Any, example_inputs: list) -> Callable[..., Any]:
-    """Refuses every graph, saying why (see the module's docstring)."""
-    raise RuntimeError(f"nvrtc is unavailable: {_unavailable()}")
+    """``gm``'s forward and backward with their memory-bound chains fused into NVRTC
+    kernels (CUDA inputs)."""
+    reason = _unavailable()
+    if reason:
+        raise RuntimeError(f"nvrtc is unavailable: {reason}")
+    from agspeed.backends.nvrtc import kernels
+
+    devices = {t.device.index or 0 for t in example_inputs if hasattr(t, "device")
+               and t.device.type == "cuda"}
+    if len(devices) != 1:
+        raise RuntimeError("nvrtc compiles graphs on one CUDA device")
+    device = devices.pop()
+    return compile_with(lambda desc: kernels.cuda_launcher(desc, device))(gm, example_inputs)
 
 
 backend.capabilities = capabilities

@@ -260,6 +260,12 @@ put_instr(text *t, const kernel *k, int i)
         if (fam == BOOL_LIKE) {
             put(t, "(v%d != 0);\n", op->args[0]);
         }
+        else if (op->type == AGS_KTYPE_F16 || op->type == AGS_KTYPE_BF16) {
+            /* rounded to the narrow type, as eager's tensor of it would be */
+            const char *w = op->type == AGS_KTYPE_F16 ? "f16" : "bf16";
+
+            put(t, "ags_from_%s(ags_to_%s((float)v%d));\n", w, w, op->args[0]);
+        }
         else {
             put(t, "(%s)v%d;\n", ags_kernel_compute_name(op->type), op->args[0]);
         }

@@ -69,3 +69,16 @@ def run(desc: tuple, tensors: list, ints: list) -> None:
     args = [ctypes.c_void_p(t.data_ptr()) for t in tensors]
     args += [ctypes.c_longlong(int(v)) for v in ints]
     fn(*args)
+
+
+def launcher(desc: tuple):
+    """What ``agspeed.backends.nvrtc.compile_with`` takes: the kernel of ``desc`` as a
+    ``launch(stream, *params)`` that runs it on the CPU (tensors' data pointers, ints)."""
+    fn = getattr(build(_C.nvrtc_source(desc)), desc[0])
+    fn.restype = None
+
+    def launch(stream, *params):
+        fn(*[ctypes.c_void_p(p.data_ptr()) if hasattr(p, "data_ptr")
+             else ctypes.c_longlong(int(p)) for p in params])
+
+    return launch

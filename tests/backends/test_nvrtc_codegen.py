@@ -283,7 +283,7 @@ def test_generating_keeps_no_reference_to_the_description():
     assert (sys.getrefcount(desc), sys.getrefcount(bad)) == before
 
 
-def test_the_backend_takes_no_graph_yet_and_says_why(caplog):
+def test_without_a_gpu_the_backend_says_why_and_the_graph_runs_eager(caplog):
     import logging
 
     import agspeed
@@ -297,3 +297,15 @@ def test_the_backend_takes_no_graph_yet_and_says_why(caplog):
         x = torch.randn(5)
         torch.testing.assert_close(f(x), x.sin() + 1)
     assert why in caplog.text and "runs eagerly" in caplog.text
+
+
+@pytest.mark.parametrize("storage,dtype", [(F16, torch.float16), (BF16, torch.bfloat16)])
+def test_a_cast_to_a_narrow_float_rounds_as_eager(storage, dtype):
+    desc = ("round_trip", KK.POINTWISE, 1, 0, ((F32, 0),),
+            (op(K.LOAD, F32, 0), op(K.CAST, storage, 0), op(K.MUL, F32, 1, 1)),
+            ((2, F32, 0),))
+    x = torch.randn(100) * 10
+    out = torch.empty(100)
+    host.run(desc, [x, out], [100])
+    r = x.to(dtype).float()
+    torch.testing.assert_close(out, r * r, rtol=0, atol=0)

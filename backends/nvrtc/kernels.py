@@ -1,0 +1,143 @@
+"""Fused kernels as callables of a graph: compiled once (cached on disk), called per step.
+
+``Fused`` is what the rewritten graph calls for a group: it takes the group's inputs,
+allocates its outputs, works out the sizes and strides the kernel takes, and launches it
+through a *launcher*, ``launcher(stream, *params)`` (``cuda_launcher`` loads the kernel
+on the GPU; the tests' host launcher runs the same source on the CPU).
+
+``cuda_launcher(desc, device)`` compiles a description's source with NVRTC for the
+device's architecture (a cubin where this libnvrtc knows the architecture, else PTX for
+the newest it knows, which the driver compiles on) and keeps the image in the knowledge
+base's ``nvrtc`` directory, keyed by the source, the architecture and NVRTC's version:
+a second process compiles nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any, Callable
+
+from agspeed import _C
+from agspeed.backends.nvrtc.partition import Plan
+
+__all__ = ["Fused", "cuda_launcher", "image_for"]
+
+
+class Fused:
+    """One group's kernel: ``fused(*inputs) -> tuple of outputs``."""
+
+    def __init__(self, desc: tuple, plan: Plan, launch: Callable[..., Any]) -> None:
+        import torch
+
+        self.__name__ = desc[0]
+        self.launch = launch
+        group = plan.group
+        self.ndim, self.nred = len(group.space), group.nred
+        self.space = tuple(group.space) if all(isinstance(d, int) for d in group.space) \
+            else None
+        self.strided_in = [bool(s) for _, s in desc[4]]
+        self.outs = []
+        for (node, place), (_, _, strided) in zip(plan.outputs, desc[6]):
+            val = node.meta["val"]
+            shape = tuple(val.shape) if self.space is not None else None
+            stride = tuple(val.stride()) if strided and self.space is not None else None
+            self.outs.append((place, val.dtype, shape, stride, bool(strided)))
+        self._torch = torch
+
+    def _space(self, inputs: tuple) -> tuple:
+        if self.space is not None:
+            return self.space
+        return tuple(self._torch.broadcast_shapes(*(t.shape for t in inputs)))
+
+    def _out_shape(self, place: str, space: tuple) -> tuple:
+        outer = len(space) - self.nred
+        if place == "element":
+            return space
+        if place == "row_kept":
+            return space[:outer] + (1,) * self.nred
+        return space[:outer]
+
+    def __call__(self, *inputs: Any) -> tuple:
+        torch = self._torch
+        space = self._space(inputs)
+        device = inputs[0].device
+        ints = list(space)
+        args = []
+        for t, strided in zip(inputs, self.strided_in):
+            if strided:
+                ints += _broadcast_strides(t, space)
+            elif not t.is_contiguous():
+                t = t.contiguous()
+            args.append(t)
+        outs = []
+        for place, dtype, shape, stride, strided in self.outs:
+            if stride is not None:
+                out = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            else:
+                out = torch.empty(shape if shape is not None else
+                                  self._out_shape(place, space), dtype=dtype, device=device)
+            if strided:
+                ints += list(out.stride())
+            outs.append(out)
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" \
+            else 0
+        self.launch(stream, *args, *outs, *ints)
+        return tuple(outs)
+
+
+def _broadcast_strides(t: Any, space: tuple) -> list:
+    """``t``'s strides in ``space``, aligned at the right, 0 along broadcast dimensions."""
+    shape, stride = t.shape, t.stride()
+    lead = len(space) - len(shape)
+    out = [0] * lead
+    for d in range(len(shape)):
+        out.append(0 if shape[d] == 1 and space[lead + d] != 1 else stride[d])
+    return out
+
+
+# ---- compiling for a GPU -----------------------------------------------------------------
+
+def _arch(device_index: int) -> tuple[str, bool]:
+    """The NVRTC architecture option for a device, and whether it makes a cubin."""
+    from agspeed.backends.nvrtc import _libs
+
+    major, minor, _ = _C.cuda_device(device_index)
+    want = major * 10 + minor
+    known = [a for a in _C.nvrtc_archs() if a <= want] if _libs.nvrtc()[0] else []
+    if want in known:
+        return f"--gpu-architecture=sm_{want}", True
+    if not known:
+        raise RuntimeError(f"libnvrtc compiles for no architecture at or below sm_{want}")
+    return f"--gpu-architecture=compute_{max(known)}", False
+
+
+def image_for(source: str, name: str, arch: str, cubin: bool) -> bytes:
+    """The compiled image of ``source``, from the knowledge base's ``nvrtc`` directory
+    when an earlier compile left it there."""
+    from agspeed.backends import knowledge
+    from agspeed.backends.nvrtc import _libs
+
+    version = _libs.nvrtc()[0]
+    key = hashlib.sha256(f"{version}\0{arch}\0{cubin}\0{source}".encode()).hexdigest()
+    directory = knowledge.artifact_dir("nvrtc")
+    path = os.path.join(directory, key[:32] + (".cubin" if cubin else ".ptx"))
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        pass
+    image = _C.nvrtc_compile(source, name + ".cu", (arch,), cubin)
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(image)
+    os.replace(tmp, path)
+    return image
+
+
+def cuda_launcher(desc: tuple, device_index: int) -> Callable[..., Any]:
+    """A launcher of ``desc``'s kernel on CUDA device ``device_index``."""
+    arch, cubin = _arch(device_index)
+    image = image_for(_C.nvrtc_source(desc), desc[0], arch, cubin)
+    return _C.CudaKernel(image, desc[0], int(desc[1]), desc[2], desc[3], device_index)

@@ -1,0 +1,221 @@
+"""The nvrtc backend's graph side on real training graphs, without a GPU: AOTAutograd's
+forward and backward partitioned into fused groups, each group's kernel generated and
+run on the CPU through the host launcher (_nvrtc_host.py), compared with eager."""
+
+import logging
+
+import pytest
+
+pytestmark = pytest.mark.torch
+torch = pytest.importorskip("torch")
+
+import agspeed  # noqa: E402
+from agspeed.backends import nvrtc  # noqa: E402
+from agspeed.backends.nvrtc import partition  # noqa: E402
+
+import _nvrtc_host as host  # noqa: E402
+
+nn, F = torch.nn, torch.nn.functional
+HOST = nvrtc.compile_with(host.launcher)
+
+
+@pytest.fixture(autouse=True)
+def _no_fallback(caplog):
+    """Every graph here must run through the fused kernels, not fall back to eager."""
+    with caplog.at_level(logging.WARNING, logger="agspeed"):
+        yield
+    assert not [r for r in caplog.get_records("call") if "runs eagerly" in r.getMessage()]
+
+
+class Block(nn.Module):
+    """Linear, layer norm, GELU, a softmax over the rows, a residual, a sigmoid."""
+
+    def __init__(self, width=32):
+        super().__init__()
+        self.fc = nn.Linear(16, width)
+        self.ln = nn.LayerNorm(width)
+        self.fc2 = nn.Linear(width, 16)
+
+    def forward(self, x):
+        h = F.gelu(self.ln(self.fc(x)))
+        a = torch.softmax(h @ h.t() / 4.0, -1)
+        return (x + self.fc2(a @ h)).sigmoid()
+
+
+class Norms(nn.Module):
+    """RMSNorm by hand, tanh-GELU, log_softmax, a bias broadcast over a 3-d input."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.rand(24) + 0.5)
+        self.b = nn.Parameter(torch.randn(24))
+
+    def forward(self, x):
+        rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+        y = F.gelu(rms + self.b, approximate="tanh")
+        return F.log_softmax(y, dim=-1).clamp(min=-20.0)
+
+
+def _twins(cls):
+    torch.manual_seed(0)
+    a, b = cls(), cls()
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def _train_and_compare(cls, make_input, steps=2, **opts):
+    eager, model = _twins(cls)
+    optimized = agspeed.optimize(model, backend=HOST, **opts)
+    for _ in range(steps):
+        x = make_input()
+        want, got = eager(x), optimized(x)
+        torch.testing.assert_close(got, want)
+        want.square().mean().backward()
+        got.square().mean().backward()
+        for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, msg=name)
+    return optimized
+
+
+def test_a_block_trains_like_eager_through_fused_kernels():
+    _train_and_compare(Block, lambda: torch.randn(8, 16))
+
+
+def test_norms_and_broadcasts_over_three_dimensions():
+    _train_and_compare(Norms, lambda: torch.randn(2, 5, 24) * 3)
+
+
+def test_a_transposed_input_is_read_through_its_strides():
+    _train_and_compare(Norms, lambda: (torch.randn(24, 6) * 2).t())
+
+
+def test_one_compile_serves_every_size_of_a_dynamic_graph():
+    _train_and_compare(Norms, lambda: torch.randn(torch.randint(2, 9, ()).item(), 24),
+                       steps=4, dynamic=True)
+    captured = [r for r in agspeed._runtime.frame_records() if r.decision == "captured"]
+    assert len(captured) == 1
+
+
+def test_bf16_storage_and_autocast():
+    eager, model = _twins(Norms)
+    optimized = agspeed.optimize(model, backend=HOST)
+    x = torch.randn(4, 24).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want, got = eager(x), optimized(x)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_layer_norm_and_its_activation_are_one_kernel():
+    w, b = torch.randn(32, requires_grad=True), torch.randn(32, requires_grad=True)
+    x = torch.randn(6, 32, requires_grad=True)
+
+    def f(x, w, b):
+        return torch.relu(F.layer_norm(x, (32,), w, b) * 2.0 + 1.0)
+
+    from torch._inductor.decomposition import select_decomp_table
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_function
+
+    found = []
+
+    def compiler(gm, example_inputs):
+        found.append(partition.groups(gm))
+        return make_boxed_func(nvrtc.compile_aten(gm, host.launcher).forward)
+
+    out = aot_function(f, fw_compiler=compiler, bw_compiler=compiler,
+                       decompositions=select_decomp_table())(x, w, b)
+    torch.testing.assert_close(out, f(x, w, b))
+    forward = found[0]
+    assert len(forward) == 1 and forward[0].nred == 1   # one ROWS kernel does it all
+    out.sum().backward()
+    assert len(found) == 2 and all(g.nodes for g in found[1])
+
+
+def test_a_node_joins_no_group_that_its_other_operands_depend_on():
+    # y = exp(x); z = mm(y, y) (not fusible); w = y + z: w cannot join y's group, or the
+    # group would both feed and wait for the mm
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_function
+
+    found = []
+
+    def compiler(gm, example_inputs):
+        found.append(partition.groups(gm))
+        return make_boxed_func(nvrtc.compile_aten(gm, host.launcher).forward)
+
+    def f(x):
+        y = x.exp()
+        return y + y @ y
+
+    x = torch.randn(5, 5)
+    torch.testing.assert_close(aot_function(f, fw_compiler=compiler)(x), f(x))
+    assert len(found[0]) == 2
+
+
+def test_dropout_keeps_eagers_random_numbers():
+    class Drop(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return F.dropout(F.silu(self.fc(x)), 0.3, self.training) * 2.0
+
+    eager, model = _twins(Drop)
+    optimized = agspeed.optimize(model, backend=HOST)
+    x = torch.randn(6, 8)
+    torch.manual_seed(3)
+    want = eager(x)
+    torch.manual_seed(3)
+    got = optimized(x)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    import os
+    import sys
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
+    sys.path.insert(0, os.path.abspath(root))
+    try:
+        import _models
+    finally:
+        sys.path.pop(0)
+    return _models
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet", "encoder", "gpt", "hf_bert", "hf_gpt2",
+                                  "hf_vit"])
+def test_the_zoo_trains_like_eager_and_nvrtc_compiles_every_kernel(zoo, name):
+    """A training step of each benchmark model (quick size): every kernel of its forward
+    and backward compiles to PTX with NVRTC, and runs on the CPU to eager's loss and
+    gradients."""
+    from agspeed import _C
+    from agspeed.backends.nvrtc import _libs
+
+    assert _libs.nvrtc()[0] is not None, _libs.nvrtc()[1]
+    compiled = []
+
+    def launcher(desc):
+        ptx = _C.nvrtc_compile(_C.nvrtc_source(desc), desc[0] + ".cu",
+                               ("--gpu-architecture=compute_80",), False)
+        compiled.append((desc[1], len(ptx)))
+        return host.launcher(desc)
+
+    if zoo.SPECS[name].family == "transformers" and not zoo.have_transformers():
+        pytest.fail("transformers is part of the test set-up")
+    eager = zoo.build(name, "quick", seed=0)
+    model = zoo.build(name, "quick", seed=0)
+    optimized = agspeed.optimize(model, backend=nvrtc.compile_with(launcher))
+    batch = zoo.SPECS[name].batch("quick", torch.Generator().manual_seed(1))
+    want, got = eager(*batch), optimized(*batch)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    want.backward()
+    got.backward()
+    for (pname, p), q in zip(eager.named_parameters(), model.parameters()):
+        if p.grad is None:
+            assert q.grad is None, pname
+            continue
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=pname)
+    assert compiled and any(kind == 1 for kind, _ in compiled)  # rows kernels among them
