@@ -289,7 +289,8 @@
 #define AGS_KOP_LIST(X) \
     X(LOAD, 0, "input <operand> at this element, converted to the type") \
     X(CONST, 0, "the immediate") \
-    X(CAST, 1, "a converted to the type (C rules; bool: a != 0)") \
+    X(CAST, 1, "a converted to the type (C rules; bool: a != 0; to F16 " \
+                 "or BF16: rounded to it, computed on in float)") \
     X(NEG, 1, "-a") \
     X(ABS, 1, "|a|") \
     X(EXP, 1, "e ** a") \
