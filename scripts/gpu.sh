@@ -23,15 +23,17 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT
 export PYTHONPATH=/tmp/agslib
 ROOT=$PWD
 # stages, in order (GPU_STAGES picks some): cuda (the CUDA tests), suite (every test),
-# demo, bench (guard and dispatch benchmarks), train (benchmarks/train.py on CUDA, with
-# TRAIN_ARGS), cpu (the guard benchmark on this host's CPU)
-STAGES=${GPU_STAGES:-cuda suite demo bench cpu}
+# demo, bench (guard and dispatch benchmarks), nvrtc (benchmarks/nvrtc.py: the fused
+# kernels' bandwidth and graphs), train (benchmarks/train.py on CUDA, with TRAIN_ARGS),
+# cpu (the guard benchmark on this host's CPU)
+STAGES=${GPU_STAGES:-cuda suite demo bench nvrtc cpu}
 [ "${GPU_QUICK:-0}" = 1 ] && STAGES=cuda
 rc=0
 for stage in $STAGES; do
     echo "== $stage =="
     case $stage in
     cuda) (cd /tmp && "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests/backends/test_cuda.py" \
+              "$ROOT/tests/backends/test_nvrtc_cuda.py" \
               "$ROOT/tests/training" -k "cuda") 2>&1 | tee "$OUT/test_cuda.log" | tail -15 || rc=1 ;;
     suite) (cd /tmp && "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests") 2>&1 \
               | tee "$OUT/tests.log" | tail -15 || rc=1 ;;
@@ -41,6 +43,8 @@ for stage in $STAGES; do
     train) # shellcheck disable=SC2086
            "$PY" benchmarks/train.py --device cuda --out "$OUT/train_cuda.json" ${TRAIN_ARGS:-} 2>&1 \
               | tee "$OUT/train.log" | tail -40 || rc=1 ;;
+    nvrtc) "$PY" benchmarks/nvrtc.py --device cuda --out "$OUT/nvrtc_cuda.json" 2>&1 \
+              | tee "$OUT/nvrtc.log" | tail -25 || rc=1 ;;
     # Python 3.12 here, so the guard's structure memo runs on watchers
     cpu) "$PY" benchmarks/hit_scaling.py --out "$OUT/hit_scaling_py312.json" 2>&1 | tail -12 || rc=1 ;;
     *) echo "unknown stage $stage"; rc=1 ;;

@@ -125,3 +125,11 @@ def test_plot_writes_svg_from_the_results(tmp_path):
     assert "layers 100" in labels and "agspeed guard alone" in labels
     assert "agspeed runtime (no-op graph)" in labels
     assert bars.getElementsByTagName("rect").length > 5 * 4
+
+
+def test_nvrtc_benchmark_needs_a_gpu():
+    pytest.importorskip("torch")
+    script = os.path.join(ROOT, "benchmarks", "nvrtc.py")
+    proc = subprocess.run([sys.executable, script, "--quick"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "--device cuda" in proc.stderr

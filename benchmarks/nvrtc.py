@@ -1,0 +1,175 @@
+"""agspeed's fused NVRTC kernels on a GPU: memory bandwidth, graphs against inductor's
+kernels and eager, and compile time from a cold cache.
+
+1. Bandwidth: large fused kernels (a pointwise chain over 64M fp32 elements; softmax and
+   layer norm rows in fp32 and bf16), the bytes each must move over its median time, as
+   a fraction of the device's peak (from its memory clock and bus width when torch
+   reports them) and of what a device-to-device copy reaches.
+2. Graphs: each zoo model's training step (forward and backward) with backend "nvrtc",
+   "inductor" and "eager", in interleaved rounds, as ratios to eager and nvrtc/inductor.
+3. Compile: the first call of each model with nvrtc from an empty kernel cache (every
+   kernel compiled), and the number of kernels compiled for it.
+
+    python benchmarks/nvrtc.py --device cuda [--quick] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+import agspeed  # noqa: E402
+from _report import add_device_args, default_out, machine, save  # noqa: E402
+
+
+def _events_median(fn, reps: int) -> float:
+    """Median seconds of ``fn()`` on the GPU, timed with CUDA events."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def peak_bandwidth(device) -> float | None:
+    """Bytes per second the memory can move in theory, when torch says its clock and
+    width (double data rate)."""
+    props = torch.cuda.get_device_properties(device)
+    clock = getattr(props, "memory_clock_rate", None)   # kHz
+    width = getattr(props, "memory_bus_width", None)    # bits
+    if not clock or not width:
+        return None
+    return 2 * clock * 1e3 * width / 8
+
+
+def bandwidth(device, quick: bool) -> list:
+    from agspeed.backends.nvrtc import kernels
+    from agspeed.protocol import KernelKind as KK, KernelOp as K, KernelType as T
+
+    def op(kop, kt, *a, imm=None):
+        return (kop, kt, tuple(a), imm)
+
+    idx = torch.cuda.current_device()
+    stream = torch.cuda.current_stream().cuda_stream
+    rows = []
+    n = (1 << 22) if quick else (1 << 26)
+    x = torch.randn(n, device=device)
+    out = torch.empty_like(x)
+    copy = _events_median(lambda: out.copy_(x), 20)
+    rows.append(("copy (torch)", 2 * n * 4, copy))
+    desc = ("bw_pointwise", KK.POINTWISE, 1, 0, ((T.F32, 0),),
+            (op(K.LOAD, T.F32, 0), op(K.CONST, T.F32, imm=1.5), op(K.MUL, T.F32, 0, 1),
+             op(K.CONST, T.F32, imm=0.25), op(K.ADD, T.F32, 2, 3), op(K.RELU, T.F32, 4)),
+            ((5, T.F32, 0),))
+    k = kernels.cuda_launcher(desc, idx)
+    rows.append(("pointwise fp32", 2 * n * 4, _events_median(lambda: k(stream, x, out, n), 20)))
+    for storage, dtype, size in ((T.F32, torch.float32, 4), (T.BF16, torch.bfloat16, 2)):
+        r, c = (4096, 1024) if quick else (65536, 1024)
+        xs = torch.randn(r, c, device=device).to(dtype)
+        ys = torch.empty_like(xs)
+        mx = torch.empty(r, 1, device=device)
+        desc = (f"bw_softmax_{size}", KK.ROWS, 2, 1, ((storage, 0),),
+                (op(K.LOAD, T.F32, 0), op(K.AMAX, T.F32, 0), op(K.SUB, T.F32, 0, 1),
+                 op(K.EXP, T.F32, 2), op(K.SUM, T.F32, 3), op(K.DIV, T.F32, 3, 4)),
+                ((5, storage, 0), (1, T.F32, 0)))
+        k = kernels.cuda_launcher(desc, idx)
+        t = _events_median(lambda: k(stream, xs, ys, mx, r, c), 20)
+        rows.append((f"softmax rows {dtype}".replace("torch.", ""), 2 * r * c * size, t))
+        t_eager = _events_median(lambda: torch.softmax(xs, -1), 20)
+        rows.append((f"softmax rows {dtype} (eager)".replace("torch.", ""),
+                     2 * r * c * size, t_eager))
+    return rows
+
+
+def _step(model, batch):
+    loss = model(*batch)
+    loss.backward()
+    return loss
+
+
+def graphs(device, quick: bool) -> list:
+    import _models
+
+    results = []
+    size = "quick" if quick else "full"
+    for name in ("mlp", "resnet", "encoder", "gpt"):
+        spec = _models.SPECS[name]
+        batch = tuple(t.to(device) for t in spec.batch(size, torch.Generator().manual_seed(0)))
+        runs = {}
+        directory = os.path.join(agspeed.config.cache_dir, "nvrtc")
+        for backend in ("eager", "inductor", "nvrtc"):
+            before = len(os.listdir(directory)) if os.path.isdir(directory) else 0
+            model = _models.build(name, size, seed=0).to(device)
+            opt = agspeed.optimize(model, backend=backend)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            _step(opt, batch)
+            torch.cuda.synchronize()
+            first = time.perf_counter() - start
+            after = len(os.listdir(directory)) if os.path.isdir(directory) else 0
+            runs[backend] = (opt, first, after - before)
+        samples = {b: [] for b in runs}
+        for _ in range(5 if quick else 20):
+            for backend, (opt, _, _) in runs.items():
+                samples[backend].append(_events_median(lambda: _step(opt, batch), 3))
+        med = {b: statistics.median(v) for b, v in samples.items()}
+        results.append({"model": name, "step_s": med,
+                        "first_call_s": {b: r[1] for b, r in runs.items()},
+                        "nvrtc_kernels": runs["nvrtc"][2]})
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_device_args(parser)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if not args.device.startswith("cuda"):
+        parser.error("this benchmark needs --device cuda")
+    device = torch.device(args.device)
+    torch.cuda.set_device(device)
+    why = agspeed.backends.capabilities_of(agspeed.backends.get_backend("nvrtc")).unavailable()
+    if why:
+        sys.exit(f"nvrtc is unavailable: {why}")
+    peak = peak_bandwidth(device)
+    print(f"machine: {machine(args.device)}")
+    print(f"peak memory bandwidth: {peak / 1e9:.0f} GB/s" if peak else "peak: not reported")
+    bw = bandwidth(device, args.quick)
+    copy_rate = bw[0][1] / bw[0][2]
+    print(f"{'kernel':32} {'GB/s':>8} {'of peak':>8} {'of copy':>8}")
+    for name, nbytes, t in bw:
+        rate = nbytes / t
+        print(f"{name:32} {rate / 1e9:8.0f} {rate / peak if peak else float('nan'):8.2f} "
+              f"{rate / copy_rate:8.2f}")
+    with tempfile.TemporaryDirectory() as cold:   # every compile from a cold cache
+        agspeed.config.set(cache_dir=cold)
+        g = graphs(device, args.quick)
+    print(f"{'model':10} {'nvrtc/eager':>12} {'inductor/eager':>15} {'nvrtc/inductor':>15} "
+          f"{'nvrtc 1st call s':>17} {'kernels':>8}")
+    for r in g:
+        s = r["step_s"]
+        print(f"{r['model']:10} {s['nvrtc'] / s['eager']:12.3f} {s['inductor'] / s['eager']:15.3f} "
+              f"{s['nvrtc'] / s['inductor']:15.3f} {r['first_call_s']['nvrtc']:17.2f} "
+              f"{r['nvrtc_kernels']:8d}")
+    save({"machine": machine(args.device), "peak_bytes_per_s": peak,
+          "bandwidth": [{"kernel": n, "bytes": b, "seconds": t} for n, b, t in bw],
+          "graphs": g}, default_out(args, "nvrtc"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The nvrtc backend on a GPU: every kernel family launched against torch in fp32, fp16
+and bf16 (strided, broadcast, rows longer than a block, more rows than a grid), models
+trained with ``backend="nvrtc"`` against eager, AMP included, and the kernel cache.
+
+These need a CUDA device and libnvrtc; where there is none (CI) they are skipped, and
+they run on a GPU machine (scripts/gpu.sh's ``cuda`` stage).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import agspeed  # noqa: E402
+from agspeed import backends  # noqa: E402
+
+_WHY = backends.capabilities_of(backends.get_backend("nvrtc")).unavailable() \
+    if torch.cuda.is_available() else "needs a CUDA device"
+pytestmark = [pytest.mark.torch, pytest.mark.skipif(_WHY is not None, reason=str(_WHY))]
+
+from test_nvrtc_backend import Block, Norms, _twins  # noqa: E402
+from test_nvrtc_codegen import (F16, BF16, F32, _STORAGE, add_relu_scale,  # noqa: E402
+                                layer_norm_desc, softmax_desc, strides_of)
+
+nn, F = torch.nn, torch.nn.functional
+CUDA = torch.device("cuda")
+
+
+def _launch(desc, tensors, ints):
+    from agspeed.backends.nvrtc import kernels
+
+    kernel = kernels.cuda_launcher(desc, torch.cuda.current_device())
+    kernel(torch.cuda.current_stream().cuda_stream, *tensors, *ints)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("storage", [F32, F16, BF16])
+@pytest.mark.parametrize("shape", [(5, 7), (3000, 257)])
+def test_pointwise_kernel_on_the_gpu(storage, shape):
+    dtype = _STORAGE[storage]
+    x = torch.randn(*shape, device=CUDA).to(dtype)
+    b = torch.randn(shape[1], device=CUDA).to(dtype)
+    out = torch.empty(*shape, dtype=dtype, device=CUDA)
+    _launch(add_relu_scale(storage), [x, b, out], [*shape, *strides_of(b, shape)])
+    torch.testing.assert_close(out, ((x.float() + b.float()).relu() * 0.1).to(dtype))
+
+
+@pytest.mark.parametrize("storage", [F32, F16, BF16])
+@pytest.mark.parametrize("shape", [(9, 37), (70000, 64), (4, 5000)])
+def test_softmax_rows_on_the_gpu(storage, shape):
+    dtype = _STORAGE[storage]
+    x = (torch.randn(*shape, device=CUDA) * 4).to(dtype)
+    out = torch.empty(*shape, dtype=dtype, device=CUDA)
+    row_max = torch.empty(shape[0], 1, device=CUDA)
+    _launch(softmax_desc(storage), [x, out, row_max], list(shape))
+    torch.testing.assert_close(out, torch.softmax(x.float(), -1).to(dtype))
+    torch.testing.assert_close(row_max, x.float().amax(-1, keepdim=True))
+
+
+def test_layer_norm_rows_on_the_gpu():
+    n = 3000
+    x = torch.randn(50, n, device=CUDA) * 3 + 1
+    w, b = torch.randn(n, device=CUDA), torch.randn(n, device=CUDA)
+    out = torch.empty(50, n, device=CUDA)
+    mean, rstd = torch.empty(50, 1, device=CUDA), torch.empty(50, 1, device=CUDA)
+    _launch(layer_norm_desc(n), [x, w, b, out, mean, rstd],
+            [50, n, *strides_of(w, (50, n)), *strides_of(b, (50, n))])
+    want, want_mean, want_rstd = torch.ops.aten.native_layer_norm(x, [n], w, b, 1e-5)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(mean, want_mean)
+    torch.testing.assert_close(rstd, want_rstd)
+
+
+def _train(cls, make_input, autocast=None, steps=2, dynamic=None):
+    eager, model = _twins(cls)
+    eager, model = eager.to(CUDA), model.to(CUDA)
+    optimized = agspeed.optimize(model, backend="nvrtc", dynamic=dynamic)
+    tol = {} if autocast is None else {"rtol": 2e-2, "atol": 2e-2}
+    for _ in range(steps):
+        x = make_input()
+        outs = []
+        for m in (eager, optimized):
+            with torch.autocast("cuda", dtype=autocast or torch.float16,
+                                enabled=autocast is not None):
+                out = m(x)
+            out.float().square().mean().backward()
+            outs.append(out)
+        torch.testing.assert_close(outs[1], outs[0], **tol)
+        for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, msg=name, **tol)
+
+
+@pytest.mark.parametrize("autocast", [None, torch.float16, torch.bfloat16])
+def test_models_train_like_eager_with_nvrtc(autocast):
+    _train(Block, lambda: torch.randn(64, 16, device=CUDA), autocast)
+    _train(Norms, lambda: torch.randn(8, 33, 24, device=CUDA), autocast)
+
+
+def test_one_kernel_set_serves_every_size():
+    _train(Norms, lambda: torch.randn(torch.randint(2, 90, ()).item(), 24, device=CUDA),
+           steps=4, dynamic=True)
+
+
+def test_a_second_process_compiles_nothing(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import torch, agspeed, os\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(),"
+        " torch.nn.LayerNorm(8)).cuda()\n"
+        "f = agspeed.optimize(m, backend='nvrtc')\n"
+        "f(torch.randn(4, 8, device='cuda')).sum().backward()\n"
+        "d = os.path.join(os.environ['AGSPEED_CACHE_DIR'], 'nvrtc')\n"
+        "print(sorted((n, os.stat(os.path.join(d, n)).st_mtime_ns) for n in os.listdir(d)))\n")
+    env = dict(os.environ, AGSPEED_CACHE_DIR=str(tmp_path / "kb"))
+    runs = [subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                           text=True, timeout=600) for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    files = [r.stdout.strip().splitlines()[-1] for r in runs]
+    assert files[0].count(".cubin") + files[0].count(".ptx") >= 2
+    assert files[1] == files[0]   # the same images, none written again
