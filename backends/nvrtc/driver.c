@@ -27,7 +27,9 @@
  *
  * Every CudaKernel holds its module; the module is unloaded with it.  The
  * context is the device's primary one, torch's: when no context is
- * current on the thread, the primary one is made current first.
+ * current on the thread (at load, or at a launch from a thread that has not
+ * used the GPU yet, as autograd's backward threads), the primary one is made
+ * current first.
  */
 #include <Python.h>
 #include <dlfcn.h>
@@ -375,7 +377,7 @@ typedef struct {
     PyObject_HEAD
     cu_module module;
     cu_function function;
-    int kind, ndim, nred, sms;
+    int kind, ndim, nred, sms, device;
 } kernel_object;
 
 static PyTypeObject *kernel_type;
@@ -428,6 +430,7 @@ kernel_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     self->kind = kind;
+    self->device = device;
     self->ndim = ndim;
     self->nred = nred;
     if (need_cuda() < 0 || ensure_context(device) < 0
@@ -536,8 +539,14 @@ launch(kernel_object *self, PyObject *const *args, Py_ssize_t n)
         }
     }
     total = outer * inner;
-    if (total == 0) {
+    /* a ROWS kernel over empty rows still writes each row's value (a sum of
+     * nothing is 0) */
+    if (self->kind == AGS_KKIND_ROWS ? outer == 0 : total == 0) {
         Py_RETURN_NONE;
+    }
+    /* autograd runs the backward on threads of its own */
+    if (ensure_context(self->device) < 0) {
+        return NULL;
     }
     if (self->kind == AGS_KKIND_ROWS) {
         block = block_for(inner);

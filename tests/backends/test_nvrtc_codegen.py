@@ -309,3 +309,19 @@ def test_a_cast_to_a_narrow_float_rounds_as_eager(storage, dtype):
     host.run(desc, [x, out], [100])
     r = x.to(dtype).float()
     torch.testing.assert_close(out, r * r, rtol=0, atol=0)
+
+
+def test_a_sum_over_empty_rows_is_zero_and_a_kernel_without_driver_says_so():
+    desc = ("sum_rows", KK.ROWS, 2, 1, ((F32, 0),),
+            (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)), ((1, F32, 0),))
+    x = torch.empty(3, 0)
+    out = torch.full((3, 1), 7.0)
+    host.run(desc, [x, out], [3, 0])
+    assert torch.equal(out, torch.zeros(3, 1))
+    from agspeed.backends.nvrtc import _libs
+
+    if _libs.cuda()[0] is None:
+        with pytest.raises(RuntimeError, match="libcuda is not open"):
+            _C.CudaKernel(b"", "sum_rows", int(KK.ROWS), 2, 1, 0)
+        with pytest.raises(RuntimeError, match="libcuda is not open"):
+            _C.cuda_device(0)
