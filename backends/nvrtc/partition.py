@@ -82,8 +82,9 @@ def _scalar_ok(x: Any) -> bool:
     return isinstance(x, (bool, int, float)) or _is_tensor_node(x) or x is None
 
 
-def _fits(group: Group, node: Any, group_of: dict) -> bool:
-    """Whether pointwise ``node`` can be computed in ``group``."""
+def _fits(group: Group, node: Any, inside_of: Callable[[Any], bool]) -> bool:
+    """Whether pointwise ``node`` can be computed in ``group``, whose members are those
+    for which ``inside_of`` is true."""
     place = group.place(_shape(node))
     if place is None:
         return False
@@ -92,7 +93,7 @@ def _fits(group: Group, node: Any, group_of: dict) -> bool:
             return False
         if not _is_tensor_node(a):
             continue
-        inside = group_of.get(a) is group
+        inside = inside_of(a)
         if place != "element":          # a row op: only row values of the group
             if not inside or group.place(_shape(a)) not in ("row", "row_kept"):
                 return False
@@ -103,57 +104,188 @@ def _fits(group: Group, node: Any, group_of: dict) -> bool:
     return True
 
 
+class _State:
+    """The grouping so far: each node's group, and what each node and group depends on
+    (the groups upstream of it, through any path), kept as sets shared by reference so
+    that a group's grows as members join."""
+
+    def __init__(self) -> None:
+        self.group_of: dict = {}
+        self.upstream: dict = {}    # ungrouped node -> set of groups (maybe merged away)
+        self.gdeps: dict = {}       # group id -> set of groups its members depend on
+        self.into: dict = {}        # id of a group merged away -> the group it joined
+        self.pos: dict = {}
+
+    def resolve(self, g: Group) -> Group:
+        while g.id in self.into:
+            g = self.into[g.id]
+        return g
+
+    def group(self, node: Any) -> Group | None:
+        g = self.group_of.get(node)
+        return None if g is None else self.resolve(g)
+
+    def deps(self, node: Any) -> set:
+        g = self.group(node)
+        return self.gdeps[g.id] if g is not None else self.upstream.get(node, set())
+
+    def depends(self, node: Any, g: Group) -> bool:
+        """Whether ``node`` (or the group it is in) depends on group ``g``."""
+        return any(self.resolve(h) is g for h in self.deps(node))
+
+    def reach(self, node: Any) -> set:
+        """The groups ``node`` needs: those of its operands and theirs."""
+        out: set = set()
+        for o in _operands(node):
+            out |= self.deps(o)
+            if self.group(o) is not None:
+                out.add(self.group(o))
+        return out
+
+    def join(self, g: Group, node: Any) -> None:
+        g.nodes.append(node)
+        self.group_of[node] = g
+        self.gdeps.setdefault(g.id, set()).update(
+            h for h in self.reach(node) if self.resolve(h) is not g)
+
+    def acyclic(self, g: Group, node: Any) -> bool:
+        """Whether ``node`` can join ``g``: none of its operands from outside needs g."""
+        return all(not self.depends(o, g) for o in _operands(node) if self.group(o) is not g)
+
+    def merge(self, a: Group, b: Group) -> bool:
+        """Puts ``b``'s nodes in ``a`` when both compute in one space and neither
+        reaches the other through nodes outside them; whether it did."""
+        if a is b or a.space != b.space or (a.nred and b.nred and a.nred != b.nred):
+            return False
+        if any(self.depends(o, b) for m in a.nodes for o in _operands(m)
+               if self.group(o) not in (a, b)) or \
+                any(self.depends(o, a) for m in b.nodes for o in _operands(m)
+                    if self.group(o) not in (a, b)):
+            return False
+        members = set(a.nodes) | set(b.nodes)
+        trial = Group.__new__(Group)
+        trial.space, trial.nred = a.space, a.nred or b.nred
+        if not all(_fits_merged(trial, m, members) for m in members):
+            return False
+        a.nred = trial.nred
+        a.nodes = sorted(a.nodes + b.nodes, key=self.pos.__getitem__)
+        self.into[b.id] = a
+        self.gdeps[a.id] = {h for h in self.gdeps[a.id] | self.gdeps.pop(b.id, set())
+                            if self.resolve(h) is not a}
+        b.nodes = []
+        return True
+
+
 def groups(gm: Any) -> list[Group]:
     """The fusible groups of ``gm``'s graph, in the order their first nodes appear."""
-    group_of: dict = {}
-    upstream: dict = {}   # node -> ids of the groups it depends on
+    st = _State()
     found: list[Group] = []
-    for node in gm.graph.nodes:
-        ups: set = set()
-        for o in _operands(node):
-            ups |= upstream.get(o, set())
-            if o in group_of:
-                ups.add(group_of[o].id)
-        upstream[node] = ups
-        chosen = _choose(node, group_of, upstream)
+    for i, node in enumerate(gm.graph.nodes):
+        st.pos[node] = i
+        chosen = _choose(node, st)
         if chosen is None:
+            st.upstream[node] = st.reach(node)
             continue
         if chosen == "new":
             chosen = _new_group(node)
             if chosen is None:
+                st.upstream[node] = st.reach(node)
                 continue
             found.append(chosen)
-        chosen.nodes.append(node)
-        group_of[node] = chosen
-    return [g for g in found if g.nodes]
+        st.join(chosen, node)
+        # the node's other producers' groups, where they fit, become one kernel with it
+        for o in _operands(node):
+            other = st.group(o)
+            if other is not None and other is not chosen and lower.reduction_of(node) is None:
+                st.merge(chosen, other)
+    found = [g for g in found if g.nodes]
+    return _without_cycles(gm, found)
 
 
-def _acyclic(group: Group, node: Any, group_of: dict, upstream: dict) -> bool:
-    return all(group.id not in upstream.get(o, set())
-               for o in _operands(node) if group_of.get(o) is not group)
+def _units(gm: Any, found: list[Group]) -> tuple[dict, dict, dict]:
+    """The graph of units (a group, or a node of no group): each unit's position, the
+    units it needs and the units that need it."""
+    group_of = {n: g for g in found for n in g.nodes}
+    units: dict = {}
+    for i, n in enumerate(gm.graph.nodes):
+        g = group_of.get(n)
+        key = ("g", g.id) if g is not None else ("n", n)
+        units.setdefault(key, (i, g if g is not None else n))
+    deps: dict = {key: set() for key in units}
+    users: dict = {key: set() for key in units}
+    for key, (_, unit) in units.items():
+        for n in (unit.nodes if isinstance(unit, Group) else [unit]):
+            for o in _operands(n):
+                g = group_of.get(o)
+                src = ("g", g.id) if g is not None else ("n", o)
+                if src != key:
+                    deps[key].add(src)
+                    users[src].add(key)
+    return units, deps, users
 
 
-def _choose(node: Any, group_of: dict, upstream: dict) -> Any:
+def _order(units: dict, deps: dict, users: dict) -> list:
+    """The units in an order where each comes after what it needs (earliest first);
+    those left out are on a cycle or after one."""
+    waiting = {k: len(v) for k, v in deps.items()}
+    ready = [(units[k][0], i, k) for i, k in enumerate(units) if not waiting[k]]
+    heapq.heapify(ready)
+    tie = itertools.count(len(units))
+    order = []
+    while ready:
+        _, _, key = heapq.heappop(ready)
+        order.append(key)
+        for user in users[key]:
+            waiting[user] -= 1
+            if not waiting[user]:
+                heapq.heappush(ready, (units[user][0], next(tie), user))
+    return order
+
+
+def _without_cycles(gm: Any, found: list[Group]) -> list[Group]:
+    """``found`` less the groups that a cycle through nodes outside them would make
+    impossible to run in order (their nodes then run through aten)."""
+    while True:
+        units, deps, users = _units(gm, found)
+        done = set(_order(units, deps, users))
+        stuck = {key[1] for key in units if key not in done and key[0] == "g"}
+        if not stuck:
+            return found
+        found = [g for g in found if g.id not in stuck]
+
+
+def _fits_merged(group: Group, node: Any, members: set) -> bool:
+    """Whether ``node`` still has its place in ``group`` made of ``members``."""
+    if node.target is operator.getitem:
+        return True
+    red = lower.reduction_of(node)
+    if red is not None:
+        x = red[2]
+        return _shape(x) == group.space and red[1] == group.nred \
+            and (x not in members or group.place(_shape(x)) == "element")
+    return _fits(group, node, members.__contains__)
+
+
+def _choose(node: Any, st: _State) -> Any:
     """The group ``node`` joins, "new", or None when it is not fused."""
     if node.op != "call_function":
         return None
     if node.target is operator.getitem:      # var_mean's two results
-        src = node.args[0]
-        return group_of.get(src) if src in group_of else None
+        return st.group(node.args[0])
     red = lower.reduction_of(node)
     if red is None and not lower.fusible(node):
         return None
-    candidates = [group_of[o] for o in _operands(node) if o in group_of]
+    candidates = [st.group(o) for o in _operands(node) if st.group(o) is not None]
     for g in dict.fromkeys(candidates):
-        if not _acyclic(g, node, group_of, upstream):
+        if not st.acyclic(g, node):
             continue
         if red is not None:
             kop, nred, x = red
             if _shape(x) == g.space and g.nred in (0, nred) \
-                    and (group_of.get(x) is not g or g.place(_shape(x)) == "element"):
+                    and (st.group(x) is not g or g.place(_shape(x)) == "element"):
                 g.nred = nred
                 return g
-        elif _fits(g, node, group_of):
+        elif _fits(g, node, lambda a, g=g: st.group(a) is g):
             return g
     return "new"
 
@@ -275,36 +407,17 @@ def rewrite(gm: Any, found: list[Group], make_kernel: Callable[[tuple, Plan], An
     returns its outputs)."""
     import torch.fx
 
-    group_of = {n: g for g in found for n in g.nodes}
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     plans = {}
     for g in found:
         desc, plan = describe(g, f"ags_fused_{len(plans)}")
         plans[g.id] = (make_kernel(desc, plan), plan)
-    units: dict = {}   # unit key -> (first position, nodes or group)
-    for n in gm.graph.nodes:
-        g = group_of.get(n)
-        key = ("g", g.id) if g is not None else ("n", n)
-        if key not in units:
-            units[key] = (order[n], g if g is not None else n)
-    deps: dict = {key: set() for key in units}
-    users: dict = {key: set() for key in units}
-    for key, (_, unit) in units.items():
-        nodes = unit.nodes if isinstance(unit, Group) else [unit]
-        for n in nodes:
-            for o in _operands(n):
-                g = group_of.get(o)
-                src = ("g", g.id) if g is not None else ("n", o)
-                if src != key:
-                    deps[key].add(src)
-                    users[src].add(key)
-    ready = [(units[k][0], i, k) for i, k in enumerate(units) if not deps[k]]
-    heapq.heapify(ready)
-    tie = itertools.count(len(units))
+    units, deps, users = _units(gm, found)
+    order = _order(units, deps, users)
+    if len(order) != len(units):
+        raise RuntimeError("fused groups that cannot run in order")
     graph = torch.fx.Graph()
     env: dict = {}
-    while ready:
-        _, _, key = heapq.heappop(ready)
+    for key in order:
         unit = units[key][1]
         if isinstance(unit, Group):
             fn, plan = plans[unit.id]
@@ -314,9 +427,5 @@ def rewrite(gm: Any, found: list[Group], make_kernel: Callable[[tuple, Plan], An
                 env[node].meta = dict(node.meta)
         else:
             env[unit] = graph.node_copy(unit, lambda a: env[a])
-        for user in users[key]:
-            deps[user].discard(key)
-            if not deps[user]:
-                heapq.heappush(ready, (units[user][0], next(tie), user))
     out = torch.fx.GraphModule(gm, graph)
     return out

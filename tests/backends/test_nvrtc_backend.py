@@ -219,3 +219,40 @@ def test_the_zoo_trains_like_eager_and_nvrtc_compiles_every_kernel(zoo, name):
             continue
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=pname)
     assert compiled and any(kind == 1 for kind, _ in compiled)  # rows kernels among them
+
+
+def test_groups_that_would_wait_on_themselves_are_given_up():
+    """A group holding exp(x) and exp(mm(exp(x), .)) could run neither before nor after
+    the mm: such a group is dropped (its nodes run through aten), never run out of
+    order."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x):
+        a = x.exp()
+        return (a @ a).exp()
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(4, 4))
+    exps = [n for n in gm.graph.nodes if n.target is torch.ops.aten.exp.default]
+    bad = partition.Group(partition._shape(exps[0]), 0)
+    bad.nodes = exps
+    assert partition._without_cycles(gm, [bad]) == []
+    with pytest.raises(RuntimeError, match="cannot run in order"):
+        partition.rewrite(gm, [bad], lambda desc, plan: None)
+
+
+def test_producers_of_one_node_become_one_kernel():
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_function
+
+    found = []
+
+    def compiler(gm, example_inputs):
+        found.append(partition.groups(gm))
+        return make_boxed_func(nvrtc.compile_aten(gm, host.launcher).forward)
+
+    def f(x):   # two chains from one input, joined at the end: one kernel
+        return (x * 0.5) * (torch.erf(x * 0.7) + 1.0)
+
+    x = torch.randn(6, 10)
+    torch.testing.assert_close(aot_function(f, fw_compiler=compiler)(x), f(x))
+    assert len(found[0]) == 1 and len(found[0][0].nodes) == 5
