@@ -27,11 +27,14 @@ the tests' host launcher, which compiles the kernels' source as C++.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 from agspeed.backends._protocol import Capabilities
 
-__all__ = ["backend", "capabilities"]
+__all__ = ["backend", "capabilities", "compile_aten", "compile_with"]
+
+_log = logging.getLogger("agspeed.autotune")
 
 def _unavailable() -> str | None:
     from agspeed.backends.nvrtc import _libs
@@ -54,9 +57,15 @@ def compile_aten(gm: Any, launcher: Callable[[tuple], Any]) -> Any:
     kernel, made by ``launcher(description)``."""
     from agspeed.backends.nvrtc import kernels, partition
 
+    def refused(group: Any, exc: Exception) -> None:
+        _log.info("nvrtc: %s: a group of %d nodes (%s...) runs through aten: %s: %s",
+                  gm.meta.get("agspeed_where", "graph"), len(group.nodes),
+                  group.nodes[0].target, type(exc).__name__, exc)
+
     found = partition.groups(gm)
     return partition.rewrite(gm, found,
-                             lambda desc, plan: kernels.Fused(desc, plan, launcher(desc)))
+                             lambda desc, plan: kernels.Fused(desc, plan, launcher(desc)),
+                             refused)
 
 
 def compile_with(launcher: Callable[[tuple], Any]) -> Callable[..., Any]:

@@ -401,16 +401,25 @@ def _reduce(k: lower.Kernel, node: Any, red: tuple, x: Any, group: Group) -> Any
 
 # ---- the rewritten graph ---------------------------------------------------------------
 
-def rewrite(gm: Any, found: list[Group], make_kernel: Callable[[tuple, Plan], Any]) -> Any:
+def rewrite(gm: Any, found: list[Group], make_kernel: Callable[[tuple, Plan], Any],
+            refused: Callable[[Group, Exception], None] | None = None) -> Any:
     """A GraphModule computing what ``gm`` does, each group of ``found`` one call of
     ``make_kernel(description, plan)``'s callable (which takes the plan's inputs and
-    returns its outputs)."""
+    returns its outputs).  A group whose description or kernel cannot be made runs
+    through aten instead, after ``refused(group, exception)`` when given; without it the
+    exception propagates."""
     import torch.fx
 
     plans = {}
     for g in found:
-        desc, plan = describe(g, f"ags_fused_{len(plans)}")
-        plans[g.id] = (make_kernel(desc, plan), plan)
+        try:
+            desc, plan = describe(g, f"ags_fused_{len(plans)}")
+            plans[g.id] = (make_kernel(desc, plan), plan)
+        except Exception as exc:  # noqa: BLE001 - that group runs through aten
+            if refused is None:
+                raise
+            refused(g, exc)
+    found = [g for g in found if g.id in plans]
     units, deps, users = _units(gm, found)
     order = _order(units, deps, users)
     if len(order) != len(units):

@@ -256,3 +256,20 @@ def test_producers_of_one_node_become_one_kernel():
     x = torch.randn(6, 10)
     torch.testing.assert_close(aot_function(f, fw_compiler=compiler)(x), f(x))
     assert len(found[0]) == 1 and len(found[0][0].nodes) == 5
+
+
+def test_a_group_whose_kernel_fails_runs_through_aten(caplog):
+    calls = []
+
+    def flaky(desc):
+        calls.append(desc[0])
+        if len(calls) == 1:
+            raise RuntimeError("no kernel for this one")
+        return host.launcher(desc)
+
+    eager, model = _twins(Block)
+    optimized = agspeed.optimize(model, backend=nvrtc.compile_with(flaky))
+    x = torch.randn(3, 16)
+    with caplog.at_level(logging.INFO, logger="agspeed.autotune"):
+        torch.testing.assert_close(optimized(x), eager(x))
+    assert len(calls) >= 2 and "runs through aten" in caplog.text
