@@ -112,6 +112,7 @@ typedef struct {
     char *data;
     size_t len, cap;
     int failed;
+    int lane;           /* >= 0: writing lane <lane> of a vector step */
 } text;
 
 static void
@@ -225,6 +226,13 @@ put_load(text *t, const kernel *k, const instr *op)
 
     snprintf(prefix, sizeof prefix, "si%d", src);
     put(t, "(%s)", ags_kernel_compute_name(op->type));
+    if (t->lane >= 0) {
+        const char *conv = st == AGS_KTYPE_F16 ? "ags_from_f16"
+                           : st == AGS_KTYPE_BF16 ? "ags_from_bf16" : "";
+
+        put(t, "%s(a%d.%c)", conv, src, "xyzw"[t->lane]);
+        return;
+    }
     if (st == AGS_KTYPE_F16) {
         put(t, "ags_from_f16(in%d[", src);
     }
@@ -309,6 +317,22 @@ put_store(text *t, const kernel *k, int o, int per_row)
     char prefix[32];
 
     snprintf(prefix, sizeof prefix, "so%d", o);
+    if (t->lane >= 0) {
+        char c = "xyzw"[t->lane];
+
+        if (out->type == AGS_KTYPE_F16 || out->type == AGS_KTYPE_BF16) {
+            put(t, "o%d.%c = ags_to_%s((float)v%d);\n", o, c,
+                out->type == AGS_KTYPE_F16 ? "f16" : "bf16", out->value);
+        }
+        else if (out->type == AGS_KTYPE_BOOL) {
+            put(t, "o%d.%c = (unsigned char)(v%d != 0);\n", o, c, out->value);
+        }
+        else {
+            put(t, "o%d.%c = (%s)v%d;\n", o, c, ags_kernel_storage_name(out->type),
+                out->value);
+        }
+        return;
+    }
     put(t, "out%d[", o);
     if (per_row) {
         put_row_offset(t, k, out->strided, prefix);
@@ -425,6 +449,96 @@ put_uniforms(text *t, const kernel *k)
     return 0;
 }
 
+/* The vector type that loads 4 values of storage type `type` at once, or
+ * NULL where there is none worth having (8-byte types). */
+static const char *
+vector_of(int type)
+{
+    switch (type) {
+    case AGS_KTYPE_F32: return "float4";
+    case AGS_KTYPE_F16: case AGS_KTYPE_BF16: return "ushort4";
+    case AGS_KTYPE_I32: return "int4";
+    case AGS_KTYPE_I8: return "char4";
+    case AGS_KTYPE_U8: case AGS_KTYPE_BOOL: return "uchar4";
+    default: return NULL;
+    }
+}
+
+static int
+vector_bytes(int type)
+{
+    switch (type) {
+    case AGS_KTYPE_F32: case AGS_KTYPE_I32: return 16;
+    case AGS_KTYPE_F16: case AGS_KTYPE_BF16: return 8;
+    default: return 4;
+    }
+}
+
+/* Whether a pointwise kernel gets a vector path: every operand contiguous and
+ * of a type with a vector of 4. */
+static int
+vectorizable(const kernel *k)
+{
+    if (any_strided(k)) {
+        return 0;
+    }
+    for (int i = 0; i < k->n_in; i++) {
+        if (vector_of(k->in[i].type) == NULL) {
+            return 0;
+        }
+    }
+    for (int i = 0; i < k->n_out; i++) {
+        if (vector_of(k->out[i].type) == NULL) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The vector path: taken when the count is a multiple of 4 and every pointer
+ * is aligned to its vector; each step loads 4 values of each input at once,
+ * computes the 4 elements and stores 4 values of each output at once. */
+static int
+put_vector_path(text *t, const kernel *k, const char *need)
+{
+    put(t, "if (total %% 4 == 0 && ((0");
+    for (int i = 0; i < k->n_in; i++) {
+        put(t, " | ((unsigned long long)in%d & %dULL)", i, vector_bytes(k->in[i].type) - 1);
+    }
+    for (int i = 0; i < k->n_out; i++) {
+        put(t, " | ((unsigned long long)out%d & %dULL)", i,
+            vector_bytes(k->out[i].type) - 1);
+    }
+    put(t, ") == 0)) {\n");
+    put(t, "for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;"
+        " j < total / 4; j += (long long)gridDim.x * blockDim.x) {\n");
+    for (int i = 0; i < k->n_in; i++) {
+        const char *v = vector_of(k->in[i].type);
+
+        put(t, "const %s a%d = ((const %s *)in%d)[j];\n", v, i, v, i);
+    }
+    for (int o = 0; o < k->n_out; o++) {
+        put(t, "%s o%d;\n", vector_of(k->out[o].type), o);
+    }
+    for (t->lane = 0; t->lane < 4; t->lane++) {
+        put(t, "{\n");
+        if (put_marked(t, k, need) < 0) {
+            t->lane = -1;
+            return -1;
+        }
+        for (int o = 0; o < k->n_out; o++) {
+            put_store(t, k, o, 0);
+        }
+        put(t, "}\n");
+    }
+    t->lane = -1;
+    for (int o = 0; o < k->n_out; o++) {
+        put(t, "((%s *)out%d)[j] = o%d;\n", vector_of(k->out[o].type), o, o);
+    }
+    put(t, "}\nreturn;\n}\n");
+    return 0;
+}
+
 static int
 put_pointwise(text *t, const kernel *k, char *need)
 {
@@ -434,6 +548,13 @@ put_pointwise(text *t, const kernel *k, char *need)
     }
     put(t, ";\n");
     if (put_uniforms(t, k) < 0) {
+        return -1;
+    }
+    memset(need, 0, (size_t)k->n_ops);
+    for (int o = 0; o < k->n_out; o++) {
+        mark_cone(k, k->out[o].value, need);
+    }
+    if (vectorizable(k) && put_vector_path(t, k, need) < 0) {
         return -1;
     }
     put(t, "for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;"
@@ -641,7 +762,7 @@ PyObject *
 ags_nvrtc_source(PyObject *desc)
 {
     kernel k;
-    text t = {NULL, 0, 0, 0};
+    text t = {NULL, 0, 0, 0, -1};
     char *need = NULL, *done = NULL;
     PyObject *result = NULL;
     int rc;

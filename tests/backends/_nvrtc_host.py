@@ -28,6 +28,11 @@ struct ags_dim3 { unsigned int x, y, z; };
 static const ags_dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0};
 static const ags_dim3 blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
 static inline void __syncthreads() {}
+struct float4 { float x, y, z, w; };
+struct ushort4 { unsigned short x, y, z, w; };
+struct int4 { int x, y, z, w; };
+struct char4 { signed char x, y, z, w; };
+struct uchar4 { unsigned char x, y, z, w; };
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 static inline float ags_from_f16(unsigned short h)

@@ -325,3 +325,38 @@ def test_a_sum_over_empty_rows_is_zero_and_a_kernel_without_driver_says_so():
             _C.CudaKernel(b"", "sum_rows", int(KK.ROWS), 2, 1, 0)
         with pytest.raises(RuntimeError, match="libcuda is not open"):
             _C.cuda_device(0)
+
+
+@pytest.mark.parametrize("storage", [F32, F16, BF16])
+@pytest.mark.parametrize("n,offset", [(4096, 0), (4094, 0), (4096, 1)],
+                         ids=["vectors", "count-not-a-multiple-of-4", "misaligned"])
+def test_the_vector_path_and_its_fallbacks_agree_with_torch(storage, n, offset):
+    """Contiguous pointwise kernels load and store 4 values at once when the count and
+    every pointer allow it, one at a time otherwise."""
+    dtype = _STORAGE[storage]
+    desc = ("vec_gelu_mask", KK.POINTWISE, 1, 0, ((storage, 0), (BOOL, 0)),
+            (op(K.LOAD, F32, 0), op(K.LOAD, BOOL, 1),
+             op(K.CONST, F32, imm=0.7071067811865476),
+             op(K.MUL, F32, 0, 2), op(K.ERF, F32, 3), op(K.CONST, F32, imm=1.0),
+             op(K.ADD, F32, 4, 5), op(K.MUL, F32, 0, 6), op(K.CONST, F32, imm=0.5),
+             op(K.MUL, F32, 7, 8), op(K.CONST, F32, imm=0.0), op(K.WHERE, F32, 1, 9, 10),
+             op(K.GT, BOOL, 0, 10)),
+            ((11, storage, 0), (12, BOOL, 0)))
+    x = torch.randn(n + offset).to(dtype)[offset:]
+    m = (torch.rand(n + offset) > 0.3)[offset:]
+    out = torch.empty(n + offset, dtype=dtype)[offset:]
+    pos = torch.empty(n + offset, dtype=torch.bool)[offset:]
+    host.run(desc, [x, m, out, pos], [n])
+    want = torch.where(m, torch.nn.functional.gelu(x.float()), torch.tensor(0.0)).to(dtype)
+    torch.testing.assert_close(out, want)
+    assert torch.equal(pos, x.float() > 0)
+    assert ("float4" in _C.nvrtc_source(desc)) == (storage == F32)
+
+
+def test_nvrtc_turns_the_vector_path_into_vector_loads_and_stores(nvrtc):
+    desc = ("vec_where", KK.POINTWISE, 1, 0, ((F16, 0), (BOOL, 0)),
+            (op(K.LOAD, F32, 0), op(K.LOAD, BOOL, 1), op(K.CONST, F32, imm=0.0),
+             op(K.WHERE, F32, 1, 0, 2)), ((3, F16, 0), (1, BOOL, 0)))
+    ptx = _C.nvrtc_compile(_C.nvrtc_source(desc), "vec_where.cu",
+                           ("--gpu-architecture=compute_80",), False).decode()
+    assert ".v4.u16" in ptx and ".v4.u8" in ptx and "st.global.v4.u16" in ptx
