@@ -198,7 +198,7 @@ def _table() -> dict:
         aten.clamp_min.default: _clamp(K.MAX, None),
         aten.clamp_max.default: _clamp(None, K.MIN),
         aten.clamp.default: _clamp(K.MAX, K.MIN),
-        aten.clone.default: _same, aten.alias.default: _same,
+        aten.clone.default: _same,
         prims.convert_element_type.default: _convert,
         prims.fma.default: _fma,
     }
