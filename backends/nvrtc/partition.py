@@ -199,7 +199,24 @@ def groups(gm: Any) -> list[Group]:
             if other is not None and other is not chosen and lower.reduction_of(node) is None:
                 st.merge(chosen, other)
     found = [g for g in found if g.nodes]
-    return _without_cycles(gm, found)
+    _merge_siblings(found, st)
+    return _without_cycles(gm, [g for g in found if g.nodes])
+
+
+def _merge_siblings(found: list[Group], st: _State) -> None:
+    """Groups that read the same input and fit together become one kernel: the input
+    is read once, and one launch does both."""
+    readers: dict = {}
+    for g in found:
+        for n in g.nodes:
+            for o in _operands(n):
+                if st.group(o) is None:
+                    readers.setdefault(o, []).append(g)
+    for gs in readers.values():
+        live = list(dict.fromkeys(st.resolve(g) for g in gs))
+        for g in live[1:]:
+            if g.nodes and st.resolve(g) is g:
+                st.merge(st.resolve(live[0]), g)
 
 
 def _units(gm: Any, found: list[Group]) -> tuple[dict, dict, dict]:

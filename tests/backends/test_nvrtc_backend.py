@@ -273,3 +273,23 @@ def test_a_group_whose_kernel_fails_runs_through_aten(caplog):
     with caplog.at_level(logging.INFO, logger="agspeed.autotune"):
         torch.testing.assert_close(optimized(x), eager(x))
     assert len(calls) >= 2 and "runs through aten" in caplog.text
+
+
+def test_groups_reading_one_input_become_one_kernel():
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_function
+
+    found = []
+
+    def compiler(gm, example_inputs):
+        found.append(partition.groups(gm))
+        return make_boxed_func(nvrtc.compile_aten(gm, host.launcher).forward)
+
+    def f(x):   # two independent results of one input: one kernel, two outputs
+        return x.exp() * 2.0, torch.tanh(x) + 1.0
+
+    x = torch.randn(7, 9)
+    got = aot_function(f, fw_compiler=compiler)(x)
+    for g, w in zip(got, f(x)):
+        torch.testing.assert_close(g, w)
+    assert len(found[0]) == 1
