@@ -280,7 +280,10 @@ nvrtc_compile(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize_t n)
     if (nv_check(nv.create(&prog, src, name, 0, NULL, NULL), "create") < 0) {
         goto done;
     }
+    /* NVRTC is thread-safe: other threads (other kernels' compiles) run on */
+    Py_BEGIN_ALLOW_THREADS
     compiled = nv.compile(prog, (int)n_opt, options) == 0;
+    Py_END_ALLOW_THREADS
     if (!compiled) {
         log = program_log(prog);
         if (log != NULL) {

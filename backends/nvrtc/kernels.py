@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from typing import Any, Callable
 
 from agspeed import _C
@@ -129,7 +130,7 @@ def image_for(source: str, name: str, arch: str, cubin: bool) -> bytes:
         pass
     image = _C.nvrtc_compile(source, name + ".cu", (arch,), cubin)
     os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "wb") as f:
         f.write(image)
     os.replace(tmp, path)

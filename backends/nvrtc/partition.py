@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import operator
+import os
 from typing import Any, Callable
 
 from agspeed.backends.nvrtc import lower
@@ -418,6 +419,26 @@ def _reduce(k: lower.Kernel, node: Any, red: tuple, x: Any, group: Group) -> Any
 
 # ---- the rewritten graph ---------------------------------------------------------------
 
+def _made(found: list[Group], make_kernel: Callable[[tuple, Plan], Any]) -> list:
+    """(kernel, plan) of each group, or the exception that stopped it.  The kernels are
+    made on a few threads at once: NVRTC compiles without holding the GIL."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def make(item: tuple) -> Any:
+        k, g = item
+        try:
+            desc, plan = describe(g, f"ags_fused_{k}")
+            return make_kernel(desc, plan), plan
+        except Exception as exc:  # noqa: BLE001 - that group runs through aten
+            return exc
+
+    items = list(enumerate(found))
+    if len(items) < 2:
+        return [make(i) for i in items]
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        return list(pool.map(make, items))
+
+
 def rewrite(gm: Any, found: list[Group], make_kernel: Callable[[tuple, Plan], Any],
             refused: Callable[[Group, Exception], None] | None = None) -> Any:
     """A GraphModule computing what ``gm`` does, each group of ``found`` one call of
@@ -428,14 +449,13 @@ def rewrite(gm: Any, found: list[Group], make_kernel: Callable[[tuple, Plan], An
     import torch.fx
 
     plans = {}
-    for g in found:
-        try:
-            desc, plan = describe(g, f"ags_fused_{len(plans)}")
-            plans[g.id] = (make_kernel(desc, plan), plan)
-        except Exception as exc:  # noqa: BLE001 - that group runs through aten
+    for g, made in zip(found, _made(found, make_kernel)):
+        if isinstance(made, Exception):
             if refused is None:
-                raise
-            refused(g, exc)
+                raise made
+            refused(g, made)
+        else:
+            plans[g.id] = made
     found = [g for g in found if g.id in plans]
     units, deps, users = _units(gm, found)
     order = _order(units, deps, users)

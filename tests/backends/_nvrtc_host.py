@@ -13,6 +13,7 @@ import hashlib
 import os
 import subprocess
 import tempfile
+import threading
 
 from agspeed import _C
 
@@ -51,10 +52,16 @@ static inline double ags_f64_bits(unsigned long long b)
 
 _DIR = tempfile.mkdtemp(prefix="agspeed-nvrtc-host-")
 _LIBS = {}
+_LOCK = threading.Lock()   # the backend makes a graph's kernels on several threads
 
 
 def build(source: str) -> ctypes.CDLL:
     key = hashlib.sha256(source.encode()).hexdigest()[:16]
+    with _LOCK:
+        return _build(source, key)
+
+
+def _build(source: str, key: str) -> ctypes.CDLL:
     if key not in _LIBS:
         src = os.path.join(_DIR, f"k{key}.cpp")
         lib = os.path.join(_DIR, f"k{key}.so")
