@@ -293,3 +293,24 @@ def test_groups_reading_one_input_become_one_kernel():
     for g, w in zip(got, f(x)):
         torch.testing.assert_close(g, w)
     assert len(found[0]) == 1
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "t5", "bart", "distilbert"])
+def test_more_transformers_train_like_eager(name):
+    """RMSNorm, rotary embeddings, T5's relative attention bias, encoder-decoders: a
+    training step through the fused kernels gives eager's loss and gradients."""
+    import copy
+
+    import test_transformers as tt
+
+    model = tt._build(name, "train")
+    twin = copy.deepcopy(model)
+    fast = agspeed.optimize(twin, backend=HOST)
+    inputs = tt._inputs(tt.MODELS[name][4], True, torch.Generator().manual_seed(1))
+    ref, ref_grads = tt._step(model, model, "train", inputs)
+    out, grads = tt._step(fast, twin, "train", inputs)
+    torch.testing.assert_close(out.loss, ref.loss, rtol=tt.RTOL, atol=tt.ATOL)
+    assert set(grads) == set(ref_grads)
+    for pname, grad in ref_grads.items():
+        torch.testing.assert_close(grads[pname], grad, rtol=tt.RTOL, atol=tt.ATOL,
+                                   msg=pname)
