@@ -184,8 +184,9 @@ def break_site(code: types.CodeType, root_offset: int) -> BreakSite | str:
 
 class Layout(NamedTuple):
     """How each slot of the state at a break is rebuilt: per stack slot and per local
-    (co_varnames order), ("graph", i) the graph's i-th output, ("const", obj),
-    ("local", name) the frame's local, ("null",) the call protocol's NULL,
+    (co_varnames order), ("output", i) the graph's i-th output, ("constant", obj),
+    ("local", name) the frame's local, ("source", src) what the source reaches on the
+    call (``agspeed._sources``), ("null",) the call protocol's NULL,
     ("unbound",) a local with no value, ("ctx", cls, args) the exit of a with block
     whose manager ``cls(*args)`` makes anew (the generated code makes and enters one
     around the break instruction, and the resume function another around the rest:
@@ -282,8 +283,16 @@ def close_contexts(state: dict) -> None:
             model.exit(None, None, None)
 
 
-def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
-    """The ``Layout`` of a stopped capture's ``state``, or why it cannot be rebuilt."""
+def layout_of(state: dict, code: types.CodeType, builder: Any,
+              reach: Any = None) -> Layout | str:
+    """The ``Layout`` of a stopped capture's ``state``, or why it cannot be rebuilt.
+
+    ``reach(source)`` is what a source reaches in the frame as it started (``MISSING``
+    when nothing).  A value of the program that the capture reached through a source
+    (an item of a tuple the frame was given, an attribute of an argument) is read
+    through that source on every call, as the graph's inputs are: held as a constant it
+    would be the first call's object on every later call.  Only where the source
+    reaches that very object now is it trusted; the rest stay constants."""
     outputs: list = []
 
     def slot(kind: str, payload: Any, source: Any, in_stack: bool) -> tuple | str:
@@ -330,7 +339,11 @@ def layout_of(state: dict, code: types.CodeType, builder: Any) -> Layout | str:
                 outputs.append(payload)
                 return ("output", len(outputs) - 1)
             why = _not_the_programs(payload, builder)
-            return why if why else ("constant", payload)
+            if why:
+                return why
+            if source is not None and reach is not None and reach(source) is payload:
+                return ("source", source)
+            return ("constant", payload)
         if kind == "METHOD":
             import torch
             return ("constant", getattr(torch.Tensor, payload))
@@ -681,15 +694,23 @@ def runner(graph: Any, read: Any, layout: Layout, fn: Any, resumes: list = (),
     (through the hook, so the resume functions it calls are captured).  For code
     with free variables (``free``, their names), each call makes the ``resumes``
     anew over cells holding the values the frame started with."""
-    names = ("output", "constant", "local", "unbound")
+    from agspeed._sources import resolve
+
+    names = ("output", "constant", "local", "unbound", "source")
     plan = tuple((names.index(s[0]), s[1] if len(s) > 1 else None)
                  for s in layout.locals + layout.cells + layout.stack
                  if s[0] not in ("null", "ctx"))
+    sourced = tuple(dict.fromkeys(v for k, v in plan if k == 4))
     made = [(r.__code__, r.__name__) for r in resumes] if free else []
 
     def run(f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
+        # read before the graph, whose replayed writes may change what a source reaches
+        memo: dict = {}
+        for source in sourced:
+            resolve(source, f_locals, f_globals, f_builtins, memo)
         outs = graph(*read(f_locals, f_globals, f_builtins))
-        args = tuple(outs[v] if k == 0 else v if k == 1 else f_locals[v] if k == 2 else None
+        args = tuple(outs[v] if k == 0 else v if k == 1 else f_locals[v] if k == 2
+                     else memo[v] if k == 4 else None
                      for k, v in plan)
         if made:
             closure = tuple(types.CellType(f_locals[n]) if n in f_locals

@@ -349,6 +349,7 @@ class Context:
         from agspeed._compile import compile_capture
         from agspeed._ctx import restoring_modes
         from agspeed._effects import replay
+        from agspeed._sources import resolve
         from agspeed._tensor_check import arg_check
 
         site = _resume.break_site(code, brk.root_offset)
@@ -359,7 +360,10 @@ class Context:
                 if not isinstance(stopped, Stopped) else site
         if not isinstance(site, str):
             builder = stopped.builder
-            layout = _resume.layout_of(stopped.state, code, builder)
+            memo: dict = {}
+            layout = _resume.layout_of(
+                stopped.state, code, builder,
+                lambda src: resolve(src, f_locals, f_globals, f_builtins, memo))
             site = layout if isinstance(layout, str) else site
         if isinstance(site, str):
             return site

@@ -486,3 +486,51 @@ def test_values_of_a_frame_that_raises_after_a_break_are_let_go():
         del x
         gc.collect()
         assert alive() is None   # no guard keeps the exception, its traceback, x
+
+
+class _Box:
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+def test_an_object_reached_through_an_argument_is_this_calls_after_the_break():
+    # ``box`` is an item of the tuple argument, on the stack or in a local at the break:
+    # the resume must get this call's box, not the first call's (an LSTM fed a
+    # PackedSequence, then pad_packed_sequence, returned the first call's output)
+    def f(x, boxes):
+        box = boxes[0]
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + box.tensor, boxes[1].tensor
+
+    fast = agspeed.optimize(f, backend="eager")
+    for _ in range(3):
+        x = torch.randn(4, requires_grad=True)
+        boxes = (_Box(torch.randn(4)), _Box(torch.randn(4)))
+        out, ref = fast(x, boxes), f(x, boxes)
+        torch.testing.assert_close(out, ref)
+        assert out[1] is boxes[1].tensor
+    assert agspeed.explain(f, x, boxes).resume_functions
+
+
+def test_an_lstm_over_a_packed_sequence_gives_each_calls_result():
+    lstm = torch.nn.LSTM(4, 3, batch_first=True)
+
+    def f(x, lengths):
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True,
+                                                         enforce_sorted=False)
+        out, _ = lstm(packed)
+        out, _ = torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+        return out
+
+    fast = agspeed.optimize(f, backend="eager")
+    for _ in range(3):
+        x = torch.randn(3, 5, 4, requires_grad=True)
+        lengths = torch.tensor([5, 3, 4])
+        out = fast(x, lengths)
+        ref_x = x.detach().clone().requires_grad_()
+        ref = f(ref_x, lengths)
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(x.grad, ref_x.grad)
