@@ -59,6 +59,7 @@ from agspeed._effects import SideEffects
 from agspeed._ctx import ContextPolicy
 from agspeed._dunders import Dunders
 from agspeed._folds import Folds
+from agspeed._identity import Identities
 from agspeed._numpy import NumpyCall, NumpyPolicy
 from agspeed._objects import Objects, bare_dict_subclass, is_structseq_type
 from agspeed._sources import is_namedtuple_type, name_of
@@ -87,16 +88,16 @@ def _target_name(kind: str, target: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
-class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPolicy, Dunders,
-                   NumpyPolicy, CheckpointPolicy):
+class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects, ContextPolicy,
+                   Dunders, NumpyPolicy, CheckpointPolicy):
     """One graph being captured: inputs by source, nodes with fake example values.
 
     The recording of nodes lives here; planning calls (``CallPolicy``), evaluating known
     values (``Folds``), binding arguments (``Binding``), the objects the capture makes
     (``Objects``), side effects on the program's objects (``SideEffects``), context
     managers (``ContextPolicy``), Python special methods to inline (``Dunders``), NumPy
-    code on tensors (``NumpyPolicy``) and activation checkpointing (``CheckpointPolicy``)
-    are its other parts."""
+    code on tensors (``NumpyPolicy``), activation checkpointing (``CheckpointPolicy``)
+    and which objects are needed by identity (``Identities``) are its other parts."""
 
     # a root byte offset the interpreter stops before (agspeed._resume), or None
     stop_at: int | None = None
@@ -154,6 +155,7 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
         self._ctx_init()  # grad mode and autocast as the capture goes (agspeed/_ctx.py)
         self._checkpoint_init()  # checkpointed regions (agspeed/_checkpoint.py)
         self._numpy_init()  # arrays of NumPy code on tensors (agspeed/_numpy.py)
+        self._identity_init()  # objects needed by identity (agspeed/_identity.py)
 
     @staticmethod
     def _constant_calls(torch: Any) -> dict:
@@ -302,6 +304,7 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
             if routed is not None:   # an operator on arrays, torch.from_numpy
                 return routed
         args, kwargs = self._writable(args), self._writable(kwargs)
+        self.note_identity(target, args, kwargs)   # constants the graph will hold
         fake_args, fake_kwargs = self._fake(args), self._fake(kwargs)
         try:
             with self.fake_mode, self.mode_scope(), self._dispatcher():
@@ -510,6 +513,7 @@ class GraphBuilder(Objects, CallPolicy, Folds, Binding, SideEffects, ContextPoli
 
         if self.has_effects:  # the values the writes store come out of the graph too
             result = (result, tuple(self.effect_values()))
+        self.note_identity(result)
         result, template = self.numpy_output(result)
         self.graph.output(self._build_namedtuples(result))
         self._drop_unused_sizes()

@@ -343,6 +343,7 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
                 return why
             if source is not None and reach is not None and reach(source) is payload:
                 return ("source", source)
+            builder.note_identity(payload)   # this very object, on every call
             return ("constant", payload)
         if kind == "METHOD":
             import torch

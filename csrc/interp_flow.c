@@ -195,6 +195,15 @@ op_contains_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
     return compare(it, f, ins->arg ? AGS_COMPARE_NOT_IN : AGS_COMPARE_IN, 0);
 }
 
+/* None, True, False, Ellipsis, NotImplemented: `x is <one of them>` says
+ * something about x's type or value, not about which object x is. */
+static int
+is_singleton(PyObject *obj)
+{
+    return obj == Py_None || obj == Py_True || obj == Py_False
+           || obj == Py_Ellipsis || obj == Py_NotImplemented;
+}
+
 AGS_HANDLER
 op_is_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
@@ -203,6 +212,14 @@ op_is_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
 
     if (lhs.kind == AGS_VK_CONST && rhs.kind == AGS_VK_CONST) {
         same = lhs.obj == rhs.obj;
+        if (!is_singleton(lhs.obj) && !is_singleton(rhs.obj)) {
+            /* the answer rests on which objects these are: the builder keeps
+             * them guarded by identity (agspeed/_identity.py) */
+            PyObject *out = ags_call_builder(it, AGS_BOP_IDENTITY, "(OO)",
+                                             lhs.obj, rhs.obj);
+            rc = out == NULL ? ags_take_break(it) : AGS_GO;
+            Py_XDECREF(out);
+        }
     }
     else if (lhs.kind == AGS_VK_TENSOR && rhs.kind == AGS_VK_TENSOR
              && lhs.obj == rhs.obj) {

@@ -123,6 +123,8 @@
     X(GETITEM, "getitem(container, index, source) -> (value, source)") \
     X(SETITEM, "setitem(node, index, value): item assignment on a tensor") \
     X(COMPARE, "compare(Compare, a, b) -> node or bool") \
+    X(IDENTITY, "identity(a, b) -> None: `a is b` of two known objects, " \
+                "decided by the interpreter; their identity is assumed") \
     X(TRUTH, "truth(obj) -> bool, decided without running user code") \
     X(ITERATE, "iterate(obj, source) -> ((element, source or None), ...)") \
     X(FORMAT, "format(value, conversion, spec) -> str: an f-string part") \

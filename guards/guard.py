@@ -72,7 +72,11 @@ class Guard(_C.GuardProgram):
             else:
                 checks.append((source, Check.TENSOR, spec))
             seen.add(source)
+        # plain instances whose identity the capture did not rely on: their exact type
+        by_type = builder.by_type() if hasattr(builder, "by_type") else set()
         for source, value in builder.assumptions:
+            if source in by_type and check_for(builder, value)[0] == Check.ID:
+                source, value = ("type", source), type(value)
             if source in seen:
                 continue
             seen.add(source)

@@ -148,6 +148,13 @@ class Recorder:
     def setitem(self, container, index, value):
         self._record("setitem", (container, index, value), {})
 
+    def identity(self, a, b):
+        """``a is b`` of two known objects, which the graph builder notes."""
+        self.identities = getattr(self, "identities", []) + [(a, b)]
+
+    def note_identity(self, *values):
+        """What a break's state holds as constants (agspeed._identity)."""
+
     def compare(self, op, a, b):
         op = Compare(op).op
         if isinstance(a, Node) or isinstance(b, Node):
@@ -963,3 +970,19 @@ def test_the_capture_site_names_each_interpreted_frame_innermost_first():
     lines = {o: p[0] for o, p in zip(range(0, 10**6, 2), outer.co_positions())}
     assert lines[o_off] == site_outer.__code__.co_firstlineno + 2  # the call's line
     assert _C.capture_site() == ()
+
+
+def test_is_between_two_known_objects_is_told_to_the_builder():
+    class Thing:
+        pass
+
+    def f(x, a, b, c):
+        if a is b and c is not None:
+            return x + 1
+        return x - 1
+
+    one, two = Thing(), Thing()
+    rec = Recorder(allowed=())
+    _C.capture(f.__code__, {"x": T(), "a": one, "b": two, "c": one}, f.__globals__,
+               builtins.__dict__, rec, T)
+    assert rec.identities == [(one, two)]   # `c is not None` needs no identity

@@ -1,0 +1,174 @@
+"""Which objects of the program a capture needs by identity, and which by type alone.
+
+An object of the program that the capture uses (an argument, an item of one, an
+attribute) is guarded on its source.  The default check is identity: it is always
+sound, and for modules, functions and classes it is what the program means.  For an
+instance of a plain user class (a dataclass batch, a small config or state object,
+made afresh by the program for each call) identity is too strict: every call brings a
+new object, misses the cache and is captured again, each capture costing more than the
+step it serves.
+
+Most uses of such an object depend only on its class and its attributes, and both are
+guarded already: an attribute read is an assumption on its own source (its tensor read
+as an input, its plain value compared), a method is looked up on the class, and a
+special method is the class's.  Such an object is guarded by its exact type instead
+(the source ``("type", src)``), so the entry serves every object of that class whose
+attributes pass their own checks.
+
+Identity is kept wherever the capture's result could depend on which object it was:
+
+* ``a is b`` or ``==`` between two objects (not with None or another singleton),
+  membership, a dict or set keyed by it, ``id()``, ``hash()``, any fold of a function
+  on it other than the few that read only its class (``isinstance``, ``type``,
+  ``callable``, ``dataclasses.fields``...);
+* held by the graph (an argument of a node), by its output, by an object the capture
+  made, by a replayed effect (a value written to the program or passed to a logging
+  call), by a container method's arguments, by an f-string (a default ``repr`` shows
+  the address), or as a constant of a resume function's state;
+* reached through two sources (``f(b, b)``, or a batch also kept on ``self``): the
+  capture saw one object, and writes through one name were read through the other.
+
+Only instances of heap classes whose metaclass is ``type`` (or ``abc.ABCMeta``) are
+candidates: not modules (the module machinery guards their structure), enums (whose
+members are compared by identity), exceptions, containers (checked by length), or
+classes with metaclasses of their own.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import dataclasses
+import functools
+import types
+from typing import Any
+
+from agspeed.protocol import Compare
+
+__all__ = ["Identities", "plain_instance"]
+
+_HEAPTYPE = 1 << 9          # Py_TPFLAGS_HEAPTYPE
+_METACLASSES = (type, abc.ABCMeta)
+_SINGLETONS = (None, True, False, Ellipsis, NotImplemented)
+# functions whose answer depends on an object's class alone
+_TYPE_ONLY = (isinstance, type, callable, dataclasses.fields, dataclasses.is_dataclass)
+_EXCLUDED = (BaseException, types.ModuleType, tuple, list, dict, set, frozenset,
+             collections.deque)
+
+
+def plain_instance(value: Any, module_type: Any = None) -> bool:
+    """Whether ``value`` is an instance of a plain user class (see the module's
+    docstring); ``module_type``: torch.nn.Module, excluded with its subclasses."""
+    cls = type(value)
+    if not cls.__flags__ & _HEAPTYPE or type(cls) not in _METACLASSES:
+        return False
+    if issubclass(cls, _EXCLUDED):
+        return False
+    return module_type is None or not issubclass(cls, module_type)
+
+
+def _is_singleton(value: Any) -> bool:
+    return any(value is s for s in _SINGLETONS)
+
+
+class Identities:
+    """The builder's part that notes which objects' identity the capture relied on
+    (a mixin of ``agspeed._graph.GraphBuilder``, first among its bases so that the
+    operations below see their arguments before the part that answers them)."""
+
+    def _identity_init(self) -> None:
+        self.identity_used: set[int] = set()
+
+    def note_identity(self, *values: Any) -> None:
+        """Note every plain instance in ``values``, looking inside containers, partials,
+        bound methods and the objects the capture made."""
+        module_type = self._torch.nn.Module  # type: ignore[attr-defined]
+        node_type = self.node_type  # type: ignore[attr-defined]
+        seen: set[int] = set()
+        todo = list(values)
+        while todo:
+            value = todo.pop()
+            if id(value) in seen or isinstance(value, node_type) or _is_singleton(value):
+                continue
+            seen.add(id(value))
+            kind = type(value)
+            if kind in (tuple, list, set, frozenset, collections.deque) or \
+                    isinstance(value, tuple):
+                todo.extend(value)
+            elif isinstance(value, dict):
+                todo.extend(value.keys())
+                todo.extend(value.values())
+            elif kind is functools.partial:
+                todo.extend((value.func, *value.args, *value.keywords.values()))
+            elif kind is types.MethodType:
+                todo.append(value.__self__)
+            elif kind is slice:
+                todo.extend((value.start, value.stop, value.step))
+            elif self.is_owned(value):  # type: ignore[attr-defined]
+                todo.extend(getattr(value, "__dict__", {}).values())
+            elif plain_instance(value, module_type):
+                self.identity_used.add(id(value))
+
+    def by_type(self) -> set:
+        """The sources whose objects are guarded by their type instead of identity:
+        plain instances reached by one source only, whose identity nothing relied on."""
+        module_type = self._torch.nn.Module  # type: ignore[attr-defined]
+        reached: dict[int, set] = {}
+        for source, value in self.assumptions:  # type: ignore[attr-defined]
+            if plain_instance(value, module_type):
+                reached.setdefault(id(value), set()).add(source)
+        return {next(iter(sources)) for key, sources in reached.items()
+                if len(sources) == 1 and key not in self.identity_used}
+
+    # -- the operations in which identity can matter ---------------------------------
+
+    def identity(self, a: Any, b: Any) -> None:
+        self.note_identity(a, b)
+
+    def compare(self, op: Any, a: Any, b: Any) -> Any:
+        if not (Compare(op) in (Compare.EQ, Compare.NE) and
+                (_is_singleton(a) or _is_singleton(b))):
+            self.note_identity(a, b)
+        return super().compare(op, a, b)  # type: ignore[misc]
+
+    def fold(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        if not any(fn is f for f in _TYPE_ONLY):
+            self.note_identity(fn, args, kwargs)
+        return super().fold(fn, args, kwargs)  # type: ignore[misc]
+
+    def getitem(self, container: Any, index: Any, source: Any) -> tuple[Any, Any]:
+        self.note_identity(index)
+        return super().getitem(container, index, source)  # type: ignore[misc]
+
+    def format(self, value: Any, conversion: int, spec: Any) -> str:
+        self.note_identity(value)
+        return super().format(value, conversion, spec)  # type: ignore[misc]
+
+    def container_method(self, spec: tuple, args: tuple, kwargs: dict) -> Any:
+        self.note_identity(args, kwargs)
+        return super().container_method(spec, args, kwargs)  # type: ignore[misc]
+
+    def store_attr(self, obj: Any, name: str, value: Any) -> Any:
+        self.note_identity(value)
+        return super().store_attr(obj, name, value)  # type: ignore[misc]
+
+    def effect_setattr(self, obj: Any, source: Any, name: str, value: Any,
+                       raw: bool = False) -> Any:
+        self.note_identity(value)
+        return super().effect_setattr(obj, source, name, value, raw)  # type: ignore[misc]
+
+    def replay_call(self, fn: Any, args: tuple, kwargs: dict) -> None:
+        self.note_identity(args, kwargs)
+        return super().replay_call(fn, args, kwargs)  # type: ignore[misc]
+
+    def ctx(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        self.note_identity(args, kwargs)
+        return super().ctx(fn, args, kwargs)  # type: ignore[misc]
+
+    def enter_with(self, cm: Any, source: Any) -> tuple[Any, Any]:
+        self.note_identity(cm)
+        return super().enter_with(cm, source)  # type: ignore[misc]
+
+    def iterate(self, obj: Any, source: Any) -> tuple:
+        self.note_identity(obj)
+        return super().iterate(obj, source)  # type: ignore[misc]

@@ -1,0 +1,249 @@
+"""Objects of the program guarded by type or by identity (agspeed/_identity.py): a plain
+instance made afresh for each call (a dataclass batch) is captured once and served from
+the cache, while every use whose answer depends on which object it is keeps the
+identity check, so results stay eager's."""
+
+import dataclasses
+import enum
+import gc
+import logging
+import sys
+import weakref
+
+import pytest
+
+import agspeed
+
+try:
+    import torch
+except ImportError:  # collected on torch-free Pythons, deselected there by -m "not torch"
+    torch = None
+
+pytestmark = pytest.mark.torch
+
+
+@dataclasses.dataclass
+class Batch:
+    x: "torch.Tensor"
+    y: "torch.Tensor"
+
+    def error(self, out):
+        return (out - self.y).pow(2).mean()
+
+    @property
+    def size(self):
+        return self.x.shape[0]
+
+
+class Holder:
+    def __init__(self, t):
+        self.t = t
+
+
+def _batch():
+    return Batch(torch.randn(3, 4), torch.randn(3, 4))
+
+
+def _captures(fn, calls):
+    """How many of ``calls`` (each a tuple of arguments) missed ``fn``'s cache and were
+    captured, and the results."""
+    agspeed.reset()
+    fast = agspeed.optimize(fn, backend="eager")
+    before = agspeed.counters()["cache_hits"]
+    outs = [fast(*args) for args in calls]
+    return len(calls) - (agspeed.counters()["cache_hits"] - before), outs
+
+
+def test_a_fresh_batch_object_each_call_is_captured_once():
+    lin = torch.nn.Linear(4, 4)
+
+    def step(batch):
+        return batch.error(lin(batch.x)) * batch.size
+
+    batches = [_batch() for _ in range(6)]
+    misses, outs = _captures(step, [(b,) for b in batches])
+    assert misses == 1
+    for b, out in zip(batches, outs):
+        torch.testing.assert_close(out, step(b))
+    text = str(agspeed.explain(step, batches[0]))
+    assert "type(batch) is the same type" in text and "batch is the same" not in text
+
+
+def test_the_entry_does_not_keep_the_batch_alive():
+    def f(batch):
+        return batch.x + batch.y
+
+    agspeed.reset()
+    fast = agspeed.optimize(f, backend="eager")
+    b = _batch()
+    ref = weakref.ref(b)
+    fast(b)
+    count = sys.getrefcount(b)
+    fast(b)
+    assert sys.getrefcount(b) == count
+    del b
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_batch_of_another_class_is_captured_apart():
+    @dataclasses.dataclass
+    class Other:
+        x: "torch.Tensor"
+        y: "torch.Tensor"
+
+        def error(self, out):
+            return (out - self.y).abs().mean()
+
+    def f(batch):
+        return batch.error(batch.x * 2)
+
+    b, o = _batch(), Other(torch.randn(3, 4), torch.randn(3, 4))
+    misses, outs = _captures(f, [(b,), (o,), (_batch(),)])
+    assert misses == 2
+    torch.testing.assert_close(outs[1], f(o))
+
+
+def test_a_changed_attribute_fails_its_own_check():
+    def f(h):
+        return h.t * 2
+
+    misses, outs = _captures(f, [(Holder(torch.ones(2)),), (Holder(torch.ones(3)),),
+                                 (Holder(3),)])
+    assert misses == 3
+    assert outs[2] == 6
+
+
+def test_is_between_two_objects_keeps_identity():
+    def f(x, a, b):
+        return x + 1 if a is b else x - 1
+
+    x = torch.zeros(2)
+    one, two = Holder(None), Holder(None)
+    _, outs = _captures(f, [(x, one, one), (x, one, two), (x, two, two), (x, one, two)])
+    assert [o[0].item() for o in outs] == [1, -1, 1, -1]
+
+
+def test_is_none_needs_no_identity():
+    def f(x, a):
+        return x + 1 if a is not None else x
+
+    misses, _ = _captures(f, [(torch.zeros(2), Holder(None)) for _ in range(4)])
+    assert misses == 1
+
+
+def test_one_object_reached_by_two_names_stays_one_object():
+    def f(a, b):
+        a.t = a.t + 1
+        return b.t * 2
+
+    h = Holder(torch.zeros(2))
+    g, k = Holder(torch.zeros(2)), Holder(torch.full((2,), 5.0))
+    _, outs = _captures(f, [(h, h), (g, k)])
+    assert outs[0].tolist() == [2.0, 2.0]
+    assert outs[1].tolist() == [10.0, 10.0]
+    assert g.t.tolist() == [1.0, 1.0]
+
+
+def test_an_object_kept_by_the_program_is_this_calls():
+    seen = []
+
+    def f(x, h):
+        seen.append(h)
+        return x * 2
+
+    calls = [(torch.ones(2), Holder(i)) for i in range(3)]
+    _captures(f, calls)
+    assert [s.t for s in seen] == [0, 1, 2]
+
+
+def test_an_object_written_to_another_is_this_calls():
+    class State:
+        last = None
+
+    state = State()
+
+    def f(x, h):
+        state.last = h
+        return x + 1
+
+    calls = [(torch.ones(2), Holder(i)) for i in range(3)]
+    agspeed.reset()
+    fast = agspeed.optimize(f, backend="eager")
+    for args in calls:
+        fast(*args)
+        assert state.last is args[1]
+
+
+def test_a_logging_call_gets_this_calls_object(caplog):
+    log = logging.getLogger("agspeed.tests.identity")
+
+    def f(x, h):
+        log.warning("holder %s", h.t, extra={"holder": h})
+        return x + 1
+
+    fast = agspeed.optimize(f, backend="eager")
+    holders = [Holder(i) for i in range(3)]
+    with caplog.at_level(logging.WARNING, logger="agspeed.tests.identity"):
+        for h in holders:
+            fast(torch.ones(2), h)
+    records = [r for r in caplog.records if r.name == "agspeed.tests.identity"]
+    assert [r.holder for r in records] == holders
+
+
+def test_a_dict_keyed_by_the_object_answers_for_this_call():
+    def f(x, a, b):
+        table = {a: 1.0}
+        return x + table.get(b, -1.0)
+
+    one, two = Holder(0), Holder(0)
+    _, outs = _captures(f, [(torch.zeros(1), one, one), (torch.zeros(1), one, two)])
+    assert [o.item() for o in outs] == [1.0, -1.0]
+
+
+def test_an_f_string_of_the_object_names_this_call():
+    def f(x, h):
+        return x + 1, f"{h}"
+
+    holders = [Holder(i) for i in range(3)]
+    _, outs = _captures(f, [(torch.zeros(1), h) for h in holders])
+    assert [o[1] for o in outs] == [repr(h) for h in holders]
+
+
+def test_enum_members_stay_guarded_by_identity():
+    class Mode(enum.Enum):
+        A = 1
+        B = 2
+
+    def f(x, mode):
+        return x + 1 if mode is Mode.A else x - 1
+
+    x = torch.zeros(1)
+    _, outs = _captures(f, [(x, Mode.A), (x, Mode.B), (x, Mode.A)])
+    assert [o.item() for o in outs] == [1.0, -1.0, 1.0]
+
+
+def test_a_module_argument_stays_guarded_by_identity():
+    def f(m, x):
+        return m(x)
+
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    x = torch.randn(1, 2)
+    _, outs = _captures(f, [(a, x), (b, x)])
+    torch.testing.assert_close(outs[1], b(x))
+
+
+def test_a_resume_function_reads_this_calls_object():
+    def f(x, boxes):
+        box = boxes[0]
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + box.t
+
+    agspeed.reset()
+    fast = agspeed.optimize(f, backend="eager")
+    for i in range(4):
+        boxes = (Holder(torch.full((2,), float(i))),)
+        out = fast(torch.ones(2), boxes)
+        assert out.tolist() == [2.0 + i, 2.0 + i]
+    assert agspeed.counters()["cache_hits"] >= 3
