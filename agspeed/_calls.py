@@ -27,10 +27,38 @@ from agspeed.protocol import Attr, Plan, Reason
 _TORCH_PY_LEAVES = ("torch.nn.functional", "torch.functional", "torch._jit_internal",
                     "torch.nn.init", "torch._tensor", "torch.random")
 _SIDE_EFFECT_PREFIXES = ("set_", "use_", "manual_seed", "seed", "_set", "initial_seed")
+# torch.func's transforms (vmap, grad, jvp...): they enter and leave levels of torch's
+# global functorch state, which a capture must never do
+_TRANSFORM_FILES = tuple(f"{sep}torch{sep}_functorch{sep}{name}.py"
+                         for sep in ("/", "\\")
+                         for name in ("apis", "eager_transforms", "vmap", "pyfunctorch"))
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
                "_backward_pre_hooks", "_forward_hooks_with_kwargs")
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",
                  "_global_backward_hooks", "_global_backward_pre_hooks")
+
+
+class FunctionApply:
+    """The graph target of a call of a user's ``torch.autograd.Function`` (``cls.apply``):
+    the node runs the Function for real, its forward now and its backward in the
+    backward pass, as eager does, and compilers trace through both.  As with
+    ``torch._dynamo.allow_in_graph``, the forward also runs once on fake tensors while
+    capturing, to learn its outputs.  Not made into a node (the call breaks the graph,
+    as before): torch's own Functions, a forward that marks its inputs dirty (an
+    in-place change the graph would not know of), a call handed a function or module
+    (a forward that runs the code it is given, like reentrant checkpointing)."""
+
+    def __init__(self, cls: Any) -> None:
+        self.cls = cls   # None: the plan's marker, the class being the call's first argument
+        name = cls.__name__ if cls is not None else "function"
+        self.__name__ = self.__qualname__ = f"apply_{name}"
+        self.__module__ = __name__
+
+    def __repr__(self) -> str:
+        return f"<{self.__name__}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.cls.apply(*args, **kwargs)
 
 
 class CallPolicy:
@@ -50,7 +78,8 @@ class CallPolicy:
         if kind is types.BuiltinFunctionType:
             if module in ("operator", "_operator"):
                 return True
-            if not (module == "torch" or module.startswith("torch.")):
+            if not (module == "torch" or module.startswith("torch.")) or \
+                    module == "torch._C._functorch":   # transform levels: global state
                 return False
             return not fn.__name__.startswith(_SIDE_EFFECT_PREFIXES)
         if kind is types.FunctionType:
@@ -119,11 +148,15 @@ class CallPolicy:
             plan = self.numpy_plan(fn)  # type: ignore[attr-defined]  # agspeed._numpy
         if plan is not None:
             return plan
+        if fn is self._torch.autograd.Function.apply.__func__:
+            return (Plan.GRAPH, FunctionApply(None))  # the class comes first (call_function)
         if type(fn) is types.FunctionType and fn in self._dict_views:  # self comes first
             return (Plan.FOLD, fn)
         if type(fn) is types.MethodType:
             if fn.__func__ in self._dict_views:
                 return (Plan.FOLD, fn)
+            if fn.__func__ is self._torch.autograd.Function.apply.__func__:
+                return (Plan.GRAPH, FunctionApply(fn.__self__))
             return (Plan.INLINE, fn.__func__, fn.__self__, None)
         if self.can_record(fn) or type(fn) in (types.MethodDescriptorType,
                                                types.WrapperDescriptorType) and \
@@ -138,8 +171,33 @@ class CallPolicy:
             if getattr(fn, "__module__", "") in ("torch._dynamo.eval_frame",
                                                  "torch._dynamo.decorators"):
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{fn.__qualname__} (capture disabled)")
+            if fn.__code__.co_filename.endswith(_TRANSFORM_FILES):
+                raise GraphBreak(Reason.UNSUPPORTED_CALL, f"torch.func's {fn.__name__} (a "
+                                 f"transform runs eager, its function too)")
             return (Plan.INLINE, fn, None, source)
         raise GraphBreak(Reason.UNSUPPORTED_CALL, f"calling {describe_callable(fn)}")
+
+    def function_target(self, cls: Any, args: tuple, kwargs: dict) -> "FunctionApply":
+        """The graph target calling ``cls.apply`` (a user's ``torch.autograd.Function``)
+        on ``args``; a GraphBreak where it cannot be one (see ``FunctionApply``)."""
+        torch = self._torch
+        if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)) or \
+                cls.__module__.split(".")[0] == "torch":
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"torch.autograd.Function.apply of "
+                             f"{describe_callable(cls)}")
+        forward = _class_lookup(cls, "forward")
+        code = getattr(getattr(forward, "__func__", forward), "__code__", None)
+        if code is None or "mark_dirty" in code.co_names:
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{cls.__name__}.apply: a forward "
+                             f"that changes its inputs in place")
+        if any(callable(v) and not isinstance(v, self.node_type)  # type: ignore[attr-defined]
+               for v in (*args, *kwargs.values())):
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{cls.__name__}.apply handed a "
+                             f"function (its forward would run it on fake tensors)")
+        targets = self.__dict__.setdefault("_function_targets", {})
+        if id(cls) not in targets:
+            targets[id(cls)] = FunctionApply(cls)
+        return targets[id(cls)]
 
     def _plan_module(self, module: Any, source: Any) -> tuple:
         torch = self._torch

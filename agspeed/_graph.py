@@ -53,7 +53,7 @@ from typing import Any, Callable
 
 from agspeed._binding import Binding
 from agspeed._builder_types import GraphBreak, StorageSize, SymShape, concrete, holds_node
-from agspeed._calls import CallPolicy
+from agspeed._calls import CallPolicy, FunctionApply
 from agspeed._checkpoint import CheckpointPolicy, outline
 from agspeed._effects import SideEffects
 from agspeed._ctx import ContextPolicy
@@ -250,6 +250,11 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
             return self.checkpoint_call(fn, tuple(args))
         if isinstance(fn, NumpyCall):
             return self.numpy_call(fn, tuple(args), dict(kwargs or {}))
+        if isinstance(fn, FunctionApply):   # a user's autograd.Function
+            if fn.cls is None:
+                fn, args = self.function_target(args[0], args[1:], kwargs or {}), args[1:]
+            else:
+                fn = self.function_target(fn.cls, args, kwargs or {})
         return self._record("call_function", fn, tuple(args), dict(kwargs or {}))
 
     def call_method(self, name: str, args: tuple, kwargs: dict | None = None) -> Any:

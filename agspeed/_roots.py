@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import sys
 import threading
 import weakref
 from typing import Any
@@ -112,6 +113,11 @@ def watch_first_call(region: Any, what: str) -> None:
     fn = region.__agspeed_fn__
 
     def first_call(*args: Any, **kwargs: Any) -> Any:
+        from agspeed.guards.state import transform_level
+
+        torch = sys.modules.get("torch")
+        if torch is not None and transform_level(torch) is not None:
+            return fn(*args, **kwargs)  # under torch.func nothing is captured: not yet
         region.__agspeed_fn__ = fn  # later calls go straight to fn
         before = _C.counters()["graph_calls"]
         mark = _runtime.records_mark()

@@ -1,8 +1,10 @@
 """Torch's global state that a guard checks, and the probes that read it.
 
 Everything outside the frame that changes what a graph computes: grad mode, inference
-mode, the autocast cache, autocast per device type (enabled, dtype), the default dtype and
-deterministic mode.  ``global_state`` reads it as a tuple (what a ``Guard`` remembers and
+mode, the autocast cache, autocast per device type (enabled, dtype), the default dtype,
+deterministic mode, and the level of the torch.func transform (vmap, grad, jvp) the call
+runs under, if any: inside one, tensors are the transform's wrappers, which a graph
+compiled for plain tensors must not be given.  ``global_state`` reads it as a tuple (what a ``Guard`` remembers and
 compares in Python); ``state_probes`` turns one reading into (function, args, expected)
 triples that the C program calls with torch's own functions, so both read the same facts.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AUTOCAST_DEVICES", "global_state", "state_probes", "state_text"]
+__all__ = ["AUTOCAST_DEVICES", "global_state", "state_probes", "state_text", "transform_level"]
 
 AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -41,21 +43,36 @@ def _deterministic_state(torch: Any) -> tuple:
     return on, (torch.is_deterministic_algorithms_warn_only_enabled() if on else None)
 
 
+def _transform_level(torch: Any) -> Any:
+    """torch._C._functorch.maybe_current_level where this torch has it (None outside
+    every torch.func transform), else None."""
+    functorch = getattr(torch._C, "_functorch", None)
+    return getattr(functorch, "maybe_current_level", None)
+
+
+def transform_level(torch: Any) -> int | None:
+    """The level of the torch.func transform running now, or None outside them."""
+    level = _transform_level(torch)
+    return level() if level is not None else None
+
+
 def global_state(torch: Any) -> tuple:
     """Everything outside the frame that changes what a graph computes: grad mode,
     inference mode, the autocast cache, autocast on any device type (None where torch
-    cannot tell), autocast per device type, the default dtype, deterministic mode."""
+    cannot tell), autocast per device type, the default dtype, deterministic mode, the
+    torch.func transform level (None outside them)."""
     any_on = _any_autocast(torch)
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
             torch.is_autocast_cache_enabled(), any_on() if any_on else None,
-            _autocast_state(torch), torch.get_default_dtype(), _deterministic_state(torch))
+            _autocast_state(torch), torch.get_default_dtype(), _deterministic_state(torch),
+            transform_level(torch))
 
 
 def state_probes(torch: Any, state: tuple) -> tuple:
     """``global_state`` as (function, args, expected) triples the C program calls: the
     same facts, so the program and ``global_state`` always agree.  With autocast off
     everywhere, one probe stands for every device type (the common case: six calls)."""
-    grad, inference, cache, any_on, autocast, default, (det, warn_only) = state
+    grad, inference, cache, any_on, autocast, default, (det, warn_only), level = state
     probes = [(torch.is_grad_enabled, (), grad),
               (torch.is_inference_mode_enabled, (), inference),
               (torch.is_autocast_cache_enabled, (), cache)]
@@ -77,16 +94,19 @@ def state_probes(torch: Any, state: tuple) -> tuple:
     probes.append((torch.are_deterministic_algorithms_enabled, (), det))
     if det:
         probes.append((torch.is_deterministic_algorithms_warn_only_enabled, (), warn_only))
+    if _transform_level(torch) is not None:
+        probes.append((_transform_level(torch), (), level))
     return tuple(probes)
 
 
 def state_text(state: tuple) -> str:
     """A ``global_state`` reading, readable (guard lines and recompile logs)."""
-    grad, inference, cache, _any, autocast, dtype, (det, warn_only) = state
+    grad, inference, cache, _any, autocast, dtype, (det, warn_only), level = state
     amp = ", ".join(f"{d}:{'on ' + str(t).replace('torch.', '') if on else 'off'}"
                     for d, (on, t) in zip(AUTOCAST_DEVICES, autocast))
     deterministic = ("off" if not det else "warn_only" if warn_only else "on")
     return (f"(grad={'on' if grad else 'off'}, inference={'on' if inference else 'off'}, "
             f"autocast[{amp}], autocast_cache={'on' if cache else 'off'}, "
             f"default_dtype={str(dtype).replace('torch.', '')}, "
-            f"deterministic={deterministic})")
+            f"deterministic={deterministic}"
+            f"{'' if level is None else f', torch.func level {level}'})")
