@@ -98,6 +98,14 @@ class Folds(StdlibFolds):
         if fn in _TYPE_FOLDS:
             args = tuple(self._real_type_view(a) for a in args)
             return fn(*args, **kwargs)
+        if fn in (sum, any, all) and args:
+            # a ParameterList or ModuleList: its members, each from its source
+            args = (self._materialize(args[0]), *args[1:])
+        if fn in (any, all) and len(args) == 1 and not kwargs and \
+                type(args[0]) in (tuple, list):
+            # each item's truth as Python takes it, stopping where Python stops
+            truths = (self.truth(v) for v in args[0])
+            return any(truths) if fn is any else all(truths)
         if fn is sum and args and type(args[0]) in (tuple, list) and \
                 any(isinstance(a, self.node_type) for a in args[0]):
             return self._sum_nodes(args, kwargs)

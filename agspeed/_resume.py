@@ -581,7 +581,9 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
         if i == site.last and site.branch:
             effect -= 1
         elif dis.opname[op] not in ("KW_NAMES",):
-            effect += dis.stack_effect(op, arg, jump=False)
+            # an instruction without an argument (BINARY_SUBSCR) takes none here
+            effect += dis.stack_effect(op, arg if op >= dis.HAVE_ARGUMENT else None,
+                                       jump=False)
     after = depth + effect
     consumed = _consumed(instrs, site, depth, kinds)
     keep = depth - consumed         # slots below the operands, left as they are

@@ -971,3 +971,27 @@ def test_torchscript_modules_can_be_optimized(kind):
     optimized = agspeed.optimize(scripted)
     torch.testing.assert_close(optimized(x), scripted(x))
     assert list(optimized.state_dict()) == list(scripted.state_dict())
+
+
+def test_parameter_and_module_lists_summed_or_tested_stay_in_one_graph():
+    class Mixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scales = torch.nn.ParameterList(
+                [torch.nn.Parameter(torch.randn(4)) for _ in range(3)])
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(2)])
+
+        def forward(self, x):
+            if any(self.layers):   # the truth of each member
+                x = x * sum(self.scales)
+            return sum(layer(x) for layer in self.layers)
+
+    model = Mixed()
+    x = torch.randn(2, 4)
+    report = agspeed.explain(model, x)
+    assert report.graph_count == 1 and report.graph_break_count == 0
+    fast = agspeed.optimize(model, backend="eager")
+    out = fast(x)
+    torch.testing.assert_close(out, model(x))
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.scales)

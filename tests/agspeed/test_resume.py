@@ -534,3 +534,15 @@ def test_an_lstm_over_a_packed_sequence_gives_each_calls_result():
         out.sum().backward()
         ref.sum().backward()
         torch.testing.assert_close(x.grad, ref_x.grad)
+
+
+def test_a_break_at_a_data_dependent_subscript_resumes():
+    # boolean-mask indexing: its size depends on the data; the break instruction is a
+    # BINARY_SUBSCR, which takes no argument (its stack effect was asked with one)
+    def f(x):
+        y = x * 2
+        picked = y[y > 0]
+        return picked.sum() + torch.where(y > 0, y, 0.0).mean()
+
+    report = check(f, lambda: (torch.randn(4, 5, requires_grad=True),), graphs=2)
+    assert report.break_reasons[0].reason == "data_dependent"
