@@ -6,7 +6,7 @@ Triton on CUDA).  Graphs with symbolic sizes are compiled once for every size: t
 placeholders' fake example values, which carry the capture's ShapeEnv symbols, are what
 inductor is given, so the compiled code reads each size from its input at run time.
 
-Four settings differ from a plain ``torch.compile`` and are agspeed's decisions:
+Five settings differ from a plain ``torch.compile`` and are agspeed's decisions:
 
 * Random numbers come from eager's generator (inductor's ``fallback_random``): dropout
   draws the same mask from the same seed and leaves the generator where eager leaves it,
@@ -22,6 +22,13 @@ Four settings differ from a plain ``torch.compile`` and are agspeed's decisions:
   eager.  AOTAutograd reads the setting when the backward runs, not when it compiles,
   so it is switched off for the whole process on the first compile, a ``torch.compile``
   of the user's in the same process included (which then accepts ``retain_graph`` too).
+* No two gradients share memory: where two parameters' gradients are the same value
+  (``p + q`` of two parameters of one shape), inductor's backward returns two views of
+  one buffer, autograd keeps both as the parameters' ``.grad`` without copying, and the
+  next accumulation, or an in-place ``clip_grad_norm_``, counts twice (a bug of
+  ``torch.compile`` too).  Each backward output that shares its storage with an earlier
+  one is made a copy of its own in the graph inductor lowers (a post-grad pass, which
+  also keys agspeed's compiled artifacts apart from torch.compile's).
 * Compiled artifacts (inductor's FX graph cache, AOTAutograd's cache, the compiled
   kernels) live under agspeed's cache directory, ``<cache_dir>/inductor``, so a second
   process finds them there instead of compiling again.  A ``TORCHINDUCTOR_CACHE_DIR``
@@ -41,7 +48,7 @@ from typing import Any, Callable
 from agspeed.backends import _aot
 from agspeed.backends._protocol import Capabilities
 
-__all__ = ["backend", "capabilities", "cache_dir"]
+__all__ = ["backend", "capabilities", "cache_dir", "distinct_outputs"]
 
 _log = logging.getLogger("agspeed.autotune")
 _ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -94,6 +101,65 @@ def _point_cache() -> None:
         _log.debug("inductor: compiled artifacts in %s", directory)
 
 
+def distinct_outputs(graph: Any) -> int:
+    """Make each output of ``graph`` (an AOTAutograd backward's FX graph) that shares its
+    storage with an earlier output a copy of its own; how many were copied."""
+    import torch
+
+    out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    values = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
+    seen: set = set()
+    copied = 0
+    outputs = []
+    for value in values:
+        if isinstance(value, torch.fx.Node):
+            fake = value.meta.get("val")
+            key = (fake.untyped_storage()._cdata if isinstance(fake, torch.Tensor)
+                   else id(value))
+            if key in seen:
+                with graph.inserting_before(out):
+                    copy = graph.call_function(torch.ops.aten.clone.default, (value,))
+                if isinstance(fake, torch.Tensor):
+                    copy.meta["val"] = fake.clone()
+                value = copy
+                copied += 1
+            else:
+                seen.add(key)
+        outputs.append(value)
+    if copied:
+        out.args = (type(values)(outputs) if isinstance(out.args[0], (tuple, list))
+                    else outputs[0],)
+    return copied
+
+
+@functools.lru_cache(maxsize=None)
+def _pass_type() -> type:
+    from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+    class DistinctGradients(CustomGraphPass):
+        """Inductor's post-grad pass that applies ``distinct_outputs`` to backward
+        graphs (their inputs are the tangents), then the pass the program had set, if
+        any.  Its uuid, part of inductor's and AOTAutograd's cache keys, follows this
+        file, so artifacts compiled otherwise (by ``torch.compile``, or by an earlier
+        agspeed) are never taken for agspeed's."""
+
+        def __init__(self, then: Any) -> None:
+            self.then = then
+
+        def __call__(self, graph: Any) -> None:
+            if any(n.op == "placeholder" and n.name.startswith("tangents")
+                   for n in graph.nodes):
+                distinct_outputs(graph)
+            if self.then is not None:
+                self.then(graph)
+
+        def uuid(self) -> Any:
+            then = self.then.uuid() if hasattr(self.then, "uuid") else self.then
+            return (get_hash_for_files((__file__,)), then)
+
+    return DistinctGradients
+
+
 def backend(gm: Any, example_inputs: list) -> Callable[..., Any]:
     """Compile ``gm`` with inductor (forward and, where inputs need gradients, backward)."""
     reason = _unavailable()
@@ -107,7 +173,8 @@ def backend(gm: Any, example_inputs: list) -> Callable[..., Any]:
 
     _point_cache()
     functorch_config.donated_buffer = False     # see the module's docstring
-    with inductor_config.patch(fallback_random=True), \
+    passes = _pass_type()(inductor_config.post_grad_custom_post_pass)
+    with inductor_config.patch(fallback_random=True, post_grad_custom_post_pass=passes), \
             functorch_config.patch(force_non_lazy_backward_lowering=True):
         return _aot.compile_bound(tagged(gm), example_inputs, compile_fx)
 

@@ -137,6 +137,45 @@ def test_a_second_backward_over_a_retained_graph_gives_eagers_gradients():
     assert agspeed.counters()["graph_calls"] >= 2
 
 
+class TwoShifts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shifts = nn.ParameterList([nn.Parameter(torch.randn(8)) for _ in range(2)])
+
+    def forward(self, x):
+        return x + (self.shifts[0] + self.shifts[1])
+
+
+def test_two_equal_gradients_do_not_share_memory():
+    """Both shifts' gradients are the same value: inductor returned them as two views
+    of one buffer, autograd kept both as .grad, and every later accumulation (or an
+    in-place clip) counted twice."""
+    from agspeed.backends.inductor import distinct_outputs
+
+    eager, model = _twins(TwoShifts)
+    optimized = agspeed.optimize(model, backend="inductor")
+    for _ in range(3):   # accumulated, never zeroed
+        x = torch.randn(4, 8)
+        eager(x).square().sum().backward()
+        optimized(x).square().sum().backward()
+        for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, msg=name)
+    a, b = (p.grad for p in model.shifts)
+    assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+    torch.nn.utils.clip_grad_norm_(eager.parameters(), 0.1)
+    for p, q in zip(eager.parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad)
+
+    graph = torch.fx.Graph()   # the pass itself: a repeated output becomes a copy
+    t = graph.placeholder("tangents_1")
+    total = graph.call_function(torch.ops.aten.sum.dim_IntList, (t, [0]))
+    graph.output((total, total, None))
+    assert distinct_outputs(graph) == 1
+    outs = next(n for n in graph.nodes if n.op == "output").args[0]
+    assert outs[0] is total and outs[1].target is torch.ops.aten.clone.default
+
+
 def test_one_dynamic_graph_serves_every_size():
     eager, model = _twins(Block)
     sizes = iter([3, 5, 7, 9])
