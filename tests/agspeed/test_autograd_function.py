@@ -165,7 +165,10 @@ def test_under_autocast_the_function_sees_eagers_dtypes():
     torch.testing.assert_close(out, ref)
 
 
-@pytest.mark.parametrize("which", ["dirty", "item", "callable"])
+@pytest.mark.parametrize("which", [
+    "dirty", "callable",
+    # .item() of a fake tensor raises through libtorch
+    pytest.param("item", marks=pytest.mark.cxx_exceptions)])
 def test_functions_it_cannot_take_break_and_compute_eagers_results(which):
     def dirty(x, y):
         return Clamp_.apply(x * 1) + y
