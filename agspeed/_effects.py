@@ -22,7 +22,10 @@ call (and the caller) sees exactly the state eager would have left.
 * Calls replayed (``replay_call``): logging (``logger.info(...)``, the ``logging``
   module's functions, transformers' ``warning_once``).  The call is made again on every
   run of the entry, with the tensors the graph computed, so the logger's own level check
-  decides at run time, as in eager, whether anything is written.  ``warnings.warn`` is
+  decides at run time, as in eager, whether anything is written.  A ``Logger`` method or
+  ``logging`` function is replayed as ``_log_at``: its record names the file, line and
+  function of the program's call (``stacklevel`` frames up, as in eager), read from the
+  interpreter, not the replay's own place.  ``warnings.warn`` is
   replayed as ``warnings.warn_explicit`` at the place eager's would name: the line of the
   frame ``stacklevel`` frames up from the call, read from the interpreter
   (``_C.capture_site``), with that module's registry, so warning filters ("once per
@@ -50,6 +53,7 @@ call (and the caller) sees exactly the state eager would have left.
 from __future__ import annotations
 
 import logging
+import sys
 import types
 import warnings
 from typing import Any, Callable, NamedTuple
@@ -117,6 +121,65 @@ def _warn_args(args: tuple, kwargs: dict) -> tuple:
             line if line is not None else code.co_firstlineno, _Globals(globs))
 
 
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "warn": logging.WARNING, "error": logging.ERROR, "exception": logging.ERROR,
+           "critical": logging.CRITICAL, "fatal": logging.CRITICAL, "log": None}
+_LOG_KEYWORDS = frozenset({"exc_info", "extra", "stack_info", "stacklevel"})
+
+
+def _log_args(fn: Any, args: tuple, kwargs: dict) -> tuple | None:
+    """The ``_log_at`` arguments of a call of a ``logging.Logger`` method or a ``logging``
+    function, with the place eager's record would name; None for any other call, or one
+    whose arguments eager itself would refuse (replayed as it is, to raise the same)."""
+    name = getattr(fn, "__name__", "")
+    if name not in _LEVELS or set(kwargs) - _LOG_KEYWORDS or kwargs.get("stack_info"):
+        return None
+    if fn is getattr(logging.Logger, name, None) and args and \
+            isinstance(args[0], logging.Logger):
+        logger, rest = args[0], args[1:]
+    elif fn is getattr(logging, name, None):
+        logger, rest = None, args   # the root logger, set up on first use as eager does
+    else:
+        return None
+    level = _LEVELS[name]
+    if level is None:
+        if not rest or type(rest[0]) is not int:
+            return None
+        level, rest = rest[0], rest[1:]
+    stacklevel = kwargs.get("stacklevel", 1)
+    site = _C.capture_site()
+    if not rest or type(stacklevel) is not int or not 1 <= stacklevel <= len(site):
+        return None
+    code, offset, _globs = site[stacklevel - 1]
+    positions = list(code.co_positions())
+    line = positions[offset // 2][0] if 0 <= offset // 2 < len(positions) else None
+    exc_info = kwargs.get("exc_info", name == "exception")
+    return (logger, level, code.co_filename,
+            line if line is not None else code.co_firstlineno, code.co_name,
+            rest[0], rest[1:], exc_info, kwargs.get("extra"))
+
+
+def _log_at(logger: Any, level: int, filename: str, lineno: int, func: str, msg: Any,
+            args: tuple, exc_info: Any, extra: Any) -> None:
+    """A logging call as eager's would have made it: the record names the line of the
+    program that made the call, not the replay's (``Logger._log`` without its stack
+    walk)."""
+    if logger is None:
+        logger = logging.root
+        if not logger.handlers:
+            logging.basicConfig()
+    if not logger.isEnabledFor(level):
+        return
+    if exc_info:
+        if isinstance(exc_info, BaseException):
+            exc_info = (type(exc_info), exc_info, exc_info.__traceback__)
+        elif not isinstance(exc_info, tuple):
+            exc_info = sys.exc_info()
+    record = logger.makeRecord(logger.name, level, filename, lineno, msg, args,
+                               exc_info or None, func, extra, None)
+    logger.handle(record)
+
+
 class SideEffects:
     """The part of ``GraphBuilder`` that records effects (``effect_setattr``,
     ``replay_call``) and answers the reads that follow writes (``written``)."""
@@ -162,6 +225,10 @@ class SideEffects:
         """Record a call of ``fn`` made for its effect; it answers None to the frame."""
         if fn is warnings.warn:
             fn, args, kwargs = _warn_at, _warn_args(tuple(args), dict(kwargs)), {}
+        else:
+            placed = _log_args(fn, tuple(args), dict(kwargs))
+            if placed is not None:
+                fn, args, kwargs = _log_at, placed, {}
         self._effects.append((_CALL, fn, self._template(tuple(args)),
                               self._template(dict(kwargs))))
 

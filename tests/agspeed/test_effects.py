@@ -220,7 +220,9 @@ class _Keep(logging.Handler):
         self.lines = []
 
     def emit(self, record):
-        self.lines.append((record.levelname, record.getMessage()))
+        # where the record says it was made: the program's line, as in eager
+        self.lines.append((record.levelname, record.getMessage(), record.pathname,
+                           record.lineno, record.funcName))
 
 
 @pytest.mark.parametrize("level", [logging.DEBUG, logging.INFO, logging.ERROR])
@@ -248,6 +250,38 @@ def test_logging_calls_are_replayed_and_the_level_decides_at_run_time(level):
         _probe_log.removeHandler(keep)
         _probe_log.propagate = True
         _probe_log.setLevel(logging.NOTSET)
+
+
+def _says_where_it_was_called(v):
+    _probe_log.log(logging.WARNING, "from my caller %s", v, stacklevel=2)
+
+
+def logs_through_a_helper(x):
+    y = x + 1
+    _says_where_it_was_called(3)
+    _probe_log.warning("extra %s", 4, extra={"note": "kept"})
+    return y
+
+
+def test_a_replayed_record_names_eagers_place_stacklevel_and_extra_included():
+    keep = _Keep()
+    _probe_log.addHandler(keep)
+    _probe_log.propagate = False
+    try:
+        fast = agspeed.optimize(logs_through_a_helper, backend="eager")
+        x = torch.randn(3)
+        fast(x)
+        keep.lines.clear()
+        fast(x)   # a cache hit: the replay
+        got = list(keep.lines)
+        keep.lines.clear()
+        logs_through_a_helper(x)
+        assert got == keep.lines and len(got) == 2
+        assert got[0][4] == "logs_through_a_helper"
+        assert agspeed.explain(logs_through_a_helper, x).graph_break_count == 0
+    finally:
+        _probe_log.removeHandler(keep)
+        _probe_log.propagate = True
 
 
 SEEN = []
