@@ -103,22 +103,32 @@ def _warn_at(message: Any, category: Any, filename: str, lineno: int, where: _Gl
                            registry, globs)
 
 
+def _call_site(stacklevel: Any) -> tuple | None:
+    """``(code, line, globals)`` of the frame ``stacklevel`` frames up from the call being
+    captured (1: the frame making it), as warnings and logging count; None when that is
+    not a frame of the capture (a caller of the optimized frame) or not an int."""
+    site = _C.capture_site()
+    if type(stacklevel) is not int or not 1 <= stacklevel <= len(site):
+        return None
+    code, offset, globs = site[stacklevel - 1]
+    positions = list(code.co_positions())
+    line = positions[offset // 2][0] if 0 <= offset // 2 < len(positions) else None
+    return code, line if line is not None else code.co_firstlineno, globs
+
+
 def _warn_args(args: tuple, kwargs: dict) -> tuple:
     """The ``_warn_at`` arguments of ``warnings.warn(*args, **kwargs)`` made now."""
     names = ("message", "category", "stacklevel")
     if len(args) > 3 or set(kwargs) - set(names) or any(n in kwargs for n in names[:len(args)]):
         raise GraphBreak(Reason.UNSUPPORTED_CALL, "warnings.warn with these arguments")
     given = dict(zip(names, args), **kwargs)
-    level = given.get("stacklevel", 1)
-    site = _C.capture_site()
-    if type(level) is not int or not 1 <= level <= len(site):
+    site = _call_site(given.get("stacklevel", 1))
+    if site is None:
         raise GraphBreak(Reason.UNSUPPORTED_CALL,
                          "warnings.warn naming a caller of the optimized frame")
-    code, offset, globs = site[level - 1]
-    positions = list(code.co_positions())
-    line = positions[offset // 2][0] if 0 <= offset // 2 < len(positions) else None
-    return (given.get("message"), given.get("category"), code.co_filename,
-            line if line is not None else code.co_firstlineno, _Globals(globs))
+    code, line, globs = site
+    return (given.get("message"), given.get("category"), code.co_filename, line,
+            _Globals(globs))
 
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
@@ -146,17 +156,13 @@ def _log_args(fn: Any, args: tuple, kwargs: dict) -> tuple | None:
         if not rest or type(rest[0]) is not int:
             return None
         level, rest = rest[0], rest[1:]
-    stacklevel = kwargs.get("stacklevel", 1)
-    site = _C.capture_site()
-    if not rest or type(stacklevel) is not int or not 1 <= stacklevel <= len(site):
+    site = _call_site(kwargs.get("stacklevel", 1))
+    if not rest or site is None:
         return None
-    code, offset, _globs = site[stacklevel - 1]
-    positions = list(code.co_positions())
-    line = positions[offset // 2][0] if 0 <= offset // 2 < len(positions) else None
+    code, line, _globs = site
     exc_info = kwargs.get("exc_info", name == "exception")
-    return (logger, level, code.co_filename,
-            line if line is not None else code.co_firstlineno, code.co_name,
-            rest[0], rest[1:], exc_info, kwargs.get("extra"))
+    return (logger, level, code.co_filename, line, code.co_name, rest[0], rest[1:],
+            exc_info, kwargs.get("extra"))
 
 
 def _log_at(logger: Any, level: int, filename: str, lineno: int, func: str, msg: Any,

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import sys
 import threading
 import weakref
 from typing import Any
@@ -113,10 +112,9 @@ def watch_first_call(region: Any, what: str) -> None:
     fn = region.__agspeed_fn__
 
     def first_call(*args: Any, **kwargs: Any) -> Any:
-        from agspeed.guards.state import transform_level
+        from agspeed.guards.state import in_transform
 
-        torch = sys.modules.get("torch")
-        if torch is not None and transform_level(torch) is not None:
+        if in_transform():
             return fn(*args, **kwargs)  # under torch.func nothing is captured: not yet
         region.__agspeed_fn__ = fn  # later calls go straight to fn
         before = _C.counters()["graph_calls"]

@@ -49,7 +49,7 @@ from agspeed._policy import EntryPolicy, RecompileRecord, recompiles, widened
 from agspeed._policy import clear as _clear_policy
 from agspeed._resume import is_generated as is_break_code
 from agspeed.errors import GraphBreakError
-from agspeed.guards.state import transform_level
+from agspeed.guards.state import in_transform
 
 __all__ = ["Context", "context_for", "FrameRecord", "frame_records", "clear", "recompiles",
            "RecompileRecord"]
@@ -245,8 +245,7 @@ class Context:
                 _frames_log.info("%s (%s:%s) -> skip (runtime code)", code.co_name,
                                  os.path.basename(code.co_filename), code.co_firstlineno)
             return _C.CacheEntry(_SKIP)
-        torch = sys.modules.get("torch")
-        if torch is not None and transform_level(torch) is not None:
+        if in_transform():
             # under torch.func's vmap, grad or jvp, tensors are the transform's wrappers:
             # the frame runs as torch.func runs it, and is captured where it is called
             # plainly (the level is in every guard's global state)

@@ -11,9 +11,11 @@ triples that the C program calls with torch's own functions, so both read the sa
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-__all__ = ["AUTOCAST_DEVICES", "global_state", "state_probes", "state_text", "transform_level"]
+__all__ = ["AUTOCAST_DEVICES", "global_state", "state_probes", "state_text", "transform_level",
+           "in_transform"]
 
 AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -56,6 +58,13 @@ def transform_level(torch: Any) -> int | None:
     return level() if level is not None else None
 
 
+def in_transform() -> bool:
+    """Whether a torch.func transform (vmap, grad, jvp) is running now (False while
+    torch has not been imported)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and transform_level(torch) is not None
+
+
 def global_state(torch: Any) -> tuple:
     """Everything outside the frame that changes what a graph computes: grad mode,
     inference mode, the autocast cache, autocast on any device type (None where torch
@@ -94,8 +103,9 @@ def state_probes(torch: Any, state: tuple) -> tuple:
     probes.append((torch.are_deterministic_algorithms_enabled, (), det))
     if det:
         probes.append((torch.is_deterministic_algorithms_warn_only_enabled, (), warn_only))
-    if _transform_level(torch) is not None:
-        probes.append((_transform_level(torch), (), level))
+    level_fn = _transform_level(torch)
+    if level_fn is not None:
+        probes.append((level_fn, (), level))
     return tuple(probes)
 
 
