@@ -107,7 +107,7 @@ def capture(code: Any, f_locals: dict, f_globals: dict, f_builtins: dict,
     dynamic (None: all static)."""
     import torch
 
-    symbolic = False
+    symbolic = bool(getattr(shapes, "ints", None))   # ints made symbols need a ShapeEnv
     with _quiet_fake_tensors():
         while True:
             builder = GraphBuilder(shapes, symbolic)

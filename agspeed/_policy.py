@@ -111,7 +111,7 @@ class EntryPolicy:
         """
         if len(entries) >= config.cache_size_limit:
             self._evict_lru(code, where, entries)
-        _record_sizes(shapes.history, guard, frame[0])
+        _record_sizes(shapes, guard, frame[0])
         if entries and captured:
             _log_recompile(code, where, entries, *frame)
         if getattr(guard, "sym", None) is not None:
@@ -157,14 +157,16 @@ def _went_dynamic(code: Any, where: str, guard: Any, shapes: DimPolicy,
     before the dimension went dynamic).  Those drops are replacements, not evictions:
     they do not count toward the recompile limit."""
     sym = guard.sym
-    sizes = [(source, d, name) for (source, what, d), name in zip(sym.dims, sym.names)
-             if what == "size"]
-    new = _record_dynamic(code, where, [name for _, _, name in sizes])
-    for source, d, name in sizes:
-        why = shapes.decided.get(source, {}).get(d, "dynamic")
+    sizes = [(source, what, d, name) for (source, what, d), name in
+             zip(sym.dims, sym.names) if what in ("size", "int")]
+    new = _record_dynamic(code, where, [name for *_, name in sizes])
+    for source, what, d, name in sizes:
+        why = shapes.ints.get(source, "dynamic") if what == "int" else \
+            shapes.decided.get(source, {}).get(d, "dynamic")
         if name in new and log.enabled("recompiles"):
             _recompiles_log.info("%s: %s is dynamic from now on (%s): one graph "
-                                 "serves every size of it", where, name, why)
+                                 "serves every %s of it", where, name, why,
+                                 "value" if what == "int" else "size")
     for name in _record_dynamic(code, where, sym.specialized, pinned=True):
         if log.enabled("recompiles"):
             _recompiles_log.info("%s: %s was made dynamic but the code fixes it to "
@@ -208,11 +210,29 @@ def _log_recompile(code: Any, where: str, entries: list, f_locals: dict,
                                          "; ".join(why) or "(passes now)")
 
 
-def _record_sizes(history: Any, guard: Any, f_locals: dict) -> None:
-    """Remember the sizes of the data inputs a capture's guard checks."""
+def _record_sizes(shapes: DimPolicy, guard: Any, f_locals: dict) -> None:
+    """Remember the sizes of the data inputs a capture's guard checks, and the values of
+    the plain ints it checks that the frame reaches through its locals.  An int this
+    capture made a symbol that its guard still checks by value was fixed by the code (a
+    branch, a loop over it): it is never made a symbol again."""
+    history = shapes.history
+    if history is None:
+        return
     for source, kind, expected in getattr(guard, "checks", ()):
         if kind in (Check.TENSOR, Check.DYNTENSOR) and is_data_source(source, f_locals):
             history.record(source, expected[3])
+        elif kind == Check.EQ and expected[0] is int and _from_locals(source):
+            if source in shapes.ints:
+                history.pin(source)
+            elif source not in history.pinned:
+                history.record_int(source, expected[1])
+
+
+def _from_locals(source: tuple) -> bool:
+    """Whether ``source`` reaches its value from a local through attributes and items."""
+    while source[0] in ("attr", "item"):
+        source = source[1]
+    return source[0] == "local"
 
 
 # -- Records for agspeed.recompiles() ------------------------------------------------

@@ -305,7 +305,7 @@ class Context:
         if brk is not None and self.options.get("fullgraph"):
             raise self._graph_break_error(code, where, brk)
         not_resumed = ""
-        if brk is not None and _recurs_with_new_values(guard, entries):
+        if brk is not None and _recurs_with_new_values(guard, entries, shapes):
             # a value the resumed entries relied on changes from call to call (a
             # counter): each would recapture, so the frame runs eager for all of them
             not_resumed = " (not resumed: a plain value it read changes between calls)"
@@ -446,15 +446,21 @@ class Context:
             self.observer(kind, code, payload)
 
 
-def _recurs_with_new_values(guard: Any, entries: list) -> bool:
+def _recurs_with_new_values(guard: Any, entries: list, shapes: Any = None) -> bool:
     """Whether an entry of ``entries`` stopped at the same break as ``guard`` and
-    expected other plain values (what ``widened`` would drop)."""
+    expected other plain values (what ``widened`` would drop), other than ints that may
+    yet become symbols (``shapes.may_go_dynamic``): those are resumed, and go dynamic."""
     at = getattr(guard, "break_at", None)
     if at is None:
         return False
-    n = len(guard.checks)
-    return any(getattr(old.guard, "break_at", None) == at and
-               len(guard.widened(old.guard).checks) < n for old in entries)
+    may = getattr(shapes, "may_go_dynamic", None)
+    for old in entries:
+        if getattr(old.guard, "break_at", None) != at:
+            continue
+        kept = {id(c) for c in guard.widened(old.guard).checks}   # the same tuples
+        if any(id(c) not in kept and (may is None or not may(*c)) for c in guard.checks):
+            return True
+    return False
 
 
 def _record_frame(code: Any, f_locals: dict, decision: str) -> None:

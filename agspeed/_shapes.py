@@ -116,12 +116,26 @@ def is_data_source(source: tuple, f_locals: dict) -> bool:
 
 class ShapeHistory:
     """The sizes each data input of one function showed at its captures (in one context):
-    source -> one set of sizes per dimension."""
+    source -> one set of sizes per dimension; and the values each plain int the captures
+    read showed (source -> set of values)."""
 
-    __slots__ = ("sizes",)
+    __slots__ = ("sizes", "ints", "pinned")
 
     def __init__(self) -> None:
         self.sizes: dict[tuple, list[set[int]]] = {}
+        self.ints: dict[tuple, set[int]] = {}
+        self.pinned: set[tuple] = set()   # ints a capture fixed to one value anyway
+
+    def pin(self, source: tuple) -> None:
+        """Never make the int at ``source`` a symbol again: the code branches on it, or
+        loops over it, so every value compiles apart whatever is done."""
+        self.pinned.add(source)
+        self.ints.pop(source, None)
+
+    def record_int(self, source: tuple, value: int) -> None:
+        got = self.ints.setdefault(source, set())
+        if len(got) < 64:   # bounded memory
+            got.add(value)
 
     def seen(self, source: tuple, ndim: int) -> list[set[int]] | None:
         got = self.sizes.get(source)
@@ -151,6 +165,42 @@ class DimPolicy:
         self.f_locals = f_locals
         self.supported = supported
         self.decided: dict[tuple, dict[int, str]] = {}   # source -> dim -> why
+        #: source -> why, for the plain ints this capture makes symbols
+        self.ints: dict[tuple, str] = self._dynamic_ints()
+
+    def may_go_dynamic(self, source: tuple, kind: Any, expected: Any) -> bool:
+        """Whether a guard's check ``(source, kind, expected)`` is of a plain int that a
+        later capture may make a symbol (one reached from a local, not fixed by the
+        code before)."""
+        from agspeed.protocol import Check
+
+        if kind != Check.EQ or expected[0] is not int or not self.supported or \
+                self.mode is False or self.history is None or \
+                source in self.history.pinned:
+            return False
+        while source[0] in ("attr", "item"):
+            source = source[1]
+        return source[0] == "local"
+
+    def _dynamic_ints(self) -> dict[tuple, str]:
+        """The plain ints (by source) that have shown ``after`` distinct values across
+        this function's captures: a counter (``self.step += 1``), a position argument.
+        Each becomes a symbol, so one graph serves every value."""
+        if not self.supported or self.mode is False or self.history is None:
+            return {}
+        from agspeed._sources import resolve
+
+        out = {}
+        memo: dict = {}
+        for source, values in self.history.ints.items():
+            now = resolve(source, self.f_locals, {}, {}, memo)
+            if type(now) is int:   # the value this capture sees counts, as a size does
+                values = values | {now}
+            if len(values) >= max(self.after, 2):
+                shown = ", ".join(map(str, sorted(values)[:8]))
+                out[source] = (f"{len(values)} distinct values ({shown}) reached "
+                               f"dynamic_after={self.after}")
+        return out
 
     def decide(self, source: Any, value: Any) -> dict[int, str]:
         """``{dim: why}`` for the dimensions of ``value`` (reached by ``source``) that this
@@ -192,6 +242,17 @@ def fake_input(fake_mode: Any, source: tuple, name: str, value: Any,
              for d in range(value.dim())]
     return fake_mode.from_tensor(value, symbolic_context=StatelessSymbolicContext(
         dynamic_sizes=sizes), source=ConstantSource(name))
+
+
+def symbolic_int(fake_mode: Any, name: str, value: int) -> Any:
+    """A SymInt standing for the plain int ``value``: a fresh symbol of any sign."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    env = fake_mode.shape_env
+    src = ConstantSource(name)
+    sym = env.create_unspecified_symbol(value, src, dynamic_dim=DimDynamic.DYNAMIC)
+    return env.create_symintnode(sym, hint=value, source=src)
 
 
 # -- the postfix language of guards/symbolic.c --------------------------------------------
@@ -282,6 +343,9 @@ class SymbolicGuards:
         named: dict = {}      # every input symbol -> (name, (source, kind, dim))
         for source, (node, _value) in builder._inputs.items():
             fake = node.meta["example_value"]
+            if type(_value) is int:   # a plain int made a symbol
+                named.setdefault(_raw(fake), (describe(source), (source, "int", None)))
+                continue
             sizes = tuple(_raw(s) for s in fake.size())
             strides = tuple(_raw(s) for s in fake.stride())
             if all(isinstance(s, int) for s in sizes + strides):
@@ -298,9 +362,13 @@ class SymbolicGuards:
         # size) are that value: their dimension is static in this graph.
         pinned = {s: _pinned(env, s) for s in named}
         pinned = {s: v for s, v in pinned.items() if v is not None}
-        self.specialized = [named[s][0] for s in pinned if named[s][1][1] == "size"]
-        #: per symbol, (source, "size" or "stride", dim): a dynamic dimension, or the
-        #: stride of a non-dense input that is a symbol of its own
+        self.specialized = [named[s][0] for s in pinned if named[s][1][1] in ("size", "int")]
+        #: the plain ints made symbols: source -> the symbol, or the value the capture
+        #: pinned it to (then checked as any int is, by equality)
+        self.ints = {named[s][1][0]: (int(pinned[s]) if s in pinned else s)
+                     for s in named if named[s][1][1] == "int"}
+        #: per symbol, (source, "size", "stride" or "int", dim): a dynamic dimension, the
+        #: stride of a non-dense input that is a symbol of its own, or a plain int
         self.symbols = [s for s in named if s not in pinned]
         self.names = [named[s][0] for s in self.symbols]
         self.dims = [named[s][1] for s in self.symbols]

@@ -623,6 +623,22 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
                         "capture: builder.ndarray_type must be a type or None");
         goto done;
     }
+    /* optional: the sources of ints to load as graph inputs (symbols) */
+    it.symbolic_ints = PyObject_GetAttrString(builder, "symbolic_ints");
+    if (it.symbolic_ints == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            goto done;
+        }
+        PyErr_Clear();
+    }
+    else if (it.symbolic_ints == Py_None) {
+        Py_CLEAR(it.symbolic_ints);
+    }
+    else if (!PyFrozenSet_Check(it.symbolic_ints)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "capture: builder.symbolic_ints must be a frozenset or None");
+        goto done;
+    }
     if (ags_stop_at(builder, &it.stop_at) < 0
         || frame_init(&f, NULL, code, globals, builtins) < 0) {
         goto done;
@@ -666,6 +682,7 @@ done:
     Py_XDECREF(it.assumptions);
     Py_XDECREF(it.known);
     Py_XDECREF(it.array_type);
+    Py_XDECREF(it.symbolic_ints);
     Py_XDECREF(it.owned);
     Py_XDECREF(it.shadows);
     Py_XDECREF(it.brk_detail);

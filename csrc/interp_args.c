@@ -263,8 +263,17 @@ ags_load_object(ags_interp *it, PyObject *source, PyObject *value,
 {
     int array = it->array_type != NULL
                 && Py_IS_TYPE(value, (PyTypeObject *)it->array_type);
+    int symbol = 0;
 
-    if (array || PyObject_TypeCheck(value, (PyTypeObject *)it->tensor_type)) {
+    if (it->symbolic_ints != NULL && PyLong_CheckExact(value)) {
+        /* a plain int whose value kept changing: a symbol, not a constant */
+        symbol = PySet_Contains(it->symbolic_ints, source);
+        if (symbol < 0) {
+            return AGS_ERROR;
+        }
+    }
+    if (array || symbol
+        || PyObject_TypeCheck(value, (PyTypeObject *)it->tensor_type)) {
         /* a NumPy array is the tensor sharing its memory, when it can be */
         PyObject *node = ags_call_builder(it, AGS_BOP_INPUT, "(OO)", source,
                                           value);

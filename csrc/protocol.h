@@ -242,7 +242,9 @@
     X(ID, "identity with one object, held weakly where it can be") \
     X(ABSENT, "the attribute or item is not there") \
     X(DYNTENSOR, "a tensor check whose sizes may be symbols and whose " \
-                 "strides may be expressions of them")
+                 "strides may be expressions of them") \
+    X(DYNINT, "an exact int whose value binds a symbol (a Python int the " \
+              "capture made dynamic)")
 
 /* Flags of a guard program: X(NAME, bit, "meaning"). */
 #define AGS_GFLAG_LIST(X) \

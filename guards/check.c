@@ -35,6 +35,8 @@
  *   ABSENT     a, b: None; the load reaches nothing
  *   DYNTENSOR  a: the exact type; b: as TENSOR's, sizes < 0 naming
  *              symbols and strides < 0 expressions (guards/symbolic.c)
+ *   DYNINT     a: the exact type (int); b: the symbol, as a size word
+ *              (< 0: -1 - its index)
  */
 #include "program.h"
 
@@ -353,6 +355,45 @@ check_DYNTENSOR_parse(g_check *c, const g_program *p)
 
 /* A signature hashes the sizes, which a dynamic check leaves open. */
 enum { check_DYNTENSOR_signed = 0 };
+
+/* DYNINT ------------------------------------------------------------ */
+
+static inline int
+check_DYNINT_fast(G_FAST_ARGS)
+{
+    (void)p;
+    if (v == G_MISSING) {
+        return 0;
+    }
+    return ags_sym_check_int(sv, v, c->a, c->b);
+}
+
+/* It binds a symbol the size guards read: it always runs. */
+static g_memo_rule
+check_DYNINT_memo(const g_program *p, PyObject *v)
+{
+    (void)p;
+    (void)v;
+    return G_MEMO_RUN;
+}
+
+static const char *
+check_DYNINT_parse(g_check *c, const g_program *p)
+{
+    long long k = PyLong_Check(c->b) ? PyLong_AsLongLong(c->b) : 0;
+
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        k = 0;
+    }
+    if (c->a != (PyObject *)&PyLong_Type || k >= 0 || -k - 1 >= p->sym.n_syms) {
+        return "(int, -1 - symbol index) naming one of the program's symbols";
+    }
+    return NULL;
+}
+
+/* A signature hashes an int argument's type only. */
+enum { check_DYNINT_signed = 0 };
 
 /* The table --------------------------------------------------------- */
 

@@ -26,8 +26,8 @@ from typing import Any, Callable, NamedTuple
 from agspeed._sources import MISSING
 from agspeed.protocol import Check
 
-__all__ = ["AbsentCheck", "CheckKind", "DynTensorCheck", "EqCheck", "IdCheck", "KINDS",
-           "LenCheck", "Symbols", "TensorCheck", "check_for", "holder", "tensor_spec"]
+__all__ = ["AbsentCheck", "CheckKind", "DynIntCheck", "DynTensorCheck", "EqCheck", "IdCheck",
+           "KINDS", "LenCheck", "Symbols", "TensorCheck", "check_for", "holder", "tensor_spec"]
 
 
 class Symbols(NamedTuple):
@@ -311,6 +311,32 @@ class DynTensorCheck(CheckKind):
         return False
 
 
+class DynIntCheck(CheckKind):
+    """A Python int the capture made dynamic: its exact type, its value bound to a
+    symbol (``expected`` is the sympy symbol) that the size guards then read."""
+
+    kind, word = Check.DYNINT, "int"
+
+    def compile(self, expected: Any, symbols: Symbols) -> tuple:
+        return int, -symbols.index[expected] - 1
+
+    def passes(self, expected, value, sym=None, bound=None) -> bool:
+        if type(value) is not int or not -(1 << 63) <= value < (1 << 63):
+            return False
+        bound = bound if bound is not None else {}
+        return bound.setdefault(expected, value) == value
+
+    def shown(self, expected, sym=None) -> str:
+        return f"an int ({sym.readable(expected) if sym is not None else expected})"
+
+    def covers(self, expected, other_kind, other_expected, sym, bound) -> bool:
+        if other_kind == Check.DYNINT:
+            return other_expected == expected
+        if other_kind == Check.EQ and other_expected[0] is int:
+            return self.passes(expected, other_expected[1], sym, bound)
+        return False
+
+
 def _table(*classes: type) -> dict:
     kinds = {cls.kind: cls() for cls in classes}
     missing = [k.name for k in Check if k not in kinds]
@@ -321,7 +347,8 @@ def _table(*classes: type) -> dict:
 
 
 #: The class of each check kind, by ``Check``.
-KINDS: dict = _table(TensorCheck, EqCheck, LenCheck, IdCheck, AbsentCheck, DynTensorCheck)
+KINDS: dict = _table(TensorCheck, EqCheck, LenCheck, IdCheck, AbsentCheck, DynTensorCheck,
+                     DynIntCheck)
 
 # The kinds an assumption may become, in order of preference (``check_for``).
 _ASSUMED = tuple(KINDS[k] for k in (Check.ABSENT, Check.EQ, Check.LEN, Check.ID))

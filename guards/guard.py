@@ -63,7 +63,14 @@ class Guard(_C.GuardProgram):
         if self.sym is not None and not self.sym.symbols:
             self.sym = None   # every dimension turned out static (sizes 0 and 1)
         specs = self.sym.specs if self.sym is not None else {}
+        ints = self.sym.ints if self.sym is not None else {}
         for source, (node, value) in zip(builder.sources, builder._inputs.values()):
+            if type(value) is int:   # a plain int the capture made a symbol
+                symbol = ints.get(source, value)
+                checks.append((source, *check_for(builder, value)) if type(symbol) is int
+                              else (source, Check.DYNINT, symbol))
+                seen.add(source)
+                continue
             spec = tensor_spec(value)
             if source in specs:
                 sizes, strides = specs[source]

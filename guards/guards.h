@@ -107,6 +107,10 @@ int ags_sym_eval(const int64_t *code, Py_ssize_t n, const ags_symvals *s,
  * sizes may name symbols (< 0) and strides expressions (< 0): 1, 0, -1. */
 int ags_sym_check_tensor(const ags_symtab *t, ags_symvals *s, PyObject *v,
                          PyObject *type, PyObject *spec);
+/* An exact int of `type` binding (or matching) the symbol `word` names
+ * (< 0, as a size word): 1, 0 (another type, beyond int64, another
+ * value than the symbol's), never -1. */
+int ags_sym_check_int(ags_symvals *s, PyObject *v, PyObject *type, PyObject *word);
 /* 1 if such a spec refers only to existing symbols and expressions. */
 int ags_sym_spec_ok(PyObject *spec, Py_ssize_t n_syms, Py_ssize_t n_exprs);
 /* 1 if every guard expression holds (then the fallback), 0 with *failed

@@ -8,7 +8,8 @@
  *             (s0 = x.size(0), ...).  A DYNTENSOR check binds a slot to the
  *             size it reads the first time, and compares it after that (two
  *             dimensions the capture found equal share a slot).  A non-dense
- *             input's stride may be a symbol of its own, bound the same way.
+ *             input's stride may be a symbol of its own, bound the same way,
+ *             and so is a Python int the capture made dynamic (DYNINT).
  *   exprs     integer expressions over the symbols, each a little postfix
  *             program of int64 words (AGS_SOP_LIST, protocol.h).  A dynamic
  *             tensor's symbolic strides refer to them (a contiguous
@@ -467,6 +468,23 @@ ags_sym_check_tensor(const ags_symtab *t, ags_symvals *s, PyObject *v,
         Py_XDECREF(device);
     }
     return ok;
+}
+
+int
+ags_sym_check_int(ags_symvals *s, PyObject *v, PyObject *type, PyObject *word)
+{
+    int overflow = 0;
+    long long got;
+
+    if ((PyObject *)Py_TYPE(v) != type) {
+        return 0;
+    }
+    got = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (got == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;   /* beyond int64: captured again, for that value */
+    }
+    return match_size(s, (int64_t)PyLong_AsLongLong(word), (int64_t)got);
 }
 
 int

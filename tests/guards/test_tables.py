@@ -115,6 +115,8 @@ SAMPLES = [
     (Check.DYNTENSOR, (FakeTensor, F32, CPU, ("s0", 3), (3, 1), False),
      Symbols({"s0": 0}, {}), [X, FakeTensor((9, 3))],
      [FakeTensor((9, 4)), FakeTensor((9, 3), stride=(1, 9)), [9, 3], MISSING]),
+    (Check.DYNINT, "s0", Symbols({"s0": 0}, {}), [0, -5, 7, (1 << 63) - 1],
+     [True, 7.0, "7", 1 << 63, -(1 << 63) - 1, None, MISSING]),
 ]
 
 
@@ -155,6 +157,9 @@ def test_an_unknown_check_kind_is_refused_naming_the_table(kind):
     (Check.ID, THING, 1),
     (Check.ABSENT, THING, None),
     (Check.DYNTENSOR, FakeTensor, (F32, CPU, (-1,), (1,), False)),   # no symbols
+    (Check.DYNINT, int, -1),   # no symbols
+    (Check.DYNINT, float, -1),
+    (Check.DYNINT, int, 0),
 ])
 def test_each_check_kinds_row_refuses_what_it_cannot_check(kind, a, b):
     with pytest.raises(ValueError, match=f"bad guard check 0 \\({kind.name}\\): expects"):

@@ -1,0 +1,305 @@
+"""Plain ints that keep changing become symbols: a position argument (``x[:, pos:pos+n]``),
+a step counter written back (``self.steps += 1``).  After ``dynamic_after`` distinct values
+one graph serves every value, with eager's results and result types; what the code decides
+on the int (a branch, ``n % k``) is guarded symbolically; an int the code fixes anyway (a
+loop over ``range(n)``, a list index) is never made a symbol again; ``dynamic=False`` and
+backends without dynamic support keep ints static; compiled guards agree with their Python
+reading; nothing leaks."""
+
+import gc
+import sys
+import weakref
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import agspeed  # noqa: E402
+from agspeed import _C  # noqa: E402
+from agspeed.protocol import Check  # noqa: E402
+from test_checks import Counting  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def entries(fn):
+    code = fn.__code__ if hasattr(fn, "__code__") else type(fn).forward.__code__
+    return _C.code_cache(code)["entries"]
+
+
+def window(x, pos):
+    return x[:, pos:pos + 3] * pos + 1
+
+
+def test_a_position_argument_goes_dynamic_and_one_graph_serves_every_value():
+    backend = Counting()
+    fast = agspeed.optimize(window, backend=backend)
+    x = torch.randn(4, 40, requires_grad=True)
+    for pos in range(20):
+        got, want = fast(x, pos), window(x, pos)
+        torch.testing.assert_close(got, want)
+        (g,) = torch.autograd.grad(got.sum(), x)
+        (w,) = torch.autograd.grad(want.sum(), x)
+        torch.testing.assert_close(g, w)
+    assert backend.graphs == 3   # 0 and 1 static, then the symbol from the third value
+    (entry,) = entries(window)   # the static entries were replaced
+    assert entry.hits == 20 - 3
+    assert any(c[1] == Check.DYNINT for c in entry.guard.checks)
+    (record,) = agspeed.recompiles()
+    assert record.dynamic == ("pos",) and record.count == 2
+    # past the end of x: an empty slice, as in eager
+    assert fast(x, 45).shape == window(x, 45).shape == (4, 0)
+
+
+class Stepping(nn.Module):
+    """A counter read and written back on every call, and used by the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.steps = 0
+
+    def forward(self, x):
+        self.steps += 1
+        y = self.fc(x) * (self.steps % 3 + 1)
+        if self.steps % 4 == 0:
+            y = -y
+        return y, self.steps
+
+
+def test_a_counter_written_back_on_every_call_stops_recompiling():
+    torch.manual_seed(0)
+    model, twin = Stepping(), Stepping()
+    twin.load_state_dict(model.state_dict())
+    backend = Counting()
+    fast = agspeed.optimize(twin, backend=backend)
+    x = torch.randn(3, 8)
+    for _ in range(24):
+        (got, n), (want, m) = fast(x), model(x)
+        torch.testing.assert_close(got, want)
+        assert n == m and type(n) is int
+        got.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(twin.fc.weight.grad, model.fc.weight.grad)
+    assert twin.steps == model.steps == 24 and type(twin.steps) is int
+    # two static captures, then one per side of `steps % 4 == 0`
+    assert backend.graphs == 4
+    assert len(entries(twin)) == 2
+    assert agspeed.recompiles()[0].dynamic == ("self.steps",)
+
+
+def test_a_branch_on_the_int_is_guarded_on_both_sides():
+    def signed(x, n):
+        if n > 5:
+            return x + n
+        return x - n
+
+    backend = Counting()
+    fast = agspeed.optimize(signed, backend=backend)
+    x = torch.randn(3)
+    for n in list(range(12)) + [-7, 100, 3, 6]:
+        torch.testing.assert_close(fast(x, n), signed(x, n))
+    assert backend.graphs == 4   # 0, 1, then n <= 5 and n > 5
+
+
+def test_ints_returned_and_formatted_keep_their_values_and_types():
+    def report(x, n):
+        return x * 2, n + 1, n * 3 // 2, -n, f"step {n}", n / 4
+
+    fast = agspeed.optimize(report, backend="eager")
+    x = torch.randn(2)
+    for n in range(-3, 9):
+        got, want = fast(x, n), report(x, n)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1:] == want[1:]
+        assert [type(v) for v in got] == [type(v) for v in want]
+    assert agspeed.recompiles()[0].dynamic == ("n",)
+
+
+def test_an_int_the_code_fixes_is_never_made_a_symbol_again():
+    def unrolled(x, n):
+        for k in range(n):
+            x = x + k
+        return x * 2
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(sum(isinstance(v, int) for v in example_inputs))
+        return gm.forward
+
+    fast = agspeed.optimize(unrolled, backend=backend)
+    x = torch.randn(3)
+    for n in range(1, 7):
+        torch.testing.assert_close(fast(x, n), unrolled(x, n))
+    # the third capture tried the symbol (the loop fixed it); the later ones do not
+    assert seen == [0, 0, 1, 0, 0, 0]
+    assert agspeed.recompiles()[0].dynamic == ()
+
+
+def test_dynamic_false_and_backends_without_dynamic_support_keep_ints_static():
+    class Static(Counting):
+        supports_dynamic = False
+
+    x = torch.randn(4, 40)
+    for backend, options in ((Counting(), {"dynamic": False}), (Static(), {})):
+        agspeed.reset()
+        fast = agspeed.optimize(window, backend=backend, **options)
+        for pos in range(6):
+            torch.testing.assert_close(fast(x, pos), window(x, pos))
+        assert backend.graphs == 6
+
+
+def test_an_int_beyond_int64_is_a_constant_and_bools_are_not_ints():
+    def scaled(x, n):
+        return x * (n % 7)
+
+    fast = agspeed.optimize(scaled, backend="eager")
+    x = torch.randn(3)
+    for n in (1, 2, 3, 4, 10 ** 30, 10 ** 30 + 1, True, False, 5):
+        got, want = fast(x, n), scaled(x, n)
+        torch.testing.assert_close(got, want)
+        assert got.dtype == want.dtype
+
+
+def test_compiled_int_guards_agree_with_their_python_reading():
+    fast = agspeed.optimize(window, backend="eager")
+    x = torch.randn(4, 40)
+    for pos in range(4):
+        fast(x, pos)
+    (entry,) = entries(window)
+    guard = entry.guard
+    builtins = vars(__builtins__) if not isinstance(__builtins__, dict) else __builtins__
+    answers = []
+    for pos in (7, -2, 0, 1 << 62, 1 << 64, True, 3.0, "3", None, torch.tensor(3)):
+        frame = ({"x": x, "pos": pos}, globals(), builtins)
+        got = guard(*frame)
+        assert got == guard.check_in_python(*frame), repr(pos)
+        assert got == (not guard.failures(*frame))
+        answers.append(got)
+    # served: ints that keep the slice's facts (0 <= pos <= 37); refused: a negative
+    # start (another meaning), past the end, beyond int64, other types
+    assert answers == [True, False, True] + [False] * 7
+    fail = guard.first_failure({"x": x, "pos": 3.0}, globals(), builtins)
+    assert fail.startswith("pos: expected an int")
+
+
+def test_dynamic_int_entries_leak_nothing_and_die_with_the_cache():
+    model = Stepping()
+    fast = agspeed.optimize(model, backend="eager")
+    x = torch.randn(3, 8)
+    for _ in range(12):
+        fast(x)
+    before = sys.getrefcount(x)
+    gc.collect()
+    blocks = sys.getallocatedblocks()
+    for _ in range(400):
+        fast(x)
+    gc.collect()
+    assert sys.getrefcount(x) == before
+    assert sys.getallocatedblocks() - blocks < 50
+    refs = [weakref.ref(e.guard) for e in entries(model)]
+    agspeed.reset()
+    gc.collect()
+    assert refs and [r() for r in refs] == [None] * len(refs)
+
+
+class Logged(nn.Module):
+    """A counter, and a graph break (print) with the int live across it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.steps = 0
+
+    def forward(self, x, scale):
+        self.steps += 1
+        y = self.fc(x) * scale
+        print("step", self.steps, end="; ")
+        return y + self.steps * scale
+
+
+def test_a_counter_at_a_graph_break_is_resumed_and_goes_dynamic(capsys):
+    torch.manual_seed(0)
+    model, twin = Logged(), Logged()
+    twin.load_state_dict(model.state_dict())
+    fast = agspeed.optimize(twin)
+    x = torch.randn(2, 4)
+    for k in range(12):
+        torch.testing.assert_close(fast(x, k % 5), model(x, k % 5))
+    assert twin.steps == model.steps == 12
+    out = capsys.readouterr().out.split("; ")[:-1]
+    assert out[0::2] == out[1::2]   # each step printed the same by both
+    counts = agspeed.counters()
+    assert counts["graph_calls"] >= 2 * (12 - 3)   # both sides of the break, graphs
+    records = {r.function.split()[0]: r for r in agspeed.recompiles()}
+    assert "self.steps" in records["forward"].dynamic
+
+
+def reshaped(x, shape, n):
+    y = x.reshape(shape) * n   # the list checked whole, by equality
+    print(end="")   # a graph break
+    return y + n
+
+
+def test_a_break_recurring_with_a_list_checked_resumes_and_goes_dynamic():
+    """The checks a recurring break drops are compared by identity: a list expectation
+    (unhashable) among them once made the runtime fail and run the frame eager."""
+    fast = agspeed.optimize(reshaped, backend="eager")
+    x = torch.randn(6)
+    shape = [2, 3]
+    for k in range(8):
+        torch.testing.assert_close(fast(x, shape, k), reshaped(x, shape, k))
+    # both sides of the break run graphs once n is a symbol (from the third call)
+    assert agspeed.counters()["graph_calls"] >= 2 * 6
+    assert "n" in agspeed.recompiles()[0].dynamic
+
+
+class CachedAttention(nn.Module):
+    """Decoding with a key/value cache, as LLaMA's reference code writes it: the
+    position ``start_pos`` (an int) slices the cache, is written at, and widens the
+    mask of a prompt."""
+
+    def __init__(self, dim=16, heads=2, max_len=48):
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.register_buffer("ck", torch.zeros(2, heads, max_len, dim // heads))
+        self.register_buffer("cv", torch.zeros(2, heads, max_len, dim // heads))
+
+    def forward(self, x, start_pos):
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2)
+                   for t in self.qkv(x).chunk(3, -1))
+        self.ck[:b, :, start_pos:start_pos + n] = k
+        self.cv[:b, :, start_pos:start_pos + n] = v
+        keys, values = self.ck[:b, :, :start_pos + n], self.cv[:b, :, :start_pos + n]
+        scores = q @ keys.transpose(2, 3) / (d // self.heads) ** 0.5
+        if n > 1:
+            mask = torch.triu(torch.full((n, n), float("-inf")), diagonal=1)
+            scores = scores + torch.hstack([torch.zeros(n, start_pos), mask])
+        y = scores.softmax(-1) @ values
+        return self.out(y.transpose(1, 2).reshape(b, n, d))
+
+
+@torch.no_grad()
+def decode(step, prompt, steps):
+    out, pos = [step(prompt, 0)[:, -1:]], prompt.shape[1]
+    for _ in range(steps):
+        out.append(step(out[-1], pos))
+        pos += 1
+    return torch.cat(out, 1)
+
+
+def test_decoding_with_a_kv_cache_compiles_three_graphs_for_every_position():
+    torch.manual_seed(0)
+    model, twin = CachedAttention(), CachedAttention()
+    twin.load_state_dict(model.state_dict())
+    backend = Counting()
+    fast = agspeed.optimize(twin, backend=backend)
+    prompt = torch.randn(2, 5, 16)
+    torch.testing.assert_close(decode(fast, prompt, 30), decode(model, prompt, 30))
+    torch.testing.assert_close(twin.ck, model.ck)
+    # the prompt, the first decoding step, then one graph for every later position
+    assert backend.graphs == 3
+    assert agspeed.recompiles()[0].dynamic == ("start_pos",)
