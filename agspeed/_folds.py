@@ -252,6 +252,10 @@ class Folds(StdlibFolds):
         """``(container[index], its source or None)``."""
         torch = self._torch
         if isinstance(container, self.node_type):
+            if self.is_size(index) and self.is_tensor(container):
+                # t[n] with a symbolic n: Tensor.__getitem__ would take n's value (a
+                # guard pinning it); select keeps it a symbol, with eager's result
+                return self.call_method("select", (container, 0, index)), None
             return self.call_function(operator.getitem, (container, index)), None
         if self._sym_types:   # sizes as the indices of a known sequence: taken now
             index = self._specialize(index)

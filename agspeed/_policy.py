@@ -34,7 +34,7 @@ import weakref
 from typing import Any, NamedTuple
 
 from agspeed import _C, config, log
-from agspeed._shapes import DimPolicy, history_of, is_data_source
+from agspeed._shapes import DimPolicy, from_locals, history_of, is_data_source
 from agspeed.guards.guard import SameObjects
 from agspeed.protocol import Check
 
@@ -221,18 +221,11 @@ def _record_sizes(shapes: DimPolicy, guard: Any, f_locals: dict) -> None:
     for source, kind, expected in getattr(guard, "checks", ()):
         if kind in (Check.TENSOR, Check.DYNTENSOR) and is_data_source(source, f_locals):
             history.record(source, expected[3])
-        elif kind == Check.EQ and expected[0] is int and _from_locals(source):
+        elif kind == Check.EQ and expected[0] is int and from_locals(source):
             if source in shapes.ints:
                 history.pin(source)
             elif source not in history.pinned:
                 history.record_int(source, expected[1])
-
-
-def _from_locals(source: tuple) -> bool:
-    """Whether ``source`` reaches its value from a local through attributes and items."""
-    while source[0] in ("attr", "item"):
-        source = source[1]
-    return source[0] == "local"
 
 
 # -- Records for agspeed.recompiles() ------------------------------------------------

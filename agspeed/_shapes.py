@@ -27,6 +27,11 @@ symbol's value range, into postfix programs over the symbols that the C guard pr
 evaluates (guards/symbolic.c), with a Python fallback for the few expressions the postfix
 language cannot say.
 
+Plain ints go the same way: one reached from a local (a position argument, a counter
+``self.steps``) that has shown ``dynamic_after`` distinct values becomes a symbol
+(``DimPolicy.ints``, ``symbolic_int``), a graph input the guard binds with a DYNINT check;
+one the code fixes anyway (``range(n)``) is pinned in the history and stays a constant.
+
 Static captures use no ShapeEnv at all (it costs capture time); when a capture finds a
 dynamic input only after it started, it is restarted once with one (``NeedsSymbolic``).
 """
@@ -37,7 +42,7 @@ import weakref
 from typing import Any, Iterable
 
 __all__ = ["mark_dynamic", "mark_static", "DimPolicy", "NeedsSymbolic", "SymbolicGuards",
-           "ShapeHistory", "is_data_source", "to_postfix"]
+           "ShapeHistory", "from_locals", "is_data_source", "symbolic_int", "to_postfix"]
 
 _DYNAMIC_MARK = "_agspeed_dynamic_dims"
 _STATIC_MARK = "_agspeed_static_dims"
@@ -114,6 +119,14 @@ def is_data_source(source: tuple, f_locals: dict) -> bool:
     return not isinstance(f_locals.get(source[1]), torch.nn.Module)
 
 
+def from_locals(source: tuple) -> bool:
+    """Whether ``source`` reaches its value from a local through attributes and items
+    (``n``, ``self.steps``, ``batch["pos"]``): the plain ints that may become symbols."""
+    while source[0] in ("attr", "item"):
+        source = source[1]
+    return source[0] == "local"
+
+
 class ShapeHistory:
     """The sizes each data input of one function showed at its captures (in one context):
     source -> one set of sizes per dimension; and the values each plain int the captures
@@ -174,13 +187,9 @@ class DimPolicy:
         code before)."""
         from agspeed.protocol import Check
 
-        if kind != Check.EQ or expected[0] is not int or not self.supported or \
-                self.mode is False or self.history is None or \
-                source in self.history.pinned:
-            return False
-        while source[0] in ("attr", "item"):
-            source = source[1]
-        return source[0] == "local"
+        return kind == Check.EQ and expected[0] is int and self.supported and \
+            self.mode is not False and self.history is not None and \
+            source not in self.history.pinned and from_locals(source)
 
     def _dynamic_ints(self) -> dict[tuple, str]:
         """The plain ints (by source) that have shown ``after`` distinct values across

@@ -303,3 +303,19 @@ def test_decoding_with_a_kv_cache_compiles_three_graphs_for_every_position():
     # the prompt, the first decoding step, then one graph for every later position
     assert backend.graphs == 3
     assert agspeed.recompiles()[0].dynamic == ("start_pos",)
+
+
+def test_a_tensor_indexed_by_the_int_keeps_it_a_symbol():
+    def row(x, n):
+        return x[n] * 2 + x.select(1, n)
+
+    backend = Counting()
+    fast = agspeed.optimize(row, backend=backend)
+    x = torch.randn(12, 12)
+    for n in list(range(12)) + [-1, -12, 5]:
+        torch.testing.assert_close(fast(x, n), row(x, n))
+    assert backend.graphs == 3 + 1   # 0, 1, every n >= 0, every negative n
+    with pytest.raises(IndexError):
+        fast(x, 12)
+    with pytest.raises(IndexError):
+        row(x, 12)
