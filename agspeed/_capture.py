@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 from agspeed import _C
 from agspeed._effects import replay
 from agspeed._graph import GraphBreak, GraphBuilder
-from agspeed._shapes import NeedsSymbolic
+from agspeed._shapes import NeedsSymbolic, ScalarDecided
 from agspeed.protocol import Reason
 from agspeed.guards import ArgumentTypes, Guard
 
@@ -107,7 +107,7 @@ def capture(code: Any, f_locals: dict, f_globals: dict, f_builtins: dict,
     dynamic (None: all static)."""
     import torch
 
-    symbolic = bool(getattr(shapes, "ints", None))   # ints made symbols need a ShapeEnv
+    symbolic = bool(getattr(shapes, "scalars", None))   # scalar symbols need a ShapeEnv
     with _quiet_fake_tensors():
         while True:
             builder = GraphBuilder(shapes, symbolic)
@@ -117,6 +117,8 @@ def capture(code: Any, f_locals: dict, f_globals: dict, f_builtins: dict,
                 return _finish(torch, code, f_locals, builder, out)
             except NeedsSymbolic:   # a dynamic input turned up: again, under a ShapeEnv
                 symbolic = True
+            except ScalarDecided as exc:   # floats the guard cannot check: constants
+                shapes.keep_constant(exc.sources)
             except _Unguardable:    # a size fact the guard cannot check: capture static
                 if shapes is None:
                     raise

@@ -156,10 +156,10 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         self._checkpoint_init()  # checkpointed regions (agspeed/_checkpoint.py)
         self._numpy_init()  # arrays of NumPy code on tensors (agspeed/_numpy.py)
         self._identity_init()  # objects needed by identity (agspeed/_identity.py)
-        # sources of the plain ints this capture makes symbols (the interpreter asks
-        # input() for them instead of holding their value)
-        self.symbolic_ints = frozenset(shapes.ints) if shapes is not None and \
-            getattr(shapes, "ints", None) else None
+        # sources of the plain ints and floats this capture makes symbols (the
+        # interpreter asks input() for them instead of holding their value)
+        self.symbolic_scalars = frozenset(shapes.scalars) if shapes is not None and \
+            getattr(shapes, "scalars", None) else None
 
     @staticmethod
     def _constant_calls(torch: Any) -> dict:
@@ -184,9 +184,11 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
             return known[0]
         if type(value) is self.ndarray_type:   # the tensor sharing its memory
             return self.numpy_input(source, value)
-        if type(value) is int and self.symbolic_ints and source in self.symbolic_ints:
-            return self._int_input(source, value) if -(1 << 63) <= value < (1 << 63) \
-                else None   # beyond int64 (what guards compute in): kept a constant
+        if type(value) in (int, float) and self.symbolic_scalars and \
+                source in self.symbolic_scalars:
+            if type(value) is int and not -(1 << 63) <= value < (1 << 63):
+                return None   # beyond int64 (what guards compute in): kept a constant
+            return self._scalar_input(source, value)
         if not isinstance(value, self._torch.Tensor):
             raise TypeError(f"graph inputs are tensors; {source} is {type(value).__name__}")
         same = self._by_id.get(id(value))
@@ -213,18 +215,19 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         self._by_id[id(value)] = (node, source)
         return node
 
-    def _int_input(self, source: Any, value: int) -> Any:
-        """The placeholder of a plain int made a symbol: the graph computes with it for
-        every value, and what the code decides on it the ShapeEnv guards."""
+    def _scalar_input(self, source: Any, value: int | float) -> Any:
+        """The placeholder of a plain int or float made a symbol: the graph computes with
+        it for every value, and what the code decides on it the ShapeEnv guards."""
         if not self.symbolic:
             from agspeed._shapes import NeedsSymbolic
 
             raise NeedsSymbolic(source)
-        from agspeed._shapes import symbolic_int
+        from agspeed._shapes import symbolic_scalar
         from agspeed._sources import describe
 
         node = self.graph.placeholder(name_of(source))
-        node.meta["example_value"] = symbolic_int(self.fake_mode, describe(source), value)
+        node.meta["example_value"] = symbolic_scalar(self.fake_mode, describe(source),
+                                                     value)
         node.meta["source"] = source
         self._inputs[source] = (node, value)
         return node

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 from agspeed import _C, config, log
 from agspeed._shapes import DimPolicy, from_locals, history_of, is_data_source
+from agspeed._sources import describe
 from agspeed.guards.guard import SameObjects
 from agspeed.protocol import Check
 
@@ -93,12 +94,12 @@ class EntryPolicy:
         return SameObjects(identities() if identities is not None else ())
 
     def dimensions(self, code: Any, mode: bool | None, f_locals: dict,
-                   supported: bool) -> DimPolicy:
-        """Which dimensions the next capture of ``code`` makes dynamic: ``mode`` is
-        ``optimize(dynamic=...)``, ``supported`` whether the backend takes symbolic
-        sizes."""
+                   supported: bool, floats: bool = False) -> DimPolicy:
+        """Which dimensions (and plain ints and floats) the next capture of ``code``
+        makes dynamic: ``mode`` is ``optimize(dynamic=...)``, ``supported`` whether the
+        backend takes symbolic sizes, ``floats`` whether it takes float symbols."""
         return DimPolicy(mode, config.dynamic_after, history_of(self._history, code),
-                         f_locals, supported)
+                         f_locals, supported, floats)
 
     def admit(self, code: Any, where: str, entries: list, guard: Any, shapes: DimPolicy,
               captured: bool, frame: tuple) -> None:
@@ -114,7 +115,7 @@ class EntryPolicy:
         _record_sizes(shapes, guard, frame[0])
         if entries and captured:
             _log_recompile(code, where, entries, *frame)
-        if getattr(guard, "sym", None) is not None:
+        if getattr(guard, "sym", None) is not None or getattr(guard, "floats", ()):
             _went_dynamic(code, where, guard, shapes, entries)
 
     def _evict_lru(self, code: Any, where: str, entries: list) -> None:
@@ -157,17 +158,19 @@ def _went_dynamic(code: Any, where: str, guard: Any, shapes: DimPolicy,
     before the dimension went dynamic).  Those drops are replacements, not evictions:
     they do not count toward the recompile limit."""
     sym = guard.sym
-    sizes = [(source, what, d, name) for (source, what, d), name in
-             zip(sym.dims, sym.names) if what in ("size", "int")]
+    sizes = [] if sym is None else \
+        [(source, what, d, name) for (source, what, d), name in zip(sym.dims, sym.names)
+         if what in ("size", "int")]
+    sizes += [(source, "float", None, describe(source)) for source in guard.floats]
     new = _record_dynamic(code, where, [name for *_, name in sizes])
     for source, what, d, name in sizes:
-        why = shapes.ints.get(source, "dynamic") if what == "int" else \
+        why = shapes.scalars.get(source, "dynamic") if what in ("int", "float") else \
             shapes.decided.get(source, {}).get(d, "dynamic")
         if name in new and log.enabled("recompiles"):
             _recompiles_log.info("%s: %s is dynamic from now on (%s): one graph "
                                  "serves every %s of it", where, name, why,
-                                 "value" if what == "int" else "size")
-    for name in _record_dynamic(code, where, sym.specialized, pinned=True):
+                                 "size" if what == "size" else "value")
+    for name in _record_dynamic(code, where, sym.specialized if sym else (), pinned=True):
         if log.enabled("recompiles"):
             _recompiles_log.info("%s: %s was made dynamic but the code fixes it to "
                                  "one value (a size guard pins it): it stays static",
@@ -221,11 +224,11 @@ def _record_sizes(shapes: DimPolicy, guard: Any, f_locals: dict) -> None:
     for source, kind, expected in getattr(guard, "checks", ()):
         if kind in (Check.TENSOR, Check.DYNTENSOR) and is_data_source(source, f_locals):
             history.record(source, expected[3])
-        elif kind == Check.EQ and expected[0] is int and from_locals(source):
-            if source in shapes.ints:
+        elif kind == Check.EQ and expected[0] in (int, float) and from_locals(source):
+            if source in shapes.scalars:
                 history.pin(source)
             elif source not in history.pinned:
-                history.record_int(source, expected[1])
+                history.record_scalar(source, expected[1])
 
 
 # -- Records for agspeed.recompiles() ------------------------------------------------

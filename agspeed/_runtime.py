@@ -335,11 +335,12 @@ class Context:
         ``(Capture or None, CaptureBreak or None, guard, DimPolicy)``; no graph and no
         break is a frame that did no tensor work."""
         from agspeed._capture import Capture, capture
-        from agspeed.backends import supports_dynamic
+        from agspeed.backends import supports_dynamic, takes_float_inputs
 
         keep_dynamo_out()
         shapes = self.policy.dimensions(code, self.options.get("dynamic"), f_locals,
-                                        supports_dynamic(self.backend))
+                                        supports_dynamic(self.backend),
+                                        takes_float_inputs(self.backend))
         result = capture(code, f_locals, f_globals, f_builtins, shapes)
         if isinstance(result, Capture):
             return result, None, result.guard, shapes

@@ -27,10 +27,12 @@ symbol's value range, into postfix programs over the symbols that the C guard pr
 evaluates (guards/symbolic.c), with a Python fallback for the few expressions the postfix
 language cannot say.
 
-Plain ints go the same way: one reached from a local (a position argument, a counter
-``self.steps``) that has shown ``dynamic_after`` distinct values becomes a symbol
-(``DimPolicy.ints``, ``symbolic_int``), a graph input the guard binds with a DYNINT check;
-one the code fixes anyway (``range(n)``) is pinned in the history and stays a constant.
+Plain ints and floats go the same way: one reached from a local (a position argument, a
+counter ``self.steps``, a mixing weight) that has shown ``dynamic_after`` distinct values
+becomes a symbol (``DimPolicy.scalars``, ``symbolic_scalar``), a graph input.  The guard
+binds an int's symbol with a DYNINT check; a float's is only checked for its type, and a
+capture that decided anything on it (``ScalarDecided``) is done again with it constant.
+One the code fixes anyway (``range(n)``) is pinned in the history and stays a constant.
 
 Static captures use no ShapeEnv at all (it costs capture time); when a capture finds a
 dynamic input only after it started, it is restarted once with one (``NeedsSymbolic``).
@@ -41,8 +43,9 @@ from __future__ import annotations
 import weakref
 from typing import Any, Iterable
 
-__all__ = ["mark_dynamic", "mark_static", "DimPolicy", "NeedsSymbolic", "SymbolicGuards",
-           "ShapeHistory", "from_locals", "is_data_source", "symbolic_int", "to_postfix"]
+__all__ = ["mark_dynamic", "mark_static", "DimPolicy", "NeedsSymbolic", "ScalarDecided",
+           "SymbolicGuards", "ShapeHistory", "from_locals", "is_data_source",
+           "symbolic_scalar", "to_postfix"]
 
 _DYNAMIC_MARK = "_agspeed_dynamic_dims"
 _STATIC_MARK = "_agspeed_static_dims"
@@ -129,24 +132,24 @@ def from_locals(source: tuple) -> bool:
 
 class ShapeHistory:
     """The sizes each data input of one function showed at its captures (in one context):
-    source -> one set of sizes per dimension; and the values each plain int the captures
-    read showed (source -> set of values)."""
+    source -> one set of sizes per dimension; and the values each plain int or float the
+    captures read showed (source -> set of values)."""
 
-    __slots__ = ("sizes", "ints", "pinned")
+    __slots__ = ("sizes", "scalars", "pinned")
 
     def __init__(self) -> None:
         self.sizes: dict[tuple, list[set[int]]] = {}
-        self.ints: dict[tuple, set[int]] = {}
-        self.pinned: set[tuple] = set()   # ints a capture fixed to one value anyway
+        self.scalars: dict[tuple, set] = {}
+        self.pinned: set[tuple] = set()   # scalars a capture fixed to one value anyway
 
     def pin(self, source: tuple) -> None:
-        """Never make the int at ``source`` a symbol again: the code branches on it, or
-        loops over it, so every value compiles apart whatever is done."""
+        """Never make the int or float at ``source`` a symbol again: the code branches on
+        it, or loops over it, so every value compiles apart whatever is done."""
         self.pinned.add(source)
-        self.ints.pop(source, None)
+        self.scalars.pop(source, None)
 
-    def record_int(self, source: tuple, value: int) -> None:
-        got = self.ints.setdefault(source, set())
+    def record_scalar(self, source: tuple, value: Any) -> None:
+        got = self.scalars.setdefault(source, set())
         if len(got) < 64:   # bounded memory
             got.add(value)
 
@@ -171,45 +174,62 @@ class DimPolicy:
     """
 
     def __init__(self, mode: bool | None, after: int, history: ShapeHistory | None,
-                 f_locals: dict, supported: bool = True):
+                 f_locals: dict, supported: bool = True, floats: bool = False):
         self.mode = mode
+        self.floats = floats and supported   # the backend takes float symbols
         self.after = after
         self.history = history
         self.f_locals = f_locals
         self.supported = supported
         self.decided: dict[tuple, dict[int, str]] = {}   # source -> dim -> why
-        #: source -> why, for the plain ints this capture makes symbols
-        self.ints: dict[tuple, str] = self._dynamic_ints()
+        #: source -> why, for the plain ints and floats this capture makes symbols
+        self.scalars: dict[tuple, str] = self._dynamic_scalars()
 
     def may_go_dynamic(self, source: tuple, kind: Any, expected: Any) -> bool:
-        """Whether a guard's check ``(source, kind, expected)`` is of a plain int that a
-        later capture may make a symbol (one reached from a local, not fixed by the
-        code before)."""
+        """Whether a guard's check ``(source, kind, expected)`` is of a plain int or
+        float that a later capture may make a symbol (one reached from a local, not fixed
+        by the code before)."""
         from agspeed.protocol import Check
 
-        return kind == Check.EQ and expected[0] is int and self.supported and \
+        return kind == Check.EQ and expected[0] in self._kinds() and self.supported and \
             self.mode is not False and self.history is not None and \
             source not in self.history.pinned and from_locals(source)
 
-    def _dynamic_ints(self) -> dict[tuple, str]:
-        """The plain ints (by source) that have shown ``after`` distinct values across
-        this function's captures: a counter (``self.step += 1``), a position argument.
-        Each becomes a symbol, so one graph serves every value."""
+    def _kinds(self) -> tuple:
+        """The types of plain values this capture may make symbols."""
+        return (int, float) if self.floats else (int,)
+
+    def _dynamic_scalars(self) -> dict[tuple, str]:
+        """The plain ints and floats (by source) that have shown ``after`` distinct
+        values across this function's captures: a counter (``self.step += 1``), a
+        position argument, a mixing weight.  Each becomes a symbol, so one graph serves
+        every value."""
         if not self.supported or self.mode is False or self.history is None:
             return {}
         from agspeed._sources import resolve
 
         out = {}
         memo: dict = {}
-        for source, values in self.history.ints.items():
+        kinds = self._kinds()
+        for source, values in self.history.scalars.items():
             now = resolve(source, self.f_locals, {}, {}, memo)
-            if type(now) is int:   # the value this capture sees counts, as a size does
-                values = values | {now}
+            if type(now) not in kinds:   # the value this capture sees decides the type
+                continue
+            # the value this capture sees counts, as a size does
+            values = {v for v in values if type(v) is type(now)} | {now}
             if len(values) >= max(self.after, 2):
-                shown = ", ".join(map(str, sorted(values)[:8]))
+                shown = ", ".join(map(repr, sorted(values, key=float)[:8]))
                 out[source] = (f"{len(values)} distinct values ({shown}) reached "
                                f"dynamic_after={self.after}")
         return out
+
+    def keep_constant(self, sources: list) -> None:
+        """Make the scalars at ``sources`` constants in this capture and the later ones
+        (a capture decided something on them that no guard can check)."""
+        for source in sources:
+            self.scalars.pop(source, None)
+            if self.history is not None:
+                self.history.pin(source)
 
     def decide(self, source: Any, value: Any) -> dict[int, str]:
         """``{dim: why}`` for the dimensions of ``value`` (reached by ``source``) that this
@@ -253,15 +273,28 @@ def fake_input(fake_mode: Any, source: tuple, name: str, value: Any,
         dynamic_sizes=sizes), source=ConstantSource(name))
 
 
-def symbolic_int(fake_mode: Any, name: str, value: int) -> Any:
-    """A SymInt standing for the plain int ``value``: a fresh symbol of any sign."""
+def symbolic_scalar(fake_mode: Any, name: str, value: int | float) -> Any:
+    """A SymInt or SymFloat standing for the plain ``value``: a fresh symbol of any
+    sign."""
     from torch._dynamo.source import ConstantSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic
 
     env = fake_mode.shape_env
     src = ConstantSource(name)
     sym = env.create_unspecified_symbol(value, src, dynamic_dim=DimDynamic.DYNAMIC)
-    return env.create_symintnode(sym, hint=value, source=src)
+    make = env.create_symintnode if type(value) is int else env.create_symfloatnode
+    return make(sym, hint=value, source=src)
+
+
+class ScalarDecided(Exception):
+    """A capture decided something on a float it made a symbol (a branch, a value a
+    call needed as such): the guard program computes in int64 and cannot check it, so
+    the capture is done again with those floats constant (``sources``), and they stay
+    so."""
+
+    def __init__(self, sources: list) -> None:
+        super().__init__(", ".join(map(str, sources)))
+        self.sources = sources
 
 
 # -- the postfix language of guards/symbolic.c --------------------------------------------
@@ -350,10 +383,14 @@ class SymbolicGuards:
         env = builder.fake_mode.shape_env
         raw: dict[tuple, tuple] = {}
         named: dict = {}      # every input symbol -> (name, (source, kind, dim))
+        floats: dict = {}     # the symbol of each float input -> its source
         for source, (node, _value) in builder._inputs.items():
             fake = node.meta["example_value"]
             if type(_value) is int:   # a plain int made a symbol
                 named.setdefault(_raw(fake), (describe(source), (source, "int", None)))
+                continue
+            if type(_value) is float:   # a float: an input nothing may be decided on
+                floats[_raw(fake)] = source
                 continue
             sizes = tuple(_raw(s) for s in fake.size())
             strides = tuple(_raw(s) for s in fake.stride())
@@ -386,6 +423,10 @@ class SymbolicGuards:
             sizes, strides = (tuple(_fold(e, pinned) for e in part) for part in (sizes, strides))
             if not all(isinstance(e, int) for e in sizes + strides):
                 self.specs[source] = (sizes, strides)
+        decided = [source for s, source in floats.items() if s in env.replacements or
+                   any(s in g.expr.free_symbols for g in env.guards)]
+        if decided:
+            raise ScalarDecided(decided)
         index = set(self.symbols)
         guards: list = []
         for g in env.guards:

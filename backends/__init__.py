@@ -30,7 +30,7 @@ from agspeed.backends._protocol import Capabilities, capabilities_of, why_not
 from agspeed.errors import InvalidArgumentError, UnknownBackendError
 
 __all__ = ["Backend", "Capabilities", "register_backend", "get_backend", "list_backends",
-           "resolve", "supports_dynamic", "capabilities_of", "why_not", "TOOLS",
+           "resolve", "supports_dynamic", "takes_float_inputs", "capabilities_of", "why_not", "TOOLS",
            "candidate_names"]
 
 # Modules of this package that are not backends.
@@ -101,6 +101,13 @@ def supports_dynamic(backend: Backend) -> bool:
     ``example_value`` metadata.
     """
     return capabilities_of(backend).dynamic
+
+
+def takes_float_inputs(backend: Backend) -> bool:
+    """Whether ``backend`` takes plain floats made symbols (``Capabilities.float_inputs``;
+    only backends that declare it)."""
+    caps = capabilities_of(backend)
+    return caps.dynamic and caps.float_inputs
 
 
 def resolve(backend: str | Backend) -> tuple[str, Backend]:

@@ -7,7 +7,12 @@ callable``.  Beside it, it may carry ``backend.capabilities``, a ``Capabilities`
   backward runs through it, or through autograd as in eager).  False: the backend is
   for graphs that need no gradient (inference, or ``torch.no_grad()`` regions).
 * ``dynamic``: it takes graphs whose placeholders have symbolic sizes (one graph for many
-  sizes).  False: the runtime gives it one static graph per size.
+  sizes), or are ints made symbols (SymInt placeholders).  False: the runtime gives it
+  one static graph per size and value.
+* ``float_inputs``: it takes plain floats made symbols (SymFloat placeholders; off unless
+  declared).  Tracing them through AOTAutograd outside torch.compile either fails or
+  fixes the float's value silently, so only backends that run the graph as it is
+  declare it; the others get floats as constants of the graph.
 * ``devices``: the device types of inputs it can run (``"cpu"``, ``"cuda"``).
 * ``static_inputs_only``: it needs every input at a fixed address and size (CUDA graphs).
 * ``unavailable``: a function answering why the backend cannot run in this process at
@@ -41,6 +46,7 @@ class Capabilities:
 
     training: bool = True
     dynamic: bool = True
+    float_inputs: bool = False
     devices: frozenset = frozenset({"cpu", "cuda"})
     static_inputs_only: bool = False
     unavailable: Callable[[], "str | None"] = _always
@@ -74,9 +80,11 @@ def placeholder_values(gm: Any) -> list:
 
 
 def is_dynamic(gm: Any) -> bool:
-    """Whether the graph's placeholders have symbolic sizes (a dynamic capture)."""
-    return any(type(d).__name__ == "SymInt"
-               for value in placeholder_values(gm) for d in getattr(value, "shape", ()))
+    """Whether the graph's placeholders have symbolic sizes, or are symbols themselves
+    (a plain int or float the capture made one): a dynamic capture."""
+    values = placeholder_values(gm)
+    return any(type(v).__name__ in ("SymInt", "SymFloat") for v in values) or \
+        any(type(d).__name__ == "SymInt" for v in values for d in getattr(v, "shape", ()))
 
 
 def autocast_state(devices: Any) -> list:

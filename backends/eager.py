@@ -17,4 +17,4 @@ def backend(gm: Any, example_inputs: list) -> Callable[..., Any]:
 
 
 # any device, training, graphs with symbolic sizes: they run as they are
-backend.capabilities = Capabilities()
+backend.capabilities = Capabilities(float_inputs=True)

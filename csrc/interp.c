@@ -623,20 +623,21 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
                         "capture: builder.ndarray_type must be a type or None");
         goto done;
     }
-    /* optional: the sources of ints to load as graph inputs (symbols) */
-    it.symbolic_ints = PyObject_GetAttrString(builder, "symbolic_ints");
-    if (it.symbolic_ints == NULL) {
+    /* optional: the sources of ints and floats to load as graph inputs */
+    it.symbolic_scalars = PyObject_GetAttrString(builder, "symbolic_scalars");
+    if (it.symbolic_scalars == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
             goto done;
         }
         PyErr_Clear();
     }
-    else if (it.symbolic_ints == Py_None) {
-        Py_CLEAR(it.symbolic_ints);
+    else if (it.symbolic_scalars == Py_None) {
+        Py_CLEAR(it.symbolic_scalars);
     }
-    else if (!PyFrozenSet_Check(it.symbolic_ints)) {
+    else if (!PyFrozenSet_Check(it.symbolic_scalars)) {
         PyErr_SetString(PyExc_TypeError,
-                        "capture: builder.symbolic_ints must be a frozenset or None");
+                        "capture: builder.symbolic_scalars must be a frozenset or "
+                        "None");
         goto done;
     }
     if (ags_stop_at(builder, &it.stop_at) < 0
@@ -682,7 +683,7 @@ done:
     Py_XDECREF(it.assumptions);
     Py_XDECREF(it.known);
     Py_XDECREF(it.array_type);
-    Py_XDECREF(it.symbolic_ints);
+    Py_XDECREF(it.symbolic_scalars);
     Py_XDECREF(it.owned);
     Py_XDECREF(it.shadows);
     Py_XDECREF(it.brk_detail);

@@ -119,9 +119,9 @@ typedef struct {
     PyObject *builder, *tensor_type, *node_type;
     PyObject *array_type;       /* numpy.ndarray (builder.ndarray_type), or
                                    NULL when NumPy is not loaded */
-    PyObject *symbolic_ints;    /* frozenset of the sources of plain ints
-                                   the builder makes symbols
-                                   (builder.symbolic_ints), or NULL */
+    PyObject *symbolic_scalars; /* frozenset of the sources of plain ints
+                                   and floats the builder makes symbols
+                                   (builder.symbolic_scalars), or NULL */
     PyObject *assumptions;      /* list of (source, value) */
     PyObject *known;            /* dict: id -> (object, source) */
     PyObject *owned;            /* set of ids of containers built here */

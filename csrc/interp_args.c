@@ -265,9 +265,11 @@ ags_load_object(ags_interp *it, PyObject *source, PyObject *value,
                 && Py_IS_TYPE(value, (PyTypeObject *)it->array_type);
     int symbol = 0;
 
-    if (it->symbolic_ints != NULL && PyLong_CheckExact(value)) {
-        /* a plain int whose value kept changing: a symbol, not a constant */
-        symbol = PySet_Contains(it->symbolic_ints, source);
+    if (it->symbolic_scalars != NULL
+        && (PyLong_CheckExact(value) || PyFloat_CheckExact(value))) {
+        /* a plain int or float whose value kept changing: a symbol, not a
+         * constant */
+        symbol = PySet_Contains(it->symbolic_scalars, source);
         if (symbol < 0) {
             return AGS_ERROR;
         }

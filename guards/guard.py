@@ -53,7 +53,8 @@ class Guard(_C.GuardProgram):
     symbolic part of a capture with dynamic dimensions (a ``SymbolicGuards``), or None.
     """
 
-    __slots__ = ("checks", "aliases", "state", "torch", "break_at", "inputs", "sym", "args")
+    __slots__ = ("checks", "aliases", "state", "torch", "break_at", "inputs", "sym", "args",
+                 "floats")
 
     def __init__(self, torch: Any, builder: Any, f_locals: dict, code: Any = None):
         """``builder``: the capture's ``agspeed._graph.GraphBuilder``."""
@@ -64,7 +65,13 @@ class Guard(_C.GuardProgram):
             self.sym = None   # every dimension turned out static (sizes 0 and 1)
         specs = self.sym.specs if self.sym is not None else {}
         ints = self.sym.ints if self.sym is not None else {}
+        #: the floats the capture made symbols (graph inputs checked for their type)
+        self.floats = tuple(s for s, (_, v) in builder._inputs.items() if type(v) is float)
         for source, (node, value) in zip(builder.sources, builder._inputs.values()):
+            if type(value) is float:
+                checks.append((("type", source), *check_for(builder, float)))
+                seen.add(("type", source))
+                continue
             if type(value) is int:   # a plain int the capture made a symbol
                 symbol = ints.get(source, value)
                 checks.append((source, *check_for(builder, value)) if type(symbol) is int
@@ -149,7 +156,7 @@ class Guard(_C.GuardProgram):
                            or theirs.get((c[0], c[1]), c[2]) == c[2])
         out.aliases, out.state, out.torch = self.aliases, self.state, self.torch
         out.break_at, out.inputs, out.sym = self.break_at, self.inputs, self.sym
-        out.args = self.args
+        out.args, out.floats = self.args, self.floats
         out._compile()
         return out
 

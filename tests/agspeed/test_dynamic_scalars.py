@@ -1,10 +1,12 @@
-"""Plain ints that keep changing become symbols: a position argument (``x[:, pos:pos+n]``),
-a step counter written back (``self.steps += 1``).  After ``dynamic_after`` distinct values
-one graph serves every value, with eager's results and result types; what the code decides
-on the int (a branch, ``n % k``) is guarded symbolically; an int the code fixes anyway (a
-loop over ``range(n)``, a list index) is never made a symbol again; ``dynamic=False`` and
-backends without dynamic support keep ints static; compiled guards agree with their Python
-reading; nothing leaks."""
+"""Plain ints and floats that keep changing become symbols: a position argument
+(``x[:, pos:pos+n]``), a step counter written back (``self.steps += 1``), a mixing weight.
+After ``dynamic_after`` distinct values one graph serves every value, with eager's results
+and result types; what the code decides on an int (a branch, ``n % k``) is guarded
+symbolically; an int the code fixes anyway (a loop over ``range(n)``, a list index) and a
+float anything is decided on are never made symbols again; ``dynamic=False`` and backends
+without dynamic support keep them static, and floats are symbols only for backends that
+declare ``float_inputs``; compiled guards agree with their Python reading; nothing
+leaks."""
 
 import gc
 import sys
@@ -319,3 +321,57 @@ def test_a_tensor_indexed_by_the_int_keeps_it_a_symbol():
         fast(x, 12)
     with pytest.raises(IndexError):
         row(x, 12)
+
+
+class FloatTaking(Counting):
+    capabilities = agspeed.backends.Capabilities(float_inputs=True)
+
+
+def mix(x, y, lam):
+    return lam * x + (1 - lam) * y, 1 - lam
+
+
+def test_a_changing_float_goes_dynamic_for_a_backend_that_takes_float_inputs():
+    backend = FloatTaking()
+    fast = agspeed.optimize(mix, backend=backend)
+    x, y = torch.randn(4, requires_grad=True), torch.randn(4)
+    for lam in (0.1, 0.25, 0.5, 0.75, float("inf"), -0.0, 2.5):
+        (got, g), (want, w) = fast(x, y, lam), mix(x, y, lam)
+        torch.testing.assert_close(got, want, equal_nan=True)
+        assert type(g) is float and g == w
+        (ga,) = torch.autograd.grad(got.nan_to_num().sum(), x)
+        (wa,) = torch.autograd.grad(want.nan_to_num().sum(), x)
+        torch.testing.assert_close(ga, wa, equal_nan=True)
+    assert backend.graphs == 3
+    assert agspeed.recompiles()[0].dynamic == ("lam",)
+    # an int where the float was: another type, another entry, eager's result
+    torch.testing.assert_close(fast(x, y, 2)[0], mix(x, y, 2)[0])
+    assert backend.graphs == 4
+
+
+def test_a_float_the_code_decides_on_stays_a_constant():
+    def gate(x, lam):
+        return x * lam if lam > 0.5 else x - lam
+
+    backend = FloatTaking()
+    fast = agspeed.optimize(gate, backend=backend)
+    x = torch.randn(3)
+    values = (0.1, 0.7, 0.2, 0.9, 0.3)
+    for lam in values:
+        torch.testing.assert_close(fast(x, lam), gate(x, lam))
+    assert backend.graphs == len(values) and agspeed.recompiles()[0].dynamic == ()
+
+
+def test_floats_stay_constants_for_backends_that_do_not_declare_float_inputs():
+    from agspeed.backends import get_backend, takes_float_inputs
+
+    assert takes_float_inputs(get_backend("eager"))
+    assert not takes_float_inputs(get_backend("inductor"))
+    assert not takes_float_inputs(get_backend("auto"))
+    assert not takes_float_inputs(Counting())
+    backend = Counting()
+    fast = agspeed.optimize(mix, backend=backend)
+    x, y = torch.randn(4), torch.randn(4)
+    for lam in (0.1, 0.2, 0.3, 0.4):
+        torch.testing.assert_close(fast(x, y, lam)[0], mix(x, y, lam)[0])
+    assert backend.graphs == 4
