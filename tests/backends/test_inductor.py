@@ -220,6 +220,35 @@ def test_a_dynamic_graph_whose_backward_needs_a_size_plus_one():
     assert len(captured) == 1
 
 
+class Windowed(nn.Module):
+    """A position argument and a counter written back: plain ints made symbols."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.steps = 0
+
+    def forward(self, x, pos):
+        self.steps += 1
+        return self.fc(x[:, pos:pos + 8]).relu() * (self.steps % 3 + 1)
+
+
+def test_ints_made_symbols_train_through_one_graph():
+    eager, model = _twins(Windowed)
+    optimized = agspeed.optimize(model, backend="inductor")
+    x = torch.randn(4, 24, requires_grad=True)
+    for pos in range(8):
+        got, want = optimized(x, pos), eager(x, pos)
+        torch.testing.assert_close(got, want)
+        got.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(model.fc.weight.grad, eager.fc.weight.grad)
+    assert model.steps == eager.steps == 8
+    captured = [r for r in agspeed._runtime.frame_records() if r.decision == "captured"]
+    assert len(captured) == 3   # 0 and 1 static, then one graph for every value
+    assert agspeed.recompiles()[0].dynamic == ("self.steps", "pos")
+
+
 def test_output_containers_and_constants_come_back_as_eager_gives_them():
     eager, model = _twins(Pair)
     x = torch.randn(3, 8)
