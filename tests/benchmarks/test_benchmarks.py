@@ -111,6 +111,20 @@ def test_dynamic_benchmark_quick_run(tmp_path):
     assert 1 <= runs["agspeed"]["graphs"] < runs["agspeed static"]["graphs"]
 
 
+def test_decode_benchmark_quick_run(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "decode.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "decode.py"), "--quick",
+         "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = json.loads(out.read_text())["runtimes"]
+    assert set(runs) == {"eager", "agspeed", "agspeed static", "dynamo", "dynamo static"}
+    assert all(r["tokens_match"] for r in runs.values())
+    # the prompt, the first step, then one graph for every later position
+    assert runs["agspeed"]["graphs"] == 3 < runs["agspeed static"]["graphs"]
+
+
 def test_plot_writes_svg_from_the_results(tmp_path):
     import xml.dom.minidom
 
