@@ -36,9 +36,8 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-import agspeed  # noqa: E402
 from _report import add_device_args, default_out, machine, save, sync  # noqa: E402
-from dynamic import Counting  # noqa: E402
+from dynamic import RUNTIMES, Counting, print_rows, wrapped  # noqa: E402
 
 
 class Attention(nn.Module):
@@ -101,18 +100,7 @@ def generate(runtime: str, prompt: torch.Tensor, tokens: int, device: str) -> di
     torch.manual_seed(0)
     model = Decoder(batch=prompt.shape[0], ctx=prompt.shape[1] + tokens + 1).to(device)
     backend = Counting()
-    agspeed.reset()
-    torch._dynamo.reset()
-    if runtime == "eager":
-        step = model
-    elif runtime == "agspeed":
-        step = agspeed.optimize(model, backend=backend)
-    elif runtime == "agspeed static":
-        step = agspeed.optimize(model, backend=backend, dynamic=False)
-    elif runtime == "dynamo":
-        step = torch.compile(model, backend=backend, dynamic=None)
-    else:
-        step = torch.compile(model, backend=backend, dynamic=False)
+    step = wrapped(runtime, model, backend)
     out, times = [], []
     sync(device)
     start = time.perf_counter()
@@ -132,9 +120,6 @@ def generate(runtime: str, prompt: torch.Tensor, tokens: int, device: str) -> di
             "tokens": torch.cat(out, 1).cpu()}
 
 
-RUNTIMES = ("eager", "agspeed", "agspeed static", "dynamo", "dynamo static")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -152,15 +137,9 @@ def main() -> int:
     print(f"greedy decoding with a key/value cache ({tokens} tokens after a "
           f"{prompt.shape[1]}-token prompt, batch {prompt.shape[0]}) on {args.device}: "
           f"{machine(args.device)}, torch {torch.__version__}")
-    print(f"  {'runtime':16s} {'graphs':>6s} {'total s':>8s} {'x eager':>8s} "
-          f"{'step ms':>8s} {'x eager':>8s}  tokens")
-    for name, r in results.items():
-        r["total_vs_eager"] = r["total_s"] / eager["total_s"]
-        r["steady_vs_eager"] = r["steady_ms"] / eager["steady_ms"]
+    for r in results.values():
         r["tokens_match"] = bool(torch.equal(r.pop("tokens"), reference))
-        print(f"  {name:16s} {r['graphs']:6d} {r['total_s']:8.2f} {r['total_vs_eager']:8.2f} "
-              f"{r['steady_ms']:8.3f} {r['steady_vs_eager']:8.2f}  "
-              f"{'match' if r['tokens_match'] else 'DIFFER'}")
+    print_rows(results, "tokens_match")
     data_out = {"benchmark": "decode", "machine": machine(args.device), "device": args.device,
                 "torch": torch.__version__, "quick": args.quick, "tokens": tokens,
                 "runtimes": results}

@@ -105,23 +105,39 @@ def batches(steps: int, batch: int, lengths: range, device: str, seed: int = 0) 
     return out
 
 
+def wrapped(runtime: str, model: nn.Module, backend: Counting):
+    """``model`` as ``runtime`` (one of RUNTIMES) runs it, both runtimes reset first."""
+    agspeed.reset()
+    torch._dynamo.reset()
+    if runtime == "eager":
+        return model
+    if runtime.startswith("agspeed"):
+        return agspeed.optimize(model, backend=backend,
+                                **({"dynamic": False} if runtime.endswith("static") else {}))
+    return torch.compile(model, backend=backend,
+                         dynamic=False if runtime.endswith("static") else None)
+
+
+def print_rows(results: dict, match: str) -> None:
+    """The table of ``results`` (runtime -> figures, eager first), with ratios to eager
+    added to each; ``match`` names the boolean that says whether it agrees with eager."""
+    eager = results["eager"]
+    print(f"  {'runtime':16s} {'graphs':>6s} {'total s':>8s} {'x eager':>8s} "
+          f"{'step ms':>8s} {'x eager':>8s}  {match.split('_')[0]}")
+    for name, r in results.items():
+        r["total_vs_eager"] = r["total_s"] / eager["total_s"]
+        r["steady_vs_eager"] = r["steady_ms"] / eager["steady_ms"]
+        print(f"  {name:16s} {r['graphs']:6d} {r['total_s']:8.2f} {r['total_vs_eager']:8.2f} "
+              f"{r['steady_ms']:8.3f} {r['steady_vs_eager']:8.2f}  "
+              f"{'match' if r[match] else 'DIFFER'}")
+
+
 def train(runtime: str, data: list, device: str) -> dict:
     torch.manual_seed(0)
     model = TinyLM().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     backend = Counting()
-    agspeed.reset()
-    torch._dynamo.reset()
-    if runtime == "eager":
-        step_fn = model
-    elif runtime == "agspeed":
-        step_fn = agspeed.optimize(model, backend=backend)
-    elif runtime == "agspeed static":
-        step_fn = agspeed.optimize(model, backend=backend, dynamic=False)
-    elif runtime == "dynamo":
-        step_fn = torch.compile(model, backend=backend, dynamic=None)
-    else:
-        step_fn = torch.compile(model, backend=backend, dynamic=False)
+    step_fn = wrapped(runtime, model, backend)
     losses, times = [], []
     sync(device)
     start = time.perf_counter()
@@ -158,16 +174,10 @@ def main() -> int:
     print(f"varying sequence length ({steps} steps, lengths {lengths.start}-"
           f"{lengths.stop - 1}, {len({d[0].shape for d in data})} distinct shapes) on "
           f"{args.device}: {machine(args.device)}, torch {torch.__version__}")
-    print(f"  {'runtime':16s} {'graphs':>6s} {'total s':>8s} {'x eager':>8s} "
-          f"{'step ms':>8s} {'x eager':>8s}  losses")
-    for name, r in results.items():
-        r["total_vs_eager"] = r["total_s"] / eager["total_s"]
-        r["steady_vs_eager"] = r["steady_ms"] / eager["steady_ms"]
+    for r in results.values():
         r["losses_match"] = all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5)
                                 for a, b in zip(r["losses"], eager["losses"]))
-        print(f"  {name:16s} {r['graphs']:6d} {r['total_s']:8.2f} {r['total_vs_eager']:8.2f} "
-              f"{r['steady_ms']:8.2f} {r['steady_vs_eager']:8.2f}  "
-              f"{'match' if r['losses_match'] else 'DIFFER'}")
+    print_rows(results, "losses_match")
     data_out = {"benchmark": "dynamic", "machine": machine(args.device), "device": args.device,
                 "torch": torch.__version__, "quick": args.quick, "steps": steps,
                 "lengths": [lengths.start, lengths.stop - 1],
