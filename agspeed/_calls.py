@@ -98,10 +98,6 @@ class CallPolicy:
         const, value = self.numpy_const_attr(obj, name)  # type: ignore[attr-defined]
         if const:
             return Attr.VALUE, value, None
-        if type(obj) is self._cublas_type and name.startswith("allow_"):
-            # torch.backends.cuda.matmul's flags: read through its __getattr__ from
-            # torch's own state, a plain value (guarded by its source, read the same way)
-            return Attr.VALUE, getattr(obj, name), None
         how, value = static_attr(obj, name)
         if how is Attr.METHOD and type(value) is functools._lru_cache_wrapper and \
                 isinstance(obj, logging.Logger):

@@ -148,7 +148,6 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         self._static = (torch.dtype, torch.device, torch.layout, torch.memory_format,
                         torch.Size, torch.finfo, torch.iinfo, *_PLAIN)
         self._consts = self._constant_calls(torch)
-        self._cublas_type = type(torch.backends.cuda.matmul)
         self._constant_makers = frozenset({torch.tensor, torch.as_tensor, torch.scalar_tensor})
         md = torch.nn.ModuleDict
         self._dict_views = {md.items: "items", md.keys: "keys", md.values: "values"}

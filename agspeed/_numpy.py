@@ -85,7 +85,7 @@ def _identity(t: Any) -> Any:
 
 
 _AS_ARRAY = NumpyCall("numpy", _identity)       # x.numpy(): the same data, as an array
-_AS_TENSOR = NumpyCall("from_numpy", _identity)  # torch.from_numpy(a): back to a tensor
+_AS_TENSOR = NumpyCall("from_numpy", _identity)  # torch.from_numpy(a): its tensor
 
 
 def _to_arrays(value: Any) -> Any:
@@ -360,7 +360,10 @@ class NumpyPolicy:
         if kind != "call_function":
             raise GraphBreak(Reason.OP_FAILED, f"Tensor.{target} given a NumPy array")
         if target is torch.from_numpy or (target is torch.as_tensor and not kwargs):
-            return self._record("call_function", _AS_TENSOR, args, {})  # type: ignore
+            # back to a tensor: a new one sharing the memory (never the input itself,
+            # which eager's from_numpy(x.numpy()) is not either), without gradient
+            tensor = self._record("call_function", _AS_TENSOR, args, {})  # type: ignore
+            return self._record("call_method", "detach", (tensor,), {})  # type: ignore
         if getattr(target, "__module__", None) in ("_operator", "operator"):
             name = getattr(target, "__name__", "op")
             if any(type(a) is self.node_type and a not in self._numpy_nodes and  # type: ignore

@@ -114,6 +114,10 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
         return (Attr.VALUE, d[name]) if name in d else (Attr.MISSING, MISSING)
     if issubclass(cls, super):
         return _super_attr(obj, name)
+    if cls.__qualname__ == "cuBLASModule" and cls.__module__ == "torch.backends.cuda" and \
+            name.startswith("allow_"):
+        # torch.backends.cuda.matmul's flags: its __getattr__ reads torch's own state
+        return Attr.VALUE, getattr(obj, name)
     found = _class_lookup(cls, name)
     if cls is contextvars.ContextVar and name == "get":
         return Attr.METHOD, found   # a read the capture models (its value is guarded)

@@ -282,3 +282,22 @@ def test_ufuncs_of_constants_are_numpy_scalars_and_arrays_come_from_the_graph():
 
     out = check(f, (3,))(torch.randn(3))
     assert type(out[1]) is np.float64 and type(out[2]) is np.ndarray
+
+
+def test_a_tensor_back_from_an_array_is_a_new_tensor_sharing_the_memory():
+    """torch.from_numpy(x.numpy()) is not x in eager: a change to its metadata (shape,
+    requires_grad) must not reach the caller's tensor."""
+    def f(x):
+        a = x.numpy()
+        return torch.from_numpy(a), torch.as_tensor(a.real), torch.from_numpy(a.T)
+
+    x = torch.randn(2, 3)
+    for got, want in zip(agspeed.optimize(f)(x), f(x)):
+        assert got is not x and want is not x
+        assert got.data_ptr() == want.data_ptr() == x.data_ptr()
+        torch.testing.assert_close(got, want)
+        assert (got.shape, got.stride(), got.requires_grad) == \
+            (want.shape, want.stride(), want.requires_grad)
+    out = agspeed.optimize(f)(x)[0]
+    out.requires_grad_()
+    assert not x.requires_grad
