@@ -317,10 +317,22 @@ def test_a_tensor_indexed_by_the_int_keeps_it_a_symbol():
     for n in list(range(12)) + [-1, -12, 5]:
         torch.testing.assert_close(fast(x, n), row(x, n))
     assert backend.graphs == 3 + 1   # 0, 1, every n >= 0, every negative n
-    with pytest.raises(IndexError):
-        fast(x, 12)
-    with pytest.raises(IndexError):
+
+
+@pytest.mark.cxx_exceptions   # libtorch throws the fake select's IndexError
+def test_an_index_past_the_end_raises_eagers_error():
+    def row(x, n):
+        return x[n] * 2
+
+    fast = agspeed.optimize(row, backend="eager")
+    x = torch.randn(12, 12)
+    for n in range(4):
+        fast(x, n)
+    with pytest.raises(IndexError) as want:
         row(x, 12)
+    with pytest.raises(IndexError) as got:
+        fast(x, 12)
+    assert str(got.value) == str(want.value)
 
 
 class FloatTaking(Counting):
