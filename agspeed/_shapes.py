@@ -211,6 +211,10 @@ class DimPolicy:
         out = {}
         memo: dict = {}
         kinds = self._kinds()
+        if self.mode is True:   # the frame's own int (and float) arguments, at once
+            for name, value in self.f_locals.items():
+                if type(value) in kinds and ("local", name) not in self.history.pinned:
+                    out[("local", name)] = "optimize(dynamic=True)"
         for source, values in self.history.scalars.items():
             now = resolve(source, self.f_locals, {}, {}, memo)
             if type(now) not in kinds:   # the value this capture sees decides the type

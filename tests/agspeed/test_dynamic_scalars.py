@@ -387,3 +387,13 @@ def test_floats_stay_constants_for_backends_that_do_not_declare_float_inputs():
     for lam in (0.1, 0.2, 0.3, 0.4):
         torch.testing.assert_close(fast(x, y, lam)[0], mix(x, y, lam)[0])
     assert backend.graphs == 4
+
+
+def test_dynamic_true_makes_int_arguments_symbols_from_the_first_capture():
+    backend = Counting()
+    fast = agspeed.optimize(window, backend=backend, dynamic=True)
+    x = torch.randn(4, 40)
+    for pos in range(10):
+        torch.testing.assert_close(fast(x, pos), window(x, pos))
+    assert backend.graphs == 1
+    assert "pos" in agspeed.recompiles()[0].dynamic
