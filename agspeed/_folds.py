@@ -63,7 +63,7 @@ class Folds(StdlibFolds):
         if type(fn) is types.MethodType and fn.__func__ in self._dict_views:
             args, fn = (fn.__self__, *args), fn.__func__
         if type(fn) is types.FunctionType and fn in self._dict_views:
-            if len(args) != 1 or kwargs or type(args[0]) is not self._torch.nn.ModuleDict:
+            if len(args) != 1 or kwargs or not isinstance(args[0], self._torch.nn.ModuleDict):
                 raise GraphBreak(Reason.BAD_CALL, f"ModuleDict.{self._dict_views[fn]}() with "
                                  f"these arguments")
             return self._module_dict_view(args[0], self._dict_views[fn])
@@ -286,6 +286,12 @@ class Folds(StdlibFolds):
                 out = SymShape(out)     # a slice of a shape is a shape
             if source is not None and not self._is_static(container):
                 self._guard_read(container, index, source, out)
+                if type(index) is slice and type(container) in (tuple, list):
+                    # the tensors of a slice of the program's sequence: graph inputs
+                    where = range(*index.indices(len(container)))
+                    out = type(out)(self.input(("item", source, i), v)
+                                    if isinstance(v, torch.Tensor) else v
+                                    for i, v in zip(where, out))
             keep = source is not None and not isinstance(index, slice) and \
                 not self._is_static(out) and not isinstance(out, self.node_type)
             return out, (("item", source, index) if keep else None)

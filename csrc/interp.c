@@ -636,8 +636,8 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
     }
     else if (!PyFrozenSet_Check(it.symbolic_scalars)) {
         PyErr_SetString(PyExc_TypeError,
-                        "capture: builder.symbolic_scalars must be a frozenset or "
-                        "None");
+                        "capture: builder.symbolic_scalars must be a "
+                        "frozenset or None");
         goto done;
     }
     if (ags_stop_at(builder, &it.stop_at) < 0

@@ -159,6 +159,7 @@ typedef int (*ags_handler)(ags_interp *, ags_frame *, const ags_instr *);
 /* interp_args.c */
 PyObject *ags_graph_arg(ags_interp *it, const ags_value *v);
 PyObject *ags_held_arg(ags_interp *it, const ags_value *v);
+PyObject *ags_op_arg(ags_interp *it, const ags_value *v);
 int ags_value_of(ags_interp *it, PyObject *obj, ags_value *out);
 int ags_assume(ags_interp *it, PyObject *source, PyObject *value);
 int ags_type_attr_source(ags_interp *it, const ags_value *v, const char *name,

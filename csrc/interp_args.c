@@ -61,6 +61,68 @@ ags_graph_arg(ags_interp *it, const ags_value *v)
     }
 }
 
+/* 1 if the exact tuple or list `obj` holds a tensor, at most `depth`
+ * containers down. */
+static int
+holds_tensor(ags_interp *it, PyObject *obj, int depth)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(obj, i);
+
+        if (PyObject_TypeCheck(item, (PyTypeObject *)it->tensor_type)) {
+            return 1;
+        }
+        if (depth > 0 && (PyTuple_CheckExact(item) || PyList_CheckExact(item))
+            && holds_tensor(it, item, depth - 1)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* New reference: v as an argument of a recorded torch operation.  A tuple
+ * or list of the program that holds tensors (torch.cat(xs) of an argument
+ * xs) is given as a copy whose items are loaded by their sources
+ * ("item", source, i): its tensors graph inputs, the rest guarded
+ * constants; anything else as ags_graph_arg.  NULL: a break or an error. */
+PyObject *
+ags_op_arg(ags_interp *it, const ags_value *v)
+{
+    PyObject *obj = v->obj, *out;
+    Py_ssize_t n;
+
+    if (v->kind != AGS_VK_CONST || v->source == NULL
+        || !(PyTuple_CheckExact(obj) || PyList_CheckExact(obj))
+        || !holds_tensor(it, obj, 3)) {
+        return ags_graph_arg(it, v);
+    }
+    n = PySequence_Fast_GET_SIZE(obj);
+    out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *src = Py_BuildValue("(sOn)", ags_load_names[AGS_LOAD_ITEM],
+                                      v->source, i);
+        PyObject *arg = NULL, *value = PySequence_Fast_GET_ITEM(obj, i);
+        ags_value item;
+
+        if (src != NULL && ags_load_object(it, src, value, &item) == AGS_GO) {
+            arg = ags_op_arg(it, &item);
+            ags_value_clear(&item);
+        }
+        Py_XDECREF(src);
+        if (arg == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, arg);
+    }
+    if (out != NULL && PyTuple_CheckExact(obj)) {
+        Py_SETREF(out, PyList_AsTuple(out));
+    }
+    return out;
+}
+
 /* What a container the capture built, or a cell shared with a function it
  * made, holds for v: a graph argument, but a list, dict or set the capture
  * built is the object itself (not a frozen copy), so that changes through

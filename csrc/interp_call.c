@@ -22,11 +22,15 @@
 /* Calls */
 
 /* args (borrowed) as graph arguments: a tuple of the positional ones
- * (after `first`, if given) and a dict of the keyword ones. */
+ * (after `first`, if given) and a dict of the keyword ones; as the
+ * arguments of an operation (ags_op_arg) when `op` records or folds one. */
 static int
-pack_args(ags_interp *it, const ags_value *first, ags_value *args, int nargs,
-          PyObject *kwnames, PyObject **pos, PyObject **kw)
+pack_args(ags_interp *it, int op, const ags_value *first, ags_value *args,
+          int nargs, PyObject *kwnames, PyObject **pos, PyObject **kw)
 {
+    PyObject *(*as_arg)(ags_interp *, const ags_value *) =
+        op == AGS_BOP_CALL_FUNCTION || op == AGS_BOP_CALL_METHOD
+        || op == AGS_BOP_FOLD ? ags_op_arg : ags_graph_arg;
     int nkw = kwnames ? (int)PyTuple_GET_SIZE(kwnames) : 0;
     int npos = nargs - nkw, k = 0, extra = first != NULL;
 
@@ -36,16 +40,16 @@ pack_args(ags_interp *it, const ags_value *first, ags_value *args, int nargs,
         return AGS_ERROR;
     }
     if (first != NULL) {
-        PyObject *a = ags_graph_arg(it, first);
+        PyObject *a = as_arg(it, first);
         if (a == NULL) {
-            return AGS_BREAK;
+            return PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
         }
         PyTuple_SET_ITEM(*pos, k++, a);
     }
     for (int i = 0; i < nargs; i++) {
-        PyObject *a = ags_graph_arg(it, &args[i]);
+        PyObject *a = as_arg(it, &args[i]);
         if (a == NULL) {
-            return AGS_BREAK;
+            return PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
         }
         if (i < npos) {
             PyTuple_SET_ITEM(*pos, k++, a);
@@ -101,7 +105,7 @@ ags_builder_call(ags_interp *it, int op, PyObject *extra,
              PyObject *kwnames, ags_value *result)
 {
     PyObject *pos = NULL, *kw = NULL, *out = NULL;
-    int rc = pack_args(it, first, args, nargs, kwnames, &pos, &kw);
+    int rc = pack_args(it, op, first, args, nargs, kwnames, &pos, &kw);
 
     if (rc == AGS_GO) {
         out = ags_call_builder(it, op, "(OOO)", extra, pos, kw);
