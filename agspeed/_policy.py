@@ -215,9 +215,9 @@ def _log_recompile(code: Any, where: str, entries: list, f_locals: dict,
 
 def _record_sizes(shapes: DimPolicy, guard: Any, f_locals: dict) -> None:
     """Remember the sizes of the data inputs a capture's guard checks, and the values of
-    the plain ints it checks that the frame reaches through its locals.  An int this
-    capture made a symbol that its guard still checks by value was fixed by the code (a
-    branch, a loop over it): it is never made a symbol again."""
+    the plain ints and floats it checks that the frame reaches through its locals.  One
+    this capture made a symbol that its guard still checks by value was fixed by the code
+    (a branch, a loop over it): it is never made a symbol again."""
     history = shapes.history
     if history is None:
         return

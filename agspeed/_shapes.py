@@ -176,7 +176,7 @@ class DimPolicy:
     def __init__(self, mode: bool | None, after: int, history: ShapeHistory | None,
                  f_locals: dict, supported: bool = True, floats: bool = False):
         self.mode = mode
-        self.floats = floats and supported   # the backend takes float symbols
+        self.floats = floats   # the backend takes float symbols
         self.after = after
         self.history = history
         self.f_locals = f_locals
@@ -408,6 +408,10 @@ class SymbolicGuards:
                 if getattr(s, "is_Symbol", False):
                     named.setdefault(s, (f"{describe(source)}.stride({d})",
                                          (source, "stride", d)))
+        decided = [source for s, source in floats.items() if s in env.replacements or
+                   any(s in g.expr.free_symbols for g in env.guards)]
+        if decided:
+            raise ScalarDecided(decided)
         # Symbols the capture fixed to one value (Linear's in_features, a mask's full
         # size) are that value: their dimension is static in this graph.
         pinned = {s: _pinned(env, s) for s in named}
@@ -427,10 +431,6 @@ class SymbolicGuards:
             sizes, strides = (tuple(_fold(e, pinned) for e in part) for part in (sizes, strides))
             if not all(isinstance(e, int) for e in sizes + strides):
                 self.specs[source] = (sizes, strides)
-        decided = [source for s, source in floats.items() if s in env.replacements or
-                   any(s in g.expr.free_symbols for g in env.guards)]
-        if decided:
-            raise ScalarDecided(decided)
         index = set(self.symbols)
         guards: list = []
         for g in env.guards:

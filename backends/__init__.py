@@ -30,8 +30,8 @@ from agspeed.backends._protocol import Capabilities, capabilities_of, why_not
 from agspeed.errors import InvalidArgumentError, UnknownBackendError
 
 __all__ = ["Backend", "Capabilities", "register_backend", "get_backend", "list_backends",
-           "resolve", "supports_dynamic", "takes_float_inputs", "capabilities_of", "why_not", "TOOLS",
-           "candidate_names"]
+           "resolve", "supports_dynamic", "takes_float_inputs", "capabilities_of", "why_not",
+           "TOOLS", "candidate_names"]
 
 # Modules of this package that are not backends.
 TOOLS = ("autotune", "knowledge")
