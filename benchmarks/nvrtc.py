@@ -131,6 +131,8 @@ def graphs(device, quick: bool) -> list:
         results.append({"model": name, "step_s": med,
                         "first_call_s": {b: r[1] for b, r in runs.items()},
                         "nvrtc_kernels": runs["nvrtc"][2]})
+        print(f"  {name}: " + ", ".join(f"{b} {t * 1e3:.3f} ms" for b, t in med.items()),
+              flush=True)
     return results
 
 
