@@ -61,7 +61,7 @@ _MARGIN = 0.01
 # Seconds of alternating turns spent timing each candidate (at least 5 rounds).
 _TIME_PER_CANDIDATE = {"cpu": 1.0, "cuda": 0.5}
 _DEFAULT = {"cpu": ("eager", "inductor", "jit"),
-            "cuda": ("eager", "inductor", "cudagraphs", "nvrtc", "jit")}
+            "cuda": ("eager", "inductor", "cudagraphs", "nvrtc", "nvrtc_cudagraphs", "jit")}
 
 
 class Decision(NamedTuple):

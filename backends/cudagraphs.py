@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from agspeed.backends._protocol import Capabilities
 
-__all__ = ["backend", "capabilities"]
+__all__ = ["backend", "capabilities", "replay"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,6 +88,13 @@ class _Replay:
         args.clear()
         self.cuda_graph.replay()
         return [o.clone() if isinstance(o, torch.Tensor) else o for o in self.static_out]
+
+
+def replay(graph: Callable[..., Any]) -> Callable[..., Any]:
+    """``graph`` (a callable of positional tensors returning a list or tuple, such as an
+    AOTAutograd forward or backward graph) as a boxed callable recorded as a CUDA graph on
+    its first call and replayed after."""
+    return _Replay(graph)
 
 
 def _compiler(graph: Any, example_inputs: list) -> Callable[..., Any]:

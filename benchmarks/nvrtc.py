@@ -1,14 +1,16 @@
 """agspeed's fused NVRTC kernels on a GPU: memory bandwidth, graphs against inductor's
 kernels and eager, and compile time from a cold cache.
 
-1. Bandwidth: large fused kernels (a pointwise chain over 64M fp32 elements; softmax and
-   layer norm rows in fp32 and bf16), the bytes each must move over its median time, as
-   a fraction of the device's peak (from its memory clock and bus width when torch
-   reports them) and of what a device-to-device copy reaches.
-2. Graphs: each zoo model's training step (forward and backward) with backend "nvrtc",
-   "inductor" and "eager", in interleaved rounds, as ratios to eager and nvrtc/inductor.
+1. Bandwidth: large fused kernels (a pointwise chain over 64M fp32 elements; softmax
+   rows in fp32 and bf16, beside eager's softmax), the bytes each must move over its
+   median time, as a fraction of the device's peak (from its memory clock and bus width
+   when torch reports them) and of what a device-to-device copy reaches.
+2. Graphs: each zoo model's training step (forward and backward) with backends "eager",
+   "inductor", "nvrtc", and, replayed as CUDA graphs, "cudagraphs" (aten's kernels) and
+   "nvrtc_cudagraphs" (the fused ones), in interleaved rounds, as ratios to eager and
+   nvrtc/inductor.
 3. Compile: the first call of each model with nvrtc from an empty kernel cache (every
-   kernel compiled), and the number of kernels compiled for it.
+   kernel compiled), the seconds NVRTC took for its kernels, and how many there were.
 
     python benchmarks/nvrtc.py --device cuda [--quick] [--out FILE]
 """
@@ -102,8 +104,14 @@ def _step(model, batch):
     return loss
 
 
+# nvrtc_cudagraphs and cudagraphs: the same graphs replayed as CUDA graphs, without the
+# CPU's launch cost per kernel (with and without the fused kernels)
+BACKENDS = ("eager", "inductor", "nvrtc", "cudagraphs", "nvrtc_cudagraphs")
+
+
 def graphs(device, quick: bool) -> list:
     import _models
+    from agspeed.backends.nvrtc import kernels
 
     results = []
     size = "quick" if quick else "full"
@@ -112,8 +120,10 @@ def graphs(device, quick: bool) -> list:
         batch = tuple(t.to(device) for t in spec.batch(size, torch.Generator().manual_seed(0)))
         runs = {}
         directory = os.path.join(agspeed.config.cache_dir, "nvrtc")
-        for backend in ("eager", "inductor", "nvrtc"):
+        compile_s = {}
+        for backend in BACKENDS:
             before = len(os.listdir(directory)) if os.path.isdir(directory) else 0
+            nvrtc_before = kernels.compiled["seconds"]
             model = _models.build(name, size, seed=0).to(device)
             opt = agspeed.optimize(model, backend=backend)
             torch.cuda.synchronize()
@@ -123,6 +133,7 @@ def graphs(device, quick: bool) -> list:
             first = time.perf_counter() - start
             after = len(os.listdir(directory)) if os.path.isdir(directory) else 0
             runs[backend] = (opt, first, after - before)
+            compile_s[backend] = kernels.compiled["seconds"] - nvrtc_before
         samples = {b: [] for b in runs}
         for _ in range(5 if quick else 20):
             for backend, (opt, _, _) in runs.items():
@@ -130,7 +141,8 @@ def graphs(device, quick: bool) -> list:
         med = {b: statistics.median(v) for b, v in samples.items()}
         results.append({"model": name, "step_s": med,
                         "first_call_s": {b: r[1] for b, r in runs.items()},
-                        "nvrtc_kernels": runs["nvrtc"][2]})
+                        "nvrtc_kernels": runs["nvrtc"][2],
+                        "nvrtc_compile_s": compile_s["nvrtc"]})
         print(f"  {name}: " + ", ".join(f"{b} {t * 1e3:.3f} ms" for b, t in med.items()),
               flush=True)
     return results
@@ -144,6 +156,8 @@ def main() -> None:
     if not args.device.startswith("cuda"):
         parser.error("this benchmark needs --device cuda")
     device = torch.device(args.device)
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(device)
     why = agspeed.backends.capabilities_of(agspeed.backends.get_backend("nvrtc")).unavailable()
     if why:
@@ -162,12 +176,14 @@ def main() -> None:
         agspeed.config.set(cache_dir=cold)
         g = graphs(device, args.quick)
     print(f"{'model':10} {'nvrtc/eager':>12} {'inductor/eager':>15} {'nvrtc/inductor':>15} "
-          f"{'nvrtc 1st call s':>17} {'kernels':>8}")
+          f"{'cg/eager':>9} {'nvrtc_cg/eager':>15} {'1st call s':>11} {'compile s':>10} "
+          f"{'kernels':>8}")
     for r in g:
         s = r["step_s"]
         print(f"{r['model']:10} {s['nvrtc'] / s['eager']:12.3f} {s['inductor'] / s['eager']:15.3f} "
-              f"{s['nvrtc'] / s['inductor']:15.3f} {r['first_call_s']['nvrtc']:17.2f} "
-              f"{r['nvrtc_kernels']:8d}")
+              f"{s['nvrtc'] / s['inductor']:15.3f} {s['cudagraphs'] / s['eager']:9.3f} "
+              f"{s['nvrtc_cudagraphs'] / s['eager']:15.3f} {r['first_call_s']['nvrtc']:11.2f} "
+              f"{r['nvrtc_compile_s']:10.2f} {r['nvrtc_kernels']:8d}")
     save({"machine": machine(args.device), "peak_bytes_per_s": peak,
           "bandwidth": [{"kernel": n, "bytes": b, "seconds": t} for n, b, t in bw],
           "graphs": g}, default_out(args, "nvrtc"))

@@ -131,6 +131,7 @@ class Trainer:
 
     def __init__(self, runtime: str, model, precision: str, device: str, backend: str):
         self.runtime, self.precision, self.device = runtime, precision, device
+        self.prepared = 0   # steps taken before the timed rounds
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
         self.losses: list[float] = []
@@ -291,7 +292,8 @@ def losses_agree(got: list[float], want: list[float], precision: str) -> tuple[b
 
 def run_rounds(args, base, data: list, precision: str, runtimes: list[str]) -> tuple:
     """Prepare each runtime (WARM steps on its own, and for agspeed until the checks of its
-    choices on the loop's steps end), then time ``--rounds`` rounds in turns.
+    choices on the loop's steps end; the others then take those steps too), then time
+    ``--rounds`` rounds in turns.
     Returns the trainers, each one's preparation time, and agspeed's cache misses in the
     timed rounds."""
     warm_data, round_data = data[:args.warm_steps], data[args.warm_steps:]
@@ -307,6 +309,14 @@ def run_rounds(args, base, data: list, precision: str, runtimes: list[str]) -> t
                 break
             trainers[rt].step(batch)
         prepare_s[rt] = time.perf_counter() - start
+    # every runtime takes the steps agspeed's checks took, on the same batches, so that
+    # all have trained alike when the rounds begin and their losses stay comparable
+    extra = warm_data * 3
+    prepared = max(len(tr.times) for tr in trainers.values())
+    for tr in trainers.values():
+        for batch in extra[len(tr.times) - len(warm_data):prepared - len(warm_data)]:
+            tr.step(batch)
+        tr.prepared = prepared
     before = agspeed.counters()
     for r, batch in enumerate(round_data):
         shift = r % len(runtimes)   # each runtime in each place of the order in turn
@@ -347,7 +357,7 @@ def measure_steady(args, name: str, precision: str, runtimes: list[str],
     out = {"graphs": graphs, "runtimes": {}, "agspeed_misses_in_rounds": misses,
            "agspeed_decisions": decisions}
     for rt, tr in trainers.items():
-        timed = tr.times[args.warm_steps:]
+        timed = tr.times[tr.prepared:]
         agree, gap = losses_agree(tr.losses, eager.losses, precision)
         out["runtimes"][rt] = {"median_ms": statistics.median(timed) * 1e3,
                                "min_ms": min(timed) * 1e3, "prepare_s": prepare_s[rt],

@@ -68,9 +68,12 @@ def compile_aten(gm: Any, launcher: Callable[[tuple], Any]) -> Any:
                              refused)
 
 
-def compile_with(launcher: Callable[[tuple], Any]) -> Callable[..., Any]:
+def compile_with(launcher: Callable[[tuple], Any],
+                 wrap: Callable[[Any], Any] | None = None) -> Callable[..., Any]:
     """A backend whose kernels ``launcher(description)`` makes: the real one launches on
-    the GPU, the tests' runs the kernels' source on the CPU."""
+    the GPU, the tests' runs the kernels' source on the CPU.  ``wrap``, when given, makes
+    the boxed callable of each rewritten forward and backward graph (``nvrtc_cudagraphs``
+    replays them as CUDA graphs)."""
 
     def compile_graph(gm: Any, example_inputs: list) -> Callable[..., Any]:
         import torch._inductor.config as inductor_config
@@ -82,7 +85,8 @@ def compile_with(launcher: Callable[[tuple], Any]) -> Callable[..., Any]:
         from agspeed.backends import _aot
 
         def compiler(aten_gm: Any, inputs: list) -> Callable[..., Any]:
-            return make_boxed_func(compile_aten(aten_gm, launcher).forward)
+            fused = compile_aten(aten_gm, launcher)
+            return wrap(fused) if wrap is not None else make_boxed_func(fused.forward)
 
         with inductor_config.patch(fallback_random=True):
             table = select_decomp_table()
@@ -95,9 +99,10 @@ def compile_with(launcher: Callable[[tuple], Any]) -> Callable[..., Any]:
     return compile_graph
 
 
-def backend(gm: Any, example_inputs: list) -> Callable[..., Any]:
+def backend(gm: Any, example_inputs: list, wrap: Callable[[Any], Any] | None = None
+            ) -> Callable[..., Any]:
     """``gm``'s forward and backward with their memory-bound chains fused into NVRTC
-    kernels (CUDA inputs)."""
+    kernels (CUDA inputs); ``wrap`` as in ``compile_with``."""
     reason = _unavailable()
     if reason:
         raise RuntimeError(f"nvrtc is unavailable: {reason}")
@@ -108,7 +113,8 @@ def backend(gm: Any, example_inputs: list) -> Callable[..., Any]:
     if len(devices) != 1:
         raise RuntimeError("nvrtc compiles graphs on one CUDA device")
     device = devices.pop()
-    return compile_with(lambda desc: kernels.cuda_launcher(desc, device))(gm, example_inputs)
+    return compile_with(lambda desc: kernels.cuda_launcher(desc, device), wrap)(
+        gm, example_inputs)
 
 
 backend.capabilities = capabilities

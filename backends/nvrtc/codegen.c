@@ -602,6 +602,25 @@ put_combine(text *t, int kop, const char *a, const char *b)
     }
 }
 
+/* What a reduction starts from: 0 for a sum, -inf for a max, +inf for a min. */
+static void
+put_identity(text *t, const instr *op)
+{
+    put_number(t, op->type, op->kop == AGS_KOP_SUM ? 0.0
+               : op->kop == AGS_KOP_AMAX ? -INFINITY : INFINITY);
+}
+
+/* acc_ combined across the lanes of its warp (of the block, when the block is
+ * smaller than a warp, as in the host harness's one-thread blocks). */
+static void
+put_warp_combine(text *t, int kop, const char *ct)
+{
+    put(t, "for (unsigned int o_ = (blockDim.x < 32u ? blockDim.x : 32u) / 2u; o_ > 0u;"
+        " o_ >>= 1) {\n%s b_ = __shfl_xor_sync(0xffffffffu, acc_, o_);\nacc_ = ", ct);
+    put_combine(t, kop, "acc_", "b_");
+    put(t, ";\n}\n");
+}
+
 /* One pass over the row for reduction `r`, leaving its value in v<r>. */
 static int
 put_reduction(text *t, const kernel *k, int r, char *need, int strided)
@@ -610,15 +629,10 @@ put_reduction(text *t, const kernel *k, int r, char *need, int strided)
     const char *ct = ags_kernel_compute_name(op->type);
     const char *sh = shared_of(op->type);
     int arg = op->args[0];
-    char a[48], b[48];
+    char b[48];
 
     put(t, "%s v%d;\n{\n%s acc_ = ", ct, r, ct);
-    if (op->kop == AGS_KOP_SUM) {
-        put_number(t, op->type, 0.0);
-    }
-    else {
-        put_number(t, op->type, op->kop == AGS_KOP_AMAX ? -INFINITY : INFINITY);
-    }
+    put_identity(t, op);
     put(t, ";\nfor (long long c = threadIdx.x; c < cols; c += blockDim.x) {\n"
         "const long long i = row * cols + c;\n(void)i;\n");
     if (strided) {
@@ -632,15 +646,19 @@ put_reduction(text *t, const kernel *k, int r, char *need, int strided)
     snprintf(b, sizeof b, "(%s)v%d", ct, arg);
     put(t, "acc_ = ");
     put_combine(t, op->kop, "acc_", b);
-    put(t, ";\n}\n%s[threadIdx.x] = acc_;\n__syncthreads();\n", sh);
-    put(t, "for (unsigned int s_ = blockDim.x / 2; s_ > 0; s_ >>= 1) {\n"
-        "if (threadIdx.x < s_) {\n");
-    snprintf(a, sizeof a, "%s[threadIdx.x]", sh);
-    snprintf(b, sizeof b, "%s[threadIdx.x + s_]", sh);
-    put(t, "%s = ", a);
-    put_combine(t, op->kop, a, b);
-    put(t, ";\n}\n__syncthreads();\n}\nv%d = %s[0];\n__syncthreads();\n}\n",
-        r, sh);
+    put(t, ";\n}\n");
+    /* within each warp by shuffles, the warps' partials through shared memory, those by
+     * the first warp: two barriers a reduction, whatever the block's size */
+    put_warp_combine(t, op->kop, ct);
+    put(t, "if ((threadIdx.x & 31u) == 0) %s[threadIdx.x >> 5] = acc_;\n"
+        "__syncthreads();\n"
+        "if (threadIdx.x < 32u) {\n"
+        "acc_ = threadIdx.x < (blockDim.x + 31u) / 32u ? %s[threadIdx.x] : ", sh, sh);
+    put_identity(t, op);
+    put(t, ";\n");
+    put_warp_combine(t, op->kop, ct);
+    put(t, "if (threadIdx.x == 0) %s[0] = acc_;\n}\n__syncthreads();\n"
+        "v%d = %s[0];\n__syncthreads();\n}\n", sh, r, sh);
     return 0;
 }
 
@@ -741,7 +759,7 @@ put_rows(text *t, const kernel *k, char *need, char *done)
 /* The helpers every kernel may use, for NVRTC; the host shim has its own. */
 static const char prelude[] =
     "#ifndef AGS_HOST\n"
-    "#define AGS_BLOCK_MAX 1024\n"
+    "#define AGS_BLOCK_MAX 32\n"
     "__device__ __forceinline__ float ags_from_f16(unsigned short h)\n"
     "{ float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f; }\n"
     "__device__ __forceinline__ unsigned short ags_to_f16(float f)\n"

@@ -22,8 +22,8 @@
  * launch shape comes from the sizes (the ndim ints after the tensors):
  * POINTWISE, 256 threads a block and enough blocks to cover the elements,
  * at most 32 per multiprocessor (the kernels loop); ROWS, one block per
- * row and the power of two at or above the row's length (32 to 1024)
- * threads.  No Python code runs per launch.
+ * row and the power of two at or above a quarter of the row's length (32 to
+ * 512) threads.  No Python code runs per launch.
  *
  * Every CudaKernel holds its module; the module is unloaded with it.  The
  * context is the device's primary one, torch's: when no context is
@@ -488,12 +488,15 @@ param_value(PyObject *arg, uint64_t *out, int *is_int)
     return PyErr_Occurred() ? -1 : 0;
 }
 
+/* A ROWS kernel's threads a block: about four elements of the row each (loads
+ * in flight, and reductions that stay in registers), a power of two from one
+ * warp to 512 threads. */
 static unsigned int
 block_for(long long cols)
 {
     unsigned int block = 32;
 
-    while ((long long)block < cols && block < 1024) {
+    while ((long long)block * 4 < cols && block < 512) {
         block *= 2;
     }
     return block;

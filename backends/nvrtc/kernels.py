@@ -17,12 +17,16 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from typing import Any, Callable
 
 from agspeed import _C
 from agspeed.backends.nvrtc.partition import Plan
 
-__all__ = ["Fused", "cuda_launcher", "image_for"]
+__all__ = ["Fused", "cuda_launcher", "image_for", "compiled"]
+
+# NVRTC compiles in this process (images found on disk not counted), and their seconds
+compiled = {"kernels": 0, "seconds": 0.0}
 
 
 class Fused:
@@ -81,10 +85,20 @@ class Fused:
             if strided:
                 ints += list(out.stride())
             outs.append(out)
-        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" \
-            else 0
+        stream = _raw_stream(device.index if device.index is not None
+                             else torch.cuda.current_device()) \
+            if device.type == "cuda" else 0
         self.launch(stream, *args, *outs, *ints)
         return tuple(outs)
+
+
+def _raw_stream(index: int) -> int:
+    """The handle of torch's current stream on CUDA device ``index``, without making a
+    Stream object per launch (what inductor's generated code reads too)."""
+    import torch
+
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return get(index) if get is not None else torch.cuda.current_stream(index).cuda_stream
 
 
 def _broadcast_strides(t: Any, space: tuple) -> list:
@@ -128,7 +142,10 @@ def image_for(source: str, name: str, arch: str, cubin: bool) -> bytes:
             return f.read()
     except OSError:
         pass
+    start = time.perf_counter()
     image = _C.nvrtc_compile(source, name + ".cu", (arch,), cubin)
+    compiled["kernels"] += 1
+    compiled["seconds"] += time.perf_counter() - start
     os.makedirs(directory, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "wb") as f:

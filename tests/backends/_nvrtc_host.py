@@ -29,6 +29,7 @@ struct ags_dim3 { unsigned int x, y, z; };
 static const ags_dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0};
 static const ags_dim3 blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
 static inline void __syncthreads() {}
+template <typename T> static inline T __shfl_xor_sync(unsigned, T v, unsigned) { return v; }
 struct float4 { float x, y, z, w; };
 struct ushort4 { unsigned short x, y, z, w; };
 struct int4 { int x, y, z, w; };

@@ -74,10 +74,10 @@ def test_layer_norm_rows_on_the_gpu():
     torch.testing.assert_close(rstd, want_rstd)
 
 
-def _train(cls, make_input, autocast=None, steps=2, dynamic=None):
+def _train(cls, make_input, autocast=None, steps=2, dynamic=None, backend="nvrtc"):
     eager, model = _twins(cls)
     eager, model = eager.to(CUDA), model.to(CUDA)
-    optimized = agspeed.optimize(model, backend="nvrtc", dynamic=dynamic)
+    optimized = agspeed.optimize(model, backend=backend, dynamic=dynamic)
     tol = {} if autocast is None else {"rtol": 2e-2, "atol": 2e-2}
     for _ in range(steps):
         x = make_input()
@@ -97,6 +97,27 @@ def _train(cls, make_input, autocast=None, steps=2, dynamic=None):
 def test_models_train_like_eager_with_nvrtc(autocast):
     _train(Block, lambda: torch.randn(64, 16, device=CUDA), autocast)
     _train(Norms, lambda: torch.randn(8, 33, 24, device=CUDA), autocast)
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16])
+def test_models_train_like_eager_with_nvrtc_kernels_replayed(autocast, monkeypatch):
+    """nvrtc_cudagraphs: the same kernels recorded once and replayed; steps past the
+    recording use fresh inputs, so a replay that read stale buffers would differ."""
+    from agspeed.backends import cudagraphs
+
+    made = []
+
+    def replay(graph):
+        made.append(cudagraphs._Replay(graph))
+        return made[-1]
+
+    monkeypatch.setattr(cudagraphs, "replay", replay)
+    _train(Block, lambda: torch.randn(64, 16, device=CUDA), autocast, steps=4,
+           backend="nvrtc_cudagraphs")
+    _train(Norms, lambda: torch.randn(8, 33, 24, device=CUDA), autocast, steps=4,
+           backend="nvrtc_cudagraphs")
+    assert len(made) == 4   # a forward and a backward per model
+    assert all(r.cuda_graph is not None for r in made)
 
 
 def test_one_kernel_set_serves_every_size():

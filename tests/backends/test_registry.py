@@ -293,6 +293,20 @@ def test_cudagraphs_on_a_machine_without_cuda_says_so_and_the_graph_runs(caplog)
     assert any(r.decision == "captured" for r in agspeed._runtime.frame_records())
 
 
+@pytest.mark.skipif(torch is not None and torch.cuda.is_available(), reason="a CPU-only check")
+def test_nvrtc_cudagraphs_says_what_it_lacks_here_and_the_graph_runs(caplog):
+    fn = backends.get_backend("nvrtc_cudagraphs")
+    caps = backends.capabilities_of(fn)
+    assert not caps.dynamic and caps.devices == {"cuda"}
+    assert "CUDA" in caps.unavailable()
+    model = dense_net()
+    x = torch.randn(2, 4)
+    with caplog.at_level(logging.WARNING, logger="agspeed"):
+        out = agspeed.optimize(model, backend="nvrtc_cudagraphs")(x)
+    torch.testing.assert_close(out, dense(x, model.fc.weight, model.fc.bias))
+    assert "nvrtc_cudagraphs cannot take this graph" in caplog.text
+
+
 def test_threads_calling_first_together_compile_the_graph_once():
     """A server's worker threads whose first calls come at once: one thread captures and
     compiles while the others wait, then run that call eager (same results) and find
