@@ -28,6 +28,7 @@ the tests' host launcher, which compiles the kernels' source as C++.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 from agspeed.backends._protocol import Capabilities
@@ -63,9 +64,12 @@ def compile_aten(gm: Any, launcher: Callable[[tuple], Any]) -> Any:
                   group.nodes[0].target, type(exc).__name__, exc)
 
     found = partition.groups(gm)
-    return partition.rewrite(gm, found,
-                             lambda desc, plan: kernels.Fused(desc, plan, launcher(desc)),
-                             refused)
+    start = time.perf_counter()
+    out = partition.rewrite(gm, found,
+                            lambda desc, plan: kernels.Fused(desc, plan, launcher(desc)),
+                            refused)
+    kernels.compiled["graph_seconds"].append(time.perf_counter() - start)
+    return out
 
 
 def compile_with(launcher: Callable[[tuple], Any],
