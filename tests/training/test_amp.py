@@ -110,9 +110,11 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
 
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("backend", ["eager", "inductor", "cudagraphs", "nvrtc", "auto"])
+@pytest.mark.parametrize("backend", ["eager", "inductor", "cudagraphs", "nvrtc",
+                                     "nvrtc_cudagraphs", "auto"])
 def test_amp_loop_on_cuda_matches_eager(backend, dtype, monkeypatch):
-    monkeypatch.setenv("AGSPEED_AUTOTUNE_CANDIDATES", "eager,inductor,cudagraphs,nvrtc,jit")
+    monkeypatch.setenv("AGSPEED_AUTOTUNE_CANDIDATES",
+                       "eager,inductor,cudagraphs,nvrtc,nvrtc_cudagraphs,jit")
     agspeed.config.reload()
     inner = torch.bfloat16 if dtype == torch.float16 else torch.float16
     check_amp_loop(backend, True, "cuda", dtype, inner)
