@@ -198,8 +198,18 @@ class CallPolicy:
     def _plan_module(self, module: Any, source: Any) -> tuple:
         torch = self._torch
         cls = type(module)
-        if _class_lookup(cls, "__call__") is not torch.nn.Module.__call__:
-            raise GraphBreak(Reason.HOOKS, f"{cls.__name__} has its own __call__")
+        own_call = _class_lookup(cls, "__call__")
+        if own_call is not torch.nn.Module.__call__:
+            # the class's own __call__, inlined as the method it is (what it calls,
+            # forward or nn.Module.__call__ through super(), is planned in its turn)
+            if type(own_call) is not types.FunctionType:
+                raise GraphBreak(Reason.HOOKS, f"{cls.__name__} has its own __call__")
+            if source is not None:
+                self.assumptions.append((("type", source), cls))
+            elif self.made_modules.get(id(module)) is not module:  # type: ignore
+                raise GraphBreak(Reason.UNSUPPORTED_CALL,
+                                 f"a {cls.__name__} reached by no source")
+            return (Plan.INLINE, own_call, module, None)
         d = object.__getattribute__(module, "__dict__")
         hooked = [h for h in _HOOK_DICTS if d.get(h)]
         globally = [h for h in _GLOBAL_HOOKS if getattr(torch.nn.modules.module, h, None)]

@@ -377,6 +377,10 @@ class Folds(StdlibFolds):
             return (a in b) is (op is Compare.IN)
         if nodes:
             raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"`{op.op}` with a tensor")
+        if op in (Compare.IN, Compare.NOT_IN) and isinstance(b, self._torch.nn.ModuleDict) \
+                and type(a) is str:
+            found = self._module_dict_has(b, a)
+            return found if op is Compare.IN else not found
         if op in (Compare.IN, Compare.NOT_IN):
             plain = type(b) in (tuple, list, dict, str, set, frozenset, range,
                                 self._torch.Size, *_VIEWS) or \
@@ -392,6 +396,20 @@ class Folds(StdlibFolds):
             raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"comparing a {type(a).__name__} and a "
                              f"{type(b).__name__}")
         return _COMPARE[op](a, b)
+
+    def _module_dict_has(self, container: Any, key: str) -> bool:
+        """``key in container`` for a ModuleDict (its own ``__contains__``, a lookup in
+        ``_modules``): the key guarded present, with its module, or absent."""
+        torch = self._torch
+        known = self.known.get(id(container))  # type: ignore[attr-defined]
+        if _class_lookup(type(container), "__contains__") is not \
+                torch.nn.ModuleDict.__contains__ or known is None or known[0] is not container:
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"`in` on a {type(container).__name__}")
+        store = object.__getattribute__(container, "__dict__")["_modules"]
+        self._guard_store(container, known[1], store)
+        self.assumptions.append((("item", ("attr", known[1], "_modules"), key),
+                                 dict.get(store, key, MISSING)))
+        return key in store
 
     def _enum_in(self, a: Any, b: Any) -> bool:
         """``a in b`` for a str or int enum member ``a`` and a tuple or list ``b`` of
