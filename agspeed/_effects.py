@@ -354,7 +354,8 @@ class SideEffects:
         torch = self._torch  # type: ignore[attr-defined]
         kind = type(obj)
         setattr_fn = _own_setattr(kind)
-        if not raw and setattr_fn not in (object.__setattr__, torch.nn.Module.__setattr__):
+        if not raw and setattr_fn not in (object.__setattr__, torch.nn.Module.__setattr__,
+                                          types.ModuleType.__setattr__):   # a global
             raise GraphBreak(Reason.SIDE_EFFECT,
                              f"setting {name!r} of a {kind.__name__}, whose class has "
                              f"its own __setattr__")

@@ -148,6 +148,9 @@ typedef struct {
      * says the break unwinding to it is that read's. */
     ags_frame *absent_to;
     int absent;
+    /* A STORE_GLOBAL ran: later global reads first ask whether this capture
+     * wrote the name (interp_data.c). */
+    int wrote_globals;
 } ags_interp;
 
 typedef int (*ags_handler)(ags_interp *, ags_frame *, const ags_instr *);

@@ -222,21 +222,17 @@ module_has_globals(PyObject *modname, PyObject *globals)
     return PyModule_Check(mod) && PyModule_GetDict(mod) == globals;
 }
 
-/* The source of a global read in frame f: ("global", name) in the root
- * frame, ("gmod", module, name) in an inlined function whose globals are
- * its module's, found by the module's __name__ or, for a module that
- * renames itself (_collections_abc calls itself collections.abc), by the
- * name it was imported as (__spec__.name); other globals cannot be
- * guarded. */
+/* The name under which sys.modules holds the module whose dict is f's
+ * globals: the module's __name__ or, for a module that renames itself
+ * (_collections_abc calls itself collections.abc), the name it was
+ * imported as (__spec__.name).  A new reference, or NULL with a stop
+ * (globals of no module: `name` is the global asked for) or an error. */
 static PyObject *
-global_source(ags_interp *it, ags_frame *f, PyObject *name)
+globals_module_name(ags_interp *it, ags_frame *f, PyObject *name)
 {
-    PyObject *modname, *spec, *spec_name = NULL, *source = NULL;
+    PyObject *modname, *spec, *spec_name = NULL;
     int found;
 
-    if (f->parent == NULL) {
-        return Py_BuildValue("(sO)", ags_load_names[AGS_LOAD_GLOBAL], name);
-    }
     modname = PyDict_GetItemString(f->globals, "__name__");
     if (modname == NULL || !PyUnicode_Check(modname)) {
         ags_stopf(it, AGS_REASON_UNGUARDABLE_GLOBAL,
@@ -251,21 +247,125 @@ global_source(ags_interp *it, ags_frame *f, PyObject *name)
         if (spec_name == NULL) {
             PyErr_Clear();
         }
-        else if ((found = module_has_globals(spec_name, f->globals)) != 0) {
-            modname = spec_name;
+        else if ((found = module_has_globals(spec_name, f->globals)) == 1) {
+            return spec_name;
         }
     }
+    Py_XDECREF(spec_name);
     if (found == 1) {
-        source = Py_BuildValue("(sOO)", ags_load_names[AGS_LOAD_GMOD],
-                               modname, name);
+        return Py_NewRef(modname);
     }
-    else if (found == 0) {
+    if (found == 0) {
         ags_stopf(it, AGS_REASON_UNGUARDABLE_GLOBAL,
                   "global %R of a function "
                   "whose globals are not module %R's", name, modname);
     }
-    Py_XDECREF(spec_name);
+    return NULL;
+}
+
+/* The source of a global read in frame f: ("global", name) in the root
+ * frame, ("gmod", module, name) in an inlined function whose globals are
+ * its module's (globals_module_name); other globals cannot be guarded. */
+static PyObject *
+global_source(ags_interp *it, ags_frame *f, PyObject *name)
+{
+    PyObject *modname, *source;
+
+    if (f->parent == NULL) {
+        return Py_BuildValue("(sO)", ags_load_names[AGS_LOAD_GLOBAL], name);
+    }
+    modname = globals_module_name(it, f, name);
+    if (modname == NULL) {
+        return NULL;
+    }
+    source = Py_BuildValue("(sOO)", ags_load_names[AGS_LOAD_GMOD], modname,
+                           name);
+    Py_DECREF(modname);
     return source;
+}
+
+/* The module whose dict is f's globals (*mod, new) and the source that
+ * reaches it, sys.modules[its name] (*source, new).  AGS_GO, a stop, or
+ * AGS_ERROR. */
+static int
+globals_module(ags_interp *it, ags_frame *f, PyObject *name, PyObject **mod,
+               PyObject **source)
+{
+    PyObject *modname = globals_module_name(it, f, name);
+
+    *mod = *source = NULL;
+    if (modname == NULL) {
+        return PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
+    }
+    *mod = Py_XNewRef(PyDict_GetItemWithError(PyImport_GetModuleDict(),
+                                              modname));
+    if (*mod != NULL) {
+        *source = Py_BuildValue("(s(sss)O)", ags_load_names[AGS_LOAD_ITEM],
+                                ags_load_names[AGS_LOAD_GMOD], "sys", "modules",
+                                modname);
+    }
+    Py_DECREF(modname);
+    if (*source == NULL) {
+        Py_CLEAR(*mod);
+        return AGS_ERROR;   /* module_has_globals found it a moment ago */
+    }
+    return AGS_GO;
+}
+
+/* `global name; name = value`: the write is a side effect on the module,
+ * recorded by the builder as setattr(module, name, value) and replayed
+ * after the graph; later reads in this capture see what was stored. */
+AGS_HANDLER
+op_store_global(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    PyObject *name = PyTuple_GET_ITEM(f->code->co_names, ins->arg);
+    PyObject *mod, *source;
+    ags_value owner, stored;
+    int rc;
+
+    rc = globals_module(it, f, name, &mod, &source);
+    if (rc != AGS_GO) {
+        return rc;
+    }
+    owner = ags_value_make(AGS_VK_CONST, mod, source);
+    rc = ags_store_attr(it, f, &owner, name, ags_peek(f, 1));
+    ags_value_clear(&owner);
+    if (rc == AGS_GO) {
+        it->wrote_globals = 1;
+        stored = ags_pop(f);
+        ags_value_clear(&stored);
+    }
+    return rc;
+}
+
+/* What this capture stored in global `name` of frame f, when it stored
+ * one: 1 (*out set), 0, or -1 on error (a stop is also 0 with it->brk
+ * set: the caller checks PyErr_Occurred first). */
+static int
+stored_global(ags_interp *it, ags_frame *f, PyObject *name, ags_value *out)
+{
+    PyObject *mod, *source, *answer;
+    int rc;
+
+    if (!it->wrote_globals) {
+        return 0;
+    }
+    rc = globals_module(it, f, name, &mod, &source);
+    if (rc != AGS_GO) {
+        return rc == AGS_ERROR ? -1 : 0;
+    }
+    Py_DECREF(source);
+    answer = ags_call_builder(it, AGS_BOP_WRITTEN, "(OO)", mod, name);
+    Py_DECREF(mod);
+    if (answer == NULL) {
+        return ags_take_break(it) == AGS_ERROR ? -1 : 0;
+    }
+    rc = 0;
+    if (answer != Py_None) {
+        rc = ags_value_of(it, PyTuple_GET_ITEM(answer, 0), out) < 0 ? -1 : 1;
+    }
+    Py_DECREF(answer);
+    return rc;
 }
 
 AGS_HANDLER
@@ -276,6 +376,14 @@ op_load_global(ags_interp *it, ags_frame *f, const ags_instr *ins)
     PyObject *source;
     ags_value v;
     int rc;
+
+    rc = value == NULL && PyErr_Occurred() ? -1 : stored_global(it, f, name, &v);
+    if (rc < 0 || it->brk_reason >= 0) {
+        return rc < 0 ? AGS_ERROR : AGS_BREAK;
+    }
+    if (rc == 1) {
+        return (ins->arg & 1) ? ags_push_callable(f, v, NULL) : ags_push(f, v);
+    }
 
     if (value == NULL && !PyErr_Occurred() && PyDict_Check(f->builtins)) {
         value = PyDict_GetItemWithError(f->builtins, name);

@@ -24,6 +24,8 @@
     X(COPY, op_copy, "push a copy of the arg-th value") \
     X(SWAP, op_swap, "swap the top with the arg-th value") \
     X(LOAD_GLOBAL, op_load_global, "push a global or builtin (and a NULL)") \
+    X(STORE_GLOBAL, op_store_global, "global name = top: a write to the " \
+      "module, replayed after the graph") \
     X(LOAD_ATTR, op_load_attr, \
       "attribute of the top; from 3.12, arg bit 0 asks for [method, self]") \
     X(CALL, op_call, "call with arg positional+keyword arguments") \

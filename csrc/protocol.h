@@ -131,6 +131,8 @@
     X(EFFECT_SETATTR, "effect_setattr(obj, source, name, value): " \
                       "obj.name = value on an object of the program, " \
                       "replayed after the graph") \
+    X(WRITTEN, "written(obj, name) -> (value,) or None: what this capture " \
+               "stored in obj.name (an effect not yet replayed), if it did") \
     X(SHADOW, "shadow(obj, source) -> container: an owned copy of a list " \
               "or dict of the program, changed in its place; its final " \
               "contents are written back after the graph") \
