@@ -17,7 +17,7 @@ from typing import Any
 from agspeed.protocol import Reason
 
 __all__ = ["GraphBreak", "StorageSize", "SymShape", "concrete", "describe_callable",
-           "holds_node"]
+           "holds_node", "DICT_VIEWS"]
 
 
 class SymShape(tuple):
@@ -25,6 +25,9 @@ class SymShape(tuple):
     hold graph nodes).  A graph that returns one builds a ``torch.Size`` of it."""
 
     __slots__ = ()
+
+
+DICT_VIEWS = (type({}.keys()), type({}.values()), type({}.items()))
 
 
 def holds_node(value: Any, node_type: type, depth: int = 0) -> bool:
@@ -37,6 +40,8 @@ def holds_node(value: Any, node_type: type, depth: int = 0) -> bool:
         return False
     if isinstance(value, dict):
         return any(holds_node(v, node_type, depth + 1) for v in value.values())
+    if type(value) in DICT_VIEWS:   # d.items() of a dict the capture holds nodes in
+        return holds_node(dict(value.mapping), node_type, depth + 1)
     if isinstance(value, (tuple, list, set, frozenset, collections.deque)):
         return any(holds_node(v, node_type, depth + 1) for v in value)
     if type(value) is types.FunctionType:

@@ -69,7 +69,7 @@ import weakref
 from typing import Any, NamedTuple
 
 from agspeed import _C
-from agspeed._builder_types import holds_node
+from agspeed._builder_types import DICT_VIEWS, holds_node
 
 __all__ = ["decode", "BreakSite", "break_site", "Layout", "layout_of", "generated",
            "is_generated"]
@@ -343,6 +343,12 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
                 return why
             if source is not None and reach is not None and reach(source) is payload:
                 return ("source", source)
+            if hasattr(type(payload), "__next__") or type(payload) in DICT_VIEWS:
+                # zip(), enumerate(), iter(), map()... made by the capture: stateful, and
+                # what it yields may be graph values; a constant would hand every call
+                # the first call's, half consumed.  A dict view likewise shows the dict
+                # of the first call
+                return f"a {type(payload).__name__} made in the frame at the break"
             builder.note_identity(payload)   # this very object, on every call
             return ("constant", payload)
         if kind == "METHOD":
