@@ -224,6 +224,10 @@ def _not_the_programs(value: Any, builder: Any) -> str:
             isinstance(a, builder.node_type)
             for a in (*value.args, *(value.keywords or {}).values())):
         return "a method bound to a graph value at the break"
+    if kind is types.MethodType and (builder.can_escape(value.__self__) or
+                                     holds_node(value.__self__, builder.node_type)):
+        # the capture's object, its tensors graph values: not the one eager would bind
+        return "a method of an object made in the frame at the break"
     return ""
 
 

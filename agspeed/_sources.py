@@ -6,7 +6,7 @@ The interpreter (csrc/interp*.c) gives every value it loads a *source*, a nested
 * ``("global", name)``: a global of the captured frame, or a builtin;
 * ``("gmod", module name, name)``: a global (or builtin) of an inlined function's module;
 * ``("attr", base, name)``: an attribute found by ``static_attr`` (below);
-* ``("item", base, key)``: ``base[key]`` of a tuple, list or dict;
+* ``("item", base, key)``: ``base[key]`` of a tuple, list, dict or deque;
 * ``("cell", function, index)``: the contents of a closure cell of a function;
 * ``("fget", property)``: the getter of a property;
 * ``("type", base)``: the type of a value;
@@ -259,7 +259,7 @@ def resolve_step(kind: str, base: Any, key: Any) -> Any:
         return found if how in (Attr.VALUE, Attr.METHOD, Attr.PROPERTY) else MISSING
     if kind == "item":
         try:
-            if type(base) in (tuple, list, dict) or _is_size(base) or \
+            if type(base) in (tuple, list, dict, collections.deque) or _is_size(base) or \
                     is_namedtuple_type(type(base)):
                 return base[key]
             if isinstance(base, dict):   # a subclass: its store, past its own methods

@@ -220,7 +220,7 @@
     X(GMOD, "(gmod, module name, name): a global of a loaded module") \
     X(ATTR, "(attr, base, name): an attribute, found without running " \
             "user code") \
-    X(ITEM, "(item, base, key): an item of a tuple, list or dict") \
+    X(ITEM, "(item, base, key): an item of a tuple, list, dict or deque") \
     X(CELL, "(cell, function, index): the contents of a closure cell") \
     X(TYPE, "(type, base): the exact type of the base") \
     X(FGET, "(fget, base): the getter of a property") \

@@ -4,6 +4,7 @@ capture's object holds graph values or the first call's state, so the frame is n
 resumed there; it runs eager, with eager's results on every call.  Before, the resume
 function was handed the capture's own iterator and the program met graph nodes."""
 
+import collections
 import itertools
 
 import pytest
@@ -85,3 +86,31 @@ def test_a_dict_view_live_at_a_break_shows_this_calls_dict():
         x = torch.randn(3)
         table = {"a": torch.full((3,), scale), "b": scale}    # a new dict every call
         torch.testing.assert_close(fast(x, table), over_items(x, table))
+
+
+class Holder:
+    def __init__(self, t):
+        self.t = t
+
+    def tripled(self):
+        return self.t * 3
+
+
+def bound_method_of_a_made_object(x, xs):
+    get = Holder(x * 2).tripled
+    _break()
+    return get() + 1
+
+
+def deque_made_in_the_frame(x, xs):
+    q = collections.deque([x * 2, x])
+    _break()
+    return q[0] + q[1]
+
+
+@pytest.mark.parametrize("fn", [bound_method_of_a_made_object, deque_made_in_the_frame])
+def test_other_values_made_in_the_frame_live_at_a_break(fn):
+    fast = agspeed.optimize(fn, backend="eager")
+    for _ in range(3):
+        x = torch.randn(3)
+        torch.testing.assert_close(fast(x, []), fn(x, []))

@@ -83,3 +83,19 @@ def test_a_module_dict_subclass_iterating_itself_is_one_graph():
                                    torch.autograd.grad(want.sum(), x)[0])
     assert backend.graphs == 1
     assert agspeed.counters()["cache_hits"] >= 2
+
+
+def from_a_deque(x, q):
+    return q[0] + q[-1] * x
+
+
+def test_a_deque_argument_is_read_by_item():
+    """A deque's items are graph inputs read by ("item", source, index) like a list's;
+    the reader once knew only tuples, lists and dicts and handed the graph nothing."""
+    import collections
+
+    fast = agspeed.optimize(from_a_deque, backend="eager")
+    for n in (2, 2, 3):
+        q = collections.deque(torch.randn(3) for _ in range(n))
+        x = torch.randn(3)
+        torch.testing.assert_close(fast(x, q), from_a_deque(x, q))
