@@ -63,7 +63,7 @@ class Recorder:
         self.ops, self.inputs = [], []
         self.allowed, self.non_tensor, self.fail_on = allowed, non_tensor, fail_on
         self.assumptions, self.known = [], {}
-        self.writes, self.shadows = [], []
+        self.writes, self.shadows, self.stored = [], [], {}
         self.classes, self.made = classes, []  # classes called as plain classes
 
     def new_object(self, cls):
@@ -191,6 +191,11 @@ class Recorder:
 
     def effect_setattr(self, obj, source, name, value):
         self.writes.append((source, name, value))
+        self.stored[(id(obj), name)] = value
+
+    def written(self, obj, name):
+        key = (id(obj), name)
+        return (self.stored[key],) if key in self.stored else None
 
     def shadow(self, obj, source):
         made = list(obj) if type(obj) is list else dict(obj)
@@ -494,6 +499,25 @@ def test_attribute_writes_are_handed_to_the_builder_not_done():
     assert out["status"] == "graph", out
     assert b.writes == [(("local", "h"), "seen", 1)]
     assert not hasattr(h, "seen")  # the capture never writes; the entry replays it
+
+
+STEPS = 0
+
+
+def counts_globally(x):
+    global STEPS
+    STEPS = STEPS + 1
+    return x * STEPS, STEPS
+
+
+def test_global_writes_are_handed_to_the_builder_and_read_back():
+    out, b = capture(counts_globally, x=T())
+    assert out["status"] == "graph", out
+    module = ("item", ("gmod", "sys", "modules"), counts_globally.__module__)
+    assert b.writes == [(module, "STEPS", 1)]
+    assert STEPS == 0                           # the capture never writes
+    assert b.ops[0][0] == "mul" and b.ops[0][1][1] == 1   # the stored value, read back
+    assert out["result"][1] == 1
 
 
 REGISTRY = [1]
