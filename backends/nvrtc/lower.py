@@ -221,7 +221,14 @@ def _table() -> dict:
         K.AND, T.BOOL, k.cast(a, T.BOOL), k.cast(b, T.BOOL))
     table[aten.logical_or.default] = lambda k, node, a, b: k.emit(
         K.OR, T.BOOL, k.cast(a, T.BOOL), k.cast(b, T.BOOL))
+    # on bool tensors (masks: all fusible lets through) the bitwise ops are the logical
+    table[aten.bitwise_and.Tensor] = table[aten.logical_and.default]
+    table[aten.bitwise_or.Tensor] = table[aten.logical_or.default]
     return table
+
+
+# ops a kernel computes only on bool tensors
+_BOOL_ONLY = ("aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor")
 
 
 @functools.lru_cache(maxsize=None)
@@ -253,8 +260,13 @@ def fusible(node: Any) -> bool:
     if lowering(node.target) is None:
         return False
     val = node.meta.get("val")
-    return (val is not None and hasattr(val, "dtype") and storage_of(val.dtype) is not None
-            and _kwargs_ok(node))
+    if val is None or not hasattr(val, "dtype"):
+        return False
+    if str(node.target) in _BOOL_ONLY and any(
+            str(getattr(v, "dtype", "torch.bool")) != "torch.bool"
+            for v in (val, *(getattr(a, "meta", {}).get("val") for a in node.args))):
+        return False   # bitwise on integers: not a kernel op
+    return storage_of(val.dtype) is not None and _kwargs_ok(node)
 
 
 def reduction_of(node: Any) -> tuple[int, int, tuple] | None:

@@ -314,3 +314,32 @@ def test_more_transformers_train_like_eager(name):
     for pname, grad in ref_grads.items():
         torch.testing.assert_close(grads[pname], grad, rtol=tt.RTOL, atol=tt.ATOL,
                                    msg=pname)
+
+
+def test_masks_combined_bitwise_are_fused_and_integers_are_not():
+    """``&`` and ``|`` of bool masks (attention and padding masks) are the logical ops in
+    a kernel; on integers they are bitwise and stay aten's."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_function
+
+    found = []
+
+    def compiler(gm, example_inputs):
+        found.append(partition.groups(gm))
+        return make_boxed_func(nvrtc.compile_aten(gm, host.launcher).forward)
+
+    def masks(x, y):
+        keep = ((x > 0) & (y < 0.5)) | (x < -1)
+        return torch.where(keep, x * 2.0, y)
+
+    def integers(a, b):
+        return (a & b) + (a | b)
+
+    x, y = torch.randn(5, 7), torch.randn(5, 7)
+    torch.testing.assert_close(aot_function(masks, fw_compiler=compiler)(x, y), masks(x, y))
+    assert len(found[0]) == 1 and {str(n.target) for n in found[0][0].nodes} >= {
+        "aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor"}
+    a, b = torch.randint(0, 64, (5, 7)), torch.randint(0, 64, (5, 7))
+    torch.testing.assert_close(aot_function(integers, fw_compiler=compiler)(a, b),
+                               integers(a, b))
+    assert not any("bitwise" in str(n.target) for g in found[1] for n in g.nodes)
