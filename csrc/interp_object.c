@@ -77,6 +77,42 @@ done:
     return rc;
 }
 
+/* t.requires_grad = flag on a tensor the graph computes (a bias or mask made
+ * in the layer, as T5's under checkpointing): one that does not require
+ * grad is a leaf, and the graph sets it in place with requires_grad_(flag)
+ * as eager's setter would; one that does may not be a leaf, where eager's
+ * setter raises, so that one ends the capture and eager decides. */
+static int
+set_requires_grad(ags_interp *it, ags_value *t, ags_value *flag)
+{
+    PyObject *method, *grad = ags_call_builder(it, AGS_BOP_TENSOR_ATTR, "(Os)",
+                                               t->obj, "requires_grad");
+    ags_value ret;
+    int rc;
+
+    if (grad == NULL) {
+        return ags_take_break(it);
+    }
+    rc = grad == Py_False ? AGS_GO : AGS_BREAK;
+    Py_DECREF(grad);
+    if (rc != AGS_GO) {
+        return ags_stopf(it, AGS_REASON_SIDE_EFFECT,
+                         "setting requires_grad of a computed tensor that "
+                         "requires grad");
+    }
+    method = PyUnicode_FromString("requires_grad_");
+    if (method == NULL) {
+        return AGS_ERROR;
+    }
+    rc = ags_builder_call(it, AGS_BOP_CALL_METHOD, method, t, flag, 1, NULL,
+                          &ret);
+    Py_DECREF(method);
+    if (rc == AGS_GO) {
+        ags_value_clear(&ret);
+    }
+    return rc;
+}
+
 /* owner.name = value (owner, value borrowed). */
 int
 ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
@@ -86,6 +122,10 @@ ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
     ags_value args[3], ret;
     int rc, setter;
 
+    if (owner->kind == AGS_VK_TENSOR
+        && PyUnicode_CompareWithASCIIString(name, "requires_grad") == 0) {
+        return set_requires_grad(it, owner, value);
+    }
     if (owner->kind != AGS_VK_CONST) {
         return ags_stopf(it, AGS_REASON_SIDE_EFFECT,
                          "setting attribute %R of a %s", name,

@@ -484,3 +484,38 @@ def test_an_lru_cached_logger_method_is_replayed_and_dedupes(caplog):
     said = [r.getMessage() for r in caplog.records if r.name == "agspeed.test.once"]
     assert first >= 1 and said == ["said once"] * first, said   # nothing after the first
     assert _warn_once.cache_info().hits == 3
+
+
+def biased_by_a_fresh_leaf(x, w):
+    bias = torch.zeros(x.shape)
+    bias.requires_grad = True          # T5's position bias under checkpointing
+    return (x @ w + bias).sum(), bias.requires_grad
+
+
+def marks_a_computed_tensor(x, w):
+    h = x @ w
+    h.requires_grad = True             # not a leaf: eager's setter raises
+    return h
+
+
+def test_requires_grad_set_on_a_tensor_made_in_the_frame():
+    x, w = torch.randn(3, 3), torch.randn(3, 3, requires_grad=True)
+    report = agspeed.explain(biased_by_a_fresh_leaf, x, w)
+    assert (report.graph_count, report.graph_break_count) == (1, 0)
+    fast = agspeed.optimize(biased_by_a_fresh_leaf, backend="eager")
+    for _ in range(2):
+        (got, flag), (want, want_flag) = fast(x, w), biased_by_a_fresh_leaf(x, w)
+        torch.testing.assert_close(got, want)
+        assert flag is want_flag is True and got.requires_grad
+        gw, = torch.autograd.grad(got, w)
+        ww, = torch.autograd.grad(want, w)
+        torch.testing.assert_close(gw, ww)
+
+
+@pytest.mark.cxx_exceptions   # autograd's check throws inside libtorch
+def test_requires_grad_set_on_a_computed_tensor_raises_eagers_error():
+    x, w = torch.randn(3, 3), torch.randn(3, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf variables"):
+        marks_a_computed_tensor(x, w)
+    with pytest.raises(RuntimeError, match="leaf variables"):
+        agspeed.optimize(marks_a_computed_tensor, backend="eager")(x, w)
