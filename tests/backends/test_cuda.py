@@ -103,7 +103,8 @@ _COMPILED_TOL = {"fp32": {"atol": 5e-3, "rtol": 5e-3}, "fp16": {"atol": 5e-2, "r
 
 @pytest.mark.parametrize("backend,amp", [("inductor", "fp32"), ("inductor", "fp16"),
                                          ("jit", "fp16"), ("cudagraphs", "fp16"),
-                                         ("cudagraphs", "fp32")])
+                                         ("cudagraphs", "fp32"), ("nvrtc", "fp32"),
+                                         ("nvrtc", "fp16"), ("nvrtc_cudagraphs", "fp16")])
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_zoo_trains_on_each_cuda_backend_like_eager(name, backend, amp):
     _train_like_eager(name, amp, backend, _COMPILED_TOL[amp])
