@@ -6,7 +6,8 @@ The interpreter (csrc/interp*.c) gives every value it loads a *source*, a nested
 * ``("global", name)``: a global of the captured frame, or a builtin;
 * ``("gmod", module name, name)``: a global (or builtin) of an inlined function's module;
 * ``("attr", base, name)``: an attribute found by ``static_attr`` (below);
-* ``("item", base, key)``: ``base[key]`` of a tuple, list, dict or deque;
+* ``("item", base, key)``: ``base[key]`` of a tuple (a structseq such as
+  ``torch.return_types.topk`` included), list, dict or deque;
 * ``("cell", function, index)``: the contents of a closure cell of a function;
 * ``("fget", property)``: the getter of a property;
 * ``("type", base)``: the type of a value;
@@ -264,6 +265,9 @@ def resolve_step(kind: str, base: Any, key: Any) -> Any:
                 return base[key]
             if isinstance(base, dict):   # a subclass: its store, past its own methods
                 return dict.__getitem__(base, key)
+            if isinstance(base, tuple) and \
+                    _class_lookup(type(base), "__getitem__") is tuple.__getitem__:
+                return tuple.__getitem__(base, key)   # torch.return_types.topk...
             if base is os.environ:
                 return base[key]
         except (IndexError, KeyError, TypeError):

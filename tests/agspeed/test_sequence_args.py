@@ -99,3 +99,30 @@ def test_a_deque_argument_is_read_by_item():
         q = collections.deque(torch.randn(3) for _ in range(n))
         x = torch.randn(3)
         torch.testing.assert_close(fast(x, q), from_a_deque(x, q))
+
+
+K = None
+
+
+def top_plus_one(x):
+    return torch.topk(x, K)[0] + 1       # k a tensor: a break at topk, resumed after
+
+
+def from_a_structseq(x, r):
+    return r[0] * x + r.indices.float()
+
+
+def test_a_structseq_is_read_by_item():
+    """torch.return_types.topk (a tuple subclass the C reader does not index) handed in,
+    or on a resume function's stack after a break: its items are read by item like a
+    tuple's; they once came to the graph as a missing marker."""
+    global K
+    K = torch.tensor(2)
+    fast = agspeed.optimize(top_plus_one, backend="eager")
+    for _ in range(2):
+        x = torch.randn(5)
+        torch.testing.assert_close(fast(x), top_plus_one(x))
+    fast = agspeed.optimize(from_a_structseq, backend="eager")
+    for _ in range(3):
+        x, r = torch.randn(2), torch.topk(torch.randn(5), 2)
+        torch.testing.assert_close(fast(x, r), from_a_structseq(x, r))
