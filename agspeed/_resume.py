@@ -312,6 +312,10 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
         if kind in ("TUPLE", "LIST", "DICT") and _holds_shadow(payload, builder):
             # the program's own object must go on, not a copy of its contents
             return "a list or dict of the program changed before the break"
+        if kind == "TENSOR" and builder.is_ndarray(payload):
+            # the graph's tensor for a NumPy value: the program holds an array there,
+            # and what the break instruction does with it is NumPy's (or an error)
+            return "a NumPy array at the break"
         if kind in ("TENSOR", "TUPLE", "LIST", "DICT"):
             try:
                 builder.check_output(payload)

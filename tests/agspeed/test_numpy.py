@@ -13,6 +13,8 @@ import gc
 import sys
 import weakref
 
+import warnings
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -301,3 +303,32 @@ def test_a_tensor_back_from_an_array_is_a_new_tensor_sharing_the_memory():
     out = agspeed.optimize(f)(x)[0]
     out.requires_grad_()
     assert not x.requires_grad
+
+
+def array_minus_tensor(a, b):
+    return a - b
+
+
+def adds_an_array_in_place(t, arr):
+    t += arr
+    return t
+
+
+def test_an_array_meeting_a_tensor_at_a_break_stays_an_array():
+    """An operator between an array and a tensor ends the capture; the break used to hand
+    the break instruction the graph's tensor for the array, so it computed what eager
+    refuses (ndarray - Tensor) and changed a tensor eager leaves alone (t += array)."""
+    a, b = np.array([1.0, 2.0]), torch.tensor([1.0, 1.0])
+    with pytest.raises(TypeError):
+        array_minus_tensor(a, b)
+    with pytest.raises(TypeError):
+        agspeed.optimize(array_minus_tensor, backend="eager")(a, b)
+    arr = np.array([1.0, 1.0], dtype=np.float32)
+    for fn in (adds_an_array_in_place, agspeed.optimize(adds_an_array_in_place,
+                                                        backend="eager")):
+        t = torch.tensor([1.0, 2.0])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)   # NumPy 2's __array_wrap__
+            out = fn(t, arr)
+        torch.testing.assert_close(t, torch.tensor([1.0, 2.0]))   # unchanged, as eager
+        assert type(out) is torch.Tensor
