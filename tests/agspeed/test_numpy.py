@@ -11,9 +11,8 @@ hit)."""
 import collections
 import gc
 import sys
-import weakref
-
 import warnings
+import weakref
 
 import pytest
 
