@@ -52,7 +52,8 @@ import types
 from typing import Any, Callable
 
 from agspeed._binding import Binding
-from agspeed._builder_types import GraphBreak, StorageSize, SymShape, concrete, holds_node
+from agspeed._builder_types import (GraphBreak, StorageSize, SymShape, concrete,
+                                   describe_callable, holds_node)
 from agspeed._calls import CallPolicy, FunctionApply
 from agspeed._checkpoint import CheckpointPolicy, outline
 from agspeed._effects import SideEffects
@@ -273,6 +274,13 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
             return self.replay_call(fn, args, kwargs or {})
         if fn in self.checkpoint_markers:
             return self.checkpoint_call(fn, tuple(args))
+        if fn is self._torch._check and args and not kwargs:
+            if type(args[0]) is bool:   # decided now: a check that holds is nothing
+                if args[0]:
+                    return None
+                raise GraphBreak(Reason.OP_FAILED, "torch._check of False (eager raises)")
+            args = args[:1]             # on a size the graph computes: its message a
+                                        # function the graph's code cannot write
         if isinstance(fn, NumpyCall):
             return self.numpy_call(fn, tuple(args), dict(kwargs or {}))
         if isinstance(fn, FunctionApply):   # a user's autograd.Function
@@ -375,6 +383,13 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
             if isinstance(value, np.generic) and hasattr(value, "item"):
                 return value.item()
             raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"a NumPy {kind.__name__} in the graph")
+        if kind is type and value in (bool, int, float):
+            # x.to(float), dtype=int: the dtype torch reads the Python type as
+            return {bool: self._torch.bool, int: self._torch.int64,
+                    float: self._torch.float64}[value]
+        if kind in (types.FunctionType, types.MethodType, types.BuiltinFunctionType):
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"a function ({describe_callable(value)}) "
+                             f"as an argument of a graph operation")
         return value
 
     def _is_static(self, value: Any) -> bool:

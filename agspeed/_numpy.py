@@ -387,8 +387,9 @@ class NumpyPolicy:
         if np is not None:
             if isinstance(value, np.dtype):
                 return value.name
-            if isinstance(value, type) and issubclass(value, np.generic):
-                return np.dtype(value).name
+            if isinstance(value, type) and (issubclass(value, np.generic) or
+                                            value in (bool, int, float, complex)):
+                return np.dtype(value).name   # dtype=float: NumPy's float64, by name
             if isinstance(value, np.ndarray):
                 raise GraphBreak(Reason.UNSUPPORTED_VALUE,
                                  "a NumPy array of the program in NumPy code")
