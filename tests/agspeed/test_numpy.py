@@ -313,6 +313,7 @@ def adds_an_array_in_place(t, arr):
     return t
 
 
+@pytest.mark.cxx_exceptions   # torch's operators refusing an array throw inside libtorch
 def test_an_array_meeting_a_tensor_at_a_break_stays_an_array():
     """An operator between an array and a tensor ends the capture; the break used to hand
     the break instruction the graph's tensor for the array, so it computed what eager
