@@ -6,7 +6,7 @@ kernel each, generated as CUDA C, compiled at run time by NVRTC and launched fro
 torch's current stream; matmuls, convolutions and attention run through aten between
 them.  The parts:
 
-* ``codegen.c`` (C): a kernel's description, a tuple of protocol.h's ``KernelOp`` /
+* ``codegen.c``, ``codegen_rows.c`` (C): a kernel's description, a tuple of protocol.h's ``KernelOp`` /
   ``KernelType`` / ``KernelKind`` rows, to its CUDA C source;
 * ``driver.c`` (C): libnvrtc and libcuda opened at run time (dlopen), so agspeed builds
   and imports without CUDA: NVRTC compiles a source to PTX or a cubin, the driver loads

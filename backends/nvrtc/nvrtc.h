@@ -1,6 +1,7 @@
 /* nvrtc.h: agspeed's fused CUDA kernels, the C half (backends/nvrtc).
  *
- *   codegen.c   a kernel's description -> its CUDA C source
+ *   codegen.c   a kernel's description -> its CUDA C source (row kernels'
+ *               bodies in codegen_rows.c)
  *   driver.c    libnvrtc and libcuda, opened at run time (dlopen): NVRTC
  *               compiles a source to PTX or a cubin, the driver loads it
  *               and launches the kernel on a stream
