@@ -299,15 +299,20 @@ globals_module(ags_interp *it, ags_frame *f, PyObject *name, PyObject **mod,
     }
     *mod = Py_XNewRef(PyDict_GetItemWithError(PyImport_GetModuleDict(),
                                               modname));
-    if (*mod != NULL) {
-        *source = Py_BuildValue("(s(sss)O)", ags_load_names[AGS_LOAD_ITEM],
-                                ags_load_names[AGS_LOAD_GMOD], "sys", "modules",
-                                modname);
+    if (*mod == NULL) {
+        Py_DECREF(modname);
+        return PyErr_Occurred()
+                   ? AGS_ERROR
+                   : ags_stopf(it, AGS_REASON_UNGUARDABLE_GLOBAL,
+                               "global %R of a module no longer loaded", name);
     }
+    *source = Py_BuildValue("(s(sss)O)", ags_load_names[AGS_LOAD_ITEM],
+                            ags_load_names[AGS_LOAD_GMOD], "sys", "modules",
+                            modname);
     Py_DECREF(modname);
     if (*source == NULL) {
         Py_CLEAR(*mod);
-        return AGS_ERROR;   /* module_has_globals found it a moment ago */
+        return AGS_ERROR;
     }
     return AGS_GO;
 }
