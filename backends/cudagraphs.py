@@ -98,7 +98,7 @@ def replay(graph: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _compiler(graph: Any, example_inputs: list) -> Callable[..., Any]:
-    return _Replay(graph)
+    return replay(graph)
 
 
 def backend(gm: Any, example_inputs: list) -> Callable[..., Any]:

@@ -297,6 +297,7 @@ def run_rounds(args, base, data: list, precision: str, runtimes: list[str]) -> t
     Returns the trainers, each one's preparation time, and agspeed's cache misses in the
     timed rounds."""
     warm_data, round_data = data[:args.warm_steps], data[args.warm_steps:]
+    checks_data = warm_data * 3   # the steps agspeed's checks may take, in order
     trainers, prepare_s = {}, {}
     for rt in runtimes:
         start = time.perf_counter()
@@ -304,17 +305,16 @@ def run_rounds(args, base, data: list, precision: str, runtimes: list[str]) -> t
         for batch in warm_data:
             trainers[rt].step(batch)
         # agspeed's warm-up ends when its choices are checked on the loop's own steps
-        for batch in warm_data * 3:
+        for batch in checks_data:
             if not _confirm.hooked():
                 break
             trainers[rt].step(batch)
         prepare_s[rt] = time.perf_counter() - start
     # every runtime takes the steps agspeed's checks took, on the same batches, so that
     # all have trained alike when the rounds begin and their losses stay comparable
-    extra = warm_data * 3
     prepared = max(len(tr.times) for tr in trainers.values())
     for tr in trainers.values():
-        for batch in extra[len(tr.times) - len(warm_data):prepared - len(warm_data)]:
+        for batch in checks_data[len(tr.times) - len(warm_data):prepared - len(warm_data)]:
             tr.step(batch)
         tr.prepared = prepared
     before = agspeed.counters()

@@ -284,16 +284,19 @@ global_source(ags_interp *it, ags_frame *f, PyObject *name)
     return source;
 }
 
-/* The module whose dict is f's globals (*mod, new) and the source that
- * reaches it, sys.modules[its name] (*source, new).  AGS_GO, a stop, or
- * AGS_ERROR. */
+/* The module whose dict is f's globals (*mod, new) and, when source is not
+ * NULL, the source that reaches it, sys.modules[its name] (*source, new).
+ * AGS_GO, a stop, or AGS_ERROR. */
 static int
 globals_module(ags_interp *it, ags_frame *f, PyObject *name, PyObject **mod,
                PyObject **source)
 {
     PyObject *modname = globals_module_name(it, f, name);
 
-    *mod = *source = NULL;
+    *mod = NULL;
+    if (source != NULL) {
+        *source = NULL;
+    }
     if (modname == NULL) {
         return PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
     }
@@ -306,11 +309,13 @@ globals_module(ags_interp *it, ags_frame *f, PyObject *name, PyObject **mod,
                    : ags_stopf(it, AGS_REASON_UNGUARDABLE_GLOBAL,
                                "global %R of a module no longer loaded", name);
     }
-    *source = Py_BuildValue("(s(sss)O)", ags_load_names[AGS_LOAD_ITEM],
-                            ags_load_names[AGS_LOAD_GMOD], "sys", "modules",
-                            modname);
+    if (source != NULL) {
+        *source = Py_BuildValue("(s(sss)O)", ags_load_names[AGS_LOAD_ITEM],
+                                ags_load_names[AGS_LOAD_GMOD], "sys", "modules",
+                                modname);
+    }
     Py_DECREF(modname);
-    if (*source == NULL) {
+    if (source != NULL && *source == NULL) {
         Py_CLEAR(*mod);
         return AGS_ERROR;
     }
@@ -349,17 +354,16 @@ op_store_global(ags_interp *it, ags_frame *f, const ags_instr *ins)
 static int
 stored_global(ags_interp *it, ags_frame *f, PyObject *name, ags_value *out)
 {
-    PyObject *mod, *source, *answer;
+    PyObject *mod, *answer;
     int rc;
 
     if (!it->wrote_globals) {
         return 0;
     }
-    rc = globals_module(it, f, name, &mod, &source);
+    rc = globals_module(it, f, name, &mod, NULL);
     if (rc != AGS_GO) {
         return rc == AGS_ERROR ? -1 : 0;
     }
-    Py_DECREF(source);
     answer = ags_call_builder(it, AGS_BOP_WRITTEN, "(OO)", mod, name);
     Py_DECREF(mod);
     if (answer == NULL) {

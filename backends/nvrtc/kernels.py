@@ -14,6 +14,7 @@ a second process compiles nothing.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -25,10 +26,11 @@ from agspeed.backends.nvrtc.partition import Plan
 
 __all__ = ["Fused", "cuda_launcher", "image_for", "compiled"]
 
-# NVRTC compiles in this process (images found on disk not counted) and their seconds,
+# The seconds of NVRTC's compiles in this process (images found on disk not counted),
 # summed over the threads that compile a graph's kernels together; and the wall-clock
 # seconds each graph's kernels took to make, compiles and loads included, graph by graph
-compiled = {"kernels": 0, "seconds": 0.0, "graph_seconds": []}
+compiled = {"seconds": 0.0, "graph_seconds": []}
+_compiled_lock = threading.Lock()   # compiles of one graph run on several threads
 
 
 class Fused:
@@ -97,10 +99,15 @@ class Fused:
 def _raw_stream(index: int) -> int:
     """The handle of torch's current stream on CUDA device ``index``, without making a
     Stream object per launch (what inductor's generated code reads too)."""
+    return _stream_reader()(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _stream_reader() -> Callable[[int], int]:
     import torch
 
     get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return get(index) if get is not None else torch.cuda.current_stream(index).cuda_stream
+    return get if get is not None else lambda i: torch.cuda.current_stream(i).cuda_stream
 
 
 def _broadcast_strides(t: Any, space: tuple) -> list:
@@ -146,8 +153,8 @@ def image_for(source: str, name: str, arch: str, cubin: bool) -> bytes:
         pass
     start = time.perf_counter()
     image = _C.nvrtc_compile(source, name + ".cu", (arch,), cubin)
-    compiled["kernels"] += 1
-    compiled["seconds"] += time.perf_counter() - start
+    with _compiled_lock:
+        compiled["seconds"] += time.perf_counter() - start
     os.makedirs(directory, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "wb") as f:

@@ -263,8 +263,9 @@ def fusible(node: Any) -> bool:
     if val is None or not hasattr(val, "dtype"):
         return False
     if str(node.target) in _BOOL_ONLY and any(
-            str(getattr(v, "dtype", "torch.bool")) != "torch.bool"
-            for v in (val, *(getattr(a, "meta", {}).get("val") for a in node.args))):
+            storage_of(v.dtype) != T.BOOL
+            for v in (val, *(getattr(a, "meta", {}).get("val") for a in node.args))
+            if hasattr(v, "dtype")):
         return False   # bitwise on integers: not a kernel op
     return storage_of(val.dtype) is not None and _kwargs_ok(node)
 
