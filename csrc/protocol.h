@@ -258,6 +258,8 @@
 #define AGS_PART_LIST(X) \
     X(CHECK, "a check, by index into the program's checks") \
     X(ALIAS, "an alias pair, by index") \
+    X(DISTINCT, "a load of the distinct list that reached the same object " \
+                "as another, by its index in the list") \
     X(SIZE, "a size guard of a dynamic program, by index") \
     X(PROBE, "a global-state probe")
 

@@ -53,8 +53,8 @@ class Guard(_C.GuardProgram):
     symbolic part of a capture with dynamic dimensions (a ``SymbolicGuards``), or None.
     """
 
-    __slots__ = ("checks", "aliases", "state", "torch", "break_at", "inputs", "sym", "args",
-                 "floats")
+    __slots__ = ("checks", "aliases", "different", "state", "torch", "break_at", "inputs",
+                 "sym", "args", "floats")
 
     def __init__(self, torch: Any, builder: Any, f_locals: dict, code: Any = None):
         """``builder``: the capture's ``agspeed._graph.GraphBuilder``."""
@@ -100,6 +100,11 @@ class Guard(_C.GuardProgram):
         checks.sort(key=lambda c: _depth(c[0]))
         self.checks = tuple(checks)
         self.aliases = tuple(builder.aliases)
+        # the tensors the capture saw as different objects: a frame bringing one tensor
+        # through two of these sources is not the frame the graph was made for (see
+        # guards/alias.c); the tensors NumPy arrays share are new objects every call
+        self.different = tuple(s for s, (_, v) in builder._inputs.items()
+                              if isinstance(v, torch.Tensor) and s[0] != "numpy")
         self.torch = torch
         self.state = global_state(torch)
         self.break_at: tuple | None = None  # (file, line, instruction, reason) of a break
@@ -135,11 +140,12 @@ class Guard(_C.GuardProgram):
         checks = [(slot(source), kind, *KINDS[kind].compile(expected, symbols))
                   for source, kind, expected in self.checks]
         aliases = [(slot(a), slot(b)) for a, b in self.aliases]
+        distinct = [slot(s) for s in self.different]
         outputs = [slot(s) for s in self.inputs]
         flags = GuardFlag.CHECK_KNOWN_TENSORS if _config.guard_parameters else GuardFlag(0)
         self._set_program(loads, checks, aliases, state_probes(self.torch, self.state),
                           resolve_step, MISSING, self.torch.nn.Module, outputs, int(flags),
-                          symbolic)
+                          symbolic, distinct)
 
     def widened(self, other: "Guard") -> "Guard":
         """This guard less the plain-value checks ``other`` expects differently.
@@ -155,6 +161,7 @@ class Guard(_C.GuardProgram):
                            if not KINDS[c[1]].widenable
                            or theirs.get((c[0], c[1]), c[2]) == c[2])
         out.aliases, out.state, out.torch = self.aliases, self.state, self.torch
+        out.different = self.different
         out.break_at, out.inputs, out.sym = self.break_at, self.inputs, self.sym
         out.args, out.floats = self.args, self.floats
         out._compile()
@@ -165,7 +172,8 @@ class Guard(_C.GuardProgram):
         far as ``other``'s checks tell: a dynamic entry then replaces ``other``'s
         static one.  Read from the expectations alone; nothing of the frame is needed."""
         if not isinstance(other, Guard) or other.state != self.state or \
-                set(other.aliases) != set(self.aliases):
+                set(other.aliases) != set(self.aliases) or \
+                not set(self.different) <= set(other.different):
             return False
         theirs = {c[0]: (c[1], c[2]) for c in other.checks}
         bound: dict = {}
@@ -196,6 +204,9 @@ class Guard(_C.GuardProgram):
                     resolve(b, f_locals, f_globals, f_builtins, memo):
                 out.append((Part.ALIAS.id, i, f"{describe(a)} is {describe(b)}: no longer "
                             f"the same tensor"))
+        if not out:
+            out += self._repeats([resolve(s, f_locals, f_globals, f_builtins, memo)
+                                  for s in self.different])
         if self.sym is not None and not out:
             values = ", ".join(f"{n}={bound[s]}" for s, n in
                                zip(self.sym.symbols, self.sym.names) if s in bound)
@@ -208,6 +219,18 @@ class Guard(_C.GuardProgram):
             out.append((Part.PROBE.id, -1, f"global state: expected "
                         f"{state_text(self.state)}, got {state_text(state)}"))
         return out
+
+    def _repeats(self, values: list) -> list[tuple]:
+        """The DISTINCT failure of ``values`` (the distinct sources' values, in order):
+        the first that repeats an earlier one, as the C program reports it."""
+        first: dict[int, int] = {}
+        for i, value in enumerate(values):
+            j = first.setdefault(id(value), i)
+            if j != i and value is not MISSING:
+                a, b = describe(self.different[j]), describe(self.different[i])
+                return [(Part.DISTINCT.id, i, f"{a} is {b}: the graph was captured for "
+                                              f"two different tensors")]
+        return []
 
     def check_in_python(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> bool:
         """The same answer as calling the guard, computed in Python (for tests)."""
@@ -225,8 +248,9 @@ class Guard(_C.GuardProgram):
             return None
         part, index = why
         for k, i, text in self._walk(f_locals, f_globals, f_builtins):
-            # probes: the Python reading compares the whole state at once (index -1)
-            if k == part and (i == index or part == Part.PROBE.id):
+            # probes: the Python reading compares the whole state at once (index -1);
+            # a repeat among distinct tensors may be reported from either side
+            if k == part and (i == index or part in (Part.PROBE.id, Part.DISTINCT.id)):
                 return text
         return f"{part} {index} (the guard changed while it ran)"
 
@@ -247,6 +271,8 @@ class Guard(_C.GuardProgram):
         out = [f"{describe(s)} {KINDS[k].word} {KINDS[k].shown(e, self.sym)}"
                for s, k, e in self.checks]
         out += [f"{describe(a)} is {describe(b)}" for a, b in self.aliases]
+        if len(self.different) > 1:
+            out.append("all different: " + ", ".join(describe(s) for s in self.different))
         if self.sym is not None:
             out += [f"size: {self.sym.readable(g)}" for g in self.sym.guards]
         out.append(f"global state == {state_text(self.state)}")

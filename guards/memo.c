@@ -113,6 +113,8 @@ ags_memo_release(g_memo *m)
     PyMem_Free(m->live);
     PyMem_Free(m->typeof_w);
     PyMem_Free(m->skip_alias);
+    PyMem_Free(m->apart);
+    PyMem_Free(m->fresh);
     PyMem_Free(m->w);
     memset(m, 0, sizeof(*m));
 }
@@ -385,6 +387,9 @@ ags_memo_build(g_program *p, g_values *t)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         m->values[i] = m->frozen[i] ? t->vals[i] : NULL;
+    }
+    if (ags_alias_memo(p) < 0) {
+        goto fail;
     }
     m->root_ref = PyWeakref_NewRef(t->vals[root], NULL);
     if (m->root_ref == NULL) {

@@ -7,7 +7,8 @@
  *           on demand and kept for the rest of the evaluation.
  *   checks  (load, kind, a, b): what the value must be (check.c, one row
  *           per AGS_CHECK_* kind).
- *   aliases pairs of loads that must reach one object (tied weights).
+ *   aliases pairs of loads that must reach one object (tied weights), and
+ *           the loads that must reach different ones (alias.c).
  *   probes  (function, args, expected): torch's global state (grad mode,
  *           autocast, default dtype) read by torch's own C functions.
  *   symbols for a graph with dynamic dimensions: guard expressions over
@@ -76,14 +77,13 @@ program_release(g_program *p)
     }
     PyMem_Free(p->loads);
     PyMem_Free(p->checks);
-    PyMem_Free(p->aliases);
+    ags_alias_release(p);
     PyMem_Free(p->outputs);
     p->outputs = NULL;
     p->n_outputs = 0;
     p->loads = NULL;
     p->checks = NULL;
-    p->aliases = NULL;
-    p->n_loads = p->n_checks = p->n_aliases = 0;
+    p->n_loads = p->n_checks = 0;
     Py_CLEAR(p->probes);
     Py_CLEAR(p->step);
     Py_CLEAR(p->missing);
@@ -136,17 +136,9 @@ run_program(g_program *p, ags_gframe *frame, int signed_frame,
     if (ok == 0) {
         failed.part = AGS_PART_CHECK;
     }
-    for (Py_ssize_t i = 0; ok == 1 && i < p->n_aliases; i++) {
-        PyObject *a, *b;
-        if (fast && m->skip_alias[i]) {
-            continue;
-        }
-        a = ags_load_value(p, &table, p->aliases[2 * i], frame);
-        b = a ? ags_load_value(p, &table, p->aliases[2 * i + 1], frame) : NULL;
-        ok = b == NULL ? -1 : (a == b && a != G_MISSING);
-        if (ok == 0) {
-            failed = (g_why){AGS_PART_ALIAS, i};
-        }
+    if (ok == 1) {
+        ok = ags_alias_run(p, &table, frame, fast, &failed.part,
+                           &failed.index);
     }
     if (ok == 1 && p->sym.active) {
         ok = ags_sym_check_guards(&p->sym, &sv, &failed.index);
@@ -379,7 +371,7 @@ parse_flags(int flags)
 }
 
 /* The program's own value table, for programs of more than 64 loads
- * (g_values), and the arrays of loads, checks and aliases. */
+ * (g_values), and the arrays of loads and checks. */
 static int
 allocate(g_program *p)
 {
@@ -394,16 +386,16 @@ allocate(g_program *p)
     p->outputs = PyMem_Calloc((size_t)p->n_outputs + 1, sizeof(int));
     p->loads = PyMem_Calloc((size_t)p->n_loads + 1, sizeof(g_load));
     p->checks = PyMem_Calloc((size_t)p->n_checks + 1, sizeof(g_check));
-    p->aliases = PyMem_Calloc(2 * (size_t)p->n_aliases + 1, sizeof(int));
-    return p->outputs && p->loads && p->checks && p->aliases ? 0 : -1;
+    return p->outputs && p->loads && p->checks ? 0 : -1;
 }
 
 /* _set_program(loads, checks, aliases, probes, step, missing, module_type,
- *              outputs, flags=0, symbolic=None)
+ *              outputs, flags=0, symbolic=None, distinct=None)
  *   loads:  [(Load, parent, key[, arg])]   (arg: a LOCAL's argument slot,
  *           read by index from the hook; load.c says what each op takes)
  *   checks: [(slot, Check, a, b)]         (check.c says what (a, b) is)
  *   aliases: [(slot, slot)]        probes: ((fn, args, expected), ...)
+ *   distinct: None or [slot], loads that must reach different objects
  *   outputs: [slot]                flags: GuardFlag bits
  *   symbolic: None or (n_syms, exprs, guard indices, fallback), see
  *             guards/symbolic.c
@@ -413,14 +405,19 @@ program_set(PyObject *self, PyObject *args)
 {
     g_program *p = (g_program *)self;
     PyObject *loads, *checks, *aliases, *probes, *step, *missing, *mtype;
-    PyObject *outputs, *symbolic = Py_None;
+    PyObject *outputs, *symbolic = Py_None, *distinct = Py_None;
     int flags = 0;
 
-    if (!PyArg_ParseTuple(args, "O!O!O!O!OOOO!|iO:_set_program",
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OOOO!|iOO:_set_program",
                           &PyList_Type, &loads, &PyList_Type, &checks,
                           &PyList_Type, &aliases, &PyTuple_Type, &probes,
                           &step, &missing, &mtype, &PyList_Type, &outputs,
-                          &flags, &symbolic)) {
+                          &flags, &symbolic, &distinct)) {
+        return NULL;
+    }
+    if (distinct != Py_None && !PyList_Check(distinct)) {
+        PyErr_SetString(PyExc_TypeError, "_set_program: distinct must be a "
+                        "list or None");
         return NULL;
     }
     if (p->tbusy) {
@@ -439,7 +436,6 @@ program_set(PyObject *self, PyObject *args)
     p->n_outputs = PyList_GET_SIZE(outputs);
     p->n_loads = PyList_GET_SIZE(loads);
     p->n_checks = PyList_GET_SIZE(checks);
-    p->n_aliases = PyList_GET_SIZE(aliases);
     if (allocate(p) < 0) {
         program_release(p);
         return PyErr_NoMemory();
@@ -455,17 +451,9 @@ program_set(PyObject *self, PyObject *args)
             goto bad;
         }
     }
-    for (Py_ssize_t i = 0; i < p->n_aliases; i++) {
-        int *pair = &p->aliases[2 * i];
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(aliases, i), "ii", &pair[0],
-                              &pair[1])) {
-            goto bad;
-        }
-        if (pair[0] < 0 || pair[0] >= p->n_loads || pair[1] < 0
-            || pair[1] >= p->n_loads) {
-            PyErr_Format(PyExc_ValueError, "bad guard alias %zd", i);
-            goto bad;
-        }
+    if (ags_alias_parse(p, aliases, distinct == Py_None ? NULL : distinct)
+        < 0) {
+        goto bad;
     }
     for (Py_ssize_t i = 0; i < p->n_outputs; i++) {
         int k = (int)PyLong_AsLong(PyList_GET_ITEM(outputs, i));
@@ -533,8 +521,9 @@ program_size(PyObject *self, PyObject *unused)
     g_program *p = (g_program *)self;
 
     (void)unused;
-    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "loads", p->n_loads,
-                         "checks", p->n_checks, "aliases", p->n_aliases,
+    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "loads",
+                         p->n_loads, "checks", p->n_checks, "aliases",
+                         p->n_aliases, "distinct", p->n_distinct,
                          "probes", p->probes ? PyTuple_GET_SIZE(p->probes) : 0,
                          "outputs", p->n_outputs, "symbols", p->sym.n_syms,
                          "symbolic_guards", p->sym.n_guards);

@@ -12,6 +12,9 @@
  *   g_values   one evaluation's table of load values (load.c)
  *   g_memo     the structure memo (memo.c)
  *
+ * alias.c checks which loads must reach one object, and which different
+ * ones.
+ *
  * Kinds are protocol.h's enums (AGS_LOAD_*, AGS_CHECK_*, AGS_GFLAG_*,
  * AGS_PART_*); each file dispatches on them with a table or a switch
  * generated from the X-macro list, never with a chain of comparisons.
@@ -71,6 +74,11 @@ typedef struct {
     int *typeof_w;       /* indices of the TYPEOF witnesses */
     Py_ssize_t n_typeof;
     char *skip_alias;    /* per alias */
+    PyObject **apart;    /* the distinct loads' remembered values, sorted
+                            by address (alias.c) */
+    Py_ssize_t n_apart;
+    int *fresh;          /* the distinct list's other loads (by position) */
+    Py_ssize_t n_fresh;
     struct g_witness_ *w;
     Py_ssize_t n_w, cap_w;
     uint64_t epoch;      /* watchers: the epoch when last confirmed */
@@ -85,8 +93,10 @@ typedef struct g_program_ {
     Py_ssize_t n_loads;
     g_check *checks;
     Py_ssize_t n_checks;
-    int *aliases;        /* pairs of load indices */
+    int *aliases;        /* pairs of load indices (alias.c) */
     Py_ssize_t n_aliases;
+    int *distinct;       /* loads that must reach different objects */
+    Py_ssize_t n_distinct;
     PyObject *probes;    /* owned: tuple of (fn, args, expected) */
     PyObject *step;      /* owned: Python fallback step(kind, base, key) */
     PyObject *missing;   /* owned: agspeed._sources.MISSING */
@@ -227,6 +237,26 @@ int ags_load_parse(g_load *ld, PyObject *item, Py_ssize_t i);
  * witnesses), DEP_FIXED or DEP_NONE.  `base` is its parent's value. */
 int ags_load_depends(const g_program *p, const g_values *t, Py_ssize_t i,
                      PyObject *base);
+
+/* ------------------------------------------------------------------ */
+/* Aliases and distinct loads (alias.c) */
+
+/* Parses aliases [(slot, slot)] and distinct [slot] (or NULL) into `p`,
+ * whose loads are counted.  0, or -1 with an exception. */
+int ags_alias_parse(g_program *p, PyObject *aliases, PyObject *distinct);
+void ags_alias_release(g_program *p);
+
+/* Splits the distinct loads into the memo's remembered values and the
+ * loads read afresh (ags_memo_build, once the memo's values are set).
+ * 0, or -1 without memory. */
+int ags_alias_memo(g_program *p);
+
+/* After the checks passed: 1 when the aliases reach one object each and
+ * the distinct loads different ones; 0 with *part (AGS_PART_ALIAS or
+ * AGS_PART_DISTINCT) and *index; -1 with an exception.  fast: the
+ * evaluation goes through the structure memo. */
+int ags_alias_run(g_program *p, g_values *t, ags_gframe *frame,
+                  int fast, int *part, Py_ssize_t *index);
 
 /* ------------------------------------------------------------------ */
 /* Checks (check.c) */

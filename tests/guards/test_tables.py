@@ -23,10 +23,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def compile_program(loads, checks=(), flags=0, symbolic=None, module_type=None,
-                    aliases=(), probes=(), outputs=()):
+                    aliases=(), probes=(), outputs=(), distinct=None):
     p = _C.GuardProgram()
     p._set_program(list(loads), list(checks), list(aliases), tuple(probes), resolve_step,
-                   MISSING, module_type, list(outputs), flags, symbolic)
+                   MISSING, module_type, list(outputs), flags, symbolic, distinct)
     return p
 
 
@@ -210,16 +210,17 @@ def test_why_names_every_part_by_its_id():
     flag = {"on": True}
     ge5 = (SizeOp.SYM, 0, SizeOp.CONST, 5, SizeOp.GE)   # s0 >= 5
     p = compile_program(
-        [(Load.LOCAL, -1, "x"), (Load.LOCAL, -1, "a"), (Load.LOCAL, -1, "b"), (Load.LOCAL, -1, "c")],
+        [(Load.LOCAL, -1, "x"), (Load.LOCAL, -1, "a"), (Load.LOCAL, -1, "b"), (Load.LOCAL, -1, "c"),
+         (Load.LOCAL, -1, "d")],
         [(0, Check.DYNTENSOR, FakeTensor, (F32, CPU, (-1, 3), (3, 1), False)),
          (1, Check.EQ, int, 1)],
         aliases=[(2, 3)], probes=[(flag.get, ("on",), True)],
-        symbolic=(1, (tuple(int(w) for w in ge5),), (0,), None))
+        symbolic=(1, (tuple(int(w) for w in ge5),), (0,), None), distinct=[2, 4])
     shared = object()
-    ok = {"x": FakeTensor((6, 3)), "a": 1, "b": shared, "c": shared}
+    ok = {"x": FakeTensor((6, 3)), "a": 1, "b": shared, "c": shared, "d": object()}
     assert p.why(ok, {}, {}) is None
     seen = {p.why({**ok, "a": 2}, {}, {}), p.why({**ok, "c": object()}, {}, {}),
-            p.why({**ok, "x": FakeTensor((4, 3))}, {}, {})}
+            p.why({**ok, "d": shared}, {}, {}), p.why({**ok, "x": FakeTensor((4, 3))}, {}, {})}
     flag["on"] = False
     seen.add(p.why(ok, {}, {}))
     assert {part for part, _ in seen} == {part.id for part in Part}
@@ -308,10 +309,10 @@ def test_a_compiled_guard_names_loads_checks_and_flags_by_their_enums():
 
     class Spy(Guard):
         def _set_program(self, loads, checks, aliases, probes, step, missing, mtype,
-                         outputs, flags, symbolic):
+                         outputs, flags, symbolic, distinct):
             self.seen = loads, checks, flags
             super()._set_program(loads, checks, aliases, probes, step, missing, mtype,
-                                 outputs, flags, symbolic)
+                                 outputs, flags, symbolic, distinct)
 
     lin = torch.nn.Linear(3, 3)
 
