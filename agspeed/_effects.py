@@ -45,7 +45,12 @@ call (and the caller) sees exactly the state eager would have left.
   graph arguments; the capture works on the shadow from then on, and the entry writes
   its final contents back into the original (``orig[:] = ...``, or ``clear`` then
   ``update`` for a dict) at the place of the first change.  Each item read into the
-  shadow is guarded; a shadow that ends as it began writes nothing.  Known limit: a
+  shadow is guarded; a shadow that ends as it began writes nothing.  A list the frame
+  only appends to (``self.features.append(h)``) gets a *tail* instead (``tail``): an
+  empty list taking the appends, extended onto the original after the graph, with only
+  the original's type guarded, so a list that grows on every call does not make every
+  call capture again; a later read of the list turns the tail into a full shadow in
+  place (``shadow`` puts the original's items, guarded, in front).  Known limit: a
   frame that returns such a container returns a list or dict with its final contents,
   not the object itself (containers are copied into graph arguments).
 """
@@ -64,7 +69,8 @@ from agspeed.protocol import Reason
 
 __all__ = ["SideEffects", "replay"]
 
-_SET, _CALL, _CONTENTS, _RAW_SET = 0, 1, 2, 3   # _RAW_SET: object.__setattr__'s write
+# _RAW_SET: object.__setattr__'s write; _TAIL: what a list of the program was extended by
+_SET, _CALL, _CONTENTS, _RAW_SET, _TAIL = 0, 1, 2, 3, 4
 
 
 class _Slot(NamedTuple):
@@ -199,8 +205,9 @@ class SideEffects:
         self._overlay = {}  # (id(owner), name) -> (owner, value): what reads now see
         self._effect_nodes = []  # the graph nodes the templates' slots stand for
         self.replayed_calls = _logging_calls()
-        # id(shadow) -> (shadow, original, its items as first copied)
+        # id(shadow) -> (shadow, original, its items as first copied, or None: a tail)
         self._shadows: dict[int, tuple] = {}
+        self._tails: dict[int, list] = {}   # id(original) -> its tail
         self._plan: tuple | None = None  # made once, when the capture ends
         self._owner_sources: list = []
 
@@ -240,7 +247,11 @@ class SideEffects:
 
     def shadow(self, obj: Any, source: Any) -> Any:
         """An owned copy of ``obj`` (an exact list or dict reached by ``source``) whose
-        items are graph arguments; its final contents are written back to ``obj``."""
+        items are graph arguments; its final contents are written back to ``obj``.  For
+        a list with a tail, that tail, the list's items put in front of what it took."""
+        tail = self._tails.pop(id(obj), None)
+        if tail is not None and self._shadows[id(tail)][1] is obj:
+            return self._widen(tail, obj, source)
         if type(obj) is list:
             made: Any = [self._shadow_item(source, k, v) for k, v in enumerate(obj)]
             first: tuple = tuple(made)
@@ -255,6 +266,26 @@ class SideEffects:
         self._shadows[id(made)] = (made, obj, first)
         self._effects.append((_CONTENTS, source, obj, made))
         return made
+
+    def tail(self, obj: Any, source: Any) -> list:
+        """An empty list standing for what the frame appends to ``obj`` (an exact list
+        reached by ``source``, whose items it has not read): extended onto ``obj``."""
+        made: list = []
+        self._shadows[id(made)] = (made, obj, None)
+        self._tails[id(obj)] = made
+        self._effects.append((_TAIL, source, obj, made))
+        return made
+
+    def _widen(self, tail: list, obj: list, source: Any) -> list:
+        # the list is read now: what it held matters (its length and items, guarded as
+        # a load of it would be), and the write-back is of its whole contents
+        self.assumptions.append((source, obj))  # type: ignore[attr-defined]
+        items = [self._shadow_item(source, k, v) for k, v in enumerate(obj)]
+        tail[0:0] = items
+        self._shadows[id(tail)] = (tail, obj, tuple(items))
+        at = next(k for k, e in enumerate(self._effects) if e[0] == _TAIL and e[3] is tail)
+        self._effects[at] = (_CONTENTS, self._effects[at][1], obj, tail)
+        return tail
 
     def _shadow_item(self, source: Any, key: Any, value: Any) -> Any:
         item = ("item", source, key)
@@ -271,7 +302,8 @@ class SideEffects:
 
     def shadow_source(self, value: Any) -> Any:
         """The source of the list or dict of the program that shadow ``value`` copies."""
-        return next(e[1] for e in self._effects if e[0] == _CONTENTS and e[3] is value)
+        return next(e[1] for e in self._effects
+                    if e[0] in (_CONTENTS, _TAIL) and e[3] is value)
 
     def written(self, obj: Any, name: str) -> tuple | None:
         """``(value,)`` when this capture wrote ``obj.name``, else None."""
@@ -300,11 +332,13 @@ class SideEffects:
         """How the entry replays the effects, in order: ``(_SET, owner index, name,
         template, has slots)`` (the owner index counting in ``owner_sources``) or
         ``(_CALL, fn, args template, kwargs template, has slots)``, or ``(_CONTENTS,
-        owner index, None, contents template, has slots)``.  Made once, when the capture
-        ends: the values written are read as they are then."""
+        owner index, None, contents template, has slots)``, or ``(_TAIL, owner index,
+        None, items template, has slots)``.  Made once, when the capture ends: the values
+        written are read as they are then."""
         if self._plan is not None:
             return self._plan
-        kept = [e for e in self._effects if e[0] != _CONTENTS or self._changed(e[3])]
+        kept = [e for e in self._effects
+                if e[0] not in (_CONTENTS, _TAIL) or self._changed(e[3])]
         self._owner_sources = list(dict.fromkeys(e[1] for e in kept if e[0] != _CALL))
         owners = {s: k for k, s in enumerate(self._owner_sources)}
         plan = []
@@ -313,10 +347,10 @@ class SideEffects:
                 kind, source, _, name, value = effect
                 template = self._template(value)
                 plan.append((kind, owners[source], name, template, _has_slot(template)))
-            elif effect[0] == _CONTENTS:
-                _, source, _, made = effect
+            elif effect[0] in (_CONTENTS, _TAIL):
+                kind, source, _, made = effect
                 contents = self._template(list(made) if type(made) is list else dict(made))
-                plan.append((_CONTENTS, owners[source], None, contents, _has_slot(contents)))
+                plan.append((kind, owners[source], None, contents, _has_slot(contents)))
             else:
                 _, fn, args, kwargs = effect
                 plan.append((_CALL, fn, args, kwargs, _has_slot((args, kwargs))))
@@ -325,6 +359,8 @@ class SideEffects:
 
     def _changed(self, made: Any) -> bool:
         first = self._shadows[id(made)][2]
+        if first is None:
+            return len(made) > 0   # a tail
         now = tuple(made) if type(made) is list else tuple(made.items())
         if len(now) != len(first):
             return True
@@ -430,6 +466,8 @@ def replay(plan: tuple, n_inputs: int, compiled: Callable) -> Callable:
                 object.__setattr__(owners[target], a, _fill(b, outputs) if slots else b)
             elif kind == _CONTENTS:
                 _write_back(owners[target], _fill(b, outputs) if slots else b)
+            elif kind == _TAIL:
+                owners[target].extend(_fill(b, outputs) if slots else b)
             elif slots:
                 target(*_fill(a, outputs), **_fill(b, outputs))
             else:

@@ -126,7 +126,12 @@ typedef struct {
     PyObject *known;            /* dict: id -> (object, source) */
     PyObject *owned;            /* set of ids of containers built here */
     PyObject *shadows;          /* dict: id of a list or dict of the program
-                                   -> its shadow (interp_effects.c) */
+                                   -> its shadow, or (tail, source) for a
+                                   list only appended to (interp_effects.c) */
+    /* Where the last assumption was made: the frame and instruction (a
+     * list loaded right before its append is appended to unguarded). */
+    ags_frame *assumed_in;
+    Py_ssize_t assumed_at;
     long steps;
     ags_frame *top;             /* the innermost frame running */
     /* Where capture stopped: the innermost frame's code and instruction. */
@@ -269,6 +274,7 @@ int ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out);
 int ags_can_shadow(const ags_value *v);
 int ags_is_mutator(PyObject *container, PyObject *name);
 int ags_shadow(ags_interp *it, ags_value *v);
+int ags_tail(ags_interp *it, ags_frame *f, ags_value *v, PyObject *name);
 int ags_effect_setattr(ags_interp *it, ags_value *owner, PyObject *name,
                        PyObject *arg, PyObject **hook);
 /* interp_object.c */

@@ -293,6 +293,8 @@ ags_assume(ags_interp *it, PyObject *source, PyObject *value)
     }
     rc = PyList_Append(it->assumptions, t);
     Py_DECREF(t);
+    it->assumed_in = it->top;
+    it->assumed_at = it->top != NULL ? it->top->pc : -1;
     return rc < 0 ? AGS_ERROR : AGS_GO;
 }
 

@@ -295,8 +295,12 @@ int
 ags_load_attr(ags_interp *it, ags_frame *f, PyObject *name, int method)
 {
     ags_value owner = ags_pop(f);
-    int rc;
+    int rc = method ? ags_tail(it, f, &owner, name) : AGS_GO;
 
+    if (rc != AGS_GO) {
+        ags_value_clear(&owner);
+        return rc;
+    }
     rc = method && ags_can_shadow(&owner) ? ags_is_mutator(owner.obj, name)
                                           : 0;
     if (rc < 0) {

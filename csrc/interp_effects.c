@@ -22,33 +22,238 @@
  *
  * The original is never changed during capture.  Only exact lists and
  * dicts are shadowed (a subclass may override what a method does).
+ *
+ * A list the frame only appends to (`self.features.append(h)`, a global
+ * history) needs none of its items: copying them would guard every one,
+ * and a list that grows on each call would capture again on each call.
+ * When the list was loaded by the instruction right before its append or
+ * extend, that load's assumption is taken back (only the list's type is
+ * guarded) and the builder makes a *tail* (builder.tail): an owned empty
+ * list that takes the appends, extended onto the original after the
+ * graph.  The shadows map holds (tail, source) for it; a later load of
+ * the same list followed by another append or extend gives the tail
+ * again, any other use turns the tail into a full shadow in place (the
+ * builder puts the original's items, guarded, in front of what was
+ * appended), so every reference to the tail sees the whole list.
  */
 #include "interp.h"
 
-/* 1 if `obj` has a shadow (*out set to its value), 0 if not, -1 on
- * error. */
-int
-ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out)
+/* Is `name` a method that only adds at a list's end? */
+static int
+appends(PyObject *name)
 {
-    PyObject *id, *shadow;
+    return PyUnicode_Check(name)
+           && (PyUnicode_CompareWithASCIIString(name, "append") == 0
+               || PyUnicode_CompareWithASCIIString(name, "extend") == 0);
+}
+
+/* Does `ins` push exactly one value, loaded from a name? */
+static int
+single_load(const ags_instr *ins)
+{
+    switch (ins->opcode) {
+    case LOAD_FAST:
+#ifdef LOAD_FAST_CHECK
+    case LOAD_FAST_CHECK:
+#endif
+    case LOAD_DEREF:
+    case LOAD_NAME:
+        return 1;
+    case LOAD_GLOBAL:
+        return !(ins->arg & 1);     /* no NULL pushed with it */
+    case LOAD_ATTR:
+        return !AGS_LOAD_ATTR_HAS_METHOD_BIT || !(ins->arg & 1);
+    }
+    return 0;
+}
+
+/* Is instruction `pc` of f a single load whose value the next instruction
+ * loads `append` or `extend` of, for a call? */
+static int
+loaded_to_append(ags_frame *f, Py_ssize_t pc)
+{
+    const ags_instr *next;
+    uint32_t index;
+
+    if (f == NULL || pc < 0 || pc + 1 >= f->bc.n
+        || !single_load(&f->bc.instrs[pc])) {
+        return 0;
+    }
+    next = &f->bc.instrs[pc + 1];
+#if AGS_LOAD_ATTR_HAS_METHOD_BIT
+    if (next->opcode != LOAD_ATTR || !(next->arg & 1)) {
+        return 0;
+    }
+    index = next->arg >> 1;
+#else
+    if (next->opcode != LOAD_METHOD) {
+        return 0;
+    }
+    index = next->arg;
+#endif
+    return index < (uint32_t)PyTuple_GET_SIZE(f->code->co_names)
+           && appends(PyTuple_GET_ITEM(f->code->co_names, index));
+}
+
+/* The entry of the shadows map for obj (borrowed), or NULL (an exception
+ * set on error). */
+static PyObject *
+shadow_entry(ags_interp *it, PyObject *obj)
+{
+    PyObject *id, *entry;
 
     if (it->shadows == NULL || PyDict_GET_SIZE(it->shadows) == 0
         || !(PyList_CheckExact(obj) || PyDict_CheckExact(obj))) {
-        return 0;
+        return NULL;
     }
     id = PyLong_FromVoidPtr(obj);
     if (id == NULL) {
-        return -1;
+        return NULL;
     }
-    shadow = PyDict_GetItemWithError(it->shadows, id);
+    entry = PyDict_GetItemWithError(it->shadows, id);
     Py_DECREF(id);
+    return entry;
+}
+
+/* Makes the tail of obj its full shadow, in place: builder.shadow(obj,
+ * source) puts obj's items in front of the tail's. */
+static int
+widen_tail(ags_interp *it, PyObject *obj, PyObject *tail)
+{
+    PyObject *entry = shadow_entry(it, obj), *made, *id;
+    int rc;
+
+    assert(entry != NULL && PyTuple_GET_ITEM(entry, 0) == tail);
+    Py_INCREF(tail);
+    made = ags_call_builder(it, AGS_BOP_SHADOW, "(OO)", obj,
+                            PyTuple_GET_ITEM(entry, 1));
+    if (made != NULL && made != tail) {
+        Py_CLEAR(made);
+        PyErr_SetString(PyExc_TypeError,
+                        "builder.shadow must fill in the tail of a list "
+                        "only appended to so far");
+    }
+    id = made ? PyLong_FromVoidPtr(obj) : NULL;
+    rc = id != NULL ? PyDict_SetItem(it->shadows, id, tail) : -1;
+    Py_XDECREF(id);
+    Py_XDECREF(made);
+    Py_DECREF(tail);
+    return rc;
+}
+
+/* 1 if `obj` has a shadow (*out set to its value), 0 if not, -1 on
+ * error.  A list with a tail answers 0 (the original, as loaded) where
+ * the instruction loading it is followed by another append or extend on
+ * it (ags_tail then gives the tail), and its full shadow elsewhere. */
+int
+ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out)
+{
+    PyObject *shadow = shadow_entry(it, obj);
+
     if (shadow == NULL) {
         return PyErr_Occurred() ? -1 : 0;
+    }
+    if (PyTuple_CheckExact(shadow)) {
+        if (it->top != NULL && loaded_to_append(it->top, it->top->pc)) {
+            return 0;
+        }
+        /* the entry (freed when widen_tail replaces it) held the tail,
+         * which the map holds next */
+        shadow = PyTuple_GET_ITEM(shadow, 0);
+        if (widen_tail(it, obj, shadow) < 0) {
+            return -1;
+        }
     }
     *out = ags_value_make(PyList_CheckExact(shadow) ? AGS_VK_LIST
                                                     : AGS_VK_DICT,
                           Py_NewRef(shadow), NULL);
     return 1;
+}
+
+/* Before LOAD_ATTR `name` for a call on *v: when v is an exact list of the
+ * program, name is append or extend, and v was loaded by the previous
+ * instruction (a single load), *v becomes the list's tail, made on first
+ * use, and the assumption that load made is taken back: only the list's
+ * type is guarded, ("type", source) is list.  Otherwise *v is left as it
+ * is.  AGS_GO, a break, or AGS_ERROR. */
+int
+ags_tail(ags_interp *it, ags_frame *f, ags_value *v, PyObject *name)
+{
+    PyObject *entry, *tail, *last = NULL, *tsrc, *id;
+    Py_ssize_t n = PyList_GET_SIZE(it->assumptions);
+    int fresh;
+
+    if (v->kind != AGS_VK_CONST || v->source == NULL
+        || !PyList_CheckExact(v->obj) || !appends(name)
+        || !loaded_to_append(f, f->pc - 1)) {
+        return AGS_GO;
+    }
+    entry = shadow_entry(it, v->obj);
+    if (entry == NULL && PyErr_Occurred()) {
+        return AGS_ERROR;
+    }
+    if (entry != NULL) {
+        /* the tail again, if it was made through this same source; a full
+         * shadow or another source takes the usual path (ags_shadow) */
+        int same = PyTuple_CheckExact(entry)
+                   ? PyObject_RichCompareBool(PyTuple_GET_ITEM(entry, 1),
+                                              v->source, Py_EQ)
+                   : 0;
+        if (same <= 0) {
+            return same < 0 ? AGS_ERROR : AGS_GO;
+        }
+    }
+    if (n > 0 && it->assumed_in == f && it->assumed_at == f->pc - 1) {
+        last = PyList_GET_ITEM(it->assumptions, n - 1);
+        if (PyTuple_GET_ITEM(last, 0) != v->source
+            || PyTuple_GET_ITEM(last, 1) != v->obj) {
+            last = NULL;
+        }
+    }
+    fresh = last != NULL;
+    if (entry == NULL && !fresh) {
+        return AGS_GO;  /* read before: its items may matter */
+    }
+    if (fresh && PyList_SetSlice(it->assumptions, n - 1, n, NULL) < 0) {
+        return AGS_ERROR;
+    }
+    if (entry == NULL) {
+        tsrc = Py_BuildValue("(sO)", ags_load_names[AGS_LOAD_TYPE],
+                             v->source);
+        if (tsrc == NULL
+            || ags_assume(it, tsrc, (PyObject *)&PyList_Type) < 0) {
+            Py_XDECREF(tsrc);
+            return AGS_ERROR;
+        }
+        Py_DECREF(tsrc);
+        tail = ags_call_builder(it, AGS_BOP_TAIL, "(OO)", v->obj, v->source);
+        if (tail == NULL) {
+            return ags_take_break(it);
+        }
+        if (!PyList_CheckExact(tail) || PyList_GET_SIZE(tail) != 0) {
+            Py_DECREF(tail);
+            PyErr_SetString(PyExc_TypeError,
+                            "builder.tail must return a new empty list");
+            return AGS_ERROR;
+        }
+        entry = PyTuple_Pack(2, tail, v->source);
+        id = entry ? PyLong_FromVoidPtr(v->obj) : NULL;
+        if (id == NULL || PyDict_SetItem(it->shadows, id, entry) < 0
+            || ags_own(it, tail) < 0) {
+            Py_XDECREF(id);
+            Py_XDECREF(entry);
+            Py_DECREF(tail);
+            return AGS_ERROR;
+        }
+        Py_DECREF(id);
+        Py_DECREF(entry);
+    }
+    else {
+        tail = Py_NewRef(PyTuple_GET_ITEM(entry, 0));
+    }
+    ags_value_clear(v);
+    *v = ags_value_make(AGS_VK_LIST, tail, NULL);
+    return AGS_GO;
 }
 
 /* Does calling method `name` of a list or dict change it?  Only those

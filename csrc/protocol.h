@@ -135,7 +135,12 @@
                "stored in obj.name (an effect not yet replayed), if it did") \
     X(SHADOW, "shadow(obj, source) -> container: an owned copy of a list " \
               "or dict of the program, changed in its place; its final " \
-              "contents are written back after the graph") \
+              "contents are written back after the graph; for a list " \
+              "with a tail, that tail with the list's items put in " \
+              "front") \
+    X(TAIL, "tail(obj, source) -> list: a new empty list standing for " \
+            "what the frame appends to the list of the program obj; " \
+            "extended onto it after the graph") \
     X(ENTER_WITH, "enter_with(cm, source) -> (exit, enter): the callables " \
                   "a with block calls, enter() on entry and exit(None, " \
                   "None, None) when the block ends normally") \

@@ -64,6 +64,7 @@ class Recorder:
         self.allowed, self.non_tensor, self.fail_on = allowed, non_tensor, fail_on
         self.assumptions, self.known = [], {}
         self.writes, self.shadows, self.stored = [], [], {}
+        self.tails, self.tailed = {}, []
         self.classes, self.made = classes, []  # classes called as plain classes
 
     def new_object(self, cls):
@@ -198,8 +199,18 @@ class Recorder:
         return (self.stored[key],) if key in self.stored else None
 
     def shadow(self, obj, source):
+        tail = self.tails.pop(id(obj), None)
+        if tail is not None:   # read past appending: the tail, the items put in front
+            tail[0:0] = obj
+            self.shadows.append((source, tail))
+            return tail
         made = list(obj) if type(obj) is list else dict(obj)
         self.shadows.append((source, made))
+        return made
+
+    def tail(self, obj, source):
+        made = self.tails[id(obj)] = []
+        self.tailed.append((source, made))
         return made
 
     def enter_with(self, cm, source):
@@ -536,12 +547,53 @@ def test_lists_and_dicts_of_the_program_are_changed_in_shadows_only():
     out, b = capture(changes_the_programs_containers, x=T(), table=table)
     assert out["status"] == "graph", out
     assert REGISTRY == [1] and table == {"old": 0}  # the capture changes nothing
+    # the first append makes a tail (the list's items unread), which the len() that
+    # follows turns into the whole list
+    ((src_tail, tail),) = b.tailed
     (src_list, shadow_list), (src_dict, shadow_dict) = b.shadows
-    assert src_list == ("global", "REGISTRY") and src_dict == ("local", "table")
+    assert src_tail == src_list == ("global", "REGISTRY") and tail is shadow_list
+    assert src_dict == ("local", "table")
     assert shadow_list[0] == 1 and shadow_list[2] == 2 and len(shadow_list) == 3
     assert shadow_dict == {"old": 0, "seen": 2}
     assert out["result"][1] == 3
     assert b.ops[-1][0] == "mul" and b.ops[-1][1][1] == 2
+
+
+LOG = [1, 2]
+
+
+def only_appends(x, out):
+    LOG.append(x)
+    LOG.extend([x, 3])
+    out.append(x * 2)
+    return x
+
+
+def appends_after_reading(x, out):
+    n = len(out)
+    out.append(x)
+    return x * n
+
+
+def test_a_list_only_appended_to_is_not_read_only_its_type_is_assumed():
+    out, b = capture(only_appends, x=T(), out=[T()])
+    assert out["status"] == "graph", out
+    assert not b.shadows and LOG == [1, 2]
+    (log_src, log_tail), (out_src, out_tail) = b.tailed
+    assert log_src == ("global", "LOG") and out_src == ("local", "out")
+    assert len(log_tail) == 3 and log_tail[2] == 3 and len(out_tail) == 1
+    sources = [src for src, _ in out["assumptions"]]
+    assert ("global", "LOG") not in sources and ("local", "out") not in sources
+    assert (("type", ("global", "LOG")), list) in out["assumptions"]
+    assert (("type", ("local", "out")), list) in out["assumptions"]
+
+
+def test_a_list_read_before_its_append_stays_assumed_whole():
+    held = [1, 2]
+    out, b = capture(appends_after_reading, x=T(), out=held)
+    assert out["status"] == "graph", out
+    assert (("local", "out"), held) in out["assumptions"]
+    assert not b.tailed and len(b.shadows) == 1
 
 
 class Box:
