@@ -305,6 +305,10 @@ class SideEffects:
         return next(e[1] for e in self._effects
                     if e[0] in (_CONTENTS, _TAIL) and e[3] is value)
 
+    def shadow_original(self, value: Any) -> Any:
+        """The list or dict of the program that shadow ``value`` stands for."""
+        return self._shadows[id(value)][1]
+
     def written(self, obj: Any, name: str) -> tuple | None:
         """``(value,)`` when this capture wrote ``obj.name``, else None."""
         hit = self._overlay.get((id(obj), name))

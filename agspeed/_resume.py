@@ -309,6 +309,8 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
             original = builder.shadow_source(payload)
             if type(original) is tuple and len(original) == 2 and original[0] == "local":
                 return ("local", original[1])
+            if reach is not None and reach(original) is builder.shadow_original(payload):
+                return ("source", original)
         if kind in ("TUPLE", "LIST", "DICT") and _holds_shadow(payload, builder):
             # the program's own object must go on, not a copy of its contents
             return "a list or dict of the program changed before the break"
@@ -367,7 +369,14 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
     stack, local = [], []
     rows = state["stack"]
     for i, (kind, payload, source) in enumerate(rows):
-        if kind == "METHOD" and (i + 1 >= len(rows) or rows[i + 1][0] != "TENSOR"):
+        owner = rows[i + 1] if kind == "METHOD" and i + 1 < len(rows) else None
+        if kind == "METHOD" and owner is not None and owner[0] in ("LIST", "DICT") \
+                and builder.is_shadow(owner[1]):
+            # a method of a list or dict of the program (``self.acts.append(y.item())``
+            # broken in its argument): the unbound method, the object itself after it
+            stack.append(("constant", getattr(type(owner[1]), payload)))
+            continue
+        if kind == "METHOD" and (owner is None or owner[0] != "TENSOR"):
             return "a method of a value other than a tensor at the break"
         s = slot(kind, payload, source, True)
         if isinstance(s, str):

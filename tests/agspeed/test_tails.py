@@ -269,3 +269,34 @@ def test_the_cache_keeps_neither_the_list_nor_what_was_appended():
     del model.features
     gc.collect()
     assert sys.getrefcount(features) == 2   # this name and the call's argument only
+
+
+class LogsItems(nn.Module if nn is not None else object):
+    """Appends a Python number read from a tensor: the capture breaks in the append's
+    argument, with the list's method on the stack."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.losses = []
+
+    def forward(self, x):
+        y = self.fc(x).tanh()
+        self.losses.append(y.pow(2).mean().item())
+        return y * 2
+
+
+def test_a_break_inside_an_appends_argument_resumes_with_the_programs_list():
+    torch.manual_seed(0)
+    model, ref = LogsItems(), LogsItems()
+    ref.load_state_dict(model.state_dict())
+    report = agspeed.explain(LogsItems(), torch.randn(2, 3))
+    assert report.graph_count >= 1   # the layer before the break is a graph
+    fast = agspeed.optimize(model, backend="eager")
+    losses = model.losses
+    for _ in range(4):
+        x = torch.randn(2, 3)
+        torch.testing.assert_close(fast(x), ref(x))
+    assert model.losses is losses and len(losses) == 4
+    assert all(type(v) is float for v in losses)
+    assert losses == pytest.approx(ref.losses)
