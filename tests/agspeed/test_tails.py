@@ -18,25 +18,10 @@ except ImportError:  # collected on torch-free Pythons, deselected there by -m "
     torch = nn = None
 
 import agspeed
-from agspeed import _C
+from test_checks import Counting
+from test_dynamic_scalars import entries
 
 pytestmark = pytest.mark.torch
-
-
-class Counting:
-    """An eager backend that counts the graphs it is given."""
-
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
-
-
-def entries(fn):
-    code = fn.__code__ if hasattr(fn, "__code__") else type(fn).forward.__code__
-    return _C.code_cache(code)["entries"]
 
 
 def same(a, b):
