@@ -139,6 +139,10 @@ class CallPolicy:
             return (Plan.RAW_GETATTR,)
         if fn is getattr or fn is hasattr:
             return (Plan.GETATTR,) if fn is getattr else (Plan.HASATTR,)
+        if fn is setattr:
+            return (Plan.SETATTR,)
+        if fn is delattr:   # of an object the capture made (Objects.delattr_fold)
+            return (Plan.FOLD, fn)
         plan = self.stdlib_plan(fn, source)
         if plan is None:
             plan = self.numpy_plan(fn)  # type: ignore[attr-defined]  # agspeed._numpy

@@ -53,6 +53,8 @@ class Folds(StdlibFolds):
     def fold(self, fn: Any, args: tuple, kwargs: dict) -> Any:
         """``fn(*args, **kwargs)`` evaluated now on known values (sizes the graph would
         compute taken at their current, guarded, values)."""
+        if fn is delattr:
+            return self.delattr_fold(args, kwargs)  # type: ignore[attr-defined]
         if self._sym_types and fn in _SEQUENCE_OPS and len(args) == 2 and not kwargs:
             joined = self._sequence_op(fn, *args)
             if joined is not None:

@@ -56,6 +56,7 @@ from agspeed._builder_types import (GraphBreak, StorageSize, SymShape, concrete,
                                    describe_callable, holds_node)
 from agspeed._calls import CallPolicy, FunctionApply
 from agspeed._checkpoint import CheckpointPolicy, outline
+from agspeed._copies import Copies
 from agspeed._effects import SideEffects
 from agspeed._ctx import ContextPolicy
 from agspeed._dunders import Dunders
@@ -90,7 +91,7 @@ def _target_name(kind: str, target: Any) -> str:
 
 
 class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects, ContextPolicy,
-                   Dunders, NumpyPolicy, CheckpointPolicy):
+                   Dunders, NumpyPolicy, CheckpointPolicy, Copies):
     """One graph being captured: inputs by source, nodes with fake example values.
 
     The recording of nodes lives here; planning calls (``CallPolicy``), evaluating known
@@ -155,6 +156,7 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         self._ctx_init()  # grad mode and autocast as the capture goes (agspeed/_ctx.py)
         self._checkpoint_init()  # checkpointed regions (agspeed/_checkpoint.py)
         self._numpy_init()  # arrays of NumPy code on tensors (agspeed/_numpy.py)
+        self._copies_init()  # copies of plain data (agspeed/_copies.py)
         self._identity_init()  # objects needed by identity (agspeed/_identity.py)
         # sources of the plain ints and floats this capture makes symbols (the
         # interpreter asks input() for them instead of holding their value)

@@ -419,8 +419,31 @@ class Objects:
             out = tuple(out)
         return out
 
+    def delattr_fold(self, args: tuple, kwargs: dict) -> None:
+        """``delattr(obj, name)`` of an object the capture made, whose class deletes as
+        ``object`` does: done now, on the object itself."""
+        if len(args) != 2 or kwargs or type(args[1]) is not str:
+            raise GraphBreak(Reason.BAD_CALL, "delattr() takes an object and a name")
+        obj, name = args
+        if not self.is_owned(obj) or \
+                _class_lookup(type(obj), "__delattr__") is not object.__dict__["__delattr__"]:
+            raise GraphBreak(Reason.SIDE_EFFECT,
+                             f"deleting attribute {name!r} of a {type(obj).__name__}")
+        found = _class_lookup(type(obj), name)
+        if found is not MISSING and hasattr(type(found), "__delete__"):
+            raise GraphBreak(Reason.SIDE_EFFECT,
+                             f"deleting {name!r} of a {type(obj).__name__}: a "
+                             f"{type(found).__name__} of its class")
+        self._run(object.__delattr__, (obj, name), {})
+
     def attr(self, obj: Any, name: str) -> tuple:
         if isinstance(obj, super) and self.is_owned(obj.__self__):
+            if name == "__getattribute__" and \
+                    _super_builtin(obj, name) is not None and \
+                    _class_lookup(obj.__thisclass__, name) is not object.__getattribute__:
+                # past the class's own __getattribute__ to object's, as for an object of
+                # the program: read by the interpreter (Plan.RAW_GETATTR), not run
+                return Attr.METHOD, object.__getattribute__, obj.__self__
             found = _super_builtin(obj, name)
             if found is not None:
                 return Attr.VALUE, found, None

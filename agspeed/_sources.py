@@ -14,7 +14,9 @@ The interpreter (csrc/interp*.c) gives every value it loads a *source*, a nested
 * ``("cvar", base)``: the value of a ``contextvars.ContextVar`` (``var.get()``);
 * ``("numpy", base)``: the tensor sharing the memory of the NumPy array ``base``;
 * ``("keys", base)``: the keys of the dict ``base`` as a tuple, in their order;
-* ``("storage", base)``: the size in bytes of the storage under the tensor ``base``.
+* ``("storage", base)``: the size in bytes of the storage under the tensor ``base``;
+* ``("state", base)``: a snapshot of the plain data ``base`` holds, deeply
+  (``agspeed._copies.plain_state``: what a folded ``copy.deepcopy`` of it read).
 
 Guards check each source's value on every call, and a cache hit reads the graph's inputs
 by their sources, so resolving must run no user code: ``static_attr`` reads instance and
@@ -296,6 +298,10 @@ def resolve_step(kind: str, base: Any, key: Any) -> Any:
         return tuple(dict.keys(base)) if isinstance(base, dict) else MISSING
     if kind == "storage":
         return storage_bytes(base)
+    if kind == "state":
+        from agspeed._copies import plain_state
+
+        return plain_state(base)
     if kind == "type":
         return type(base)
     if kind == "gmod":  # base: the module
@@ -358,7 +364,7 @@ def describe(source: tuple) -> str:
 # how the sources of one base and no key read, as Python
 _DESCRIBED = {"fget": "{}.fget", "cvar": "{}.get()", "numpy": "torch.from_numpy({})",
               "keys": "tuple({})", "storage": "{}.untyped_storage().nbytes()",
-              "type": "type({})"}
+              "type": "type({})", "state": "copy.deepcopy({})"}
 
 
 def name_of(source: tuple) -> str:

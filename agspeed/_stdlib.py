@@ -149,6 +149,8 @@ class StdlibFolds:
             return (Plan.FOLD, fn)
         if fn is collections.namedtuple:   # a class made in the frame, from plain values
             return (Plan.FOLD, fn)
+        if self.copy_plan(fn):  # type: ignore[attr-defined]
+            return (Plan.FOLD, fn)
         if fn is next or fn is functools.partial or _one_of(fn, _ITERTOOLS) or \
                 fn is operator.itemgetter or kind is operator.itemgetter:
             return (Plan.FOLD, fn)
@@ -218,6 +220,8 @@ class StdlibFolds:
             return True, self._program_dict_get(fn, args, kwargs)
         if fn is inspect.signature:
             return True, self._signature(args, kwargs)
+        if self.copy_plan(fn):  # type: ignore[attr-defined]
+            return True, self.copy_fold(fn, args, kwargs)  # type: ignore[attr-defined]
         if fn is functools.partial:
             if not args or not callable(args[0]):
                 raise GraphBreak(Reason.BAD_CALL, "functools.partial() of a non-callable")

@@ -596,6 +596,19 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
     it.known = PyObject_GetAttrString(builder, "known");
     it.owned = PySet_New(NULL);
     it.shadows = PyDict_New();
+    /* optional: a builder without it makes no containers inside folds */
+    it.fresh = PyObject_GetAttrString(builder, "fresh_containers");
+    if (it.fresh == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+    }
+    else if (it.fresh != NULL && !PyList_CheckExact(it.fresh)) {
+        Py_CLEAR(it.fresh);
+        PyErr_SetString(PyExc_TypeError,
+                        "capture: builder.fresh_containers must be a list");
+    }
+    if (PyErr_Occurred()) {
+        goto done;
+    }
     if (it.node_type == NULL || it.assumptions == NULL || it.known == NULL
         || it.owned == NULL || it.shadows == NULL) {
         goto done;
@@ -686,6 +699,7 @@ done:
     Py_XDECREF(it.symbolic_scalars);
     Py_XDECREF(it.owned);
     Py_XDECREF(it.shadows);
+    Py_XDECREF(it.fresh);
     Py_XDECREF(it.brk_detail);
     Py_XDECREF(it.brk_raised);
     return out;

@@ -128,6 +128,9 @@ typedef struct {
     PyObject *shadows;          /* dict: id of a list or dict of the program
                                    -> its shadow, or (tail, source) for a
                                    list only appended to (interp_effects.c) */
+    PyObject *fresh;            /* list or NULL: builder.fresh_containers,
+                                   lists and dicts a fold made inside what it
+                                   answered, owned once it answers */
     /* Where the last assumption was made: the frame and instruction (a
      * list loaded right before its append is appended to unguarded). */
     ags_frame *assumed_in;

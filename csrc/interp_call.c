@@ -77,6 +77,19 @@ fresh_container(ags_interp *it, int op, PyObject *out)
          * what the capture gave it, shared as a made function's is */
         return ags_own(it, out);
     }
+    if (op == AGS_BOP_FOLD && it->fresh != NULL
+        && PyList_GET_SIZE(it->fresh) > 0) {
+        /* the containers inside a fold's answer (a deep copy's) */
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(it->fresh); i++) {
+            if (ags_own(it, PyList_GET_ITEM(it->fresh, i)) < 0) {
+                return -1;
+            }
+        }
+        if (PyList_SetSlice(it->fresh, 0, PyList_GET_SIZE(it->fresh),
+                            NULL) < 0) {
+            return -1;
+        }
+    }
     if ((op != AGS_BOP_FOLD && op != AGS_BOP_CONTAINER_METHOD)
         || Py_REFCNT(out) != 1) {
         return 0;
@@ -222,6 +235,28 @@ raw_getattr(ags_interp *it, ags_frame *f, const ags_value *self,
     all[0] = *self;     /* borrowed, as args are */
     all[1] = args[0];
     return ags_call_getattr(it, f, AGS_GETATTR_RAW, all, 2, kwnames, result);
+}
+
+/* setattr(obj, name, value) with a constant name: stored as STORE_ATTR
+ * stores (on an object the capture made, or replayed on one of the
+ * program), answering None. */
+static int
+call_setattr(ags_interp *it, ags_frame *f, const ags_value *self,
+             ags_value *args, int nargs, PyObject *kwnames, ags_value *result)
+{
+    int rc;
+
+    if (self != NULL || nargs != 3 || kwnames != NULL
+        || args[1].kind != AGS_VK_CONST || !PyUnicode_CheckExact(args[1].obj)) {
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
+                         "setattr() without an object, a constant name and a "
+                         "value");
+    }
+    rc = ags_store_attr(it, f, &args[0], args[1].obj, &args[2]);
+    if (rc == AGS_GO) {
+        *result = ags_value_make(AGS_VK_CONST, Py_NewRef(Py_None), NULL);
+    }
+    return rc;
 }
 
 /* A @contextmanager function called (a method's with its self first). */
@@ -374,6 +409,9 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
         break;
     case AGS_PLAN_RAW_GETATTR:
         rc = raw_getattr(it, f, self, args, nargs, kwnames, result);
+        break;
+    case AGS_PLAN_SETATTR:
+        rc = call_setattr(it, f, self, args, nargs, kwnames, result);
         break;
     case AGS_PLAN_GEN_CTX:
         rc = gen_ctx_call(it, f, plan, self, args, nargs, kwnames, result);

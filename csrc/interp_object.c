@@ -163,6 +163,27 @@ ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
             Py_DECREF(out);
             return AGS_GO;
         }
+        if (PyFunction_Check(out)
+            && ((PyCodeObject *)PyFunction_GET_CODE(out))->co_argcount == 3) {
+            /* the class's own __setattr__, reached through the class where
+             * the capture knows a source for it (its closure, super()'s
+             * cell, needs one) */
+            ags_value cls = ags_value_make(
+                AGS_VK_CONST, Py_NewRef((PyObject *)Py_TYPE(owner->obj)), NULL);
+            PyObject *csrc = ags_source_of(it, &cls);
+
+            ags_value_clear(&cls);
+            if (csrc != NULL) {
+                fsrc = Py_BuildValue("(sOs)", ags_load_names[AGS_LOAD_ATTR],
+                                     csrc, "__setattr__");
+                Py_DECREF(csrc);
+                if (fsrc == NULL || ags_assume(it, fsrc, out) < 0) {
+                    Py_XDECREF(fsrc);
+                    Py_DECREF(out);
+                    return AGS_ERROR;
+                }
+            }
+        }
     }
     /* A __setattr__ written in Python, inlined as out(owner, name, value),
      * or a property's setter, as out(owner, value). */

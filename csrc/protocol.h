@@ -175,6 +175,8 @@
     X(RAW_GETATTR, "(RAW_GETATTR,): object.__getattribute__(obj, name) " \
                    "with a constant name: getattr() past the class's own " \
                    "__getattribute__") \
+    X(SETATTR, "(SETATTR,): setattr(obj, name, value) with a constant " \
+               "name: obj.name = value, as STORE_ATTR does it") \
     X(CONST, "(CONST, value): a call whose result is known") \
     X(SUPER, "(SUPER,): super() of the running method") \
     X(CTX, "(CTX, fn): a context manager the builder models (grad mode, " \
@@ -237,7 +239,9 @@
     X(KEYS, "(keys, base): the keys of the dict base as a tuple, in order, " \
             "or missing when base is not a dict") \
     X(STORAGE, "(storage, base): the size in bytes of the storage under " \
-               "the tensor base, or missing when base is not a tensor")
+               "the tensor base, or missing when base is not a tensor") \
+    X(STATE, "(state, base): a snapshot of the plain data base holds, " \
+             "deeply (agspeed/_copies.py), or missing when it holds more")
 
 /* What a guard checks of one value (guards/check.c has a row of
  * behaviour for each; agspeed/guards/checks.py a class). */

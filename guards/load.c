@@ -17,6 +17,7 @@
  *   NUMPY   the tensor sharing a NumPy array's memory (the Python step)
  *   KEYS    a dict's keys as a tuple, in order (the Python step)
  *   STORAGE the size in bytes of a tensor's storage (the Python step)
+ *   STATE   a snapshot of the plain data an object holds (the Python step)
  *
  * Every op is one row: its load (answers in C, or the Python step), its
  * parse rule (what _set_program accepts) and its memo rule (what the
@@ -451,7 +452,7 @@ depends_TYPE(const g_values *t, Py_ssize_t i, PyObject *base)
     return VIA_CLASS_OR_DICT;
 }
 
-/* FGET, CVAR, NUMPY, KEYS, STORAGE: the Python step answers, from the
+/* FGET, CVAR, NUMPY, KEYS, STORAGE, STATE: the Python step answers, from the
  * parent's value. */
 
 #define PYTHON_STEP_LOAD(NAME)                          \
@@ -486,6 +487,10 @@ PYTHON_STEP_LOAD(KEYS)
 PYTHON_STEP_LOAD(STORAGE)
 /* A tensor's storage can be resized in place: read on every call. */
 #define depends_STORAGE depends_nothing
+
+PYTHON_STEP_LOAD(STATE)
+/* Made afresh from everything the object holds: read on every call. */
+#define depends_STATE depends_nothing
 
 /* The table ---------------------------------------------------------- */
 

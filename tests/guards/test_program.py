@@ -127,6 +127,7 @@ SOURCES = [
     ("cvar", ("local", "plain")),
     ("numpy", ("local", "plain")), ("numpy", ("local", "lst")),
     ("keys", ("local", "plain")), ("storage", ("local", "plain")),
+    ("state", ("attr", ("local", "plain"), "x")), ("state", ("local", "sup")),
 ]
 
 
@@ -141,6 +142,16 @@ def test_loads_agree_with_resolve(source):
     want = resolve(source, f_locals, f_globals, f_builtins, {})
     (got,) = program([source]).read(f_locals, f_globals, f_builtins)
     assert got is want
+
+
+@pytest.mark.parametrize("name", ["dct", "tup", "lst"])
+def test_a_state_load_is_the_snapshot_resolve_makes(name):
+    """("state", base) reads a new snapshot on each call: equal, not the same object."""
+    f_locals, f_globals, f_builtins = frame()
+    source = ("state", ("local", name))
+    (got,) = program([source]).read(f_locals, f_globals, f_builtins)
+    assert got == resolve(source, f_locals, f_globals, f_builtins, {})
+    assert got[0] == type(OBJECTS[name]).__name__
 
 
 def test_checks_pass_and_fail_like_their_kind():
