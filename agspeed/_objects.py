@@ -462,8 +462,8 @@ class Objects:
         constant) is guarded on the class's source: the object has none, but a later
         call must not run with the class changed."""
         attrs, _ = _state(obj)
-        if any(k == name for k, _ in attrs):
-            return
+        if name in ("__dict__", "__class__") or any(k == name for k, _ in attrs):
+            return   # the object's own (its __dict__ is not its class's)
         cls = type(obj)
         known = self.known.get(id(cls))
         if known is None or known[0] is not cls:
@@ -471,6 +471,10 @@ class Objects:
         how, value = static_attr(cls, name)
         if how in (Attr.VALUE, Attr.METHOD, Attr.MISSING):
             self.assumptions.append((("attr", known[1], name), value))
+            if how is Attr.VALUE and type(value) in (dict, list, tuple):
+                # a class's registry read through an instance (a dataclass's validators):
+                # reached by that source, so its reads are guarded there
+                self.known.setdefault(id(value), (value, ("attr", known[1], name)))
 
     def getitem(self, container: Any, index: Any, source: Any) -> tuple[Any, Any]:
         if is_structseq_type(type(container)):

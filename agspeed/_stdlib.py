@@ -104,6 +104,14 @@ _CLASS_FOLDS = frozenset({(dict, "fromkeys"), (collections.OrderedDict, "fromkey
 _COLLECTIONS = (collections.OrderedDict, collections.defaultdict, collections.deque)
 
 
+def _identity_key(key: Any) -> bool:
+    """Whether ``key`` hashes and compares by identity, running nothing of the program's
+    (a class, ``typing.Union``): a registry keyed by types is read item by item."""
+    kind = type(key)
+    return _class_lookup(kind, "__eq__") is object.__dict__["__eq__"] and \
+        _class_lookup(kind, "__hash__") is object.__dict__["__hash__"]
+
+
 def _one_of(fn: Any, options: tuple) -> bool:
     return any(fn is option for option in options)
 
@@ -357,7 +365,8 @@ class StdlibFolds:
         default with the key's absence guarded."""
         name = fn.__name__
         most = 3 if name == "get" else 2
-        if kwargs or not 2 <= len(args) <= most or not self._is_static(args[1]):
+        if kwargs or not 2 <= len(args) <= most or not (
+                self._is_static(args[1]) or _identity_key(args[1])):
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"dict.{name}() with these arguments")
         d, key = args[0], args[1]
         src = ("item", self.known[id(d)][1], key)
