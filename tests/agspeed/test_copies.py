@@ -197,3 +197,62 @@ def test_the_cache_does_not_keep_what_was_copied_alive():
     model.opts = Options()
     gc.collect()
     assert opts() is None
+
+
+SCALES = {int: 2.0, float: 3.0, type(None): 1.0}
+
+
+def scaled_by_type(x, n):
+    return x * SCALES.get(type(n), 0.0)
+
+
+def test_a_registry_keyed_by_types_is_read_item_by_item():
+    backend = Counting()
+    fast = agspeed.optimize(scaled_by_type, backend=backend)
+    x = torch.randn(2)
+    for _ in range(2):
+        x = torch.randn(2)
+        torch.testing.assert_close(fast(x, 1), x * 2.0)
+    assert backend.graphs == 1
+    SCALES[int] = 4.0                     # the item read is guarded: a miss, eager's value
+    try:
+        torch.testing.assert_close(fast(x, 1), x * 4.0)
+    finally:
+        SCALES[int] = 2.0
+    report = agspeed.explain(scaled_by_type, x, None)
+    assert (report.graph_count, report.graph_break_count) == (1, 0)
+
+
+class Checked:
+    """Writes run validators from a registry on the class, as strict dataclasses do."""
+
+    validators = {"scale": [float]}
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    def __setattr__(self, name, value):
+        for check in self.validators.get(name, []):
+            value = check(value)
+        object.__setattr__(self, name, value)
+
+
+def validates(x):
+    c = Checked(2)
+    c.scale = c.scale + 1
+    return x * c.scale, c.scale
+
+
+def test_a_class_registry_read_through_an_object_made_in_the_frame():
+    fast = agspeed.optimize(validates, backend="eager")
+    x = torch.randn(2)
+    got, scale = fast(x)
+    torch.testing.assert_close(got, x * 3.0)
+    assert type(scale) is float and scale == 3.0
+    report = agspeed.explain(validates, x)
+    assert (report.graph_count, report.graph_break_count) == (1, 0)
+    Checked.validators["scale"] = [int]   # a change of the class's registry: eager's answer
+    try:
+        assert type(fast(x)[1]) is int
+    finally:
+        Checked.validators["scale"] = [float]
