@@ -404,6 +404,17 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         torch = self._torch
         node.meta["example_value"] = out
         if isinstance(out, torch.Tensor):
+            # an op that returns one of its tensor arguments itself (x.add_(1), x.t_(),
+            # x.contiguous() of a contiguous x) answers that argument's node, as eager
+            # answers the same object: `y is x`, {x, y} and dict keys see one tensor
+            # (the node stays in the graph for what it does)
+            args = [a for a in (*node.args, *node.kwargs.values())
+                    if isinstance(a, self.node_type)]
+            if not isinstance(target, NumpyCall) and not any("numpy" in a.meta for a in args):
+                # (NumPy's arrays and their tensors share fakes but are not one object)
+                for arg in args:
+                    if arg.meta.get("example_value") is out:
+                        return arg
             return node
         if self._sym_types and isinstance(out, self._sym_types):
             value = concrete(out)

@@ -135,12 +135,31 @@ class TensorCheck(CheckKind):
 
 
 def _snapshot(value: Any) -> Any:
-    """``value`` with every list in it copied (tuples of plain values stay as they are)."""
+    """``value`` with every list and set in it copied (tuples of plain values stay as they
+    are)."""
     if type(value) is list:
         return [_snapshot(v) for v in value]
+    if type(value) is set:
+        return set(value)
     if type(value) is tuple and any(type(v) in (list, tuple) for v in value):
         return tuple(_snapshot(v) for v in value)
     return value
+
+
+def _by_value(builder: Any, value: Any) -> bool:
+    """Whether ``value`` is compared by equality: what the builder holds static, and the
+    parts of an index a subscript takes whole (``...``, slices of plain values), in tuples
+    and lists, and sets of static values (a set is read whole: ``len(s)``, ``k in s``)."""
+    kind = type(value)
+    if kind is type(Ellipsis):
+        return True
+    if kind is slice:
+        return all(_by_value(builder, v) for v in (value.start, value.stop, value.step))
+    if kind in (tuple, list):
+        return all(_by_value(builder, v) for v in value)
+    if kind in (set, frozenset):
+        return all(builder._is_static(v) for v in value)
+    return builder._is_static(value)
 
 
 class EqCheck(CheckKind):
@@ -149,7 +168,7 @@ class EqCheck(CheckKind):
     kind, word, widenable = Check.EQ, "==", True
 
     def takes(self, builder, value) -> bool:
-        return builder._is_static(value)
+        return _by_value(builder, value)
 
     def expect(self, value: Any) -> tuple:
         # a list is compared with what it held then, not with itself: the program may

@@ -247,3 +247,32 @@ def test_a_resume_function_reads_this_calls_object():
         out = fast(torch.ones(2), boxes)
         assert out.tolist() == [2.0 + i, 2.0 + i]
     assert agspeed.counters()["cache_hits"] >= 3
+
+
+def in_place_then_identity(x):
+    y = x.add_(1)
+    z = torch.Tensor.mul_(y, 2)
+    c = z.contiguous()       # already contiguous: eager answers z itself
+    return y is x, len({x, y, z, c}), y in {x}, c is x, c * 1
+
+
+def in_place_on_one_of_two(p, q):
+    y = p.add_(1)
+    return y in {q}, q in {y}
+
+
+def test_an_in_place_result_is_the_tensor_it_changed():
+    got = agspeed.optimize(in_place_then_identity, backend="eager")(torch.zeros(3))
+    want = in_place_then_identity(torch.zeros(3))
+    assert got[:4] == want[:4] == (True, 1, True, True)
+    torch.testing.assert_close(got[4], want[4])
+    report = agspeed.explain(in_place_then_identity, torch.zeros(3))
+    assert (report.graph_count, report.graph_break_count) == (1, 0)
+
+
+def test_an_in_place_result_on_one_tensor_passed_twice():
+    fast = agspeed.optimize(in_place_on_one_of_two, backend="eager")
+    p, q = torch.zeros(2), torch.zeros(2)
+    assert fast(p, p) == (True, True)
+    assert fast(p, q) == (False, False)
+    assert fast(q, q) == (True, True)

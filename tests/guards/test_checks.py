@@ -438,3 +438,44 @@ def test_a_list_changed_in_place_between_calls_fails_its_guard():
     torch.testing.assert_close(fast(x), x * 5)
     model.scales[0] = 1.0
     torch.testing.assert_close(fast(x), x * 4)
+
+
+# -- values read whole: index tuples with ... and slices, sets ------------------------------
+
+
+def takes_an_index(a, ind):
+    return a[ind]
+
+
+@pytest.mark.parametrize("first, second", [
+    ((0, ...), (1, ...)), ((..., 0), (..., 1)), ((0, slice(None)), (1, slice(None))),
+    ((slice(0, 1),), (slice(1, 2),)), ([0, ...], [1, ...]), (slice(0, 1), slice(1, 2)),
+])
+def test_an_index_holding_ellipsis_or_slices_is_guarded_by_value(first, second):
+    fast = agspeed.optimize(takes_an_index, backend="eager")
+    t = torch.arange(6.0).reshape(2, 3)
+    for ind in (first, second, first):
+        torch.testing.assert_close(fast(t, ind), t[ind])
+
+
+TAGS = {1, 2}
+
+
+def counts_tags(x):
+    return (x + 1 if 3 in TAGS else x - 1) * len(TAGS)
+
+
+def test_a_set_of_the_program_is_guarded_by_its_contents():
+    fast = agspeed.optimize(counts_tags, backend="eager")
+    x = torch.randn(2)
+    torch.testing.assert_close(fast(x), (x - 1) * 2)
+    TAGS.add(3)
+    try:
+        torch.testing.assert_close(fast(x), (x + 1) * 3)
+        TAGS.discard(1)
+        torch.testing.assert_close(fast(x), (x + 1) * 2)
+    finally:
+        TAGS.clear()
+        TAGS.update({1, 2})
+    (record,) = agspeed.recompiles()
+    assert "TAGS" in record.reasons[0]
