@@ -19,6 +19,7 @@ import sys
 import types
 from typing import Any
 
+from agspeed import _C
 from agspeed._builder_types import GraphBreak, SymShape, concrete, describe_callable
 from agspeed._sources import MISSING, _class_lookup, is_namedtuple_type, static_attr
 from agspeed._stdlib import _VIEWS, SAFE_ITERATORS, StdlibFolds
@@ -129,6 +130,11 @@ class Folds(StdlibFolds):
             else:
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{describe_callable(fn)} on "
                                  f"{', '.join(type(a).__name__ for a in args)}")
+        if fn is collections.namedtuple and "module" not in kwargs:
+            # its module is the caller's, as eager's (it reads its caller's globals)
+            site = _C.capture_site()
+            if site:
+                kwargs = {**kwargs, "module": site[0][2].get("__name__")}
         try:
             out = fn(*args, **kwargs)
         except Exception as exc:

@@ -132,6 +132,16 @@ def test_namedtuple_fields():
     check(f, (3, 4))
 
 
+def test_a_namedtuple_class_made_in_the_frame_belongs_to_its_module():
+    def f(x):
+        made = collections.namedtuple("made", ["x", "y"])
+        return made(x, x + 1)
+
+    out = agspeed.optimize(f, backend="eager")(torch.ones(2))
+    assert type(out).__name__ == "made" and type(out).__module__ == __name__
+    torch.testing.assert_close(out.y, torch.full((2,), 2.0))
+
+
 @dataclasses.dataclass
 class Pair:
     a: torch.Tensor
