@@ -638,6 +638,9 @@ op_call_intrinsic_1(ags_interp *it, ags_frame *f, const ags_instr *ins)
     if (ins->arg == 6) {
         return list_to_tuple(it, f);
     }
+    if (ins->arg == 5) {
+        return ags_unary_positive(it, f);
+    }
     return ags_stopf(it, AGS_REASON_UNSUPPORTED_INSTRUCTION, "intrinsic %u",
                      (unsigned)ins->arg);
 }

@@ -204,6 +204,40 @@ is_singleton(PyObject *obj)
            || obj == Py_Ellipsis || obj == Py_NotImplemented;
 }
 
+/* `a is b` of two graph tensors: one node, or two nodes of one fake tensor
+ * (fake tensors stand one for one for the tensors eager would have: each
+ * input tensor has its own, a new tensor a new one, and an op returning
+ * its argument returns that argument's).  The distinct guard keeps two
+ * inputs that were different objects different (guards/alias.c).  A
+ * NumPy array is not the tensor whose fake it shares: by node only.  1, 0,
+ * or -1 on error. */
+static int
+same_tensor(PyObject *a, PyObject *b)
+{
+    PyObject *ma, *mb, *fa, *fb;
+    int same = 0;
+
+    if (a == b) {
+        return 1;
+    }
+    ma = PyObject_GetAttrString(a, "meta");
+    mb = ma ? PyObject_GetAttrString(b, "meta") : NULL;
+    if (mb == NULL || !PyDict_Check(ma) || !PyDict_Check(mb)) {
+        Py_XDECREF(ma);
+        Py_XDECREF(mb);
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    fa = PyDict_GetItemString(ma, "example_value");
+    fb = PyDict_GetItemString(mb, "example_value");
+    if (fa != NULL && fa == fb && PyDict_GetItemString(ma, "numpy") == NULL
+        && PyDict_GetItemString(mb, "numpy") == NULL) {
+        same = 1;
+    }
+    Py_DECREF(ma);
+    Py_DECREF(mb);
+    return same;
+}
+
 AGS_HANDLER
 op_is_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
@@ -221,9 +255,9 @@ op_is_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
             Py_XDECREF(out);
         }
     }
-    else if (lhs.kind == AGS_VK_TENSOR && rhs.kind == AGS_VK_TENSOR
-             && lhs.obj == rhs.obj) {
-        same = 1;
+    else if (lhs.kind == AGS_VK_TENSOR && rhs.kind == AGS_VK_TENSOR) {
+        same = same_tensor(lhs.obj, rhs.obj);
+        rc = same < 0 ? AGS_ERROR : AGS_GO;
     }
     else if ((lhs.kind == AGS_VK_CONST && rhs.kind != AGS_VK_TENSOR
               && rhs.kind != AGS_VK_CONST)

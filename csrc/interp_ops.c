@@ -159,6 +159,20 @@ op_unary_invert(ags_interp *it, ags_frame *f, const ags_instr *ins)
     return unary(it, f, 1);
 }
 
+/* UNARY_POSITIVE (3.11) and CALL_INTRINSIC_1's unary positive (3.12+). */
+int
+ags_unary_positive(ags_interp *it, ags_frame *f)
+{
+    return unary(it, f, 2);
+}
+
+AGS_HANDLER
+op_unary_positive(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    (void)ins;
+    return ags_unary_positive(it, f);
+}
+
 /* ------------------------------------------------------------------ */
 /* f-strings of constants */
 

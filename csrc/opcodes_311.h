@@ -37,6 +37,7 @@
 #define AGS_INTERP_OPS(X) \
     AGS_INTERP_OPS_COMMON(X) \
     X(PRECALL, op_nop, "3.11 call preamble: nothing symbolic") \
+    X(UNARY_POSITIVE, op_unary_positive, "+top (an intrinsic from 3.12)") \
     X(LOAD_CLOSURE, op_load_closure, \
       "a cell for a closure tuple: MAKE_FUNCTION uses the frame's own") \
     X(LOAD_METHOD, op_load_method, "replace the top with [method, self]") \

@@ -276,3 +276,20 @@ def test_an_in_place_result_on_one_tensor_passed_twice():
     assert fast(p, p) == (True, True)
     assert fast(p, q) == (False, False)
     assert fast(q, q) == (True, True)
+
+
+def picks(x, y):
+    return x * 2 if x is y else x + y
+
+
+def test_is_between_two_tensors_is_decided_and_guarded():
+    backend_graphs = []
+    fast = agspeed.optimize(picks, backend=lambda gm, ex: backend_graphs.append(gm) or gm)
+    a, b = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(fast(a, b), a + b)
+    torch.testing.assert_close(fast(b, a), a + b)
+    torch.testing.assert_close(fast(a, a), a * 2)   # one tensor twice: captured again
+    torch.testing.assert_close(fast(b, torch.ones(3)), b + 1)
+    assert len(backend_graphs) == 2
+    report = agspeed.explain(picks, a, b)
+    assert (report.graph_count, report.graph_break_count) == (1, 0)

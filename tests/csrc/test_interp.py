@@ -330,6 +330,16 @@ def test_known_conditions_are_resolved_and_the_taken_branch_recorded():
     assert out["status"] == "graph" and [op[0] for op in b.ops] == ["neg"]
 
 
+def signs(x):
+    return +x, -x, ~x
+
+
+def test_unary_operators_are_recorded_on_every_version():
+    """+x is UNARY_POSITIVE on 3.11 and an intrinsic of CALL_INTRINSIC_1 since 3.12."""
+    out, b = capture(signs, x=T())
+    assert out["status"] == "graph" and [op[0] for op in b.ops] == ["pos", "neg", "invert"]
+
+
 def branches_on_tensor(x):
     if x:
         return x
