@@ -20,7 +20,7 @@ call (and the caller) sees exactly the state eager would have left.
   read is: such a counter makes each call capture again, until the recompile limit
   makes the frame run eager.
 * Calls replayed (``replay_call``): logging (``logger.info(...)``, the ``logging``
-  module's functions, transformers' ``warning_once``).  The call is made again on every
+  module's functions, transformers' ``warning_once``) and ``print``.  The call is made again on every
   run of the entry, with the tensors the graph computed, so the logger's own level check
   decides at run time, as in eager, whether anything is written.  A ``Logger`` method or
   ``logging`` function is replayed as ``_log_at``: its record names the file, line and
@@ -80,12 +80,13 @@ class _Slot(NamedTuple):
 
 
 def _logging_calls() -> frozenset:
-    """The logging functions whose calls are replayed rather than traced."""
+    """The logging functions (and ``print``) whose calls are replayed rather than
+    traced."""
     names = ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal",
              "log", "warning_once", "info_once")
     found = [getattr(logging.Logger, n, None) for n in names]
     found += [getattr(logging, n, None) for n in names]
-    return frozenset([f for f in found if f is not None] + [warnings.warn])
+    return frozenset([f for f in found if f is not None] + [warnings.warn, print])
 
 
 class _Globals:

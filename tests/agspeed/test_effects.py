@@ -519,3 +519,23 @@ def test_requires_grad_set_on_a_computed_tensor_raises_eagers_error():
         marks_a_computed_tensor(x, w)
     with pytest.raises(RuntimeError, match="leaf variables"):
         agspeed.optimize(marks_a_computed_tensor, backend="eager")(x, w)
+
+
+def prints(x, sink):
+    y = x * 2
+    print("y", y, tuple(y.shape), sep="|", file=sink)
+    print("done", end="!\n", file=sink)
+    return y + 1
+
+
+def test_print_is_replayed_with_the_graphs_tensors(capsys):
+    import io
+
+    fast = agspeed.optimize(prints, backend="eager")
+    for v in (1.0, 3.0):
+        mine, theirs = io.StringIO(), io.StringIO()
+        x = torch.full((2,), v)
+        torch.testing.assert_close(fast(x, mine), prints(x, theirs))
+        assert mine.getvalue() == theirs.getvalue() and f"{int(2 * v)}., " in mine.getvalue()
+    report = agspeed.explain(prints, torch.ones(2), io.StringIO())
+    assert (report.graph_count, report.graph_break_count) == (1, 0)
