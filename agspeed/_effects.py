@@ -20,7 +20,7 @@ call (and the caller) sees exactly the state eager would have left.
   read is: such a counter makes each call capture again, until the recompile limit
   makes the frame run eager.
 * Calls replayed (``replay_call``): logging (``logger.info(...)``, the ``logging``
-  module's functions, transformers' ``warning_once``) and ``print``.  The call is made again on every
+  module's functions, transformers' ``warning_once``).  The call is made again on every
   run of the entry, with the tensors the graph computed, so the logger's own level check
   decides at run time, as in eager, whether anything is written.  A ``Logger`` method or
   ``logging`` function is replayed as ``_log_at``: its record names the file, line and
@@ -57,6 +57,7 @@ call (and the caller) sees exactly the state eager would have left.
 
 from __future__ import annotations
 
+import collections
 import logging
 import sys
 import types
@@ -65,12 +66,16 @@ from typing import Any, Callable, NamedTuple
 
 from agspeed import _C
 from agspeed._builder_types import GraphBreak
+from agspeed._stdlib import _FACTORIES   # a defaultdict's factories that run no user code
 from agspeed.protocol import Reason
 
 __all__ = ["SideEffects", "replay"]
 
 # _RAW_SET: object.__setattr__'s write; _TAIL: what a list of the program was extended by
 _SET, _CALL, _CONTENTS, _RAW_SET, _TAIL = 0, 1, 2, 3, 4
+# the containers a shadow copies (csrc/interp_effects.c: their methods run no user code)
+_SHADOWED = (list, dict, collections.OrderedDict, collections.defaultdict)
+
 
 
 class _Slot(NamedTuple):
@@ -80,13 +85,12 @@ class _Slot(NamedTuple):
 
 
 def _logging_calls() -> frozenset:
-    """The logging functions (and ``print``) whose calls are replayed rather than
-    traced."""
+    """The logging functions whose calls are replayed rather than traced."""
     names = ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal",
              "log", "warning_once", "info_once")
     found = [getattr(logging.Logger, n, None) for n in names]
     found += [getattr(logging, n, None) for n in names]
-    return frozenset([f for f in found if f is not None] + [warnings.warn, print])
+    return frozenset([f for f in found if f is not None] + [warnings.warn])
 
 
 class _Globals:
@@ -209,6 +213,7 @@ class SideEffects:
         # id(shadow) -> (shadow, original, its items as first copied, or None: a tail)
         self._shadows: dict[int, tuple] = {}
         self._tails: dict[int, list] = {}   # id(original) -> its tail
+        self._shadow_for: dict[int, tuple] = {}   # id(original) -> (original, shadow)
         self._plan: tuple | None = None  # made once, when the capture ends
         self._owner_sources: list = []
 
@@ -253,6 +258,9 @@ class SideEffects:
         tail = self._tails.pop(id(obj), None)
         if tail is not None and self._shadows[id(tail)][1] is obj:
             return self._widen(tail, obj, source)
+        done = self._shadow_for.get(id(obj))
+        if done is not None and done[0] is obj:
+            return done[1]   # widened already, as an item of another shadow
         if type(obj) is list:
             made: Any = [self._shadow_item(source, k, v) for k, v in enumerate(obj)]
             first: tuple = tuple(made)
@@ -262,9 +270,20 @@ class SideEffects:
                     raise GraphBreak(Reason.SIDE_EFFECT,
                                      f"changing a dict of the program keyed by "
                                      f"{type(key).__name__}")
-            made = {k: self._shadow_item(source, k, v) for k, v in obj.items()}
+            items = [(k, self._shadow_item(source, k, v)) for k, v in obj.items()]
+            if type(obj) is collections.defaultdict:
+                if obj.default_factory not in _FACTORIES:
+                    raise GraphBreak(Reason.SIDE_EFFECT,
+                                     "changing a defaultdict of the program whose factory "
+                                     "is not a builtin type")
+                self.assumptions.append(  # type: ignore[attr-defined]
+                    (("attr", source, "default_factory"), obj.default_factory))
+                made = collections.defaultdict(obj.default_factory, items)
+            else:
+                made = type(obj)(items)
             first = tuple(made.items())
         self._shadows[id(made)] = (made, obj, first)
+        self._shadow_for[id(obj)] = (obj, made)
         self._effects.append((_CONTENTS, source, obj, made))
         return made
 
@@ -284,6 +303,7 @@ class SideEffects:
         items = [self._shadow_item(source, k, v) for k, v in enumerate(obj)]
         tail[0:0] = items
         self._shadows[id(tail)] = (tail, obj, tuple(items))
+        self._shadow_for[id(obj)] = (obj, tail)
         at = next(k for k, e in enumerate(self._effects) if e[0] == _TAIL and e[3] is tail)
         self._effects[at] = (_CONTENTS, self._effects[at][1], obj, tail)
         return tail
@@ -292,6 +312,17 @@ class SideEffects:
         item = ("item", source, key)
         if isinstance(value, self._torch.Tensor):  # type: ignore[attr-defined]
             return self.input(item, value)  # type: ignore[attr-defined]
+        if type(value) in _SHADOWED:
+            # a list or dict inside it that this capture changed already: its shadow
+            # (a tail filled in), so that both see one object, written back as one
+            tail = self._tails.get(id(value))
+            if tail is not None and self._shadows[id(tail)][1] is value:
+                del self._tails[id(value)]
+                at = next(e for e in self._effects if e[0] == _TAIL and e[3] is tail)
+                return self._widen(tail, value, at[1])
+            done = self._shadow_for.get(id(value))
+            if done is not None and done[0] is value:
+                return done[1]
         self.assumptions.append((item, value))  # type: ignore[attr-defined]
         self.known.setdefault(id(value), (value, item))  # type: ignore[attr-defined]
         return value
@@ -376,7 +407,7 @@ class SideEffects:
     def _template(self, value: Any) -> Any:
         """``value`` with each graph node replaced by a ``_Slot``, and each shadow by
         the list or dict of the program it stands for."""
-        if type(value) in (list, dict):
+        if type(value) in _SHADOWED:
             known = self._shadows.get(id(value))
             if known is not None and known[0] is value:
                 return known[1]
@@ -385,8 +416,11 @@ class SideEffects:
             return _Slot(len(self._effect_nodes) - 1)
         if type(value) in (tuple, list):
             return type(value)(self._template(v) for v in value)
-        if type(value) is dict:
-            return {k: self._template(v) for k, v in value.items()}
+        if type(value) in _SHADOWED[1:]:
+            return type(value)({k: self._template(v) for k, v in value.items()}) \
+                if type(value) is not collections.defaultdict else \
+                collections.defaultdict(value.default_factory,
+                                        {k: self._template(v) for k, v in value.items()})
         return value
 
     # -- what may be written ----------------------------------------------------------

@@ -300,8 +300,11 @@ class Folds(StdlibFolds):
                     out = type(out)(self.input(("item", source, i), v)
                                     if isinstance(v, torch.Tensor) else v
                                     for i, v in zip(where, out))
+            # (a list keeps its source even when it holds plain values: the program may
+            # change it in place, through that source)
             keep = source is not None and not isinstance(index, slice) and \
-                not self._is_static(out) and not isinstance(out, self.node_type)
+                (type(out) is list or not self._is_static(out)) and \
+                not isinstance(out, self.node_type)
             return out, (("item", source, index) if keep else None)
         raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"indexing a {type(container).__name__}")
 
@@ -313,7 +316,7 @@ class Folds(StdlibFolds):
             for i in range(*index.indices(len(container))):
                 if self._is_static(container[i]):
                     self.assumptions.append((("item", source, i), container[i]))
-        elif self._is_static(out):
+        elif self._is_static(out) and type(out) is not list:   # (a list: by its load)
             self.assumptions.append((("item", source, index), out))
 
     def _guard_membership(self, key: Any, container: Any) -> None:

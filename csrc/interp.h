@@ -267,6 +267,7 @@ int ags_call_iter_plan(ags_interp *it, ags_frame *f, int kind,
 int ags_ops_init(void);
 PyObject *ags_binary_fn(uint32_t op);
 int ags_is_deque(PyObject *obj);
+int ags_is_defaultdict(PyObject *obj);
 int ags_unary_positive(ags_interp *it, ags_frame *f);
 
 /* interp_subscr.c: whether obj is a dict (or a subclass) storing items

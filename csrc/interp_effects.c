@@ -20,8 +20,10 @@
  * with the other side effects; a shadow that ends equal to what it copied
  * writes nothing.
  *
- * The original is never changed during capture.  Only exact lists and
- * dicts are shadowed (a subclass may override what a method does).
+ * The original is never changed during capture.  Only exact lists, dicts,
+ * OrderedDicts and defaultdicts are shadowed (a subclass may override what
+ * a method does).  A missing key read from a defaultdict of the program
+ * adds it, so that read shadows it first (interp_subscr.c).
  *
  * A list the frame only appends to (`self.features.append(h)`, a global
  * history) needs none of its items: copying them would guard every one,
@@ -38,6 +40,16 @@
  */
 #include "interp.h"
 
+/* Is obj a list or dict whose methods call none of the program's code:
+ * an exact list, dict, OrderedDict or defaultdict (whose factory the
+ * builder checks)? */
+static int
+shadowable(PyObject *obj)
+{
+    return PyList_CheckExact(obj) || PyDict_CheckExact(obj)
+           || PyODict_CheckExact(obj) || ags_is_defaultdict(obj);
+}
+
 /* Is `name` a method that only adds at a list's end? */
 static int
 appends(PyObject *name)
@@ -47,11 +59,12 @@ appends(PyObject *name)
                || PyUnicode_CompareWithASCIIString(name, "extend") == 0);
 }
 
-/* Does `ins` push exactly one value, loaded from a name? */
+/* Does `ins` push exactly one value, loaded from a name or an item? */
 static int
 single_load(const ags_instr *ins)
 {
     switch (ins->opcode) {
+    case BINARY_SUBSCR:             /* registry[key].append(x) */
     case LOAD_FAST:
 #ifdef LOAD_FAST_CHECK
     case LOAD_FAST_CHECK:
@@ -103,7 +116,7 @@ shadow_entry(ags_interp *it, PyObject *obj)
     PyObject *id, *entry;
 
     if (it->shadows == NULL || PyDict_GET_SIZE(it->shadows) == 0
-        || !(PyList_CheckExact(obj) || PyDict_CheckExact(obj))) {
+        || !shadowable(obj)) {
         return NULL;
     }
     id = PyLong_FromVoidPtr(obj);
@@ -324,8 +337,7 @@ ags_effect_setattr(ags_interp *it, ags_value *owner, PyObject *name,
 int
 ags_can_shadow(const ags_value *v)
 {
-    return v->kind == AGS_VK_CONST && v->source != NULL
-           && (PyList_CheckExact(v->obj) || PyDict_CheckExact(v->obj));
+    return v->kind == AGS_VK_CONST && v->source != NULL && shadowable(v->obj);
 }
 
 /* Replaces *v (ags_can_shadow) by its shadow, made by the builder on

@@ -12,6 +12,7 @@
 static PyObject *binary_ops;    /* tuple: operator functions by NB_* index */
 static PyObject *unary_ops;     /* operator.neg, operator.invert, operator.pos */
 static PyObject *deque_type;    /* collections.deque */
+static PyObject *defaultdict_type;  /* collections.defaultdict */
 
 /* BINARY_OP's first in-place operator (NB_INPLACE_ADD): the in-place
  * forms follow the plain ones in the same order. */
@@ -65,8 +66,11 @@ ags_ops_init(void)
     collections = PyImport_ImportModule("collections");
     deque_type = collections ? PyObject_GetAttrString(collections, "deque")
                              : NULL;
+    defaultdict_type = collections
+                           ? PyObject_GetAttrString(collections, "defaultdict")
+                           : NULL;
     Py_XDECREF(collections);
-    return binary_ops && unary_ops && deque_type ? 0 : -1;
+    return binary_ops && unary_ops && deque_type && defaultdict_type ? 0 : -1;
 }
 
 /* collections.deque: a container the capture may make and change in place
@@ -75,6 +79,13 @@ int
 ags_is_deque(PyObject *obj)
 {
     return deque_type != NULL && Py_IS_TYPE(obj, (PyTypeObject *)deque_type);
+}
+
+int
+ags_is_defaultdict(PyObject *obj)
+{
+    return defaultdict_type != NULL
+           && Py_IS_TYPE(obj, (PyTypeObject *)defaultdict_type);
 }
 
 /* ------------------------------------------------------------------ */

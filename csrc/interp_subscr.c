@@ -53,6 +53,19 @@ subscript(ags_interp *it, ags_frame *f, ags_value *container, ags_value *index)
     if (rc != AGS_DUNDER_NOT_MINE) {
         return rc == AGS_GO ? ags_push(f, v) : rc;
     }
+    if (ags_can_shadow(container) && ags_is_defaultdict(container->obj)
+        && index->kind == AGS_VK_CONST) {
+        /* a missing key of a defaultdict of the program is added by the
+         * read: to its shadow, never to the original while capturing */
+        int has = PyDict_Contains(container->obj, index->obj);
+
+        if (has < 0) {
+            PyErr_Clear();   /* unhashable: the builder's lookup decides */
+        }
+        else if (!has && (rc = ags_shadow(it, container)) != AGS_GO) {
+            return rc;
+        }
+    }
     /* a built dict is read in place: a defaultdict's missing key is added
      * to it, not to a copy */
     c = container->kind == AGS_VK_DICT ? Py_NewRef(container->obj)

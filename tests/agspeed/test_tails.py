@@ -285,3 +285,30 @@ def test_a_break_inside_an_appends_argument_resumes_with_the_programs_list():
     assert model.losses is losses and len(losses) == 4
     assert all(type(v) is float for v in losses)
     assert losses == pytest.approx(ref.losses)
+
+
+STATS = {"norms": [], "means": []}
+
+
+def records_stats(x):
+    y = x.tanh()
+    STATS["norms"].append(y.norm())
+    STATS["means"].append(y.mean())
+    return y
+
+
+def test_lists_in_a_registry_dict_grow_with_one_capture():
+    for v in STATS.values():
+        v.clear()
+    backend = Counting()
+    fast = agspeed.optimize(records_stats, backend=backend)
+    xs = [torch.randn(4) for _ in range(5)]
+    for x in xs:
+        fast(x)
+    assert backend.graphs == 1
+    assert len(STATS["norms"]) == len(STATS["means"]) == 5
+    for x, n, m in zip(xs, STATS["norms"], STATS["means"]):
+        torch.testing.assert_close(n, x.tanh().norm())
+        torch.testing.assert_close(m, x.tanh().mean())
+    for v in STATS.values():
+        v.clear()
