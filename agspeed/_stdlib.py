@@ -51,7 +51,7 @@ _PURE_METHODS = {
                     "isspace", "title", "capitalize", "casefold", "zfill", "center",
                     "ljust", "rjust", "removeprefix", "removesuffix", "swapcase", "encode"}),
     bytes: frozenset({"decode", "startswith", "endswith", "split", "join", "replace"}),
-    int: frozenset({"bit_length", "to_bytes", "conjugate", "bit_count"}),
+    int: frozenset({"bit_length", "to_bytes", "conjugate", "bit_count", "as_integer_ratio"}),
     float: frozenset({"is_integer", "hex", "as_integer_ratio", "conjugate"}),
     tuple: frozenset({"index", "count"}),
 }

@@ -529,3 +529,18 @@ def test_storage_size_of_an_input_is_read_and_guarded():
         return (x * 2).untyped_storage().size()   # a computed tensor's storage: eager
 
     assert agspeed.optimize(g)(x) == g(x)
+
+
+def number_methods(x, n, v):
+    return (x * n.as_integer_ratio()[0] + n.bit_length(), v.as_integer_ratio(),
+            v.is_integer(), n.bit_count())
+
+
+def test_the_pure_methods_of_numbers_fold():
+    fast = agspeed.optimize(number_methods, backend="eager")
+    x = torch.randn(2)
+    got, want = fast(x, 6, 2.5), number_methods(x, 6, 2.5)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:] == want[1:] == ((5, 2), False, 2)
+    report = agspeed.explain(number_methods, x, 6, 2.5)
+    assert (report.graph_count, report.graph_break_count) == (1, 0)
