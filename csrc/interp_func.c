@@ -13,6 +13,53 @@
 #include "interp.h"
 #include <string.h>
 
+/* A tensor default argument of the inlined function (f->func, reached by
+ * f->fsource): a graph input read through the function, from its
+ * __defaults__ or __kwdefaults__, as the call reads it each time.  A
+ * function with no source breaks. */
+static int
+default_tensor(ags_interp *it, ags_frame *f, PyObject *value, ags_value *dst)
+{
+    PyObject *defaults, *src = NULL, *key, *item;
+    Py_ssize_t pos = 0;
+    int rc;
+
+    if (f->func == NULL || f->fsource == NULL) {
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                         "a tensor default argument of a function reached by "
+                         "no source");
+    }
+    defaults = PyFunction_GetDefaults(f->func);
+    for (Py_ssize_t i = 0; defaults != NULL && i < PyTuple_GET_SIZE(defaults);
+         i++) {
+        if (PyTuple_GET_ITEM(defaults, i) == value) {
+            src = Py_BuildValue("(s(sOs)n)", ags_load_names[AGS_LOAD_ITEM],
+                                ags_load_names[AGS_LOAD_ATTR], f->fsource,
+                                "__defaults__", i);
+            break;
+        }
+    }
+    defaults = PyFunction_GetKwDefaults(f->func);
+    while (src == NULL && defaults != NULL && PyDict_Check(defaults)
+           && PyDict_Next(defaults, &pos, &key, &item)) {
+        if (item == value) {
+            src = Py_BuildValue("(s(sOs)O)", ags_load_names[AGS_LOAD_ITEM],
+                                ags_load_names[AGS_LOAD_ATTR], f->fsource,
+                                "__kwdefaults__", key);
+        }
+    }
+    if (src == NULL) {
+        return PyErr_Occurred()
+                   ? AGS_ERROR
+                   : ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                               "a tensor default argument not found among "
+                               "the function's defaults");
+    }
+    rc = ags_load_object(it, src, value, dst);
+    Py_DECREF(src);
+    return rc;
+}
+
 /* Binds the callee's parameters from the caller's abstract arguments
  * (borrowed) by the builder's plan: one item per parameter slot, an int
  * (take that argument) or a pair (AGS_BIND_*, payload) (protocol.h). */
@@ -36,13 +83,15 @@ ags_bind_params(ags_interp *it, ags_frame *f, PyObject *plan, ags_value *args)
             return AGS_ERROR;
         }
         if (tag == AGS_BIND_DEFAULT) {
+            if (PyObject_TypeCheck(what, (PyTypeObject *)it->tensor_type)) {
+                int rc = default_tensor(it, f, what, dst);
+                if (rc != AGS_GO) {
+                    return rc;
+                }
+                continue;
+            }
             if (ags_value_of(it, what, dst) < 0) {
                 return AGS_ERROR;
-            }
-            if (dst->kind == AGS_VK_CONST && PyObject_TypeCheck(
-                    what, (PyTypeObject *)it->tensor_type)) {
-                return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
-                                 "a tensor default argument");
             }
             continue;
         }

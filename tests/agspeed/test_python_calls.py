@@ -544,3 +544,33 @@ def test_the_pure_methods_of_numbers_fold():
     assert got[1:] == want[1:] == ((5, 2), False, 2)
     report = agspeed.explain(number_methods, x, 6, 2.5)
     assert (report.graph_count, report.graph_break_count) == (1, 0)
+
+
+OFFSET = torch.zeros(3)
+
+
+def with_tensor_defaults(x, w=OFFSET, *, b=torch.ones(3)):
+    return x * 2 + w + b
+
+
+def calls_with_defaults(x):
+    return with_tensor_defaults(x) + with_tensor_defaults(x, b=x)
+
+
+def test_tensor_default_arguments_are_graph_inputs_read_each_call():
+    backend_graphs = []
+    fast = agspeed.optimize(calls_with_defaults,
+                            backend=lambda gm, ex: backend_graphs.append(gm) or gm)
+    x = torch.randn(3)
+    torch.testing.assert_close(fast(x), calls_with_defaults(x))
+    OFFSET.add_(1)                                    # changed in place: seen
+    torch.testing.assert_close(fast(x), calls_with_defaults(x))
+    saved = with_tensor_defaults.__defaults__
+    with_tensor_defaults.__defaults__ = (torch.full((3,), 5.0),)   # replaced: seen
+    try:
+        torch.testing.assert_close(fast(x), calls_with_defaults(x))
+    finally:
+        with_tensor_defaults.__defaults__ = saved
+    assert len(backend_graphs) == 1
+    report = agspeed.explain(calls_with_defaults, x)
+    assert (report.graph_count, report.graph_break_count) == (1, 0)
