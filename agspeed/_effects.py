@@ -212,8 +212,8 @@ class SideEffects:
         self.replayed_calls = _logging_calls()
         # id(shadow) -> (shadow, original, its items as first copied, or None: a tail)
         self._shadows: dict[int, tuple] = {}
-        self._tails: dict[int, list] = {}   # id(original) -> its tail
-        self._shadow_for: dict[int, tuple] = {}   # id(original) -> (original, shadow)
+        # id(original) -> (original, its shadow or tail)
+        self._shadow_for: dict[int, tuple] = {}
         self._plan: tuple | None = None  # made once, when the capture ends
         self._owner_sources: list = []
 
@@ -255,12 +255,9 @@ class SideEffects:
         """An owned copy of ``obj`` (an exact list or dict reached by ``source``) whose
         items are graph arguments; its final contents are written back to ``obj``.  For
         a list with a tail, that tail, the list's items put in front of what it took."""
-        tail = self._tails.pop(id(obj), None)
-        if tail is not None and self._shadows[id(tail)][1] is obj:
-            return self._widen(tail, obj, source)
-        done = self._shadow_for.get(id(obj))
-        if done is not None and done[0] is obj:
-            return done[1]   # widened already, as an item of another shadow
+        done = self._shadow_of(obj)   # a tail, or one made as an item of another
+        if done is not None:
+            return done
         if type(obj) is list:
             made: Any = [self._shadow_item(source, k, v) for k, v in enumerate(obj)]
             first: tuple = tuple(made)
@@ -292,21 +289,27 @@ class SideEffects:
         reached by ``source``, whose items it has not read): extended onto ``obj``."""
         made: list = []
         self._shadows[id(made)] = (made, obj, None)
-        self._tails[id(obj)] = made
+        self._shadow_for[id(obj)] = (obj, made)
         self._effects.append((_TAIL, source, obj, made))
         return made
 
-    def _widen(self, tail: list, obj: list, source: Any) -> list:
-        # the list is read now: what it held matters (its length and items, guarded as
-        # a load of it would be), and the write-back is of its whole contents
-        self.assumptions.append((source, obj))  # type: ignore[attr-defined]
-        items = [self._shadow_item(source, k, v) for k, v in enumerate(obj)]
-        tail[0:0] = items
-        self._shadows[id(tail)] = (tail, obj, tuple(items))
-        self._shadow_for[id(obj)] = (obj, tail)
-        at = next(k for k, e in enumerate(self._effects) if e[0] == _TAIL and e[3] is tail)
-        self._effects[at] = (_CONTENTS, self._effects[at][1], obj, tail)
-        return tail
+    def _shadow_of(self, obj: Any) -> Any:
+        """The shadow this capture made of ``obj``, or None; a tail is filled in first:
+        the list is read now, so what it held matters (its length and items, guarded as a
+        load of it would be), and the write-back is of its whole contents."""
+        done = self._shadow_for.get(id(obj))
+        if done is None or done[0] is not obj:
+            return None
+        made = done[1]
+        if self._shadows[id(made)][2] is None:   # a tail
+            at = next(k for k, e in enumerate(self._effects) if e[0] == _TAIL and e[3] is made)
+            source = self._effects[at][1]
+            self.assumptions.append((source, obj))  # type: ignore[attr-defined]
+            items = [self._shadow_item(source, k, v) for k, v in enumerate(obj)]
+            made[0:0] = items
+            self._shadows[id(made)] = (made, obj, tuple(items))
+            self._effects[at] = (_CONTENTS, source, obj, made)
+        return made
 
     def _shadow_item(self, source: Any, key: Any, value: Any) -> Any:
         item = ("item", source, key)
@@ -315,14 +318,9 @@ class SideEffects:
         if type(value) in _SHADOWED:
             # a list or dict inside it that this capture changed already: its shadow
             # (a tail filled in), so that both see one object, written back as one
-            tail = self._tails.get(id(value))
-            if tail is not None and self._shadows[id(tail)][1] is value:
-                del self._tails[id(value)]
-                at = next(e for e in self._effects if e[0] == _TAIL and e[3] is tail)
-                return self._widen(tail, value, at[1])
-            done = self._shadow_for.get(id(value))
-            if done is not None and done[0] is value:
-                return done[1]
+            done = self._shadow_of(value)
+            if done is not None:
+                return done
         self.assumptions.append((item, value))  # type: ignore[attr-defined]
         self.known.setdefault(id(value), (value, item))  # type: ignore[attr-defined]
         return value

@@ -128,12 +128,24 @@ shadow_entry(ags_interp *it, PyObject *obj)
     return entry;
 }
 
+/* Sets the shadows map's entry for obj: its shadow, or (tail, source).
+ * 0, or -1 with an exception. */
+static int
+set_entry(ags_interp *it, PyObject *obj, PyObject *entry)
+{
+    PyObject *id = PyLong_FromVoidPtr(obj);
+    int rc = id != NULL ? PyDict_SetItem(it->shadows, id, entry) : -1;
+
+    Py_XDECREF(id);
+    return rc;
+}
+
 /* Makes the tail of obj its full shadow, in place: builder.shadow(obj,
  * source) puts obj's items in front of the tail's. */
 static int
 widen_tail(ags_interp *it, PyObject *obj, PyObject *tail)
 {
-    PyObject *entry = shadow_entry(it, obj), *made, *id;
+    PyObject *entry = shadow_entry(it, obj), *made;
     int rc;
 
     assert(entry != NULL && PyTuple_GET_ITEM(entry, 0) == tail);
@@ -146,9 +158,7 @@ widen_tail(ags_interp *it, PyObject *obj, PyObject *tail)
                         "builder.shadow must fill in the tail of a list "
                         "only appended to so far");
     }
-    id = made ? PyLong_FromVoidPtr(obj) : NULL;
-    rc = id != NULL ? PyDict_SetItem(it->shadows, id, tail) : -1;
-    Py_XDECREF(id);
+    rc = made != NULL ? set_entry(it, obj, tail) : -1;
     Py_XDECREF(made);
     Py_DECREF(tail);
     return rc;
@@ -192,7 +202,7 @@ ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out)
 int
 ags_tail(ags_interp *it, ags_frame *f, ags_value *v, PyObject *name)
 {
-    PyObject *entry, *tail, *last = NULL, *tsrc, *id;
+    PyObject *entry, *tail, *last = NULL, *tsrc;
     Py_ssize_t n = PyList_GET_SIZE(it->assumptions);
     int fresh;
 
@@ -250,15 +260,12 @@ ags_tail(ags_interp *it, ags_frame *f, ags_value *v, PyObject *name)
             return AGS_ERROR;
         }
         entry = PyTuple_Pack(2, tail, v->source);
-        id = entry ? PyLong_FromVoidPtr(v->obj) : NULL;
-        if (id == NULL || PyDict_SetItem(it->shadows, id, entry) < 0
+        if (entry == NULL || set_entry(it, v->obj, entry) < 0
             || ags_own(it, tail) < 0) {
-            Py_XDECREF(id);
             Py_XDECREF(entry);
             Py_DECREF(tail);
             return AGS_ERROR;
         }
-        Py_DECREF(id);
         Py_DECREF(entry);
     }
     else {
@@ -345,7 +352,7 @@ ags_can_shadow(const ags_value *v)
 int
 ags_shadow(ags_interp *it, ags_value *v)
 {
-    PyObject *shadow, *id;
+    PyObject *shadow;
     ags_value made;
     int rc;
 
@@ -367,14 +374,10 @@ ags_shadow(ags_interp *it, ags_value *v)
                             "the original's type");
             return AGS_ERROR;
         }
-        id = PyLong_FromVoidPtr(v->obj);
-        if (id == NULL || PyDict_SetItem(it->shadows, id, shadow) < 0
-            || ags_own(it, shadow) < 0) {
-            Py_XDECREF(id);
+        if (set_entry(it, v->obj, shadow) < 0 || ags_own(it, shadow) < 0) {
             Py_DECREF(shadow);
             return AGS_ERROR;
         }
-        Py_DECREF(id);
         made = ags_value_make(PyList_CheckExact(shadow) ? AGS_VK_LIST
                                                         : AGS_VK_DICT,
                               shadow, NULL);
