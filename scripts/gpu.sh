@@ -30,7 +30,8 @@ LIMIT=${GPU_STAGE_TIMEOUT:-600}
 XDIST=()
 "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n "${GPU_WORKERS:-8}")
 # stages, in order (GPU_STAGES picks some): kernels (the nvrtc kernels and models on the
-# GPU), cuda (the other CUDA tests), suite (every test),
+# GPU), cuda (the other CUDA tests; GPU_CUDA_K narrows them, a pytest -k expression),
+# suite (every test),
 # demo, bench (guard and dispatch benchmarks), nvrtc (benchmarks/nvrtc.py: the fused
 # kernels' bandwidth and graphs), train (benchmarks/train.py on CUDA, with TRAIN_ARGS),
 # cpu (the guard benchmark on this host's CPU)
@@ -47,7 +48,7 @@ for stage in $STAGES; do
               | tail -15 || rc=1 ;;
     cuda) (cd /tmp && timeout "$lim" "$PY" -m pytest -q -rfE --tb=short -p no:cacheprovider \
               "${XDIST[@]}" "$ROOT/tests/backends/test_cuda.py" "$ROOT/tests/training" \
-              -k "cuda") 2>&1 | tee "$OUT/test_cuda.log" | tail -15 || rc=1 ;;
+              -k "${GPU_CUDA_K:-cuda}") 2>&1 | tee "$OUT/test_cuda.log" | tail -15 || rc=1 ;;
     suite) (cd /tmp && timeout "$lim" "$PY" -m pytest -q -rfE --tb=short -p no:cacheprovider \
               "${XDIST[@]}" "$ROOT/tests") 2>&1 | tee "$OUT/tests.log" | tail -15 || rc=1 ;;
     demo) "$PY" scripts/demo.py --device cuda 2>&1 | tee "$OUT/demo.log" | tail -30 || rc=1 ;;

@@ -194,3 +194,46 @@ def test_amp_training_with_grad_scaler_matches_eager():
     for (k, w), (_, g) in zip(ref.state_dict().items(), model.state_dict().items()):
         torch.testing.assert_close(g, w, atol=1e-3, rtol=1e-3, msg=k)
     assert len(_captured()) == 1
+
+
+@pytest.mark.parametrize("backend", ["cudagraphs", "nvrtc_cudagraphs"])
+def test_replays_read_the_optimizers_updates_in_place(backend):
+    """The replays read each parameter at its own address: six SGD steps with momentum,
+    the weights compared with eager's after each, one weight given new storage midway
+    (a new recording) and again later (from then on copied into the replay)."""
+    from agspeed.backends import cudagraphs
+
+    made = []
+
+    def replay(graph):
+        made.append(cudagraphs._Replay(graph))
+        return made[-1]
+
+    cls, make_inputs = ZOO["mlp"]
+    torch.manual_seed(0)
+    ref = cls().cuda()
+    model = copy.deepcopy(ref)
+    old = cudagraphs.replay
+    cudagraphs.replay = replay
+    try:
+        optimized = agspeed.optimize(model, backend=backend)
+        opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (ref, model)]
+        first = next(model.parameters())
+        for step in range(6):
+            if step in (2, 4):
+                first.data = first.data.clone()
+            x = make_inputs()[0].cuda()
+            for m, opt in zip((ref, optimized), opts):
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = m(x).float().square().mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            for (k, w), g in zip(ref.state_dict().items(), model.state_dict().values()):
+                torch.testing.assert_close(g, w, atol=2e-3, rtol=2e-3, msg=f"{step} {k}")
+    finally:
+        cudagraphs.replay = old
+    fw = made[0]
+    assert fw.records == 3 and fw.cuda_graph is not None
+    assert any(p is not None for p in fw.places)
+    assert first.data_ptr() not in {p[0] for p in fw.places if p is not None}
