@@ -2,7 +2,8 @@
 kernels and eager, and compile time from a cold cache.
 
 1. Bandwidth: large fused kernels (a pointwise chain over 64M fp32 elements; softmax
-   rows in fp32 and bf16, beside eager's softmax), the bytes each must move over its
+   and layer norm rows of 1024 and of 16384 columns, the ROWS kernels' warp and block
+   paths, in fp32 and bf16, beside eager's), the bytes each must move over its
    median time, as a fraction of the device's peak (from its memory clock and bus width
    when torch reports them) and of what a device-to-device copy reaches.
 2. Graphs: each zoo model's training step (forward and backward) with backends "eager",
@@ -14,7 +15,7 @@ kernels and eager, and compile time from a cold cache.
    (forward or backward) took to make its kernels (NVRTC on several threads, loads);
    NVRTC's seconds summed over those threads (JSON); how many kernels there were.
 
-    python benchmarks/nvrtc.py --device cuda [--quick] [--out FILE]
+    python benchmarks/nvrtc.py --device cuda [--quick] [--bandwidth-only] [--out FILE]
 """
 
 from __future__ import annotations
@@ -82,21 +83,45 @@ def bandwidth(device, quick: bool) -> list:
             ((5, T.F32, 0),))
     k = kernels.cuda_launcher(desc, idx)
     rows.append(("pointwise fp32", 2 * n * 4, _events_median(lambda: k(stream, x, out, n), 20)))
-    for storage, dtype, size in ((T.F32, torch.float32, 4), (T.BF16, torch.bfloat16, 2)):
-        r, c = (4096, 1024) if quick else (65536, 1024)
-        xs = torch.randn(r, c, device=device).to(dtype)
-        ys = torch.empty_like(xs)
-        mx = torch.empty(r, 1, device=device)
-        desc = (f"bw_softmax_{size}", KK.ROWS, 2, 1, ((storage, 0),),
-                (op(K.LOAD, T.F32, 0), op(K.AMAX, T.F32, 0), op(K.SUB, T.F32, 0, 1),
-                 op(K.EXP, T.F32, 2), op(K.SUM, T.F32, 3), op(K.DIV, T.F32, 3, 4)),
-                ((5, storage, 0), (1, T.F32, 0)))
-        k = kernels.cuda_launcher(desc, idx)
-        t = _events_median(lambda: k(stream, xs, ys, mx, r, c), 20)
-        rows.append((f"softmax rows {dtype}".replace("torch.", ""), 2 * r * c * size, t))
-        t_eager = _events_median(lambda: torch.softmax(xs, -1), 20)
-        rows.append((f"softmax rows {dtype} (eager)".replace("torch.", ""),
-                     2 * r * c * size, t_eager))
+    # rows of 1024 take the ROWS kernels' warp path (a warp a row), rows of 16384 the
+    # block path (a block a row); the same element count either way
+    for c in (1024, 16384):
+        r = (n if not quick else 1 << 22) // c
+        for storage, dtype, size in ((T.F32, torch.float32, 4), (T.BF16, torch.bfloat16, 2)):
+            name = str(dtype).replace("torch.", "")
+            xs = torch.randn(r, c, device=device).to(dtype)
+            ys = torch.empty_like(xs)
+            mx = torch.empty(r, 1, device=device)
+            desc = (f"bw_softmax_{size}", KK.ROWS, 2, 1, ((storage, 0),),
+                    (op(K.LOAD, T.F32, 0), op(K.AMAX, T.F32, 0), op(K.SUB, T.F32, 0, 1),
+                     op(K.EXP, T.F32, 2), op(K.SUM, T.F32, 3), op(K.DIV, T.F32, 3, 4)),
+                    ((5, storage, 0), (1, T.F32, 0)))
+            k = kernels.cuda_launcher(desc, idx)
+            t = _events_median(lambda: k(stream, xs, ys, mx, r, c), 20)
+            rows.append((f"softmax {r}x{c} {name}", 2 * r * c * size, t))
+            t = _events_median(lambda: torch.softmax(xs, -1), 20)
+            rows.append((f"softmax {r}x{c} {name} (eager)", 2 * r * c * size, t))
+            # layer norm: x read, y written, w and b (one row) read, mean and rstd written
+            w, b = torch.randn(c, device=device), torch.randn(c, device=device)
+            mean, rstd = torch.empty(r, 1, device=device), torch.empty(r, 1, device=device)
+            desc = (f"bw_layer_norm_{size}", KK.ROWS, 2, 1,
+                    ((storage, 0), (T.F32, 1), (T.F32, 1)),
+                    (op(K.LOAD, T.F32, 0), op(K.SUM, T.F32, 0),
+                     op(K.CONST, T.F32, imm=1.0 / c), op(K.MUL, T.F32, 1, 2),
+                     op(K.SUB, T.F32, 0, 3), op(K.MUL, T.F32, 4, 4), op(K.SUM, T.F32, 5),
+                     op(K.MUL, T.F32, 6, 2), op(K.CONST, T.F32, imm=1e-5),
+                     op(K.ADD, T.F32, 7, 8), op(K.RSQRT, T.F32, 9), op(K.MUL, T.F32, 4, 10),
+                     op(K.LOAD, T.F32, 1), op(K.MUL, T.F32, 11, 12),
+                     op(K.LOAD, T.F32, 2), op(K.ADD, T.F32, 13, 14)),
+                    ((15, storage, 0), (3, T.F32, 0), (10, T.F32, 0)))
+            k = kernels.cuda_launcher(desc, idx)
+            t = _events_median(lambda: k(stream, xs, w, b, ys, mean, rstd, r, c, 0, 1, 0, 1),
+                               20)
+            rows.append((f"layer norm {r}x{c} {name}", 2 * r * c * size, t))
+            wd, bd = w.to(dtype), b.to(dtype)   # eager's wants them in x's type
+            t = _events_median(lambda: torch.nn.functional.layer_norm(xs, (c,), wd, bd), 20)
+            rows.append((f"layer norm {r}x{c} {name} (eager)", 2 * r * c * size, t))
+            del xs, ys
     return rows
 
 
@@ -157,6 +182,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_device_args(parser)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--bandwidth-only", action="store_true",
+                        help="the bandwidth table alone (seconds), not the graphs")
     args = parser.parse_args()
     if not args.device.startswith("cuda"):
         parser.error("this benchmark needs --device cuda")
@@ -172,11 +199,16 @@ def main() -> None:
     print(f"peak memory bandwidth: {peak / 1e9:.0f} GB/s" if peak else "peak: not reported")
     bw = bandwidth(device, args.quick)
     copy_rate = bw[0][1] / bw[0][2]
-    print(f"{'kernel':32} {'GB/s':>8} {'of peak':>8} {'of copy':>8}")
+    print(f"{'kernel':40} {'GB/s':>8} {'of peak':>8} {'of copy':>8}")
     for name, nbytes, t in bw:
         rate = nbytes / t
-        print(f"{name:32} {rate / 1e9:8.0f} {rate / peak if peak else float('nan'):8.2f} "
+        print(f"{name:40} {rate / 1e9:8.0f} {rate / peak if peak else float('nan'):8.2f} "
               f"{rate / copy_rate:8.2f}")
+    if args.bandwidth_only:
+        save({"machine": machine(args.device), "peak_bytes_per_s": peak,
+              "bandwidth": [{"kernel": n, "bytes": b, "seconds": t} for n, b, t in bw]},
+             default_out(args, "nvrtc"))
+        return
     with tempfile.TemporaryDirectory() as cold:   # every compile from a cold cache
         agspeed.config.set(cache_dir=cold)
         g = graphs(device, args.quick)

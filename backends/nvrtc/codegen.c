@@ -6,13 +6,15 @@
  * table), nothing of torch.  describe.c reads and checks a description;
  * this file turns it into the source of one `extern "C" __global__`
  * function (a row kernel's body in codegen_rows.c, the two sharing
- * codegen.h); NVRTC compiles it (driver.c).
+ * codegen.h; a row kernel comes with a second function, <name>_block, its
+ * block path alone, for long rows); NVRTC compiles it (driver.c).
  *
  *   (name, kind, ndim, nred, inputs, ops, outputs)
  *     kind     KKIND: POINTWISE (one thread per element of an ndim-sized
  *              space, in a grid-stride loop) or ROWS (the last nred
- *              dimensions are reduced: one block per row, a row being the
- *              elements that share the leading ndim - nred indices)
+ *              dimensions are reduced, a row being the elements that share
+ *              the leading ndim - nred indices: one warp per row up to
+ *              AGS_NVRTC_WARP_COLS elements, one block per row beyond)
  *     inputs   ((ktype, strided), ...): storage type of each input; a
  *              strided one is read at sum(index[d] * stride[d]) with the
  *              strides passed in (0 for a broadcast dimension), another at
@@ -34,11 +36,13 @@
  * depends on one varies per element; a reduction, and what depends only on
  * reductions and constants, is a row value.  A ROWS kernel makes one pass
  * over a row per reduction, computing in it the element values that
- * reduction needs (recomputed rather than kept: a row may be longer than a
- * block holds in registers), reduces across the block through shared
- * memory, then computes the row values that have become known; a last pass
- * computes and stores the element outputs.  Reductions accumulate in their
- * type: float for every floating storage type but double.
+ * reduction needs, combines the partials of the row's threads (a warp's
+ * shuffles for a short row, with the values later passes read kept in
+ * registers; shuffles and shared memory across a block for a long one,
+ * recomputing: codegen_rows.c), then computes the row values that have
+ * become known; a last pass computes and stores the element outputs.
+ * Reductions accumulate in their type: float for every floating storage
+ * type but double.
  *
  * The same source compiles as host C++ when AGS_HOST is defined (the test
  * harness's shim supplies threadIdx and friends and the conversions), so
@@ -221,7 +225,7 @@ put_load(text *t, const kernel *k, const instr *op)
 
     snprintf(prefix, sizeof prefix, "si%d", src);
     ags_cg_put(t, "(%s)", ags_kernel_compute_name(op->type));
-    if (t->lane >= 0) {
+    if (t->lane >= 0 && !k->in[src].strided) {
         const char *conv = st == AGS_KTYPE_F16 ? "ags_from_f16"
                            : st == AGS_KTYPE_BF16 ? "ags_from_bf16" : "";
 
@@ -312,7 +316,7 @@ ags_cg_put_store(text *t, const kernel *k, int o, int per_row)
     char prefix[32];
 
     snprintf(prefix, sizeof prefix, "so%d", o);
-    if (t->lane >= 0) {
+    if (t->lane >= 0 && !out->strided) {
         char c = "xyzw"[t->lane];
 
         if (out->type == AGS_KTYPE_F16 || out->type == AGS_KTYPE_BF16) {
@@ -347,10 +351,11 @@ ags_cg_put_store(text *t, const kernel *k, int o, int per_row)
     }
 }
 
+/* The kernel's signature, its name followed by `suffix`. */
 static void
-put_signature(text *t, const kernel *k)
+put_signature(text *t, const kernel *k, const char *suffix)
 {
-    ags_cg_put(t, "extern \"C\" __global__ void %s(", k->name);
+    ags_cg_put(t, "extern \"C\" __global__ void %s%s(", k->name, suffix);
     for (int i = 0; i < k->n_in; i++) {
         ags_cg_put(t, "%sconst %s *__restrict__ in%d", i ? ", " : "",
             ags_kernel_storage_name(k->in[i].type), i);
@@ -446,8 +451,8 @@ ags_cg_put_uniforms(text *t, const kernel *k)
 
 /* The vector type that loads 4 values of storage type `type` at once, or
  * NULL where there is none worth having (8-byte types). */
-static const char *
-vector_of(int type)
+const char *
+ags_cg_vector_of(int type)
 {
     switch (type) {
     case AGS_KTYPE_F32: return "float4";
@@ -469,25 +474,52 @@ vector_bytes(int type)
     }
 }
 
-/* Whether a pointwise kernel gets a vector path: every operand contiguous and
- * of a type with a vector of 4. */
-static int
-vectorizable(const kernel *k)
+/* Whether a kernel gets a vector path: every operand contiguous and of a
+ * type with a vector of 4. */
+int
+ags_cg_vectorizable(const kernel *k)
 {
     if (ags_cg_any_strided(k)) {
         return 0;
     }
     for (int i = 0; i < k->n_in; i++) {
-        if (vector_of(k->in[i].type) == NULL) {
+        if (ags_cg_vector_of(k->in[i].type) == NULL) {
             return 0;
         }
     }
     for (int i = 0; i < k->n_out; i++) {
-        if (vector_of(k->out[i].type) == NULL) {
+        if (ags_cg_vector_of(k->out[i].type) == NULL) {
             return 0;
         }
     }
     return 1;
+}
+
+/* Whether output o is read and written as vectors: an element output, not
+ * strided (a row kernel's row values are stored one at a time). */
+int
+ags_cg_vector_output(const kernel *k, int o)
+{
+    return !k->out[o].strided && k->ops[k->out[o].value].variance == PER_ELEMENT;
+}
+
+void
+ags_cg_put_aligned(text *t, const kernel *k)
+{
+    ags_cg_put(t, "((0");
+    for (int i = 0; i < k->n_in; i++) {
+        if (!k->in[i].strided) {
+            ags_cg_put(t, " | ((unsigned long long)in%d & %dULL)", i,
+                vector_bytes(k->in[i].type) - 1);
+        }
+    }
+    for (int i = 0; i < k->n_out; i++) {
+        if (ags_cg_vector_output(k, i)) {
+            ags_cg_put(t, " | ((unsigned long long)out%d & %dULL)", i,
+                vector_bytes(k->out[i].type) - 1);
+        }
+    }
+    ags_cg_put(t, ") == 0)");
 }
 
 /* The vector path: taken when the count is a multiple of 4 and every pointer
@@ -496,24 +528,18 @@ vectorizable(const kernel *k)
 static int
 put_vector_path(text *t, const kernel *k, const char *need)
 {
-    ags_cg_put(t, "if (total %% 4 == 0 && ((0");
-    for (int i = 0; i < k->n_in; i++) {
-        ags_cg_put(t, " | ((unsigned long long)in%d & %dULL)", i, vector_bytes(k->in[i].type) - 1);
-    }
-    for (int i = 0; i < k->n_out; i++) {
-        ags_cg_put(t, " | ((unsigned long long)out%d & %dULL)", i,
-            vector_bytes(k->out[i].type) - 1);
-    }
-    ags_cg_put(t, ") == 0)) {\n");
+    ags_cg_put(t, "if (total %% 4 == 0 && ");
+    ags_cg_put_aligned(t, k);
+    ags_cg_put(t, ") {\n");
     ags_cg_put(t, "for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;"
         " j < total / 4; j += (long long)gridDim.x * blockDim.x) {\n");
     for (int i = 0; i < k->n_in; i++) {
-        const char *v = vector_of(k->in[i].type);
+        const char *v = ags_cg_vector_of(k->in[i].type);
 
         ags_cg_put(t, "const %s a%d = ((const %s *)in%d)[j];\n", v, i, v, i);
     }
     for (int o = 0; o < k->n_out; o++) {
-        ags_cg_put(t, "%s o%d;\n", vector_of(k->out[o].type), o);
+        ags_cg_put(t, "%s o%d;\n", ags_cg_vector_of(k->out[o].type), o);
     }
     for (t->lane = 0; t->lane < 4; t->lane++) {
         ags_cg_put(t, "{\n");
@@ -528,7 +554,8 @@ put_vector_path(text *t, const kernel *k, const char *need)
     }
     t->lane = -1;
     for (int o = 0; o < k->n_out; o++) {
-        ags_cg_put(t, "((%s *)out%d)[j] = o%d;\n", vector_of(k->out[o].type), o, o);
+        ags_cg_put(t, "((%s *)out%d)[j] = o%d;\n", ags_cg_vector_of(k->out[o].type), o,
+            o);
     }
     ags_cg_put(t, "}\nreturn;\n}\n");
     return 0;
@@ -549,7 +576,7 @@ put_pointwise(text *t, const kernel *k, char *need)
     for (int o = 0; o < k->n_out; o++) {
         ags_cg_mark_cone(k, k->out[o].value, need);
     }
-    if (vectorizable(k) && put_vector_path(t, k, need) < 0) {
+    if (ags_cg_vectorizable(k) && put_vector_path(t, k, need) < 0) {
         return -1;
     }
     ags_cg_put(t, "for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;"
@@ -582,12 +609,21 @@ static const char prelude[] =
     " return h; }\n"
     "__device__ __forceinline__ float ags_from_bf16(unsigned short b)\n"
     "{ return __uint_as_float(((unsigned int)b) << 16); }\n"
+    /* one instruction from sm_80 (what eager's conversion is there), rounding
+     * to nearest even as the arithmetic below does */
     "__device__ __forceinline__ unsigned short ags_to_bf16(float f)\n"
+    "#if __CUDA_ARCH__ >= 800\n"
+    "{ unsigned short h; asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }\n"
+    "#else\n"
     "{ unsigned int u = __float_as_uint(f);\n"
     "  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);\n"
     "  u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16); }\n"
+    "#endif\n"
     "__device__ __forceinline__ double ags_f64_bits(unsigned long long b)\n"
     "{ return __longlong_as_double((long long)b); }\n"
+    "#define AGS_WARP_LANES 32\n"
+    "#else\n"
+    "#define AGS_WARP_LANES 1\n"      /* the harness's blocks are one thread */
     "#endif\n";
 
 /* desc: borrowed. Returns a new reference: the kernel's CUDA C source. */
@@ -609,14 +645,25 @@ ags_nvrtc_source(PyObject *desc)
         PyErr_NoMemory();
         goto done;
     }
-    ags_cg_put(&t, "%s", prelude);
-    put_signature(&t, &k);
-    rc = k.kind == AGS_KKIND_ROWS ? ags_cg_put_rows(&t, &k, need, done)
+    ags_cg_put(&t, "%s#define AGS_WARP_ITEMS (%d / AGS_WARP_LANES)\n", prelude,
+        AGS_NVRTC_WARP_COLS);
+    put_signature(&t, &k, "");
+    rc = k.kind == AGS_KKIND_ROWS ? ags_cg_put_rows(&t, &k, need, done, 0)
                                   : put_pointwise(&t, &k, need);
     if (rc < 0) {
         goto done;
     }
     ags_cg_put(&t, "}\n");
+    /* a row kernel's block path again, alone: compiled apart, its registers
+     * are not the warp path's, so its large blocks launch and stay many to a
+     * multiprocessor (driver.c launches it for long rows) */
+    if (k.kind == AGS_KKIND_ROWS) {
+        put_signature(&t, &k, AGS_NVRTC_BLOCK_SUFFIX);
+        if (ags_cg_put_rows(&t, &k, need, done, 1) < 0) {
+            goto done;
+        }
+        ags_cg_put(&t, "}\n");
+    }
     if (t.failed) {
         PyErr_NoMemory();
         goto done;

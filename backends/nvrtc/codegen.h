@@ -1,6 +1,7 @@
 /* codegen.h: what codegen.c (the text buffer, instructions, loads and stores,
- * pointwise kernels, the whole source) and codegen_rows.c (row kernels: one
- * block per row, reductions across the block) share.  Internal to the nvrtc
+ * pointwise kernels, the whole source) and codegen_rows.c (row kernels: a
+ * warp per short row, a block per long one) share; driver.c takes the
+ * bound between the two from here.  Internal to the nvrtc
  * backend's code generation; nvrtc.h is its interface to the module.
  */
 #ifndef AGS_NVRTC_CODEGEN_H
@@ -37,7 +38,32 @@ int ags_cg_put_uniforms(text *t, const kernel *k);
 /* Whether any input or output is read or written through strides. */
 int ags_cg_any_strided(const kernel *k);
 
-/* codegen_rows.c: the body of a ROWS kernel. */
-int ags_cg_put_rows(text *t, const kernel *k, char *need, char *done);
+/* The vector path's machinery (pointwise kernels, and the vector forms of
+ * both paths of row kernels).  With text.lane = l >= 0, a load of a contiguous input reads
+ * lane l of a<input> and a store of a contiguous element output writes lane
+ * l of o<output>, vectors of 4 the caller declares; strided operands are
+ * read and written one element at a time, through the indices. */
+/* The vector type of 4 values of storage type `type`, or NULL (none). */
+const char *ags_cg_vector_of(int type);
+/* Whether every operand is contiguous and has a vector type. */
+int ags_cg_vectorizable(const kernel *k);
+/* Whether output o is a contiguous element output (stored as vectors). */
+int ags_cg_vector_output(const kernel *k, int o);
+/* A condition: every contiguous input and element output aligned to its
+ * vector. */
+void ags_cg_put_aligned(text *t, const kernel *k);
+
+/* The longest row a ROWS kernel's warp path takes (one warp a row, the row
+ * in registers); longer rows take the block path.  codegen_rows.c writes it
+ * into the kernel, driver.c launches the warp path's geometry up to it. */
+#define AGS_NVRTC_WARP_COLS 1024
+
+/* A ROWS kernel's second function, its block path alone (driver.c launches
+ * it for rows longer than AGS_NVRTC_WARP_COLS): the name, then this. */
+#define AGS_NVRTC_BLOCK_SUFFIX "_block"
+
+/* codegen_rows.c: the body of a ROWS kernel, both paths (block_only 0) or
+ * the block path alone (1). */
+int ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int block_only);
 
 #endif

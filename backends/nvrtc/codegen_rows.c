@@ -1,19 +1,75 @@
 /* codegen_rows.c: the body of a ROWS kernel (codegen.c writes the rest).
  *
- * One block per row, rows in a grid-stride loop.  Each reduction makes one
- * pass over the row, recomputing the element values it needs (a row may be
- * longer than a block holds in registers); each thread accumulates its
- * elements, each warp combines its lanes by shuffles, the warps' partials
- * meet in shared memory and the first warp combines them: two barriers a
- * reduction, whatever the block's size (driver.c picks 32 to 512 threads).
- * The row values known after a reduction are computed right away; a last
- * pass computes and stores the element outputs, and thread 0 the row ones.
- * In the host harness a block is one thread, where every combine across
- * lanes is empty.
+ * A row kernel makes one pass over a row per reduction, computing in it the
+ * element values that reduction needs, combines the partial results of the
+ * threads that share the row, then computes the row values that have become
+ * known; a last pass computes and stores the element outputs, and one
+ * thread the row ones.  Two paths do this, chosen at run time by the row's
+ * length (the same on every thread, so a block never splits between them):
+ *
+ *   warp path, cols <= AGS_NVRTC_WARP_COLS: one warp per row, the block's
+ *     warps on consecutive rows, rows in a grid-stride loop over warps.  A
+ *     reduction combines its lanes by shuffles alone: no shared memory, no
+ *     barrier.  Each lane holds the elements c = lane + 32 j, j below
+ *     AGS_WARP_ITEMS (cols / 32 at most), in a loop of constant count that
+ *     the compiler unrolls: every load of the row is in flight at once.  An
+ *     element value a later pass would otherwise recompute is kept in
+ *     registers, ca<i>[j], by the pass that computes it (choose_kept): x for
+ *     softmax's sum, then exp(x - max) for its division; g and y for
+ *     softmax's backward; so the row is read from memory once and little is
+ *     computed twice.  The row loop's bound is the same on every lane of a
+ *     warp (all of them leave together), and the lanes past the row's end
+ *     skip the element work but still shuffle, contributing the identity.
+ *   block path, longer rows: one block per row, rows in a grid-stride loop;
+ *     each thread accumulates its elements (the loop unrolled so loads
+ *     overlap), each warp combines its lanes by shuffles, the warps'
+ *     partials meet in shared memory and the first warp combines them: two
+ *     barriers a reduction.  Element values are recomputed in each pass
+ *     rather than kept (a long row does not fit in registers).
+ *
+ * Each path has a vector form, taken when cols is a multiple of 4 and the
+ * pointers of the contiguous inputs and element outputs are aligned (and
+ * those all have a vector type): a step takes 4 consecutive columns (4 c4_
+ * to 4 c4_ + 3, c4_ where c was), loading each contiguous input and
+ * storing each contiguous element output as one vector (codegen.c's
+ * machinery: 16 bytes of fp32, 8 of bf16); strided operands (a weight
+ * broadcast over the rows) go one element at a time.
+ *
+ * The kernel's function holds both paths; codegen.c adds a second one,
+ * <name>_block, with the block path alone, which driver.c launches for
+ * long rows: compiled apart, its registers are its own (about 32, where
+ * the warp path's arrays take 100 or more), so its 512-thread blocks launch
+ * and several share a multiprocessor.
+ *
+ * Why 1024: a lane keeps AGS_WARP_ITEMS values of each kept value in
+ * registers; 32 each (at most AGS_ROWS_KEPT_MAX of them) stays within a
+ * thread's 255 registers without spilling, where 2048 columns would need 64.
+ * driver.c launches 256-thread blocks (8 warps) for the warp path; either
+ * path is correct under either launch (the warp path needs whole warps:
+ * driver.c's blocks are multiples of 32), so the two files agree on the
+ * bound for speed, not for correctness.
+ *
+ * In the host harness a block is one thread and AGS_WARP_LANES is 1: the
+ * warp path's one lane holds the whole row (AGS_WARP_ITEMS is then 1024) and
+ * every combine across lanes is empty; both functions can be called.
  */
 #include <math.h>
 
 #include "codegen.h"
+
+/* Values kept in registers across passes, at most, in the warp path. */
+#define AGS_ROWS_KEPT_MAX 4
+
+typedef struct {
+    const kernel *k;
+    int warp;           /* 1: the warp path, 0: the block path */
+    int vector;         /* 1: the path's vector form */
+    int strided;
+    char *need;         /* scratch: the values a pass computes */
+    char *done;         /* row values computed so far */
+    const char *kept;   /* values kept in ca<i>[] (warp path) */
+    char *loaded;       /* kept values an earlier pass has computed */
+} rows;
 
 static const char *
 shared_of(int type)
@@ -49,66 +105,449 @@ put_identity(text *t, const instr *op)
                : op->kop == AGS_KOP_AMAX ? -INFINITY : INFINITY);
 }
 
-/* acc_ combined across the lanes of its warp (of the block, when the block is
- * smaller than a warp, as in the host harness's one-thread blocks). */
+/* acc_ combined across `lanes` lanes by a butterfly of shuffles: every lane
+ * ends with the whole result.  Every lane of the warp must get here. */
 static void
-put_warp_combine(text *t, int kop, const char *ct)
+put_shuffle_combine(text *t, int kop, const char *ct, const char *lanes)
 {
-    ags_cg_put(t, "for (unsigned int o_ = (blockDim.x < 32u ? blockDim.x : 32u) / 2u; o_ > 0u;"
-        " o_ >>= 1) {\n%s b_ = __shfl_xor_sync(0xffffffffu, acc_, o_);\nacc_ = ", ct);
+    ags_cg_put(t, "for (unsigned int o_ = %s / 2u; o_ > 0u; o_ >>= 1) {\n"
+        "%s b_ = __shfl_xor_sync(0xffffffffu, acc_, o_);\nacc_ = ", lanes, ct);
     put_combine(t, kop, "acc_", "b_");
     ags_cg_put(t, ";\n}\n");
 }
 
-/* One pass over the row for reduction `r`, leaving its value in v<r>. */
+/* The pass after pass p: the next reduction's index, k->n_ops for the last
+ * pass (the element outputs), k->n_ops + 1 past it; p = -1 for the first. */
 static int
-put_reduction(text *t, const kernel *k, int r, char *need, int strided)
+next_pass(const kernel *k, int p)
 {
+    for (int i = p + 1; i < k->n_ops; i++) {
+        if (ags_kernel_is_reduction(k->ops[i].kop)) {
+            return i;
+        }
+    }
+    return p < k->n_ops ? k->n_ops : k->n_ops + 1;
+}
+
+/* Marks in need[] the element values that value v needs, itself included,
+ * not looking past the values in stop[] (NULL: none). */
+static void
+mark(const kernel *k, int v, char *need, const char *stop)
+{
+    const instr *op = &k->ops[v];
+
+    if (op->variance != PER_ELEMENT || need[v]) {
+        return;
+    }
+    need[v] = 1;
+    if (stop != NULL && stop[v]) {
+        return;
+    }
+    for (int a = 0; a < op->n && op->kop != AGS_KOP_LOAD; a++) {
+        mark(k, op->args[a], need, stop);
+    }
+}
+
+/* Marks in need[] (cleared first) the values pass p computes, those in
+ * stop[] read rather than computed. */
+static void
+mark_pass(const kernel *k, int p, char *need, const char *stop)
+{
+    memset(need, 0, (size_t)k->n_ops);
+    if (p < k->n_ops) {
+        mark(k, k->ops[p].args[0], need, stop);
+        return;
+    }
+    for (int o = 0; o < k->n_out; o++) {
+        mark(k, k->out[o].value, need, stop);
+    }
+}
+
+/* Marks in kept[] the element values the warp path keeps in registers from
+ * the pass that computes them for the later passes that read them: for each
+ * pass in order, the values it computes at which a later pass's cone would
+ * stop (x for softmax's sum, then exp(x - max) for its division, not x
+ * again), AGS_ROWS_KEPT_MAX at most.  Never a load of a strided input (most
+ * often a weight or a row statistic broadcast over the rows, which the cache
+ * serves).  scratch: 4 n_ops bytes. */
+static void
+choose_kept(const kernel *k, char *kept, char *scratch)
+{
+    size_t n = (size_t)k->n_ops;
+    char *avail = scratch, *computed = scratch + n, *stop = scratch + 2 * n;
+    char *later = scratch + 3 * n;
+    int n_kept = 0;
+
+    memset(kept, 0, n);
+    memset(avail, 0, n);
+    for (int p = next_pass(k, -1); p <= k->n_ops; p = next_pass(k, p)) {
+        mark_pass(k, p, computed, avail);
+        for (size_t i = 0; i < n; i++) {
+            stop[i] = (char)(avail[i] | computed[i]);
+        }
+        for (int q = next_pass(k, p); q <= k->n_ops; q = next_pass(k, q)) {
+            mark_pass(k, q, later, stop);
+            for (int i = 0; i < k->n_ops && n_kept < AGS_ROWS_KEPT_MAX; i++) {
+                const instr *op = &k->ops[i];
+
+                if (later[i] && computed[i] && !avail[i]
+                    && !(op->kop == AGS_KOP_LOAD && k->in[op->args[0]].strided)) {
+                    kept[i] = avail[i] = 1;
+                    n_kept++;
+                }
+            }
+        }
+    }
+}
+
+/* The element values marked in g->need, in order; a kept value is computed
+ * by the first pass that needs it (and put in its register) and read from
+ * its register by the later ones.  -1 with an exception set. */
+static int
+put_pass_values(text *t, rows *g)
+{
+    const kernel *k = g->k;
+    char slot[32];
+
+    if (t->lane >= 0) {
+        snprintf(slot, sizeof slot, "j_ * 4 + %d", t->lane);
+    }
+    else {
+        snprintf(slot, sizeof slot, "j_");
+    }
+    for (int i = 0; i < k->n_ops; i++) {
+        int kept = g->warp && g->kept[i];
+
+        if (!g->need[i]) {
+            continue;
+        }
+        if (kept && g->loaded[i]) {
+            ags_cg_put(t, "%s v%d = ca%d[%s];\n", ags_kernel_compute_name(k->ops[i].type),
+                i, i, slot);
+            continue;
+        }
+        if (ags_cg_put_instr(t, k, i) < 0) {
+            return -1;
+        }
+        if (kept) {
+            ags_cg_put(t, "ca%d[%s] = v%d;\n", i, slot, i);
+        }
+    }
+    return 0;
+}
+
+/* What a pass does at each element once its values are known: reduction r
+ * accumulates into acc_ (r >= 0), or the element outputs are stored. */
+static void
+put_element(text *t, const rows *g, int r)
+{
+    const kernel *k = g->k;
+    char b[48];
+
+    if (r >= 0) {
+        const instr *op = &k->ops[r];
+
+        snprintf(b, sizeof b, "(%s)v%d", ags_kernel_compute_name(op->type), op->args[0]);
+        ags_cg_put(t, "acc_ = ");
+        put_combine(t, op->kop, "acc_", b);
+        ags_cg_put(t, ";\n");
+        return;
+    }
+    for (int o = 0; o < k->n_out; o++) {
+        if (k->ops[k->out[o].value].variance == PER_ELEMENT) {
+            ags_cg_put_store(t, k, o, 0);
+        }
+    }
+}
+
+/* The step of a pass's vector form: the thread's 4 columns from 4 c4_, each
+ * contiguous input this pass reads from memory loaded as one vector, the 4
+ * elements computed one after the other (text.lane), each contiguous
+ * element output stored as one vector.  Strided operands (a weight
+ * broadcast over the rows) are read and written one element at a time. */
+static int
+put_vector_step(text *t, rows *g, int r)
+{
+    const kernel *k = g->k;
+
+    ags_cg_put(t, "const long long q4_ = row * (cols / 4) + c4_;\n(void)q4_;\n");
+    for (int s = 0; s < k->n_in; s++) {
+        int read = 0;   /* whether this pass loads input s from memory */
+
+        for (int i = 0; i < k->n_ops; i++) {
+            const instr *op = &k->ops[i];
+
+            read |= g->need[i] && op->kop == AGS_KOP_LOAD && op->args[0] == s
+                    && !(g->warp && g->kept[i] && g->loaded[i]);
+        }
+        if (read && !k->in[s].strided) {
+            const char *v = ags_cg_vector_of(k->in[s].type);
+
+            ags_cg_put(t, "const %s a%d = ((const %s *)in%d)[q4_];\n", v, s, v, s);
+        }
+    }
+    for (int o = 0; r < 0 && o < k->n_out; o++) {
+        if (ags_cg_vector_output(k, o)) {
+            ags_cg_put(t, "%s o%d;\n", ags_cg_vector_of(k->out[o].type), o);
+        }
+    }
+    for (t->lane = 0; t->lane < 4; t->lane++) {
+        ags_cg_put(t, "{\nconst long long c = c4_ * 4 + %d;\n"
+            "const long long i = row * cols + c;\n(void)i;\n", t->lane);
+        if (g->strided) {
+            ags_cg_put_indices(t, k->ndim - k->nred, k->ndim, "c");
+        }
+        if (put_pass_values(t, g) < 0) {
+            t->lane = -1;
+            return -1;
+        }
+        put_element(t, g, r);
+        ags_cg_put(t, "}\n");
+    }
+    t->lane = -1;
+    for (int o = 0; r < 0 && o < k->n_out; o++) {
+        if (ags_cg_vector_output(k, o)) {
+            ags_cg_put(t, "((%s *)out%d)[q4_] = o%d;\n", ags_cg_vector_of(k->out[o].type),
+                o, o);
+        }
+    }
+    return 0;
+}
+
+/* One pass over the row computing the values marked in g->need at each of
+ * this thread's elements, then put_element(r).  The warp path's loop has a
+ * constant count (unrolled: its loads all in flight, its register arrays
+ * registers); its vector form takes 4 columns a step. */
+static int
+put_pass(text *t, rows *g, int r)
+{
+    const kernel *k = g->k;
+
+    if (g->vector) {
+        if (g->warp) {
+            ags_cg_put(t, "#pragma unroll\n"
+                "for (int j_ = 0; j_ < AGS_WARP_ITEMS / 4; j_++) {\n"
+                "const long long c4_ = lane_ + (long long)j_ * AGS_WARP_LANES;\n"
+                "if (c4_ * 4 < cols) {\n");
+        }
+        else {
+            ags_cg_put(t, "#pragma unroll 2\n"
+                "for (long long c4_ = threadIdx.x; c4_ * 4 < cols; c4_ += blockDim.x) {\n");
+        }
+        if (put_vector_step(t, g, r) < 0) {
+            return -1;
+        }
+    }
+    else {
+        if (g->warp) {
+            ags_cg_put(t, "#pragma unroll\n"
+                "for (int j_ = 0; j_ < AGS_WARP_ITEMS; j_++) {\n"
+                "const long long c = lane_ + (long long)j_ * AGS_WARP_LANES;\n"
+                "if (c < cols) {\n");
+        }
+        else {
+            ags_cg_put(t, "#pragma unroll 4\n"
+                "for (long long c = threadIdx.x; c < cols; c += blockDim.x) {\n");
+        }
+        ags_cg_put(t, "const long long i = row * cols + c;\n(void)i;\n");
+        if (g->strided) {
+            ags_cg_put_indices(t, k->ndim - k->nred, k->ndim, "c");
+        }
+        if (put_pass_values(t, g) < 0) {
+            return -1;
+        }
+        put_element(t, g, r);
+    }
+    ags_cg_put(t, g->warp ? "}\n}\n" : "}\n");
+    /* the kept values this pass computed are in their registers now */
+    for (int i = 0; g->warp && i < k->n_ops; i++) {
+        g->loaded[i] |= g->need[i] && g->kept[i];
+    }
+    return 0;
+}
+
+/* One pass over the row for reduction `r`, leaving its value in v<r> on
+ * every thread of the row. */
+static int
+put_reduction(text *t, rows *g, int r)
+{
+    const kernel *k = g->k;
     const instr *op = &k->ops[r];
     const char *ct = ags_kernel_compute_name(op->type);
     const char *sh = shared_of(op->type);
-    int arg = op->args[0];
-    char b[48];
 
     ags_cg_put(t, "%s v%d;\n{\n%s acc_ = ", ct, r, ct);
     put_identity(t, op);
-    ags_cg_put(t, ";\nfor (long long c = threadIdx.x; c < cols; c += blockDim.x) {\n"
-        "const long long i = row * cols + c;\n(void)i;\n");
-    if (strided) {
-        ags_cg_put_indices(t, k->ndim - k->nred, k->ndim, "c");
-    }
-    memset(need, 0, (size_t)k->n_ops);
-    ags_cg_mark_cone(k, arg, need);
-    if (ags_cg_put_marked(t, k, need) < 0) {
+    ags_cg_put(t, ";\n");
+    mark_pass(k, r, g->need, g->warp ? g->loaded : NULL);
+    if (put_pass(t, g, r) < 0) {
         return -1;
     }
-    snprintf(b, sizeof b, "(%s)v%d", ct, arg);
-    ags_cg_put(t, "acc_ = ");
-    put_combine(t, op->kop, "acc_", b);
-    ags_cg_put(t, ";\n}\n");
-    /* within each warp by shuffles, the warps' partials through shared memory, those by
-     * the first warp: two barriers a reduction, whatever the block's size */
-    put_warp_combine(t, op->kop, ct);
+    if (g->warp) {
+        put_shuffle_combine(t, op->kop, ct, "AGS_WARP_LANES");
+        ags_cg_put(t, "v%d = acc_;\n}\n", r);
+        return 0;
+    }
+    /* within each warp by shuffles (within the block, when it is smaller than
+     * a warp, as in the host harness), the warps' partials through shared
+     * memory, those by the first warp: two barriers a reduction */
+    put_shuffle_combine(t, op->kop, ct, "(blockDim.x < 32u ? blockDim.x : 32u)");
     ags_cg_put(t, "if ((threadIdx.x & 31u) == 0) %s[threadIdx.x >> 5] = acc_;\n"
         "__syncthreads();\n"
         "if (threadIdx.x < 32u) {\n"
         "acc_ = threadIdx.x < (blockDim.x + 31u) / 32u ? %s[threadIdx.x] : ", sh, sh);
     put_identity(t, op);
     ags_cg_put(t, ";\n");
-    put_warp_combine(t, op->kop, ct);
+    put_shuffle_combine(t, op->kop, ct, "(blockDim.x < 32u ? blockDim.x : 32u)");
     ags_cg_put(t, "if (threadIdx.x == 0) %s[0] = acc_;\n}\n__syncthreads();\n"
         "v%d = %s[0];\n__syncthreads();\n}\n", sh, r, sh);
     return 0;
 }
 
-int
-ags_cg_put_rows(text *t, const kernel *k, char *need, char *done)
+/* The work on one row (inside the path's row loop, `row` defined): the
+ * reductions with the row values that follow from them, the element outputs,
+ * the row outputs. */
+static int
+put_row(text *t, rows *g)
 {
-    int outer = k->ndim - k->nred;
-    int strided = ags_cg_any_strided(k);
-    int uses[3] = {0, 0, 0};
+    const kernel *k = g->k;
     int element_outputs = 0;
 
+    if (g->strided) {
+        ags_cg_put_indices(t, 0, k->ndim - k->nred, "row");
+    }
+    for (int i = 0; g->warp && i < k->n_ops; i++) {
+        if (g->kept[i]) {
+            ags_cg_put(t, "%s ca%d[AGS_WARP_ITEMS];\n",
+                ags_kernel_compute_name(k->ops[i].type), i);
+        }
+    }
+    memset(g->done, 0, (size_t)k->n_ops);
+    memset(g->loaded, 0, (size_t)k->n_ops);
+    for (int r = 0; r < k->n_ops; r++) {
+        if (!ags_kernel_is_reduction(k->ops[r].kop)) {
+            continue;
+        }
+        if (put_reduction(t, g, r) < 0) {
+            return -1;
+        }
+        g->done[r] = 1;
+        /* the row values that are known now */
+        for (int i = r + 1; i < k->n_ops; i++) {
+            const instr *op = &k->ops[i];
+            int ready = op->variance == PER_ROW && !ags_kernel_is_reduction(op->kop)
+                        && !g->done[i];
+
+            for (int a = 0; ready && a < op->n; a++) {
+                const instr *arg = &k->ops[op->args[a]];
+                ready = arg->variance == UNIFORM || g->done[op->args[a]];
+            }
+            if (ready) {
+                if (ags_cg_put_instr(t, k, i) < 0) {
+                    return -1;
+                }
+                g->done[i] = 1;
+            }
+        }
+    }
+    for (int o = 0; o < k->n_out; o++) {
+        element_outputs |= k->ops[k->out[o].value].variance == PER_ELEMENT;
+    }
+    mark_pass(k, k->n_ops, g->need, g->warp ? g->loaded : NULL);
+    if (element_outputs && put_pass(t, g, -1) < 0) {
+        return -1;
+    }
+    ags_cg_put(t, "if (%s == 0) {\n", g->warp ? "lane_" : "threadIdx.x");
+    for (int o = 0; o < k->n_out; o++) {
+        if (k->ops[k->out[o].value].variance == PER_ROW) {
+            ags_cg_put_store(t, k, o, 1);
+        }
+    }
+    ags_cg_put(t, "}\n");
+    return 0;
+}
+
+/* The path's loop over rows: a warp a row (warps_ rows a block at a time)
+ * or a block a row. */
+static int
+put_rows_loop(text *t, rows *g)
+{
+    if (g->warp) {
+        ags_cg_put(t, "for (long long row = (long long)blockIdx.x * warps_"
+            " + threadIdx.x / AGS_WARP_LANES; row < rows; row += (long long)gridDim.x * warps_)"
+            " {\n");
+    }
+    else {
+        ags_cg_put(t, "for (long long row = blockIdx.x; row < rows; row += gridDim.x) {\n");
+    }
+    if (put_row(t, g) < 0) {
+        return -1;
+    }
+    ags_cg_put(t, "}\n");
+    return 0;
+}
+
+/* A path (g->warp says which): its vector form first, when the kernel has
+ * one (`vector`) and the sizes and pointers allow, else its scalar form. */
+static int
+put_path(text *t, rows *g, int vector)
+{
+    if (vector) {
+        ags_cg_put(t, "if (cols %% 4 == 0 && ");
+        ags_cg_put_aligned(t, g->k);
+        ags_cg_put(t, ") { /* its vector form */\n");
+        g->vector = 1;
+        if (put_rows_loop(t, g) < 0) {
+            return -1;
+        }
+        ags_cg_put(t, "}\nelse {\n");
+    }
+    g->vector = 0;
+    if (put_rows_loop(t, g) < 0) {
+        return -1;
+    }
+    ags_cg_put(t, vector ? "}\n" : "");
+    return 0;
+}
+
+/* Whether the warp path has a vector form: every contiguous input and
+ * element output of a type with a vector of 4, and one contiguous input at
+ * least (strided operands go one element at a time). */
+static int
+rows_vectorizable(const kernel *k)
+{
+    int contiguous = 0;
+
+    for (int i = 0; i < k->n_in; i++) {
+        if (!k->in[i].strided && ags_cg_vector_of(k->in[i].type) == NULL) {
+            return 0;
+        }
+        contiguous |= !k->in[i].strided;
+    }
+    for (int o = 0; o < k->n_out; o++) {
+        if (ags_cg_vector_output(k, o) && ags_cg_vector_of(k->out[o].type) == NULL) {
+            return 0;
+        }
+    }
+    return contiguous;
+}
+
+int
+ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int block_only)
+{
+    int outer = k->ndim - k->nred;
+    int uses_shared[3] = {0, 0, 0};
+    char *kept = PyMem_Calloc((size_t)k->n_ops + 1, 1);
+    char *loaded = PyMem_Calloc((size_t)k->n_ops + 1, 1);
+    char *scratch = PyMem_Calloc((size_t)k->n_ops + 1, 4);
+    rows g = {k, 1, 0, ags_cg_any_strided(k), need, done, kept, loaded};
+    int vector = rows_vectorizable(k), rc = -1;
+
+    if (kept == NULL || loaded == NULL || scratch == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    choose_kept(k, kept, scratch);
     ags_cg_put(t, "long long rows = 1, cols = 1;\n");
     for (int d = 0; d < k->ndim; d++) {
         ags_cg_put(t, "%s *= n%d;\n", d < outer ? "rows" : "cols", d);
@@ -116,81 +555,42 @@ ags_cg_put_rows(text *t, const kernel *k, char *need, char *done)
     for (int i = 0; i < k->n_ops; i++) {
         if (ags_kernel_is_reduction(k->ops[i].kop)) {
             ags_kernel_family_t f = ags_kernel_family(k->ops[i].type);
-            uses[f == FLOAT_LIKE ? 0 : f == DOUBLE_LIKE ? 1 : 2] = 1;
+            uses_shared[f == FLOAT_LIKE ? 0 : f == DOUBLE_LIKE ? 1 : 2] = 1;
         }
     }
-    if (uses[0]) {
+    if (uses_shared[0]) {
         ags_cg_put(t, "__shared__ float ags_sh_f[AGS_BLOCK_MAX];\n");
     }
-    if (uses[1]) {
+    if (uses_shared[1]) {
         ags_cg_put(t, "__shared__ double ags_sh_d[AGS_BLOCK_MAX];\n");
     }
-    if (uses[2]) {
+    if (uses_shared[2]) {
         ags_cg_put(t, "__shared__ long long ags_sh_i[AGS_BLOCK_MAX];\n");
     }
     if (ags_cg_put_uniforms(t, k) < 0) {
-        return -1;
+        goto done;
     }
-    ags_cg_put(t, "for (long long row = blockIdx.x; row < rows; row += gridDim.x) {\n");
-    if (strided) {
-        ags_cg_put_indices(t, 0, outer, "row");
+    /* the warp path: warps_ rows a block at a time, lane_ the thread's lane */
+    if (!block_only) {
+        ags_cg_put(t, "if (cols <= %d) { /* the warp path */\n"
+            "const unsigned int lane_ = threadIdx.x %% AGS_WARP_LANES;\n"
+            "const long long warps_ = blockDim.x / AGS_WARP_LANES;\n", AGS_NVRTC_WARP_COLS);
+        g.warp = 1;
+        if (put_path(t, &g, vector) < 0) {
+            goto done;
+        }
+        ags_cg_put(t, "}\nelse ");
     }
-    memset(done, 0, (size_t)k->n_ops);
-    for (int r = 0; r < k->n_ops; r++) {
-        if (!ags_kernel_is_reduction(k->ops[r].kop)) {
-            continue;
-        }
-        if (put_reduction(t, k, r, need, strided) < 0) {
-            return -1;
-        }
-        done[r] = 1;
-        /* the row values that are known now */
-        for (int i = r + 1; i < k->n_ops; i++) {
-            const instr *op = &k->ops[i];
-            int ready = op->variance == PER_ROW && !ags_kernel_is_reduction(op->kop)
-                        && !done[i];
-
-            for (int a = 0; ready && a < op->n; a++) {
-                const instr *arg = &k->ops[op->args[a]];
-                ready = arg->variance == UNIFORM || done[op->args[a]];
-            }
-            if (ready) {
-                if (ags_cg_put_instr(t, k, i) < 0) {
-                    return -1;
-                }
-                done[i] = 1;
-            }
-        }
+    ags_cg_put(t, "{ /* the block path */\n");
+    g.warp = 0;
+    if (put_path(t, &g, vector) < 0) {
+        goto done;
     }
-    memset(need, 0, (size_t)k->n_ops);
-    for (int o = 0; o < k->n_out; o++) {
-        if (k->ops[k->out[o].value].variance == PER_ELEMENT) {
-            ags_cg_mark_cone(k, k->out[o].value, need);
-            element_outputs = 1;
-        }
-    }
-    if (element_outputs) {
-        ags_cg_put(t, "for (long long c = threadIdx.x; c < cols; c += blockDim.x) {\n"
-            "const long long i = row * cols + c;\n(void)i;\n");
-        if (strided) {
-            ags_cg_put_indices(t, outer, k->ndim, "c");
-        }
-        if (ags_cg_put_marked(t, k, need) < 0) {
-            return -1;
-        }
-        for (int o = 0; o < k->n_out; o++) {
-            if (k->ops[k->out[o].value].variance == PER_ELEMENT) {
-                ags_cg_put_store(t, k, o, 0);
-            }
-        }
-        ags_cg_put(t, "}\n");
-    }
-    ags_cg_put(t, "if (threadIdx.x == 0) {\n");
-    for (int o = 0; o < k->n_out; o++) {
-        if (k->ops[k->out[o].value].variance == PER_ROW) {
-            ags_cg_put_store(t, k, o, 1);
-        }
-    }
-    ags_cg_put(t, "}\n}\n");
-    return 0;
+    ags_cg_put(t, "}\n");
+    rc = 0;
+done:
+    PyMem_Free(kept);
+    PyMem_Free(loaded);
+    PyMem_Free(scratch);
+    return rc;
 }

@@ -21,9 +21,17 @@
  * codegen.c's order: tensors (their data_ptr() is passed) and ints.  The
  * launch shape comes from the sizes (the ndim ints after the tensors):
  * POINTWISE, 256 threads a block and enough blocks to cover the elements,
- * at most 32 per multiprocessor (the kernels loop); ROWS, one block per
- * row and the power of two at or above a quarter of the row's length (32 to
- * 512) threads.  No Python code runs per launch.
+ * at most 32 per multiprocessor (the kernels loop); ROWS, rows of up to
+ * AGS_NVRTC_WARP_COLS elements one warp each (codegen_rows.c's warp path):
+ * 256 threads a block, 8 rows, and enough blocks for the rows, at most 32
+ * per multiprocessor; longer rows one block each, of the power of two at or
+ * above a quarter of the row's length (32 to 512) threads, through the
+ * kernel's second function, <name>_block, its block path compiled alone
+ * (fewer registers than the warp path's: large blocks launch, and several
+ * share a multiprocessor).  Each function's blocks are held to what its
+ * registers allow (cuFuncGetAttribute).  The first function chooses its
+ * path from the same sizes; either path is correct under either shape, the
+ * shape is for speed.  No Python code runs per launch.
  *
  * Every CudaKernel holds its module; the module is unloaded with it.  The
  * context is the device's primary one, torch's: when no context is
@@ -36,8 +44,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "protocol.h"
+#include "codegen.h"
 #include "nvrtc.h"
+#include "protocol.h"
 
 #define MAX_PARAMS 512
 #define AGS_NVRTC_MAX_DIMS 16
@@ -49,6 +58,7 @@ typedef int cu_device;
 typedef void *cu_context, *cu_module, *cu_function, *cu_stream;
 
 enum { CU_ATTR_SM_COUNT = 16, CU_ATTR_MAJOR = 75, CU_ATTR_MINOR = 76 };
+enum { CU_FUNC_MAX_THREADS = 0 };   /* CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK */
 
 static struct {
     void *lib;
@@ -84,6 +94,7 @@ static struct {
     cu_result (*launch)(cu_function, unsigned int, unsigned int, unsigned int,
                         unsigned int, unsigned int, unsigned int, unsigned int,
                         cu_stream, void **, void **);
+    cu_result (*function_attribute)(int *, int, cu_function);
 } cu;
 
 /* Opens `path` into *lib and fills the entry points named in `names` (NULL
@@ -326,7 +337,7 @@ cuda_open(PyObject *Py_UNUSED(m), PyObject *path)
         "cuInit", "cuDriverGetVersion", "cuGetErrorString", "cuDeviceGet",
         "cuDeviceGetAttribute", "cuCtxGetCurrent", "cuCtxSetCurrent",
         "cuDevicePrimaryCtxRetain", "cuModuleLoadData", "cuModuleUnload",
-        "cuModuleGetFunction", "cuLaunchKernel", NULL};
+        "cuModuleGetFunction", "cuLaunchKernel", "cuFuncGetAttribute", NULL};
     int version = 0;
 
     if (cu.lib == NULL) {
@@ -336,7 +347,7 @@ cuda_open(PyObject *Py_UNUSED(m), PyObject *path)
         if (open_library(path, &lib, names, slots) < 0) {
             return NULL;
         }
-        memcpy(&cu.init, slots, sizeof(void *) * 12);
+        memcpy(&cu.init, slots, sizeof(void *) * 13);
         cu.lib = lib;
     }
     if (cu_check(cu.init(0), "cuInit") < 0
@@ -380,6 +391,8 @@ typedef struct {
     PyObject_HEAD
     cu_module module;
     cu_function function;
+    cu_function block_function;    /* ROWS: <name>_block, for long rows */
+    int max_threads, block_max_threads;     /* a block's, at most, for each */
     int kind, ndim, nred, sms, device;
 } kernel_object;
 
@@ -404,6 +417,24 @@ ensure_context(int ordinal)
         return -1;
     }
     return 0;
+}
+
+/* A ROWS kernel's second function, its block path alone (codegen.c), into
+ * self->block_function; an image without one keeps the first. */
+static void
+find_block_function(kernel_object *self, const char *name)
+{
+    char block_name[256];
+    cu_function f = NULL;
+
+    if (PyOS_snprintf(block_name, sizeof block_name, "%s%s", name,
+                      AGS_NVRTC_BLOCK_SUFFIX) >= (int)sizeof block_name) {
+        return;
+    }
+    /* CUDA_ERROR_NOT_FOUND (500): an image of the one function only */
+    if (cu.function(&f, self->module, block_name) == 0) {
+        self->block_function = f;
+    }
 }
 
 static PyObject *
@@ -448,6 +479,17 @@ kernel_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     self->sms = sms > 0 ? sms : 1;
     PyBuffer_Release(&image);
+    self->block_function = self->function;
+    if (kind == AGS_KKIND_ROWS) {
+        find_block_function(self, name);
+    }
+    if (cu_check(cu.function_attribute(&self->max_threads, CU_FUNC_MAX_THREADS,
+                                       self->function), "cuFuncGetAttribute") < 0
+        || cu_check(cu.function_attribute(&self->block_max_threads, CU_FUNC_MAX_THREADS,
+                                          self->block_function), "cuFuncGetAttribute") < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
     return (PyObject *)self;
 }
 
@@ -488,15 +530,17 @@ param_value(PyObject *arg, uint64_t *out, int *is_int)
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* A ROWS kernel's threads a block: about four elements of the row each (loads
- * in flight, and reductions that stay in registers), a power of two from one
- * warp to 512 threads. */
+/* A ROWS kernel's threads a block on the block path (rows longer than
+ * AGS_NVRTC_WARP_COLS): about four elements of the row each (loads in
+ * flight, and reductions that stay in registers), a power of two from one
+ * warp to 512 threads, and no more than the function can launch (`most`,
+ * from its registers). */
 static unsigned int
-block_for(long long cols)
+block_for(long long cols, int most)
 {
     unsigned int block = 32;
 
-    while ((long long)block * 4 < cols && block < 512) {
+    while ((long long)block * 4 < cols && block < 512 && (int)block * 2 <= most) {
         block *= 2;
     }
     return block;
@@ -512,6 +556,7 @@ launch(kernel_object *self, PyObject *const *args, Py_ssize_t n)
     int seen_sizes = 0, is_int;
     long long outer = 1, inner = 1, total;
     unsigned int grid, block;
+    cu_function function = self->function;
     uint64_t stream;
 
     if (n < 1 || n - 1 > MAX_PARAMS) {
@@ -554,8 +599,17 @@ launch(kernel_object *self, PyObject *const *args, Py_ssize_t n)
     if (ensure_context(self->device) < 0) {
         return NULL;
     }
-    if (self->kind == AGS_KKIND_ROWS) {
-        block = block_for(inner);
+    if (self->kind == AGS_KKIND_ROWS && inner <= AGS_NVRTC_WARP_COLS) {
+        long long want, cap = 32LL * self->sms;
+
+        /* 8 warps, 8 rows at a time, fewer where the registers allow fewer */
+        block = self->max_threads >= 256 ? 256 : self->max_threads >= 128 ? 128 : 32;
+        want = (outer + block / 32 - 1) / (block / 32);
+        grid = (unsigned int)(want < cap ? want : cap);
+    }
+    else if (self->kind == AGS_KKIND_ROWS) {
+        function = self->block_function;
+        block = block_for(inner, self->block_max_threads);
         grid = outer > 0x7fffffffLL ? 0x7fffffffu : (unsigned int)outer;
     }
     else {
@@ -564,7 +618,7 @@ launch(kernel_object *self, PyObject *const *args, Py_ssize_t n)
         block = 256;
         grid = (unsigned int)(want < cap ? want : cap);
     }
-    if (cu_check(cu.launch(self->function, grid, 1, 1, block, 1, 1, 0,
+    if (cu_check(cu.launch(function, grid, 1, 1, block, 1, 1, 0,
                            (cu_stream)(uintptr_t)stream, params, NULL),
                  "cuLaunchKernel") < 0) {
         return NULL;

@@ -5,6 +5,8 @@ host shim (_nvrtc_host.py) and compared with torch on random inputs, and NVRTC c
 the same source to PTX and to a cubin for the GPUs it knows.
 """
 
+import ctypes
+
 import pytest
 
 from agspeed import _C
@@ -72,6 +74,37 @@ def layer_norm_desc(n, storage=F32):
             ((15, storage, 0), (3, F32, 0), (10, F32, 0)))
 
 
+def softmax_backward_desc(storage=F32):
+    """grad_in = y * (g - sum(g * y)): two loads that two passes read."""
+    return ("softmax_backward_rows", KK.ROWS, 2, 1, ((storage, 0), (storage, 0)),
+            (op(K.LOAD, F32, 0), op(K.LOAD, F32, 1), op(K.MUL, F32, 0, 1),
+             op(K.SUM, F32, 2), op(K.SUB, F32, 0, 3), op(K.MUL, F32, 1, 4)),
+            ((5, storage, 0),))
+
+
+def rms_norm_desc(n, storage=F32):
+    """x * rsqrt(mean(x * x) + eps) * w, w broadcast over the rows (strided)."""
+    return ("rms_norm_rows", KK.ROWS, 2, 1, ((storage, 0), (storage, 1)),
+            (op(K.LOAD, F32, 0), op(K.MUL, F32, 0, 0), op(K.SUM, F32, 1),
+             op(K.CONST, F32, imm=1.0 / n), op(K.MUL, F32, 2, 3),
+             op(K.CONST, F32, imm=1e-6), op(K.ADD, F32, 4, 5), op(K.RSQRT, F32, 6),
+             op(K.MUL, F32, 0, 7), op(K.LOAD, F32, 1), op(K.MUL, F32, 8, 9)),
+            ((10, storage, 0),))
+
+
+# Row lengths on both sides of the bound between the paths (codegen_rows.c): the warp
+# path (one warp a row) up to 1024 columns, in its vector form where the length is a
+# multiple of 4 (100, 1024) and the pointers are aligned, the block path beyond.
+ROW_LENGTHS = [1, 7, 100, 1024, 1025, 5000]
+
+
+def _rows_input(shape, dtype, offset=0, scale=1.0, shift=0.0):
+    """A contiguous tensor of ``shape`` whose data starts ``offset`` elements into its
+    allocation: misaligned for the vector loads when offset is odd."""
+    n = shape[0] * shape[1]
+    return (torch.randn(n + offset) * scale + shift).to(dtype)[offset:].view(shape)
+
+
 @pytest.mark.parametrize("storage", [F32, F16, BF16])
 def test_pointwise_with_a_broadcast_input_matches_torch(storage):
     dtype = _STORAGE[storage]
@@ -115,6 +148,103 @@ def test_layer_norm_rows_matches_torch_and_keeps_mean_and_rstd():
     torch.testing.assert_close(out, want)
     torch.testing.assert_close(mean, want_mean)
     torch.testing.assert_close(rstd, want_rstd)
+
+
+@pytest.mark.parametrize("storage", [F32, F16, BF16])
+@pytest.mark.parametrize("cols", ROW_LENGTHS)
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "misaligned"])
+def test_softmax_rows_on_both_paths(storage, cols, offset):
+    dtype = _STORAGE[storage]
+    x = _rows_input((5, cols), dtype, offset, scale=4.0)
+    out = _rows_input((5, cols), dtype, offset)
+    row_max = torch.empty(5, 1)
+    host.run(softmax_desc(storage), [x, out, row_max], [5, cols])
+    torch.testing.assert_close(out, torch.softmax(x.float(), -1).to(dtype))
+    torch.testing.assert_close(row_max, x.float().amax(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("storage", [F32, BF16])
+@pytest.mark.parametrize("cols", ROW_LENGTHS)
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "misaligned"])
+def test_layer_norm_rows_on_both_paths(storage, cols, offset):
+    dtype = _STORAGE[storage]
+    x = _rows_input((4, cols), dtype, offset, scale=3.0, shift=1.0)
+    w, b = torch.randn(cols), torch.randn(cols)
+    out, mean, rstd = _rows_input((4, cols), dtype, offset), torch.empty(4, 1), torch.empty(4, 1)
+    host.run(layer_norm_desc(cols, storage), [x, w, b, out, mean, rstd],
+             [4, cols, *strides_of(w, (4, cols)), *strides_of(b, (4, cols))])
+    want, want_mean, want_rstd = torch.ops.aten.native_layer_norm(x.float(), [cols], w, b,
+                                                                  1e-5)
+    torch.testing.assert_close(out, want.to(dtype))
+    torch.testing.assert_close(mean, want_mean)
+    torch.testing.assert_close(rstd, want_rstd)
+
+
+@pytest.mark.parametrize("storage", [F32, F16, BF16])
+@pytest.mark.parametrize("cols", ROW_LENGTHS)
+def test_softmax_backward_and_rms_norm_rows_on_both_paths(storage, cols):
+    dtype = _STORAGE[storage]
+    y = torch.softmax(torch.randn(6, cols), -1).to(dtype)
+    g = torch.randn(6, cols).to(dtype)
+    out = torch.empty(6, cols, dtype=dtype)
+    host.run(softmax_backward_desc(storage), [g, y, out], [6, cols])
+    gf, yf = g.float(), y.float()
+    torch.testing.assert_close(out, (yf * (gf - (gf * yf).sum(-1, keepdim=True))).to(dtype))
+    x, w = torch.randn(6, cols).to(dtype), torch.randn(cols).to(dtype)
+    host.run(rms_norm_desc(cols, storage), [x, w, out], [6, cols, *strides_of(w, (6, cols))])
+    xf = x.float()
+    want = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-6) * w.float()
+    torch.testing.assert_close(out, want.to(dtype))
+
+
+def test_the_warp_path_keeps_the_values_later_passes_read_in_registers():
+    """Softmax's backward reads g and y in two passes: on the warp path each is loaded
+    once into a register array; softmax keeps x for its sum and then exp(x - max) for
+    its division (one exp an element); a load one pass reads (the weight of an RMSNorm)
+    is not kept, and the block path keeps nothing."""
+    source = _C.nvrtc_source(softmax_backward_desc())
+    warp, block = source.split("/* the warp path */")[1].split("/* the block path */")[:2]
+    vector, scalar = warp.split("/* its vector form */")[1].split("\nelse {\n", 1)
+    for form in (vector, scalar):
+        assert "ca0[AGS_WARP_ITEMS]" in form and "ca1[AGS_WARP_ITEMS]" in form
+        assert "__syncthreads" not in form and "__shfl_xor_sync" in form
+    assert scalar.count("in0[") == 1 and scalar.count("in1[") == 1
+    assert vector.count("*)in0)[q4_]") == 1 and vector.count("*)in1)[q4_]") == 1
+    assert "ca0[" not in block and "ca1[" not in block and "__syncthreads" in block
+    softmax = _C.nvrtc_source(softmax_desc()).split("/* the block path */")[0]
+    scalar = softmax.split("/* its vector form */")[1].split("\nelse {\n", 1)[1]
+    assert "ca0[AGS_WARP_ITEMS]" in scalar and "ca3[AGS_WARP_ITEMS]" in scalar
+    assert scalar.count("expf(") == 1 and scalar.count("in0[") == 1
+    rms = _C.nvrtc_source(rms_norm_desc(64)).split("/* the block path */")[0]
+    assert "ca0[" in rms and "ca9[" not in rms
+    # x and the output as vectors, w (strided) one element at a time
+    rms_vector = rms.split("/* its vector form */")[1].split("\nelse {\n", 1)[0]
+    assert "*)in0)[q4_]" in rms_vector and "*)out0)[q4_] = o0" in rms_vector
+    assert "in1[" in rms_vector and "*)in1)" not in rms_vector
+    ints = ("ints_rows", KK.ROWS, 2, 1, ((I64, 0),),
+            (op(K.LOAD, I64, 0), op(K.SUM, I64, 0)), ((1, I64, 0),))
+    assert "its vector form" not in _C.nvrtc_source(ints)   # no vector of 8-byte values
+
+
+@pytest.mark.parametrize("cols", [7, 100, 1024, 5000])
+def test_a_row_kernels_block_function_alone_agrees_with_torch(cols):
+    """Each row kernel has a second function, <name>_block, its block path alone (what
+    the launcher runs for long rows, with registers of its own): right at any length."""
+    desc = softmax_backward_desc(BF16)
+    source = _C.nvrtc_source(desc)
+    block = source.split('void softmax_backward_rows_block(')[1]
+    assert "/* the warp path */" not in block and "__syncthreads" in block
+    y = torch.softmax(torch.randn(6, cols), -1).to(torch.bfloat16)
+    g = torch.randn(6, cols).to(torch.bfloat16)
+    for offset in (0, 1):
+        out = _rows_input((6, cols), torch.bfloat16, offset)
+        fn = getattr(host.build(source), desc[0] + "_block")
+        fn.restype = None
+        fn(*[ctypes.c_void_p(t.data_ptr()) for t in (g, y, out)], ctypes.c_longlong(6),
+           ctypes.c_longlong(cols))
+        gf, yf = g.float(), y.float()
+        want = (yf * (gf - (gf * yf).sum(-1, keepdim=True))).to(torch.bfloat16)
+        torch.testing.assert_close(out, want)
 
 
 def test_reducing_the_last_two_dimensions():
@@ -240,6 +370,7 @@ def nvrtc():
 
 
 ALL = [add_relu_scale(F32), add_relu_scale(BF16), softmax_desc(F16), layer_norm_desc(64),
+       softmax_desc(BF16), softmax_backward_desc(BF16), rms_norm_desc(64, F16),
        ("sum_last_two", KK.ROWS, 3, 2, ((F64, 0),),
         (op(K.LOAD, F64, 0), op(K.MUL, F64, 0, 0), op(K.SUM, F64, 1)), ((2, F64, 0),))]
 
@@ -252,6 +383,27 @@ def test_nvrtc_compiles_each_family_to_ptx_and_cubin(nvrtc, desc):
     assert b".entry " + desc[0].encode() in ptx
     cubin = _C.nvrtc_compile(source, desc[0] + ".cu", ("--gpu-architecture=sm_90",), True)
     assert cubin[:4] == b"\x7fELF"
+
+
+ROWS_KERNELS = [softmax_desc(F32), softmax_desc(BF16), softmax_backward_desc(F16),
+                layer_norm_desc(64, BF16), rms_norm_desc(64, F32)]
+
+
+@pytest.mark.parametrize("desc", ROWS_KERNELS, ids=lambda d: d[0])
+def test_nvrtc_keeps_the_warp_paths_rows_in_registers(nvrtc, desc):
+    """The warp path's loops have a constant count, unrolled, so its register arrays
+    are registers: no local memory in the PTX; its reductions are shuffles."""
+    ptx = _C.nvrtc_compile(_C.nvrtc_source(desc), desc[0] + ".cu",
+                           ("--gpu-architecture=compute_90",), False).decode()
+    assert "__local_depot" not in ptx and ".local" not in ptx
+    assert "shfl.sync.bfly" in ptx and "bar.sync" in ptx   # both paths are there
+
+
+def test_bf16_rounds_in_one_instruction_from_sm_80_and_in_arithmetic_before(nvrtc):
+    source = _C.nvrtc_source(add_relu_scale(BF16))
+    new, old = (_C.nvrtc_compile(source, "k.cu", (f"--gpu-architecture=compute_{a}",),
+                                 False).decode() for a in (90, 75))
+    assert "cvt.rn.bf16.f32" in new and "cvt.rn.bf16.f32" not in old
 
 
 def test_a_source_that_does_not_compile_raises_with_nvrtcs_log(nvrtc):

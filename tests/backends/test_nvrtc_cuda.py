@@ -1,6 +1,7 @@
 """The nvrtc backend on a GPU: every kernel family launched against torch in fp32, fp16
-and bf16 (strided, broadcast, rows longer than a block, more rows than a grid), models
-trained with ``backend="nvrtc"`` against eager, AMP included, and the kernel cache.
+and bf16 (strided, broadcast, misaligned; rows on the warp path and on the block path,
+more rows than a grid), models trained with ``backend="nvrtc"`` against eager, AMP
+included, and the kernel cache.
 
 These need a CUDA device and libnvrtc; where there is none (CI) they are skipped, and
 they run on a GPU machine (scripts/gpu.sh's ``cuda`` stage).
@@ -23,7 +24,8 @@ pytestmark = [pytest.mark.torch, pytest.mark.skipif(_WHY is not None, reason=str
 
 from test_nvrtc_backend import Block, Norms, _twins  # noqa: E402
 from test_nvrtc_codegen import (F16, BF16, F32, _STORAGE, add_relu_scale,  # noqa: E402
-                                layer_norm_desc, softmax_desc, strides_of)
+                                layer_norm_desc, rms_norm_desc, softmax_backward_desc,
+                                softmax_desc, strides_of)
 
 nn, F = torch.nn, torch.nn.functional
 CUDA = torch.device("cuda")
@@ -48,28 +50,65 @@ def test_pointwise_kernel_on_the_gpu(storage, shape):
     torch.testing.assert_close(out, ((x.float() + b.float()).relu() * 0.1).to(dtype))
 
 
+def _rows_input(shape, dtype, offset=0, scale=1.0):
+    """A contiguous (rows, cols) tensor whose data starts ``offset`` elements past an
+    allocation's start (misaligned for vector loads when offset is odd)."""
+    flat = (torch.randn(shape[0] * shape[1] + offset, device=CUDA) * scale).to(dtype)
+    return flat[offset:].view(shape)
+
+
+# (rows, cols): the warp path (one warp a row, up to 1024 columns) with rows short and
+# long, fewer rows than a block's warps, more rows than the grid; the block path beyond
+ROW_SHAPES = [(9, 7), (9, 37), (70000, 64), (300, 100), (3, 1024), (4097, 1024),
+              (64, 1025), (4, 5000), (2, 16384)]
+
+
 @pytest.mark.parametrize("storage", [F32, F16, BF16])
-@pytest.mark.parametrize("shape", [(9, 37), (70000, 64), (4, 5000)])
+@pytest.mark.parametrize("shape", ROW_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_softmax_rows_on_the_gpu(storage, shape):
     dtype = _STORAGE[storage]
-    x = (torch.randn(*shape, device=CUDA) * 4).to(dtype)
+    for offset in (0, 1):
+        x = _rows_input(shape, dtype, offset, scale=4.0)
+        out = _rows_input(shape, dtype, offset)
+        row_max = torch.empty(shape[0], 1, device=CUDA)
+        _launch(softmax_desc(storage), [x, out, row_max], list(shape))
+        torch.testing.assert_close(out, torch.softmax(x.float(), -1).to(dtype))
+        torch.testing.assert_close(row_max, x.float().amax(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("storage", [F32, F16, BF16])
+@pytest.mark.parametrize("shape", ROW_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_softmax_backward_and_rms_norm_rows_on_the_gpu(storage, shape):
+    dtype = _STORAGE[storage]
+    y = torch.softmax(torch.randn(*shape, device=CUDA), -1).to(dtype)
+    g = torch.randn(*shape, device=CUDA).to(dtype)
     out = torch.empty(*shape, dtype=dtype, device=CUDA)
-    row_max = torch.empty(shape[0], 1, device=CUDA)
-    _launch(softmax_desc(storage), [x, out, row_max], list(shape))
-    torch.testing.assert_close(out, torch.softmax(x.float(), -1).to(dtype))
-    torch.testing.assert_close(row_max, x.float().amax(-1, keepdim=True))
+    _launch(softmax_backward_desc(storage), [g, y, out], list(shape))
+    gf, yf = g.float(), y.float()
+    torch.testing.assert_close(out, (yf * (gf - (gf * yf).sum(-1, keepdim=True))).to(dtype))
+    x = torch.randn(*shape, device=CUDA).to(dtype)
+    w = torch.randn(shape[1], device=CUDA).to(dtype)
+    _launch(rms_norm_desc(shape[1], storage), [x, w, out], [*shape, *strides_of(w, shape)])
+    xf = x.float()
+    want = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-6) * w.float()
+    torch.testing.assert_close(out, want.to(dtype))
 
 
-def test_layer_norm_rows_on_the_gpu():
-    n = 3000
-    x = torch.randn(50, n, device=CUDA) * 3 + 1
+@pytest.mark.parametrize("storage", [F32, F16, BF16])
+@pytest.mark.parametrize("shape", [(50, 7), (50, 100), (4097, 1024), (50, 3000), (3, 5000)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_layer_norm_rows_on_the_gpu(storage, shape):
+    dtype = _STORAGE[storage]
+    rows, n = shape
+    x = (torch.randn(rows, n, device=CUDA) * 3 + 1).to(dtype)
     w, b = torch.randn(n, device=CUDA), torch.randn(n, device=CUDA)
-    out = torch.empty(50, n, device=CUDA)
-    mean, rstd = torch.empty(50, 1, device=CUDA), torch.empty(50, 1, device=CUDA)
-    _launch(layer_norm_desc(n), [x, w, b, out, mean, rstd],
-            [50, n, *strides_of(w, (50, n)), *strides_of(b, (50, n))])
-    want, want_mean, want_rstd = torch.ops.aten.native_layer_norm(x, [n], w, b, 1e-5)
-    torch.testing.assert_close(out, want)
+    out = torch.empty(rows, n, dtype=dtype, device=CUDA)
+    mean, rstd = torch.empty(rows, 1, device=CUDA), torch.empty(rows, 1, device=CUDA)
+    _launch(layer_norm_desc(n, storage), [x, w, b, out, mean, rstd],
+            [rows, n, *strides_of(w, shape), *strides_of(b, shape)])
+    want, want_mean, want_rstd = torch.ops.aten.native_layer_norm(x.float(), [n], w, b,
+                                                                  1e-5)
+    torch.testing.assert_close(out, want.to(dtype))
     torch.testing.assert_close(mean, want_mean)
     torch.testing.assert_close(rstd, want_rstd)
 
