@@ -6,16 +6,22 @@ kernels and eager, and compile time from a cold cache.
    paths, in fp32 and bf16, beside eager's), the bytes each must move over its
    median time, as a fraction of the device's peak (from its memory clock and bus width
    when torch reports them) and of what a device-to-device copy reaches.
-2. Graphs: each zoo model's training step (forward and backward) with backends "eager",
+2. Memory-bound graphs ("memory"): bias+GELU+residual, residual+LayerNorm,
+   residual+RMSNorm and a scaled, masked softmax, forward and backward at sizes that
+   fill the GPU (16384 x 4096 rows; 8 x 32 x 1024 x 1024 scores), fp32 and bf16,
+   through eager, inductor and nvrtc: the graphs the fusion is for, where nvrtc's
+   target is inductor's time.
+3. Zoo ("zoo"): each zoo model's training step (forward and backward) with backends "eager",
    "inductor", "nvrtc", and, replayed as CUDA graphs, "cudagraphs" (aten's kernels) and
    "nvrtc_cudagraphs" (the fused ones), in interleaved rounds, as ratios to eager and
    nvrtc/inductor.
-3. Compile: the first call of each model with nvrtc from an empty kernel cache (every
+   Compile: the first call of each model with nvrtc from an empty kernel cache (every
    kernel compiled); "kernels s", the wall-clock seconds the slowest of its graphs
    (forward or backward) took to make its kernels (NVRTC on several threads, loads);
    NVRTC's seconds summed over those threads (JSON); how many kernels there were.
 
-    python benchmarks/nvrtc.py --device cuda [--quick] [--bandwidth-only] [--out FILE]
+    python benchmarks/nvrtc.py --device cuda [--quick] [--parts bandwidth,memory,zoo]
+        [--out FILE]
 """
 
 from __future__ import annotations
@@ -125,6 +131,93 @@ def bandwidth(device, quick: bool) -> list:
     return rows
 
 
+# --- memory-bound graphs ------------------------------------------------------------------
+
+
+class _BiasGeluResidual(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.randn(d) * 0.1)
+
+    def forward(self, x, r):
+        return torch.nn.functional.gelu(x + self.bias) + r
+
+
+class _ResidualNorm(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+
+    def forward(self, x, r):
+        return self.norm(x + r)
+
+
+class _RMSNorm(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(d))
+
+    def forward(self, x, r):
+        h = x + r
+        return h * torch.rsqrt(h.float().square().mean(-1, keepdim=True) + 1e-6).to(h.dtype) \
+            * self.weight
+
+
+class _MaskedSoftmax(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+
+    def forward(self, x, r):
+        t = x.shape[-1]
+        causal = torch.ones(t, t, device=x.device, dtype=torch.bool).tril()
+        return (x * 0.125 + r).masked_fill(~causal, float("-inf")).softmax(-1)
+
+
+MEMORY_BOUND = {"bias+gelu+residual": (_BiasGeluResidual, "rows"),
+                "residual+layernorm": (_ResidualNorm, "rows"),
+                "residual+rmsnorm": (_RMSNorm, "rows"),
+                "scale+mask+softmax": (_MaskedSoftmax, "scores")}
+
+
+def memory_bound(device, quick: bool) -> list:
+    """Graphs that are all memory traffic (no matrix product), forward and backward at
+    sizes that fill the GPU: each backend's time for one step, timed with events in
+    interleaved rounds.  Here nvrtc's kernels against inductor's are the comparison the
+    fusion is for; the zoo's steps above are bound by launches."""
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for name, (cls, layout) in MEMORY_BOUND.items():
+            gen = torch.Generator(device="cpu").manual_seed(0)
+            if layout == "rows":
+                shape = (1024, 1024) if quick else (16384, 4096)
+            else:
+                shape = (8, 64, 128, 128) if quick else (8, 32, 1024, 1024)
+            x = torch.randn(shape, generator=gen).to(device, dtype).requires_grad_()
+            r = torch.randn(shape, generator=gen).to(device, dtype).requires_grad_()
+            grad = torch.randn(shape, generator=gen).to(device, dtype)
+            runs = {}
+            for backend in ("eager", "inductor", "nvrtc"):
+                model = cls(shape[-1]).to(device, dtype)
+                opt = agspeed.optimize(model, backend=backend)
+
+                def step(opt=opt):
+                    opt(x, r).backward(grad)
+                    x.grad = r.grad = None
+
+                step()
+                runs[backend] = step
+            samples = {b: [] for b in runs}
+            for _ in range(3 if quick else 7):
+                for backend, step in runs.items():
+                    samples[backend].append(_events_median(step, 3))
+            med = {b: statistics.median(v) for b, v in samples.items()}
+            label = f"{name} {dtype}".replace("torch.", "")
+            results.append({"graph": label, "shape": list(shape), "step_s": med})
+            print(f"  {label}: " + ", ".join(f"{b} {t * 1e3:.3f} ms" for b, t in med.items()),
+                  flush=True)
+    return results
+
+
 def _step(model, batch):
     loss = model(*batch)
     loss.backward()
@@ -182,8 +275,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_device_args(parser)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--bandwidth-only", action="store_true",
-                        help="the bandwidth table alone (seconds), not the graphs")
+    parser.add_argument("--parts", default="bandwidth,memory,zoo",
+                        help="comma list: bandwidth (the kernels alone, seconds), memory "
+                        "(memory-bound graphs against inductor), zoo (the zoo's steps and "
+                        "compile times)")
     args = parser.parse_args()
     if not args.device.startswith("cuda"):
         parser.error("this benchmark needs --device cuda")
@@ -197,34 +292,43 @@ def main() -> None:
     peak = peak_bandwidth(device)
     print(f"machine: {machine(args.device)}")
     print(f"peak memory bandwidth: {peak / 1e9:.0f} GB/s" if peak else "peak: not reported")
-    bw = bandwidth(device, args.quick)
-    copy_rate = bw[0][1] / bw[0][2]
-    print(f"{'kernel':40} {'GB/s':>8} {'of peak':>8} {'of copy':>8}")
-    for name, nbytes, t in bw:
-        rate = nbytes / t
-        print(f"{name:40} {rate / 1e9:8.0f} {rate / peak if peak else float('nan'):8.2f} "
-              f"{rate / copy_rate:8.2f}")
-    if args.bandwidth_only:
-        save({"machine": machine(args.device), "peak_bytes_per_s": peak,
-              "bandwidth": [{"kernel": n, "bytes": b, "seconds": t} for n, b, t in bw]},
-             default_out(args, "nvrtc"))
-        return
+    parts = set(args.parts.split(","))
+    result = {"machine": machine(args.device), "peak_bytes_per_s": peak}
+    if "bandwidth" in parts:
+        bw = bandwidth(device, args.quick)
+        copy_rate = bw[0][1] / bw[0][2]
+        print(f"{'kernel':40} {'GB/s':>8} {'of peak':>8} {'of copy':>8}")
+        for name, nbytes, t in bw:
+            rate = nbytes / t
+            print(f"{name:40} {rate / 1e9:8.0f} {rate / peak if peak else float('nan'):8.2f} "
+                  f"{rate / copy_rate:8.2f}")
+        result["bandwidth"] = [{"kernel": n, "bytes": b, "seconds": t} for n, b, t in bw]
     with tempfile.TemporaryDirectory() as cold:   # every compile from a cold cache
         agspeed.config.set(cache_dir=cold)
-        g = graphs(device, args.quick)
+        if "memory" in parts:
+            result["memory_bound"] = memory_bound(device, args.quick)
+            print(f"{'graph':32} {'nvrtc/eager':>12} {'inductor/eager':>15} "
+                  f"{'nvrtc/inductor':>15}")
+            for r in result["memory_bound"]:
+                s = r["step_s"]
+                print(f"{r['graph']:32} {s['nvrtc'] / s['eager']:12.3f} "
+                      f"{s['inductor'] / s['eager']:15.3f} {s['nvrtc'] / s['inductor']:15.3f}")
+        if "zoo" in parts:
+            result["graphs"] = graphs(device, args.quick)
+            _print_zoo(result["graphs"])
+    save(result, default_out(args, "nvrtc"))
+
+
+def _print_zoo(rows: list) -> None:
     print(f"{'model':10} {'nvrtc/eager':>12} {'inductor/eager':>15} {'nvrtc/inductor':>15} "
           f"{'cg/eager':>9} {'nvrtc_cg/eager':>15} {'1st call s':>11} {'kernels s':>10} "
           f"{'kernels':>8}")
-    for r in g:
+    for r in rows:
         s = r["step_s"]
         print(f"{r['model']:10} {s['nvrtc'] / s['eager']:12.3f} {s['inductor'] / s['eager']:15.3f} "
               f"{s['nvrtc'] / s['inductor']:15.3f} {s['cudagraphs'] / s['eager']:9.3f} "
               f"{s['nvrtc_cudagraphs'] / s['eager']:15.3f} {r['first_call_s']['nvrtc']:11.2f} "
               f"{max(r['nvrtc_graph_kernels_s'], default=0.0):10.2f} {r['nvrtc_kernels']:8d}")
-    save({"machine": machine(args.device), "peak_bytes_per_s": peak,
-          "bandwidth": [{"kernel": n, "bytes": b, "seconds": t} for n, b, t in bw],
-          "graphs": g}, default_out(args, "nvrtc"))
-
 
 if __name__ == "__main__":
     main()
