@@ -38,6 +38,16 @@ _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",
                  "_global_backward_hooks", "_global_backward_pre_hooks")
 
 
+@functools.lru_cache(maxsize=None)
+def _custom_op_def() -> type | None:
+    """The type of what ``torch.library.custom_op`` makes, where torch has one."""
+    try:
+        from torch._library.custom_ops import CustomOpDef
+    except ImportError:
+        return None
+    return CustomOpDef
+
+
 class FunctionApply:
     """The graph target of a call of a user's ``torch.autograd.Function`` (``cls.apply``):
     the node runs the Function for real, its forward now and its backward in the
@@ -85,7 +95,9 @@ class CallPolicy:
         if kind is types.FunctionType:
             return (module == "torch" or module in _TORCH_PY_LEAVES) and \
                 not fn.__name__.startswith(_SIDE_EFFECT_PREFIXES)
-        return False
+        # an operator of the dispatcher (torch.ops.aten.add.Tensor, torch.ops.aten.add, a
+        # library's custom op): it runs on fakes through its fake or meta kernel
+        return kind is self._torch._ops.OpOverload or kind is self._torch._ops.OpOverloadPacket
 
     def attr(self, obj: Any, name: str) -> tuple[Attr, Any, Any]:
         """``(how, value, self)`` for ``obj.name`` (see ``_sources.static_attr``)."""
@@ -158,6 +170,9 @@ class CallPolicy:
             if fn.__func__ is self._torch.autograd.Function.apply.__func__:
                 return (Plan.GRAPH, FunctionApply(fn.__self__))
             return (Plan.INLINE, fn.__func__, fn.__self__, None)
+        if type(fn) is _custom_op_def():
+            # torch.library.custom_op's object: a call is its operator's
+            return (Plan.GRAPH, fn._opoverload)
         if self.can_record(fn) or type(fn) in (types.MethodDescriptorType,
                                                types.WrapperDescriptorType) and \
                 getattr(fn, "__objclass__", None) is torch._C.TensorBase:

@@ -21,7 +21,8 @@ from typing import Any
 
 from agspeed import _C
 from agspeed._builder_types import GraphBreak, SymShape, concrete, describe_callable
-from agspeed._sources import MISSING, _class_lookup, is_namedtuple_type, static_attr
+from agspeed._sources import (MISSING, _class_lookup, compared_by_identity, is_namedtuple_type,
+                              static_attr)
 from agspeed._stdlib import _VIEWS, SAFE_ITERATORS, StdlibFolds
 from agspeed.protocol import Attr, Compare, Reason
 
@@ -398,7 +399,8 @@ class Folds(StdlibFolds):
                 (isinstance(b, dict) and _class_lookup(type(b), "__contains__") is
                  dict.__contains__) or \
                 (b is os.environ and type(a) is str)   # read as a dict, guarded
-            if not (plain and (self._is_static(a) or self._enum_in(a, b))):
+            if not (plain and (self._is_static(a) or self._enum_in(a, b)
+                               or self._identity_in(a, b))):
                 raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"`in` on a {type(b).__name__}")
             found = a in b
             self._guard_membership(a, b)
@@ -421,6 +423,16 @@ class Folds(StdlibFolds):
         self.assumptions.append((("item", ("attr", known[1], "_modules"), key),
                                  dict.get(store, key, MISSING)))
         return key in store
+
+    def _identity_in(self, a: Any, b: Any) -> bool:
+        """Whether ``a in b`` is a question of identity the capture can answer: ``b`` a
+        set the capture made (torch's ``named_modules`` keeps one of the modules seen), and
+        ``a`` and every member either compared by identity (object's own ``__eq__`` and
+        ``__hash__``) or a constant, so no program code runs to compare them."""
+        if type(b) not in (set, frozenset) or id(b) in self.known:  # type: ignore[attr-defined]
+            return False
+        return compared_by_identity(a) and \
+            all(compared_by_identity(v) or self._is_static(v) for v in b)
 
     def _enum_in(self, a: Any, b: Any) -> bool:
         """``a in b`` for a str or int enum member ``a`` and a tuple or list ``b`` of

@@ -61,6 +61,14 @@ def _class_lookup(cls: type, name: str) -> Any:
     return MISSING
 
 
+def compared_by_identity(value: Any) -> bool:
+    """Whether ``value`` hashes and compares as ``object`` does, by identity (a module, a
+    plain instance, a function): set membership of it runs no program code."""
+    cls = type(value)
+    return _class_lookup(cls, "__eq__") is object.__eq__ and \
+        _class_lookup(cls, "__hash__") is object.__hash__
+
+
 def _own_getattr(cls: type) -> Any:
     """The ``__getattr__`` instances of ``cls`` fall back to, past optimized-module view
     classes (whose ``__getattr__`` only forwards to the viewed class's)."""

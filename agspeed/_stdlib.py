@@ -25,7 +25,7 @@ import types
 from typing import Any
 
 from agspeed._builder_types import GraphBreak, describe_callable
-from agspeed._sources import MISSING, _class_lookup
+from agspeed._sources import MISSING, _class_lookup, compared_by_identity
 from agspeed.protocol import Attr, Plan, Reason
 
 _VIEWS = (type({}.keys()), type({}.values()), type({}.items()))
@@ -276,13 +276,14 @@ class StdlibFolds:
         raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"the elements of a {type(value).__name__}")
 
     def _check_hashable(self, items: Any) -> None:
-        """Set members must hash and compare without user code: plain values and nodes
-        (which hash by identity, as the tensors they stand for do)."""
+        """Set members must hash and compare without user code: plain values, nodes
+        (which hash by identity, as the tensors they stand for do) and objects compared
+        by identity."""
         for item in items:
             if type(item) is tuple:
                 self._check_hashable(item)
             elif not (self._is_static(item) or isinstance(item, self.node_type)
-                      or type(item) is frozenset):
+                      or type(item) is frozenset or compared_by_identity(item)):
                 raise GraphBreak(Reason.UNSUPPORTED_VALUE,
                                  f"a set member of type {type(item).__name__}")
 

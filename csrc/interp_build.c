@@ -5,8 +5,9 @@
  *
  * A set built here is a real set the capture owns (a SET value) whose
  * members are graph arguments.  Members must hash without running user
- * code: constants of the builtin immutable types, and graph nodes, which
- * hash by identity exactly as the tensors they stand for do in eager.
+ * code: constants of the builtin immutable types, graph nodes, which hash
+ * by identity exactly as the tensors they stand for do in eager, and
+ * objects hashed and compared by identity.
  *
  * The right operand of a merge is either a dict the capture built (its
  * items are graph arguments already) or a dict of the program reached by a
@@ -22,6 +23,13 @@ hashable_member(ags_interp *it, PyObject *obj)
     PyTypeObject *t = Py_TYPE(obj);
 
     if (PyObject_TypeCheck(obj, (PyTypeObject *)it->node_type)) {
+        return 1;
+    }
+    /* hashed and compared by identity, as object is (a module, a plain
+     * instance, a function): no user code runs, and eager's set holds the
+     * same object */
+    if (t->tp_hash == PyBaseObject_Type.tp_hash
+        && t->tp_richcompare == PyBaseObject_Type.tp_richcompare) {
         return 1;
     }
     if (obj == Py_None || t == &PyLong_Type || t == &PyBool_Type

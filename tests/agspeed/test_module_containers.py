@@ -116,3 +116,59 @@ def test_modules_with_their_own_call_are_inlined():
     x = torch.randn(2, 4)
     torch.testing.assert_close(agspeed.optimize(model)(x), model.forward(x))
     assert len(seen) == 2   # the hook ran once for agspeed's call and once for eager's
+
+
+class Walks(nn.Module):
+    """Walks its own tree as torch's named_modules does, with a set of the modules seen
+    (a shared block is visited once), and a set display of modules."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Sequential(self.a, nn.ReLU())
+
+    def forward(self, x):
+        names = [name for name, _ in self.named_modules()]
+        seen = set()
+        for m in self.modules():
+            if m in seen:
+                continue
+            seen.add(m)
+            x = x + 0.5 * len(seen)
+        both = {self.a, self.b}
+        return self.b(x) * len(names) + (self.a in both) + (self in both)
+
+
+class EqualByName(nn.Module):
+    """Compares by a name: membership would run this class's own __eq__."""
+
+    def __eq__(self, other):
+        return isinstance(other, EqualByName)
+
+    __hash__ = nn.Module.__hash__
+
+    def forward(self, x):
+        return x
+
+
+def test_modules_in_sets_are_compared_by_identity_without_a_break():
+    backend = Counting()
+    model = Walks()
+    fast = agspeed.optimize(model, backend=backend, fullgraph=True)
+    for _ in range(2):
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(fast(x), model.forward(x))
+    assert backend.graphs == 1
+
+
+def test_a_module_with_its_own_eq_in_a_set_breaks_and_answers_as_eager():
+    first, second = EqualByName(), EqualByName()
+
+    def fn(x):
+        seen = {first}
+        return x * 2 if second in seen else x
+
+    fast = agspeed.optimize(fn, backend="eager")
+    x = torch.randn(3)
+    torch.testing.assert_close(fast(x), fn(x))
+    assert any("graph break" in r.decision for r in agspeed._runtime.frame_records())

@@ -61,6 +61,10 @@ MODELS = {
                   use_cache=False, bos_token_id=1, eos_token_id=2), "lm"),
     "llama": ("LlamaForCausalLM", "LlamaForCausalLM", "LlamaConfig", _DECODER, "lm"),
     "mistral": ("MistralForCausalLM", "MistralForCausalLM", "MistralConfig", _DECODER, "lm"),
+    # mixture of experts: the experts' grouped matmul is a custom operator of
+    # transformers' (torch.ops.transformers.grouped_mm_fallback on CPU), in the graph
+    "mixtral": ("MixtralForCausalLM", "MixtralForCausalLM", "MixtralConfig",
+                dict(_DECODER, num_local_experts=4, num_experts_per_tok=2), "lm"),
     "t5": ("T5ForConditionalGeneration", "T5ForConditionalGeneration", "T5Config", _T5,
            "seq2seq"),
     "bart": ("BartForConditionalGeneration", "BartForConditionalGeneration", "BartConfig",
