@@ -87,6 +87,11 @@ def is_dynamic(gm: Any) -> bool:
         any(type(d).__name__ == "SymInt" for v in values for d in getattr(v, "shape", ()))
 
 
+def has_float_symbols(gm: Any) -> bool:
+    """Whether a placeholder of the graph is a plain float the capture made a symbol."""
+    return any(type(v).__name__ == "SymFloat" for v in placeholder_values(gm))
+
+
 def autocast_state(devices: Any) -> list:
     """(device, enabled, dtype) of autocast on this thread for each device type in
     ``devices``; dtype None for a device type without autocast."""
@@ -118,4 +123,6 @@ def why_not(fn: Any, gm: Any, example_inputs: list, training: bool) -> str | Non
         return "cannot run a backward (graph needs gradients)"
     if not caps.dynamic and is_dynamic(gm):
         return "takes static sizes only (graph has symbolic sizes)"
+    if not caps.float_inputs and has_float_symbols(gm):
+        return "takes no float symbols (a float input varies from call to call)"
     return None

@@ -463,7 +463,10 @@ class Autotuner:
     fastest correct backend's callable for ``gm``."""
 
     __name__ = "auto"
-    capabilities = Capabilities()  # eager is always among its answers
+    # eager is always among its answers: so it takes what eager takes, floats made
+    # symbols included (the candidates that cannot take such a graph are left out, so a
+    # float that varies from call to call runs eager rather than compiling per value)
+    capabilities = Capabilities(float_inputs=True)
 
     def __call__(self, gm: Any, example_inputs: list) -> Callable[..., Any]:
         options = gm.meta.get("agspeed_options", {}) if hasattr(gm, "meta") else {}

@@ -483,3 +483,27 @@ def test_tuning_does_not_call_the_parameters_own_hooks(monkeypatch):
     for _ in range(3):
         model(torch.randn(4, 8)).sum().backward()
     assert len(calls) == 3
+
+
+def test_a_float_that_varies_runs_eager_instead_of_compiling_per_value(candidates):
+    """A float argument is a constant of the graph at first, as for a backend that cannot
+    take it; once it has varied it is a symbol, which only eager takes among the
+    candidates: one more graph, then no capture or compile per new value."""
+    import torch
+
+    def mix(x, y, lam):
+        return lam * x + (1 - lam) * y
+
+    fast = agspeed.optimize(mix, candidates=("t_same",))
+    x, y = torch.randn(4), torch.randn(4)
+    for i in range(8):
+        lam = 0.1 * (i + 1)
+        torch.testing.assert_close(fast(x, y, lam), mix(x, y, lam))
+    made = autotune.decisions()
+    assert 2 <= len(made) <= 4                   # not one per value
+    assert made[-1].choice == "eager"
+    assert agspeed.recompiles()[-1].dynamic
+    first, last = knowledge.records()[0], knowledge.records()[-1]
+    assert first["candidates"]["t_same"]["status"] != "failed"
+    left_out = last["candidates"]["t_same"]
+    assert left_out["status"] == "failed" and "float" in left_out["reason"]
