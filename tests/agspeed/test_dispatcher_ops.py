@@ -104,6 +104,7 @@ def test_a_custom_op_trains_through_its_registered_backward():
     assert _decisions() == ["captured"]
 
 
+@pytest.mark.cxx_exceptions   # the fake dispatch of an op without a fake kernel throws
 def test_a_custom_op_without_a_fake_kernel_breaks_and_computes_eagers_result():
     def fn(x):
         return no_fake(x + 1) * 2
@@ -114,6 +115,7 @@ def test_a_custom_op_without_a_fake_kernel_breaks_and_computes_eagers_result():
     assert any("no_fake" in d and "graph break" in d for d in _decisions())
 
 
+@pytest.mark.cxx_exceptions   # nonzero on fakes throws through libtorch
 def test_a_data_dependent_operator_breaks_as_item_does():
     def fn(x):
         return torch.ops.aten.nonzero(x > 0).float().sum() + x.sum()
