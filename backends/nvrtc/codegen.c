@@ -414,7 +414,7 @@ ags_cg_put_indices(text *t, int lo, int hi, const char *var)
 /* Marks in `need` the element values that value `v` needs (itself
  * included), stopping at values that are not per element. */
 void
-ags_cg_mark_cone(const kernel *k, int v, char *need)
+ags_cg_mark_cone(const kernel *k, int v, char *need, const char *stop)
 {
     const instr *op = &k->ops[v];
 
@@ -422,8 +422,11 @@ ags_cg_mark_cone(const kernel *k, int v, char *need)
         return;
     }
     need[v] = 1;
+    if (stop != NULL && stop[v]) {
+        return;
+    }
     for (int a = 0; a < op->n && op->kop != AGS_KOP_LOAD; a++) {
-        ags_cg_mark_cone(k, op->args[a], need);
+        ags_cg_mark_cone(k, op->args[a], need, stop);
     }
 }
 
@@ -476,8 +479,8 @@ vector_bytes(int type)
 
 /* Whether a kernel gets a vector path: every operand contiguous and of a
  * type with a vector of 4. */
-int
-ags_cg_vectorizable(const kernel *k)
+static int
+vectorizable(const kernel *k)
 {
     if (ags_cg_any_strided(k)) {
         return 0;
@@ -574,9 +577,9 @@ put_pointwise(text *t, const kernel *k, char *need)
     }
     memset(need, 0, (size_t)k->n_ops);
     for (int o = 0; o < k->n_out; o++) {
-        ags_cg_mark_cone(k, k->out[o].value, need);
+        ags_cg_mark_cone(k, k->out[o].value, need, NULL);
     }
-    if (ags_cg_vectorizable(k) && put_vector_path(t, k, need) < 0) {
+    if (vectorizable(k) && put_vector_path(t, k, need) < 0) {
         return -1;
     }
     ags_cg_put(t, "for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;"
@@ -586,7 +589,7 @@ put_pointwise(text *t, const kernel *k, char *need)
     }
     memset(need, 0, (size_t)k->n_ops);
     for (int o = 0; o < k->n_out; o++) {
-        ags_cg_mark_cone(k, k->out[o].value, need);
+        ags_cg_mark_cone(k, k->out[o].value, need, NULL);
     }
     if (ags_cg_put_marked(t, k, need) < 0) {
         return -1;

@@ -29,8 +29,9 @@ int ags_cg_put_instr(text *t, const kernel *k, int i);
 void ags_cg_put_store(text *t, const kernel *k, int o, int per_row);
 /* The indices of dimensions lo..hi-1 from the linear index `var`. */
 void ags_cg_put_indices(text *t, int lo, int hi, const char *var);
-/* Marks in need[] the instructions value v depends on. */
-void ags_cg_mark_cone(const kernel *k, int v, char *need);
+/* Marks in need[] the element values value v depends on, itself included,
+ * not looking past the values in stop[] (NULL: none). */
+void ags_cg_mark_cone(const kernel *k, int v, char *need, const char *stop);
 /* The marked instructions, in order; -1 with an exception set. */
 int ags_cg_put_marked(text *t, const kernel *k, const char *need);
 /* The instructions of constants only, before any loop. */
@@ -45,8 +46,6 @@ int ags_cg_any_strided(const kernel *k);
  * read and written one element at a time, through the indices. */
 /* The vector type of 4 values of storage type `type`, or NULL (none). */
 const char *ags_cg_vector_of(int type);
-/* Whether every operand is contiguous and has a vector type. */
-int ags_cg_vectorizable(const kernel *k);
 /* Whether output o is a contiguous element output (stored as vectors). */
 int ags_cg_vector_output(const kernel *k, int o);
 /* A condition: every contiguous input and element output aligned to its

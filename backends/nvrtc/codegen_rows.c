@@ -129,25 +129,6 @@ next_pass(const kernel *k, int p)
     return p < k->n_ops ? k->n_ops : k->n_ops + 1;
 }
 
-/* Marks in need[] the element values that value v needs, itself included,
- * not looking past the values in stop[] (NULL: none). */
-static void
-mark(const kernel *k, int v, char *need, const char *stop)
-{
-    const instr *op = &k->ops[v];
-
-    if (op->variance != PER_ELEMENT || need[v]) {
-        return;
-    }
-    need[v] = 1;
-    if (stop != NULL && stop[v]) {
-        return;
-    }
-    for (int a = 0; a < op->n && op->kop != AGS_KOP_LOAD; a++) {
-        mark(k, op->args[a], need, stop);
-    }
-}
-
 /* Marks in need[] (cleared first) the values pass p computes, those in
  * stop[] read rather than computed. */
 static void
@@ -155,11 +136,11 @@ mark_pass(const kernel *k, int p, char *need, const char *stop)
 {
     memset(need, 0, (size_t)k->n_ops);
     if (p < k->n_ops) {
-        mark(k, k->ops[p].args[0], need, stop);
+        ags_cg_mark_cone(k, k->ops[p].args[0], need, stop);
         return;
     }
     for (int o = 0; o < k->n_out; o++) {
-        mark(k, k->out[o].value, need, stop);
+        ags_cg_mark_cone(k, k->out[o].value, need, stop);
     }
 }
 
