@@ -169,7 +169,11 @@ class CallPolicy:
                 return (Plan.FOLD, fn)
             if fn.__func__ is self._torch.autograd.Function.apply.__func__:
                 return (Plan.GRAPH, FunctionApply(fn.__self__))
-            return (Plan.INLINE, fn.__func__, fn.__self__, None)
+            # a method used as a value (``m = obj.f; m(...)``): its function keeps the
+            # source it was loaded by, through which its cells are read
+            known = self.known.get(id(fn.__func__))
+            fsource = known[1] if known is not None and known[0] is fn.__func__ else None
+            return (Plan.INLINE, fn.__func__, fn.__self__, fsource)
         if type(fn) is _custom_op_def():
             # torch.library.custom_op's object: a call is its operator's
             return (Plan.GRAPH, fn._opoverload)

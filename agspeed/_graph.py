@@ -529,7 +529,11 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         raise GraphBreak(Reason.UNSUPPORTED_ATTRIBUTE, f"Tensor.{name}")
 
     def setitem(self, container: Any, index: Any, value: Any) -> None:
-        """``container[index] = value`` on a tensor: recorded in the graph."""
+        """``container[index] = value`` on a tensor: recorded in the graph; on another
+        object, ``Objects.store_item``."""
+        if not isinstance(container, self.node_type):
+            self.store_item(container, index, value)
+            return
         self._record("call_function", operator.setitem, (container, index, value), {})
 
     # -- result ---------------------------------------------------------------------

@@ -476,6 +476,18 @@ class Objects:
                 # reached by that source, so its reads are guarded there
                 self.known.setdefault(id(value), (value, ("attr", known[1], name)))
 
+    def store_item(self, container: Any, index: Any, value: Any) -> None:
+        """``container[index] = value`` on an object that is not a tensor: a ModelOutput
+        the capture made (``outputs["hidden_states"] = ...``) runs its own
+        ``__setitem__``, which sets the item and the attribute; other objects break."""
+        mo = _model_output_type()
+        if mo is None or not isinstance(container, mo) or not self.is_owned(container) or \
+                type(index) is not str or \
+                _class_lookup(type(container), "__setitem__") is not mo.__setitem__:
+            raise GraphBreak(Reason.SIDE_EFFECT,
+                             f"item assignment on a {type(container).__name__}")
+        self._run(mo.__setitem__, (container, index, value), {})
+
     def getitem(self, container: Any, index: Any, source: Any) -> tuple[Any, Any]:
         if is_structseq_type(type(container)):
             return super().getitem(tuple(container), index, source)  # type: ignore[misc]

@@ -107,8 +107,13 @@ subscript(ags_interp *it, ags_frame *f, ags_value *container, ags_value *index)
     else if (PyTuple_Check(out) && PyTuple_GET_SIZE(out) == 2) {
         rc = ags_value_of(it, PyTuple_GET_ITEM(out, 0), &v) < 0 ? AGS_ERROR
                                                                 : AGS_GO;
-        if (rc == AGS_GO && !had) {
-            /* a defaultdict's factory made it here */
+        if (rc == AGS_GO
+            && (!had
+                || (PySlice_Check(index->obj) && index->kind == AGS_VK_CONST
+                    && (container->kind == AGS_VK_LIST
+                        || PyList_CheckExact(container->obj))))) {
+            /* a defaultdict's factory made it here, or a list's slice is a
+             * new list the program may change */
             rc = ags_own_created(it, &v);
         }
     }
@@ -160,22 +165,27 @@ ags_plain_dict_store(PyObject *obj)
                   == PyODict_Type.tp_as_mapping->mp_ass_subscript;
 }
 
-/* A collections.deque, or a dict subclass with its base's item store, the
- * capture made (changed in place). */
+/* 1 for a collections.deque, or a dict subclass with its base's item
+ * store, the capture made (changed in place); 2 for another object of a
+ * class written in Python (the builder's setitem stores into one the
+ * capture made, a ModelOutput, or breaks); else 0. */
 static int
 owned_store(ags_interp *it, const ags_value *v)
 {
     int rc;
 
-    if (v->kind != AGS_VK_CONST
-        || !(ags_is_deque(v->obj) || ags_plain_dict_store(v->obj))) {
+    if (v->kind != AGS_VK_CONST) {
         return 0;
     }
-    rc = ags_is_owned(it, v->obj);
-    if (rc < 0) {
-        PyErr_Clear();
+    if (ags_is_deque(v->obj) || ags_plain_dict_store(v->obj)) {
+        rc = ags_is_owned(it, v->obj);
+        if (rc < 0) {
+            PyErr_Clear();
+        }
+        return rc == 1;
     }
-    return rc == 1;
+    return PyType_HasFeature(Py_TYPE(v->obj), Py_TPFLAGS_HEAPTYPE)
+           && !PyType_Check(v->obj) ? 2 : 0;
 }
 
 /* container[index] = value: a recorded operator.setitem on a tensor,
@@ -186,7 +196,7 @@ store_subscript(ags_interp *it, ags_value *container, ags_value *index,
                 ags_value *value)
 {
     PyObject *i, *v;
-    int rc;
+    int rc, owned = 0;
 
     if (ags_can_shadow(container)) {
         rc = ags_shadow(it, container);  /* a list or dict of the program */
@@ -195,7 +205,8 @@ store_subscript(ags_interp *it, ags_value *container, ags_value *index,
         }
     }
     if (container->kind != AGS_VK_TENSOR && container->kind != AGS_VK_LIST
-        && container->kind != AGS_VK_DICT && !owned_store(it, container)) {
+        && container->kind != AGS_VK_DICT
+        && (owned = owned_store(it, container)) == 0) {
         return ags_stopf(it, AGS_REASON_SIDE_EFFECT, "item assignment on a %s",
                          AGS_DESCRIBE(container));
     }
@@ -208,7 +219,9 @@ store_subscript(ags_interp *it, ags_value *container, ags_value *index,
         Py_XDECREF(i);
         return AGS_BREAK;
     }
-    if (container->kind == AGS_VK_TENSOR) {
+    if (container->kind == AGS_VK_TENSOR || owned == 2) {
+        /* recorded on a tensor; on an object the capture made (a
+         * ModelOutput), stored by the builder or refused */
         PyObject *out = ags_call_builder(it, AGS_BOP_SETITEM, "(OOO)",
                                          container->obj,
                                          i, v);

@@ -400,11 +400,14 @@ depends_ITEM(const g_values *t, Py_ssize_t i, PyObject *base)
 static inline PyObject *
 load_CELL(G_LOAD_ARGS)
 {
-    PyObject *closure = PyFunction_Check(base) ? PyFunction_GetClosure(base)
-                                               : NULL;
+    PyObject *closure;
     Py_ssize_t k = PyLong_AsSsize_t(ld->key);   /* fits: parse_CELL */
 
     G_UNUSED_LOAD_ARGS;
+    if (PyMethod_Check(base)) {
+        base = PyMethod_GET_FUNCTION(base);   /* a method's cells: its function's */
+    }
+    closure = PyFunction_Check(base) ? PyFunction_GetClosure(base) : NULL;
     if (closure != NULL && k >= 0 && k < PyTuple_GET_SIZE(closure)) {
         PyObject *c = PyCell_GET(PyTuple_GET_ITEM(closure, k));
         return c ? Py_NewRef(c) : G_MISSING;

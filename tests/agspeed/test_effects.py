@@ -548,3 +548,31 @@ def test_a_defaultdict_and_an_ordereddict_of_the_program_change_as_in_eager():
     report = agspeed.explain(files_by_name, x)
     assert (report.graph_count, report.graph_break_count) == (1, 0)
     BY_NAME.clear()
+
+
+def test_a_slice_of_a_list_is_a_new_list_the_frame_may_change():
+    """``xs[1:]`` (of a list built in the frame or of an argument) is a new list: it
+    grows in the graph's capture and the original is left as eager leaves it."""
+    def f(x, given):
+        mine = [x + 1, x * 2, x - 3]
+        mine = mine[:-1]
+        mine.append(x.sin())
+        rest = given[1:]
+        rest.append(x.cos())
+        rest.insert(0, mine[0])
+        return mine, rest
+
+    x, given = torch.randn(3), [torch.randn(3), torch.randn(3)]
+    report = agspeed.explain(f, x, given)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
+    fast = agspeed.optimize(f, backend="eager")
+    for _ in range(2):
+        x, given = torch.randn(3), [torch.randn(3), torch.randn(3)]
+        before = list(given)
+        (mine, rest), (want_mine, want_rest) = fast(x, given), f(x, given)
+        assert len(given) == 2 and all(a is b for a, b in zip(given, before))
+        assert type(mine) is list and type(rest) is list
+        assert [len(mine), len(rest)] == [len(want_mine), len(want_rest)] == [3, 3]
+        for a, b in zip(mine + rest, want_mine + want_rest):
+            torch.testing.assert_close(a, b)
+        assert rest[1] is given[1]

@@ -184,3 +184,44 @@ def test_a_hooked_model_and_its_hooks_are_freed_with_it():
     del model, fast, post
     gc.collect()
     assert [r() for r in refs] == [None] * 4
+
+
+def _scaled_by(box):
+    """A decorator whose wrapper is a closure (as transformers' kwarg shims are)."""
+    def decorate(fn):
+        def wrapper(self, *args, **kwargs):
+            return fn(self, *args, **kwargs) * box[0]
+        return wrapper
+    return decorate
+
+
+def test_a_hooked_module_whose_forward_is_a_closure_is_one_graph_guarded_on_its_cells():
+    """The hooked call reads ``module.forward``, a bound method of a decorator's wrapper:
+    its cells are read (and guarded) through the method's source, so a changed cell or a
+    replaced forward captures again with eager's results."""
+    box = [2.0]
+
+    class Scaled(nn.Linear):
+        forward = _scaled_by(box)(nn.Linear.forward)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Scaled(4, 4), nn.Linear(4, 2))
+    seen = []
+    model[0].register_forward_hook(lambda mod, args, out: seen.append(out.detach()))
+    x = torch.randn(3, 4)
+    assert _graphs(model, x) == (1, [])
+    fast = agspeed.optimize(model, backend="eager")
+    captures = []
+    for change in (None, None, "cell", "forward"):
+        if change == "cell":
+            box[0] = -1.5
+        elif change == "forward":
+            Scaled.forward = _scaled_by([0.25])(nn.Linear.forward)
+        seen.clear()
+        torch.testing.assert_close(fast(x), model(x))
+        assert len(seen) == 2
+        torch.testing.assert_close(seen[0], seen[1])
+        captures.append(sum(r.decision == "captured"
+                            for r in agspeed._runtime.frame_records()))
+    first = captures[0]   # (explain's capture came before)
+    assert captures == [first, first, first + 1, first + 2], captures

@@ -213,6 +213,44 @@ def test_model_output_to_tuple_and_keys():
     check(f, (3, 4))
 
 
+def test_model_output_item_assignment_sets_item_and_attribute():
+    """``out[key] = value`` on a ModelOutput the capture made runs its own
+    ``__setitem__`` (item and attribute), as transformers does for hidden states."""
+    mo = pytest.importorskip("transformers.modeling_outputs")
+
+    def f(x):
+        out = mo.BaseModelOutput(last_hidden_state=x * 2)
+        states = [x, x + 1, x * 3]
+        states = states[:-1]          # a slice of a list of the capture: a new list
+        states.append(out.last_hidden_state)
+        out["hidden_states"] = tuple(states)
+        return out
+
+    got = check(f, (3, 4))
+    assert list(got.keys()) == ["last_hidden_state", "hidden_states"]
+    assert len(got.hidden_states) == 3
+    for a, b in zip(got.hidden_states, got["hidden_states"]):
+        assert a is b
+
+
+def test_item_assignment_on_a_model_output_of_the_program_still_breaks():
+    mo = pytest.importorskip("transformers.modeling_outputs")
+    held = [None]
+
+    def f(x):
+        held[0]["hidden_states"] = (x,)
+        return x + 1
+
+    x = torch.randn(2)
+    held[0] = mo.BaseModelOutput(last_hidden_state=torch.zeros(2))
+    report = agspeed.explain(f, x)
+    assert report.graph_break_count >= 1
+    assert "item assignment" in str(report.break_reasons[0])
+    held[0] = mo.BaseModelOutput(last_hidden_state=torch.zeros(2))
+    torch.testing.assert_close(agspeed.optimize(f, backend="eager")(x), x + 1)
+    assert held[0]["hidden_states"][0] is x and held[0].hidden_states[0] is x
+
+
 # -- user class objects ----------------------------------------------------------------------
 
 

@@ -152,7 +152,13 @@ def _assert_same_output(ref, out, where: str) -> None:
             for a, b in zip(mine, theirs):
                 torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL,
                                            msg=f"{where}: {key} differs")
-        else:   # tuples of hidden states are off here (no output_hidden_states)
+        elif isinstance(value, tuple) and value and isinstance(value[0], torch.Tensor):
+            # hidden states, attentions (output_hidden_states, output_attentions)
+            assert type(got) is tuple and len(got) == len(value), f"{where}: {key}"
+            for k, (a, b) in enumerate(zip(got, value)):
+                torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL,
+                                           msg=f"{where}: {key}[{k}] differs")
+        else:
             assert got == value, f"{where}: {key}"
 
 
@@ -250,3 +256,32 @@ def test_transformers_model_is_one_graph(name, mode):
         after = agspeed.counters()
     assert after["cache_misses"] == before["cache_misses"]
     assert after["graph_calls"] == before["graph_calls"] + 1
+
+
+@pytest.mark.parametrize("name", ["bert", "llama", "t5", "vit"])
+def test_hidden_states_and_attentions_are_one_graph_with_eagers_values(name):
+    """``output_hidden_states=True, output_attentions=True``: transformers collects them
+    with forward hooks on the layers (closures, reading the collector from a context
+    variable, appending to lists it then slices and stores into the ModelOutput). All of
+    it is captured: one graph, the tuples and the loss's gradients equal to eager's."""
+    kind = MODELS[name][4]
+    model = _build(name, "train")
+    model.config._attn_implementation = "eager"   # sdpa gives no attention weights
+    twin = copy.deepcopy(model)
+    fast = agspeed.optimize(twin, backend="eager")
+    gen = torch.Generator().manual_seed(4)
+    flags = dict(output_hidden_states=True, output_attentions=True)
+    for call in ("capture", "cache hit"):
+        inputs = dict(_inputs(kind, True, gen), **flags)
+        ref, ref_grads = _step(model, model, "train", inputs)
+        out, grads = _step(fast, twin, "train", inputs)
+        where = f"{name}, {call}"
+        hidden = ref.get("hidden_states", ref.get("encoder_hidden_states"))
+        assert hidden is not None and len(hidden) == LAYERS + 1, where
+        _assert_same_output(ref, out, where)
+        for pname, grad in ref_grads.items():
+            torch.testing.assert_close(grads[pname], grad, rtol=RTOL, atol=ATOL,
+                                       msg=f"{where}: gradient of {pname} differs")
+    report = agspeed.explain(model, **dict(_inputs(kind, True, gen), **flags))
+    assert (report.graph_count, report.graph_break_count) == (1, 0), \
+        [str(b) for b in report.break_reasons]
