@@ -41,6 +41,8 @@ DUNDER_NAMES = frozenset({"__getitem__", "__contains__", "__len__", "__iter__", 
                           "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"})
 # Modules whose classes keep the path they take today: the runtime's own, torch's.
 _OWN_PATH_MODULES = ("agspeed", "torch")
+# and builtins, and typing's forms (``Optional[int]`` is folded whole: agspeed._folds)
+_TYPING_MODULES = ("builtins", "typing", "typing_extensions")
 
 
 class Dunders:
@@ -87,7 +89,7 @@ class Dunders:
     def _dunder_class(self, cls: type) -> bool:
         """Whether instances of ``cls`` may take the inlined path at all."""
         module = getattr(cls, "__module__", "") or ""
-        if module.split(".", 1)[0] in _OWN_PATH_MODULES or module == "builtins":
+        if module.split(".", 1)[0] in _OWN_PATH_MODULES or module in _TYPING_MODULES:
             return False
         torch = self._torch  # type: ignore[attr-defined]
         if issubclass(cls, (torch.Tensor, torch.nn.Module, type)):

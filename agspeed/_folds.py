@@ -48,6 +48,27 @@ _SEQUENCE_OPS = frozenset({operator.add, operator.concat, operator.iadd, operato
                            operator.imul})
 
 
+
+_HINT_MODULES = ("builtins", "typing", "typing_extensions", "collections", "collections.abc",
+                 "types")
+
+
+def _type_hint(obj: Any) -> bool:
+    """A class of the standard library or a ``typing`` form: what subscripting makes
+    a type hint (``list[int]``, ``Optional[str]``, ``Callable[[int], bool]``)."""
+    module = getattr(type(obj), "__module__", None) if not isinstance(obj, type) else \
+        getattr(obj, "__module__", None)
+    return module in _HINT_MODULES
+
+
+def _type_hint_args(index: Any) -> bool:
+    """Arguments of a type hint: classes, ``typing`` forms, their tuples and lists,
+    ``...``, None and strings (forward references)."""
+    if type(index) in (tuple, list):
+        return all(_type_hint_args(i) for i in index)
+    return index is None or index is Ellipsis or type(index) is str or \
+        isinstance(index, type) or _type_hint(index)
+
 class Folds(StdlibFolds):
     """The part of ``GraphBuilder`` that evaluates known values (the standard library's
     iterators, itertools, functools and container methods in ``_stdlib``)."""
@@ -307,6 +328,14 @@ class Folds(StdlibFolds):
                 (type(out) is list or not self._is_static(out)) and \
                 not isinstance(out, self.node_type)
             return out, (("item", source, index) if keep else None)
+        if _type_hint(container) and _type_hint_args(index):
+            # an annotation evaluated in the frame (``def helper(x: list[Any])``):
+            # a generic alias, made as Python makes it
+            try:
+                return container[index], None
+            except Exception as exc:
+                raise GraphBreak(Reason.OP_FAILED, f"{container!r}[{index!r}] raised "
+                                 f"{type(exc).__name__}: {exc}") from exc
         raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"indexing a {type(container).__name__}")
 
     def _guard_read(self, container: Any, index: Any, source: Any, out: Any) -> None:
@@ -400,7 +429,7 @@ class Folds(StdlibFolds):
                  dict.__contains__) or \
                 (b is os.environ and type(a) is str)   # read as a dict, guarded
             if not (plain and (self._is_static(a) or self._enum_in(a, b)
-                               or self._identity_in(a, b))):
+                               or self._identity_in(a, b) or self._identity_key_in(a, b))):
                 raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"`in` on a {type(b).__name__}")
             found = a in b
             self._guard_membership(a, b)
@@ -433,6 +462,15 @@ class Folds(StdlibFolds):
             return False
         return compared_by_identity(a) and \
             all(compared_by_identity(v) or self._is_static(v) for v in b)
+
+    def _identity_key_in(self, a: Any, b: Any) -> bool:
+        """``a in b`` for a dict of the program (reached by a source) and a key that
+        hashes and compares by identity (a class: registries keyed by type, as torch's
+        pytree keeps): a lookup that runs no program code, guarded by the key's item."""
+        if not isinstance(b, dict) or not compared_by_identity(a):
+            return False
+        known = self.known.get(id(b))  # type: ignore[attr-defined]
+        return known is not None and known[0] is b
 
     def _enum_in(self, a: Any, b: Any) -> bool:
         """``a in b`` for a str or int enum member ``a`` and a tuple or list ``b`` of

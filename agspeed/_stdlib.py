@@ -116,6 +116,14 @@ def _one_of(fn: Any, options: tuple) -> bool:
     return any(fn is option for option in options)
 
 
+def _marked_constant(fn: Any) -> bool:
+    """Whether ``fn`` (or the function an ``lru_cache`` wraps) carries the mark of
+    ``torch._dynamo.assume_constant_result``: its result is fixed for the process."""
+    if type(fn) is functools._lru_cache_wrapper:
+        fn = fn.__wrapped__
+    return type(fn) is types.FunctionType and \
+        fn.__dict__.get("_dynamo_marked_constant") is True
+
 class StdlibFolds:
     """The part of ``GraphBuilder`` that folds the standard library (see the module doc)."""
 
@@ -139,6 +147,10 @@ class StdlibFolds:
             return (Plan.GEN_CTX, wrapped, ("cell", source, 0))
         if kind is functools.partial:
             return self._plan_partial(fn, source)
+        if _marked_constant(fn):
+            # torch._dynamo.assume_constant_result's mark (transformers sets it on its
+            # install probes): called now, its answer a constant, as in Dynamo
+            return (Plan.FOLD, fn)
         if kind is functools._lru_cache_wrapper:
             wrapped = fn.__wrapped__
             if type(wrapped) is not types.FunctionType:

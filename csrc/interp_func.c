@@ -261,6 +261,42 @@ closure_of(ags_interp *it, ags_frame *f, PyCodeObject *code, PyObject **out)
     return AGS_GO;
 }
 
+/* fn.__annotations__ from what MAKE_FUNCTION finds: a tuple of names and
+ * values in turn (3.11-3.13), or a dict. */
+static int
+set_annotations(ags_interp *it, PyObject *fn, ags_value *value)
+{
+    PyObject *arg = ags_graph_arg(it, value), *dict;
+    int rc = 0;
+
+    if (arg == NULL) {
+        return PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;
+    }
+    if (PyDict_Check(arg)) {
+        dict = Py_NewRef(arg);
+    }
+    else if (PyTuple_Check(arg) && PyTuple_GET_SIZE(arg) % 2 == 0) {
+        dict = PyDict_New();
+        for (Py_ssize_t k = 0; dict != NULL && rc == 0
+                               && k < PyTuple_GET_SIZE(arg); k += 2) {
+            rc = PyDict_SetItem(dict, PyTuple_GET_ITEM(arg, k),
+                                PyTuple_GET_ITEM(arg, k + 1));
+        }
+    }
+    else {
+        Py_DECREF(arg);
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                         "annotations given as a %s", Py_TYPE(arg)->tp_name);
+    }
+    Py_DECREF(arg);
+    if (dict == NULL || rc < 0 || PyFunction_SetAnnotations(fn, dict) < 0) {
+        Py_XDECREF(dict);
+        return AGS_ERROR;
+    }
+    Py_DECREF(dict);
+    return AGS_GO;
+}
+
 /* A function from a code constant: `def` and lambdas inside captured code,
  * comprehensions on 3.11.  Its closure shares the maker's cells; defaults
  * may hold graph values.  It is owned by the capture (interp.c binds its
@@ -296,6 +332,9 @@ op_make_function(ags_interp *it, ags_frame *f, const ags_instr *ins)
         if (rc == AGS_GO && PyFunction_SetClosure(fn, closure) < 0) {
             rc = AGS_ERROR;
         }
+    }
+    if (rc == AGS_GO && extra[1].kind != AGS_VK_UNBOUND) {
+        rc = set_annotations(it, fn, &extra[1]);
     }
     for (int k = 2; rc == AGS_GO && k < 4; k++) {  /* kwdefaults, defaults */
         if (extra[k].kind == AGS_VK_UNBOUND) {
@@ -354,6 +393,9 @@ op_set_function_attribute(ags_interp *it, ags_frame *f, const ags_instr *ins)
             rc = AGS_ERROR;
         }
         Py_XDECREF(arg);
+    }
+    else if (ins->arg == 4) {
+        rc = set_annotations(it, fn.obj, &value);
     }
     ags_value_clear(&value);
     if (rc != AGS_GO) {

@@ -4,6 +4,7 @@ break (never more graphs than torch._dynamo.explain reports for it), and its res
 types and its gradients equal eager's on fresh random inputs."""
 
 import collections
+import collections.abc
 import functools
 import itertools
 import operator
@@ -338,6 +339,43 @@ def f_a_size_argument_is_a_shape(x):
     return x + 1, made.shape, x.new_ones(torch.Size([2, 3])) * 2
 
 
+def f_annotations_evaluated_in_the_frame(x):
+    # a nested function's annotations are subscripted classes and typing forms (torch's
+    # pytree helpers define such functions on every call)
+    def helper(a: list[typing.Any], b: typing.Optional[int] = None,
+               c: typing.Callable[[int], bool] = None) -> dict[str, tuple[int, ...]]:
+        return a
+    hints = (typing.List[int], collections.abc.Sequence[float], typing.Union[int, str],
+             typing.Optional["torch.Tensor"])
+    return helper([x + 1])[0] * len(hints), len(helper.__annotations__)
+
+
+SCALES_BY_TYPE = {list: 2.0, tuple: 3.0}
+
+
+def f_a_registry_keyed_by_type_is_read(x):
+    # `type(v) in REGISTRY`, then its item: lookups by identity, guarded per key
+    found = [SCALES_BY_TYPE[k] for k in (list, dict, tuple) if k in SCALES_BY_TYPE]
+    return x * sum(found), set in SCALES_BY_TYPE
+
+
+PROBES = []
+
+
+@functools.lru_cache
+def _probe_installed():
+    PROBES.append(1)
+    return True
+
+
+_probe_installed.__wrapped__._dynamo_marked_constant = True   # assume_constant_result's
+
+
+def f_a_function_marked_constant_is_called_once(x):
+    # transformers marks its install probes so; the capture calls it, its answer a constant
+    return x * 2 if _probe_installed() else x
+
+
 FUNCTIONS = {name: fn for name, fn in globals().items() if name.startswith("f_")}
 
 
@@ -574,3 +612,18 @@ def test_tensor_default_arguments_are_graph_inputs_read_each_call():
     assert len(backend_graphs) == 1
     report = agspeed.explain(calls_with_defaults, x)
     assert (report.graph_count, report.graph_break_count) == (1, 0)
+
+
+def test_a_registry_keyed_by_type_changed_between_calls_is_seen():
+    fast = agspeed.optimize(f_a_registry_keyed_by_type_is_read, backend="eager")
+    x = torch.randn(3, 4)
+    try:
+        for change in (None, "add", "drop"):
+            if change == "add":
+                SCALES_BY_TYPE[dict] = 5.0
+            elif change == "drop":
+                del SCALES_BY_TYPE[list]
+            assert_same(fast(x), f_a_registry_keyed_by_type_is_read(x))
+    finally:
+        SCALES_BY_TYPE.clear()
+        SCALES_BY_TYPE.update({list: 2.0, tuple: 3.0})

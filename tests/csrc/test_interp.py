@@ -975,3 +975,16 @@ def test_is_between_two_known_objects_is_told_to_the_builder():
     _C.capture(f.__code__, {"x": T(), "a": one, "b": two, "c": one}, f.__globals__,
                builtins.__dict__, rec, T)
     assert rec.identities == [(one, two)]   # `c is not None` needs no identity
+
+
+def annotated(x):
+    def inner(a: int, *, b: "list[str]" = None) -> float:
+        return a
+
+    return x * len(inner.__annotations__), inner
+
+
+def test_a_made_function_keeps_its_annotations():
+    out, b = capture(annotated, x=T())
+    assert out["status"] == "graph", out
+    assert b.ops[-1][0] == "mul" and b.ops[-1][1][1] == 3
