@@ -141,6 +141,11 @@ class CallPolicy:
             return ckpt
         if isinstance(fn, torch.nn.Module):
             return self._plan_module(fn, source)
+        try:
+            hash(fn)
+        except TypeError:   # a weakref to a dict, say: no table below can hold it
+            raise GraphBreak(Reason.UNSUPPORTED_CALL,
+                             f"calling a {type(fn).__name__} that is not hashable") from None
         if fn in self.replayed_calls:  # type: ignore[attr-defined]
             return (Plan.GRAPH, fn)  # recorded by call_function, replayed after the graph
         if fn is logging.getLogger:  # the same logger for the same name, made at most once

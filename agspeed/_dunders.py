@@ -59,6 +59,12 @@ class Dunders:
         if not self._dunder_class(cls):
             return None
         found = _class_lookup(cls, name)
+        if isinstance(obj, self._torch.nn.Module) and (  # type: ignore[attr-defined]
+                type(found) is not types.FunctionType or
+                (found.__module__ or "").split(".", 1)[0] in _OWN_PATH_MODULES):
+            # a module keeps its path (torch's containers are modelled: ModuleList[i])
+            # unless its own class, outside torch, writes the method
+            return None
         if found is MISSING:
             cls_source = self._dunder_class_source(obj, source, cls)
             if cls_source is not None:   # a later call's class must not have gained one
@@ -92,7 +98,7 @@ class Dunders:
         if module.split(".", 1)[0] in _OWN_PATH_MODULES or module in _TYPING_MODULES:
             return False
         torch = self._torch  # type: ignore[attr-defined]
-        if issubclass(cls, (torch.Tensor, torch.nn.Module, type)):
+        if issubclass(cls, (torch.Tensor, type)):
             return False
         from agspeed._objects import _model_output_type, is_structseq_type
 

@@ -222,6 +222,11 @@ def _super_attr(sup: super, name: str) -> tuple[str, Any]:
                 return Attr.METHOD, value
             if type(value) is staticmethod:
                 return Attr.VALUE, value.__func__
+            if type(value) is classmethod and type(value.__func__) is types.FunctionType \
+                    and isinstance(self, type):
+                # super().f() inside a classmethod: the base's classmethod, bound to the
+                # same class (an instance's super() would bind its type: not modelled)
+                return Attr.METHOD, value.__func__
             if type(value) in (types.MethodDescriptorType, types.WrapperDescriptorType) and \
                     klass.__module__ == "builtins":
                 return Attr.METHOD, value   # a builtin base's method, called with self

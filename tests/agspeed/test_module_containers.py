@@ -4,6 +4,8 @@ module, or absent), so adding or removing a block captures again and answers as 
 module whose class defines ``__call__`` (and may go on through ``super().__call__``) has
 that method inlined rather than the call broken out."""
 
+import copy
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -172,3 +174,45 @@ def test_a_module_with_its_own_eq_in_a_set_breaks_and_answers_as_eager():
     x = torch.randn(3)
     torch.testing.assert_close(fast(x), fn(x))
     assert any("graph break" in r.decision for r in agspeed._runtime.frame_records())
+
+
+class LayersByIndex(nn.Module):
+    """A module that is its own container: ``self[i]`` and ``len(self)`` by its own
+    ``__getitem__`` and ``__len__`` over a ModuleList, ``self["w"]`` over a ParameterDict."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6)])
+        self.params = nn.ParameterDict({"w": nn.Parameter(torch.randn(6, 6))})
+
+    def __getitem__(self, key):
+        return self.params[key] if isinstance(key, str) else self.layers[key]
+
+    def __len__(self):
+        return len(self.layers)
+
+    def forward(self, x):
+        for i in range(len(self)):
+            x = self[i](x)
+        return x @ self["w"]
+
+
+def test_a_module_with_its_own_getitem_and_len_is_one_graph():
+    torch.manual_seed(0)
+    model = LayersByIndex()
+    twin = copy.deepcopy(model)
+    x = torch.randn(4, 6)
+    report = agspeed.explain(model, x)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
+    fast = agspeed.optimize(twin, backend="eager")
+    for _ in range(2):
+        x = torch.randn(4, 6)
+        got, want = fast(x), model(x)
+        torch.testing.assert_close(got, want)
+        got.sum().backward()
+        want.sum().backward()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(q.grad, p.grad)
+    twin.layers.append(nn.Tanh())      # the container changed: captured again, right
+    model.layers.append(nn.Tanh())
+    torch.testing.assert_close(fast(x), model(x))

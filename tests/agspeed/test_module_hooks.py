@@ -225,3 +225,26 @@ def test_a_hooked_module_whose_forward_is_a_closure_is_one_graph_guarded_on_its_
                             for r in agspeed._runtime.frame_records()))
     first = captures[0]   # (explain's capture came before)
     assert captures == [first, first, first + 1, first + 2], captures
+
+
+def test_a_hook_registered_and_removed_inside_the_frame_runs_as_eager(caplog):
+    """``handle.remove()`` calls a weak reference to the hook dict (unhashable): a clean
+    break, never an internal error, and the hook is gone afterwards."""
+    model, ref = _twins()
+
+    def post(module, args, out):
+        return out * 2
+
+    def step(m, x):
+        handle = m.a.register_forward_hook(post)
+        y = m(x)
+        handle.remove()
+        return y + m(x)
+
+    fast = agspeed.optimize(step, backend="eager")
+    for _ in range(2):
+        x = torch.randn(3, 4)
+        with caplog.at_level("WARNING", logger="agspeed"):
+            torch.testing.assert_close(fast(model, x), step(ref, x))
+        assert not model.a._forward_hooks and not ref.a._forward_hooks
+    assert not [r for r in caplog.records if "internal error" in r.getMessage()]

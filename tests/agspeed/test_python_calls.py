@@ -350,6 +350,26 @@ def f_annotations_evaluated_in_the_frame(x):
     return helper([x + 1])[0] * len(hints), len(helper.__annotations__)
 
 
+class BaseScaler:
+    k = 1
+
+    @classmethod
+    def apply(cls, x):
+        return x + cls.k
+
+
+class DerivedScaler(BaseScaler):
+    k = 10
+
+    @classmethod
+    def apply(cls, x):
+        return super().apply(x) * 2     # the base's classmethod, bound to DerivedScaler
+
+
+def f_super_inside_a_classmethod(x):
+    return DerivedScaler.apply(x), BaseScaler.apply(x)
+
+
 SCALES_BY_TYPE = {list: 2.0, tuple: 3.0}
 
 
