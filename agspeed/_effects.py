@@ -72,7 +72,7 @@ from agspeed.protocol import Reason
 __all__ = ["SideEffects", "replay"]
 
 # _RAW_SET: object.__setattr__'s write; _TAIL: what a list of the program was extended by
-_SET, _CALL, _CONTENTS, _RAW_SET, _TAIL = 0, 1, 2, 3, 4
+_SET, _CALL, _CONTENTS, _RAW_SET, _TAIL, _RESULT = 0, 1, 2, 3, 4, 5
 # the containers a shadow copies (csrc/interp_effects.c: their methods run no user code)
 _SHADOWED = (list, dict, collections.OrderedDict, collections.defaultdict)
 
@@ -215,6 +215,7 @@ class SideEffects:
         # id(original) -> (original, its shadow or tail)
         self._shadow_for: dict[int, tuple] = {}
         self._plan: tuple | None = None  # made once, when the capture ends
+        self._returned_shadows: list = []  # (path in the result, shadow): note_result
         self._owner_sources: list = []
 
     def effect_setattr(self, obj: Any, source: Any, name: str, value: Any,
@@ -388,8 +389,30 @@ class SideEffects:
             else:
                 _, fn, args, kwargs = effect
                 plan.append((_CALL, fn, args, kwargs, _has_slot((args, kwargs))))
+        for path, made in self._returned_shadows:
+            # the frame returns the program's list or dict itself, contents written back
+            source = next((e[1] for e in kept if e[0] in (_CONTENTS, _TAIL) and e[3] is made),
+                          None)
+            if source is not None:
+                plan.append((_RESULT, owners[source], path, None, False))
         self._plan = tuple(plan)
         return self._plan
+
+    def note_result(self, result: Any) -> None:
+        """Where the frame's result holds the capture's copy of a list or dict of the
+        program (``a.append(x); return a``): eager returns that very object, so the
+        replay puts it there, after writing its contents back.  Asked before the plan."""
+        self._returned_shadows = list(self._shadow_paths(result, ()))
+
+    def _shadow_paths(self, value: Any, path: tuple) -> Any:
+        if type(value) in _SHADOWED and self.is_shadow(value):
+            yield path, value
+        elif type(value) in (tuple, list):
+            for k, v in enumerate(value):
+                yield from self._shadow_paths(v, path + (k,))
+        elif type(value) is dict:
+            for k, v in value.items():
+                yield from self._shadow_paths(v, path + (k,))
 
     def _changed(self, made: Any) -> bool:
         first = self._shadows[id(made)][2]
@@ -490,6 +513,18 @@ def _write_back(container: Any, contents: Any) -> None:
         container.update(contents)
 
 
+def _put(result: Any, path: tuple, obj: Any) -> Any:
+    """``result`` with ``obj`` at ``path`` (indices and keys through the tuples, lists
+    and dicts the graph returned, which are its own)."""
+    if not path:
+        return obj
+    head, rest = path[0], path[1:]
+    if type(result) is tuple:
+        return result[:head] + (_put(result[head], rest, obj),) + result[head + 1:]
+    result[head] = _put(result[head], rest, obj)
+    return result
+
+
 def replay(plan: tuple, n_inputs: int, compiled: Callable) -> Callable:
     """A callable over the graph's inputs then the owners: runs ``compiled`` (whose
     output is ``(result, tensors)``), replays ``plan`` in order and returns the result."""
@@ -505,6 +540,8 @@ def replay(plan: tuple, n_inputs: int, compiled: Callable) -> Callable:
                 _write_back(owners[target], _fill(b, outputs) if slots else b)
             elif kind == _TAIL:
                 owners[target].extend(_fill(b, outputs) if slots else b)
+            elif kind == _RESULT:
+                result = _put(result, a, owners[target])
             elif slots:
                 target(*_fill(a, outputs), **_fill(b, outputs))
             else:

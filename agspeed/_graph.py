@@ -46,6 +46,7 @@ import builtins
 import collections
 import contextlib
 import functools
+import keyword
 import operator
 import sys
 import types
@@ -343,6 +344,10 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
             routed = self.numpy_route(kind, target, args, kwargs)
             if routed is not None:   # an operator on arrays, torch.from_numpy
                 return routed
+        if any(keyword.iskeyword(k) for k in kwargs):
+            # t.uniform_(**{"from": 0}): a graph's code cannot spell the keyword
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{_target_name(kind, target)} with "
+                             f"a keyword argument named as a Python keyword")
         args, kwargs = self._writable(args), self._writable(kwargs)
         self.note_identity(target, args, kwargs)   # constants the graph will hold
         fake_args, fake_kwargs = self._fake(args), self._fake(kwargs)
@@ -394,9 +399,10 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
                              f"as an argument of a graph operation")
         return value
 
-    def _is_static(self, value: Any) -> bool:
+    def _is_static(self, value: Any, depth: int = 0) -> bool:
         if isinstance(value, (tuple, list)) and type(value) in (tuple, list, self._torch.Size):
-            return all(self._is_static(v) for v in value)
+            # (a list that holds itself, or nests deeper than data does, is no constant)
+            return depth < 64 and all(self._is_static(v, depth + 1) for v in value)
         return type(value) in self._static or self.is_numpy_constant(value)
 
     def _wrap(self, node: Any, out: Any, kind: str, target: Any) -> Any:
@@ -442,8 +448,11 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
                     items.append(v)
             if isinstance(out, torch.Size):
                 return SymShape(items)
-            # torch.return_types results keep their type: .values, .indices
-            return type(out)(items) if is_structseq_type(type(out)) else tuple(items)
+            # torch.return_types results keep their type (.values, .indices), and an
+            # operator returning Tensor[] (torch.ops.aten.split_with_sizes) a list
+            if is_structseq_type(type(out)):
+                return type(out)(items)
+            return list(items) if type(out) is list else tuple(items)
         self.graph.erase_node(node)
         raise GraphBreak(Reason.NON_TENSOR_RESULT,
                          f"{_target_name(kind, target)} returned a {type(out).__name__}")
@@ -573,6 +582,7 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         """Finish the graph returning ``result`` (nodes, constants, tuples/lists/dicts)."""
         import torch.fx
 
+        self.note_result(result)   # the program's own lists and dicts returned
         if self.has_effects:  # the values the writes store come out of the graph too
             result = (result, tuple(self.effect_values()))
         self.note_identity(result)

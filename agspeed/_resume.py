@@ -334,6 +334,12 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
             # what the frame goes on to raise: the resume function's guard would keep
             # it (no weak reference to an exception), and with it its traceback's frames
             return "an exception being made or raised at the break"
+        if kind == "CONST" and type(payload) is slice and any(
+                isinstance(v, builder.node_type)
+                for v in (payload.start, payload.stop, payload.step)):
+            # x[t:] with a tensor bound: the slice holds the graph's value, which the
+            # break instruction would be handed as it is
+            return "a slice bounded by a tensor at the break"
         if kind in ("LAZY", "CONST"):
             if type(source) is tuple and len(source) == 2 and source[0] == "local":
                 return ("local", source[1])
@@ -363,7 +369,10 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
             return ("constant", payload)
         if kind == "METHOD":
             import torch
-            return ("constant", getattr(torch.Tensor, payload))
+            found = getattr(torch.Tensor, payload, None)
+            if found is None:   # a NumPy array's own method (x.tobytes())
+                return f"the method {payload!r} of an array at the break"
+            return ("constant", found)
         return f"a {kind.lower()} value at the break"
 
     stack, local = [], []

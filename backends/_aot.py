@@ -11,12 +11,13 @@ own, read from the tensors on every call.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 from agspeed.backends import _split
 from agspeed.backends._protocol import is_dynamic, placeholder_values
 
-__all__ = ["example_values", "sizes_bound", "compile_bound"]
+__all__ = ["example_values", "sizes_bound", "compile_bound", "floats_as_tensors"]
 
 
 def static_fakes(example_inputs: list) -> list:
@@ -62,16 +63,100 @@ def sizes_bound(gm: Any) -> tuple[Any, list]:
     return (bound, sized) if sized else (gm, [])
 
 
+def floats_as_tensors(gm: Any, example_inputs: list) -> tuple[Any, list, list]:
+    """A copy of ``gm`` whose float symbols (plain floats the capture made inputs) are
+    0-d float64 tensors read back with ``.item()``, the inputs to trace it with, and the
+    floats' positions; ``gm``, ``example_inputs`` and ``[]`` when it has none.
+
+    AOTAutograd traces a SymFloat input as the constant it held (a later value would be
+    computed with the first one); a tensor input is data, and ``.item()`` of it is a
+    value the compiled code reads on each call, as Dynamo's own tensorify pass makes it."""
+    import torch
+    import torch.fx
+    from torch._guards import detect_fake_mode
+
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    floats = [k for k, n in enumerate(places)
+              if type(n.meta.get("example_value")).__name__ == "SymFloat"]
+    if not floats:
+        return gm, example_inputs, []
+    fake_mode = detect_fake_mode([n.meta.get("example_value") for n in places])
+    graph = torch.fx.Graph()
+    env: dict = {}
+    for k, node in enumerate(places):
+        made = graph.placeholder(node.name)
+        made.meta.update(node.meta)
+        if k in floats:
+            real = torch.tensor(float(example_inputs[k]), dtype=torch.float64)
+            made.meta["example_value"] = fake_mode.from_tensor(real) \
+                if fake_mode is not None else real
+            env[node] = graph.call_method("item", (made,))
+        else:
+            env[node] = made
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            env[node] = graph.node_copy(node, lambda arg: env[arg])
+    made_gm = torch.fx.GraphModule(gm, graph)
+    made_gm.meta.update(gm.meta)
+    return made_gm, [as_tensor(v) if k in floats else v
+                     for k, v in enumerate(example_inputs)], floats
+
+
+@contextlib.contextmanager
+def _scalar_outputs(example: list) -> Iterator[None]:
+    """While compiling: the fake mode of the values traced (a dynamic graph's is the
+    capture's) lets ``.item()`` of a fake make a symbol, as the floats' reads need."""
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode(example) if example else None
+    if mode is None:
+        yield
+        return
+    # the capture's ShapeEnv still holds the floats' own symbols, which AOTAutograd's
+    # tensorify pass would otherwise ask Dynamo to specialize (a restart that is
+    # Dynamo's alone): they are marked as dealt with while this graph compiles
+    try:
+        from torch._dynamo.symbolic_convert import TensorifyState
+        marks = TensorifyState.force_specializations
+    except (ImportError, AttributeError):   # another torch: the compile may fail, and
+        marks = set()                       # the graph then runs eager, logged
+    env = mode.shape_env
+    mine = [str(s) for s in (getattr(env, "backed_var_to_val", None) or {})
+            if str(s).startswith("zf")] if env is not None else []
+    saved = set(marks)
+    before = mode.allow_scalar_outputs
+    mode.allow_scalar_outputs = True
+    marks.update(mine)
+    try:
+        yield
+    finally:
+        mode.allow_scalar_outputs = before
+        marks.clear()
+        marks.update(saved)
+
+
+def as_tensor(value: Any) -> Any:
+    """A float input as the 0-d tensor ``floats_as_tensors``' graph takes."""
+    import torch
+
+    return torch.tensor(float(value), dtype=torch.float64)
+
+
 def compile_bound(gm: Any, example_inputs: list,
                   compile_fn: Callable[[Any, list], Callable[..., Any]]) -> Callable[..., Any]:
-    """``compile_fn(graph, values)`` on ``gm`` with its sizes bound and the values to
-    trace with; the callable takes ``gm``'s own inputs."""
+    """``compile_fn(graph, values)`` on ``gm`` with its sizes bound, its floats made
+    tensors and the values to trace with; the callable takes ``gm``'s own inputs."""
+    gm, example_inputs, floats = floats_as_tensors(gm, example_inputs)
     example = example_values(gm, example_inputs)
     gm, sized = sizes_bound(gm)
-    compiled = compile_fn(gm, _split.size_values(sized, example) + example)
-    if not sized:
+    with _scalar_outputs(example if floats else []):
+        compiled = compile_fn(gm, _split.size_values(sized, example) + example)
+    if not sized and not floats:
         return compiled
+    floats = frozenset(floats)
 
-    def with_sizes(*args: Any) -> Any:
+    def bound(*args: Any) -> Any:
+        if floats:
+            args = tuple(as_tensor(v) if k in floats else v for k, v in enumerate(args))
         return compiled(*_split.size_values(sized, args), *args)
-    return with_sizes
+    return bound

@@ -78,8 +78,9 @@ def _unavailable() -> str | None:
     return None
 
 
-capabilities = Capabilities(training=True, dynamic=True, devices={"cpu", "cuda"},
-                            unavailable=_unavailable)
+# floats made symbols are traced as 0-d tensors (_aot.floats_as_tensors)
+capabilities = Capabilities(training=True, dynamic=True, float_inputs=True,
+                            devices={"cpu", "cuda"}, unavailable=_unavailable)
 
 
 def cache_dir() -> str:

@@ -662,7 +662,9 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
         rc = frame_run(&it, &f);
     }
     if (rc == AGS_DONE) {
-        PyObject *result = ags_graph_arg(&it, &f.retval);
+        /* the capture's own list or dict, not a copy: the builder tells a list of
+         * the program returned (its shadow) by identity */
+        PyObject *result = ags_held_arg(&it, &f.retval);
         if (result == NULL) {
             rc = it.brk_reason >= 0 ? AGS_BREAK : AGS_ERROR;
             it.brk_code = code;

@@ -90,6 +90,11 @@ fresh_container(ags_interp *it, int op, PyObject *out)
             return -1;
         }
     }
+    if ((op == AGS_BOP_CALL_FUNCTION || op == AGS_BOP_CALL_METHOD)
+        && PyList_CheckExact(out) && Py_REFCNT(out) == 1) {
+        /* an operator's Tensor[] result (aten.split_with_sizes): a new list */
+        return ags_own(it, out);
+    }
     if ((op != AGS_BOP_FOLD && op != AGS_BOP_CONTAINER_METHOD)
         || Py_REFCNT(out) != 1) {
         return 0;

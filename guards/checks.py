@@ -146,17 +146,21 @@ def _snapshot(value: Any) -> Any:
     return value
 
 
-def _by_value(builder: Any, value: Any) -> bool:
+def _by_value(builder: Any, value: Any, depth: int = 0) -> bool:
     """Whether ``value`` is compared by equality: what the builder holds static, and the
     parts of an index a subscript takes whole (``...``, slices of plain values), in tuples
-    and lists, and sets of static values (a set is read whole: ``len(s)``, ``k in s``)."""
+    and lists, and sets of static values (a set is read whole: ``len(s)``, ``k in s``).
+    A list that holds itself (or nests past any data's depth) is not."""
     kind = type(value)
     if kind is type(Ellipsis):
         return True
+    if depth > 64:
+        return False
     if kind is slice:
-        return all(_by_value(builder, v) for v in (value.start, value.stop, value.step))
+        return all(_by_value(builder, v, depth + 1)
+                   for v in (value.start, value.stop, value.step))
     if kind in (tuple, list):
-        return all(_by_value(builder, v) for v in value)
+        return all(_by_value(builder, v, depth + 1) for v in value)
     if kind in (set, frozenset):
         return all(builder._is_static(v) for v in value)
     return builder._is_static(value)

@@ -122,7 +122,13 @@ load_attr(g_program *p, PyObject *base, PyObject *name, int *via)
         for (int s = 0; s < 3; s++) {
             PyObject *store = PyDict_GetItemWithError(dict,
                                                       ags_gp_names.stores[s]);
-            if (store != NULL && PyDict_CheckExact(store)) {
+            if (store != NULL && !PyDict_CheckExact(store)) {
+                /* a store replaced by a mapping of its own (DeepSpeed's
+                 * ZeROOrderedDict): Module.__getattr__ reads it, in Python */
+                Py_DECREF(dict);
+                return step(p, AGS_LOAD_ATTR, base, name);
+            }
+            if (store != NULL) {
                 value = PyDict_GetItemWithError(store, name);
                 if (value != NULL) {
                     Py_INCREF(value);

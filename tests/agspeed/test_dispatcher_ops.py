@@ -124,3 +124,21 @@ def test_a_data_dependent_operator_breaks_as_item_does():
     x = torch.randn(6)
     torch.testing.assert_close(fast(x), fn(x))
     assert any("data_dependent" in d for d in _decisions())
+
+
+def test_an_operator_returning_a_tensor_list_gives_a_list_the_frame_may_change():
+    def fn(x):
+        parts = torch.ops.aten.split_with_sizes(x, [7, 16, 9])
+        kind = type(parts) is list
+        parts.append(x * 2)
+        parts[0] = parts[0] + 1
+        return kind, [p.sum() for p in parts], torch.ops.aten.unbind(x.view(4, 8))
+
+    x = torch.randn(32)
+    report = agspeed.explain(fn, x)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
+    got, want = agspeed.optimize(fn, backend="eager")(x), fn(x)
+    assert got[0] is want[0] is True
+    assert type(got[2]) is type(want[2]) is list and len(got[2]) == 4
+    for a, b in zip(got[1] + got[2], want[1] + want[2]):
+        torch.testing.assert_close(a, b)

@@ -576,3 +576,42 @@ def test_a_slice_of_a_list_is_a_new_list_the_frame_may_change():
         for a, b in zip(mine + rest, want_mine + want_rest):
             torch.testing.assert_close(a, b)
         assert rest[1] is given[1]
+
+
+def appends_and_returns(a, x):
+    a.append(x.sin())
+    return a
+
+
+def fills_and_returns(d, x):
+    d["y"] = d["x"] * 2 + x
+    return d
+
+
+def returns_in_a_tuple(a, x):
+    a.append(a[0] * x)
+    return x + 1, (a, len(a))
+
+
+@pytest.mark.parametrize("fn", [appends_and_returns, fills_and_returns, returns_in_a_tuple])
+def test_a_list_or_dict_of_the_program_that_is_changed_and_returned_is_that_object(fn):
+    """``a.append(x); return a`` returns the caller's own list in eager: the graph's copy
+    is written back into it and it is what comes out, here as at the top level or inside
+    a returned tuple, so a later change through either name is seen by both."""
+    fast = agspeed.optimize(fn, backend="eager")
+    for _ in range(2):
+        x = torch.randn(3)
+        mine = {"x": torch.ones(3)} if fn is fills_and_returns else [torch.ones(3)]
+        theirs = {"x": torch.ones(3)} if fn is fills_and_returns else [torch.ones(3)]
+        got, want = fast(mine, x), fn(theirs, x)
+        got_obj = got if fn is not returns_in_a_tuple else got[1][0]
+        want_obj = want if fn is not returns_in_a_tuple else want[1][0]
+        assert got_obj is mine and want_obj is theirs
+        assert len(mine) == len(theirs)
+        for a, b in zip(mine.values() if isinstance(mine, dict) else mine,
+                        theirs.values() if isinstance(theirs, dict) else theirs):
+            torch.testing.assert_close(a, b)
+        if fn is returns_in_a_tuple:
+            assert type(got) is tuple and type(got[1]) is tuple and got[1][1] == want[1][1]
+    report = agspeed.explain(fn, mine, torch.randn(3))
+    assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons

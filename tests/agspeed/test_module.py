@@ -8,6 +8,7 @@ helper functions they call with tensors (``FunctionalNet``, ``LoopModel``).
 """
 
 import abc
+import collections
 import copy
 import io
 import logging
@@ -995,3 +996,29 @@ def test_parameter_and_module_lists_summed_or_tested_stay_in_one_graph():
     torch.testing.assert_close(out, model(x))
     out.sum().backward()
     assert all(p.grad is not None for p in model.scales)
+
+
+class _OwnParameterStore(collections.OrderedDict):
+    """What DeepSpeed's ZeRO puts in ``_parameters``: an OrderedDict with its own
+    ``__getitem__`` (there, gathering a sharded weight)."""
+
+    def __getitem__(self, key):
+        return super().__getitem__(key)
+
+
+def test_a_module_whose_parameter_store_is_a_mapping_of_its_own_reads_it():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    for mod in model.modules():
+        store = _OwnParameterStore()
+        for k, p in mod._parameters.items():
+            store[k] = p
+        mod._parameters = store
+    fast = agspeed.optimize(model, backend="eager")
+    for _ in range(2):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(fast(x), model(x))
+    with torch.no_grad():
+        model[0].weight.mul_(2)           # changed in place: read, not held
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(fast(x), model(x))

@@ -647,3 +647,30 @@ def test_a_registry_keyed_by_type_changed_between_calls_is_seen():
     finally:
         SCALES_BY_TYPE.clear()
         SCALES_BY_TYPE.update({list: 2.0, tuple: 3.0})
+
+
+SELF_HOLDING = []
+SELF_HOLDING[:] = [SELF_HOLDING, None]
+
+
+def test_odd_values_break_or_fold_without_an_internal_error(caplog):
+    """A keyword argument named as a Python keyword (``t.uniform_(**{"from": 0})``),
+    which a graph's code cannot spell, and a list that holds itself: eager's results,
+    no internal error."""
+    def draws(t):
+        return t.uniform_(**{"from": -2.0, "to": 2.0}) * 2
+
+    def self_holding(x):
+        return SELF_HOLDING[0] is SELF_HOLDING, x + 1
+
+    with caplog.at_level("WARNING", logger="agspeed"):
+        torch.manual_seed(3)
+        want = draws(torch.empty(3))
+        torch.manual_seed(3)
+        torch.testing.assert_close(agspeed.optimize(draws, backend="eager")(torch.empty(3)),
+                                   want)
+        x = torch.randn(2)
+        got = agspeed.optimize(self_holding, backend="eager")(x)
+        assert got[0] is True
+        torch.testing.assert_close(got[1], x + 1)
+    assert not [r for r in caplog.records if "internal error" in r.getMessage()]

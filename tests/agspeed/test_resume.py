@@ -547,3 +547,20 @@ def test_a_break_at_a_data_dependent_subscript_resumes():
 
     report = check(f, lambda: (torch.randn(4, 5, requires_grad=True),), graphs=2)
     assert report.break_reasons[0].reason == "data_dependent"
+
+
+def sliced_by_a_tensor(y):
+    x = torch.arange(8.0)
+    out = x[y[0]:]            # the bound is the graph's value: data-dependent
+    x[y[1]:] = 0              # and a store through such a slice
+    return (out + 3) * 5, x
+
+
+def test_a_slice_bounded_by_a_tensor_gives_eagers_result():
+    """A slice whose bound is a tensor breaks (its length depends on the data); the
+    frame must not hand the break instruction the graph's placeholder for the bound."""
+    fast = agspeed.optimize(sliced_by_a_tensor, backend="eager")
+    for y in (torch.tensor([1, 5]), torch.tensor([3, 6])):
+        got, want = fast(y), sliced_by_a_tensor(y)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)

@@ -249,6 +249,39 @@ def test_ints_made_symbols_train_through_one_graph():
     assert agspeed.recompiles()[0].dynamic == ("self.steps", "pos")
 
 
+class Tempered(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x, scale, shift):
+        return (self.fc(x) * scale + shift * 2.0).relu() / (scale + 1.0)
+
+
+@pytest.mark.parametrize("rows", ["static", "varying"])
+def test_floats_made_symbols_train_through_one_compiled_graph(rows):
+    """A float that varies per call (a temperature, a mixing weight) becomes a symbol,
+    read by the compiled code as a 0-d tensor: every value is right, with sizes fixed or
+    symbolic as well, and the graph compiles once for all of them."""
+    eager, model = _twins(Tempered)
+    optimized = agspeed.optimize(model, backend="inductor")
+    values = (0.5, 1.5, 2.5, -0.25, 3.0, 7.5)
+    for k, v in enumerate(values):
+        n = 4 if rows == "static" else 4 + k % 3
+        x = torch.randn(n, 8, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        got, want = optimized(x, v, v * 3), eager(x2, v, v * 3)
+        torch.testing.assert_close(got, want)
+        got.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(x.grad, x2.grad)
+        torch.testing.assert_close(model.fc.weight.grad, eager.fc.weight.grad)
+    (record,) = agspeed.recompiles()
+    assert {"scale", "shift"} <= set(record.dynamic)
+    captured = [r for r in agspeed._runtime.frame_records() if r.decision == "captured"]
+    assert len(captured) == 3   # two values, then one graph for every later value
+
+
 def test_output_containers_and_constants_come_back_as_eager_gives_them():
     eager, model = _twins(Pair)
     x = torch.randn(3, 8)
@@ -274,6 +307,7 @@ def test_inference_under_no_grad():
 def test_declares_training_dynamic_and_both_devices():
     caps = backends.capabilities_of(backends.get_backend("inductor"))
     assert caps.training and caps.dynamic and caps.devices == {"cpu", "cuda"}
+    assert caps.float_inputs
     assert caps.unavailable() is None  # this machine has torch._inductor and g++
 
 
