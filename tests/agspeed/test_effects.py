@@ -615,3 +615,16 @@ def test_a_list_or_dict_of_the_program_that_is_changed_and_returned_is_that_obje
             assert type(got) is tuple and type(got[1]) is tuple and got[1][1] == want[1][1]
     report = agspeed.explain(fn, mine, torch.randn(3))
     assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
+
+
+def test_a_returned_list_of_the_program_is_not_held_by_the_entry():
+    fast = agspeed.optimize(appends_and_returns, backend="eager")
+    mine, x = [torch.ones(3)], torch.randn(3)
+    for _ in range(3):
+        fast(mine, x)
+    gc.collect()
+    before = sys.getrefcount(mine)
+    for _ in range(20):
+        assert fast(mine, x) is mine
+    gc.collect()
+    assert sys.getrefcount(mine) == before and len(mine) == 24
