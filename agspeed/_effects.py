@@ -50,9 +50,13 @@ call (and the caller) sees exactly the state eager would have left.
   empty list taking the appends, extended onto the original after the graph, with only
   the original's type guarded, so a list that grows on every call does not make every
   call capture again; a later read of the list turns the tail into a full shadow in
-  place (``shadow`` puts the original's items, guarded, in front).  Known limit: a
-  frame that returns such a container returns a list or dict with its final contents,
-  not the object itself (containers are copied into graph arguments).
+  place (``shadow`` puts the original's items, guarded, in front).  A frame that
+  returns such a container (``a.append(x); return a``, at the top of its result or
+  inside tuples, lists and dicts of it) returns the object itself, as eager does:
+  ``note_result`` finds the shadow's place in the result, and the replay, once the
+  contents are written back, puts the original there (``_RESULT``).  Known limit: an
+  object made in the frame that holds such a container (a dataclass's field) is rebuilt
+  after the graph with a list of its own.
 """
 
 from __future__ import annotations
