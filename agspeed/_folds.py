@@ -47,8 +47,6 @@ _KEEPS_SIZES = frozenset({len, tuple, list, iter, reversed, zip, enumerate})
 _SEQUENCE_OPS = frozenset({operator.add, operator.concat, operator.iadd, operator.mul,
                            operator.imul})
 
-
-
 _HINT_MODULES = ("builtins", "typing", "typing_extensions", "collections", "collections.abc",
                  "types")
 
@@ -68,6 +66,7 @@ def _type_hint_args(index: Any) -> bool:
         return all(_type_hint_args(i) for i in index)
     return index is None or index is Ellipsis or type(index) is str or \
         isinstance(index, type) or _type_hint(index)
+
 
 class Folds(StdlibFolds):
     """The part of ``GraphBuilder`` that evaluates known values (the standard library's

@@ -75,21 +75,21 @@ def floats_as_tensors(gm: Any, example_inputs: list) -> tuple[Any, list, list]:
     import torch.fx
     from torch._guards import detect_fake_mode
 
-    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    floats = [k for k, n in enumerate(places)
-              if type(n.meta.get("example_value")).__name__ == "SymFloat"]
+    values = placeholder_values(gm)
+    floats = [k for k, v in enumerate(values) if type(v).__name__ == "SymFloat"]
     if not floats:
         return gm, example_inputs, []
-    fake_mode = detect_fake_mode([n.meta.get("example_value") for n in places])
+    fake_mode = detect_fake_mode(values)
+    inputs = [as_tensor(v) if k in floats else v for k, v in enumerate(example_inputs)]
     graph = torch.fx.Graph()
     env: dict = {}
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for k, node in enumerate(places):
         made = graph.placeholder(node.name)
         made.meta.update(node.meta)
         if k in floats:
-            real = torch.tensor(float(example_inputs[k]), dtype=torch.float64)
-            made.meta["example_value"] = fake_mode.from_tensor(real) \
-                if fake_mode is not None else real
+            made.meta["example_value"] = fake_mode.from_tensor(inputs[k]) \
+                if fake_mode is not None else inputs[k]
             env[node] = graph.call_method("item", (made,))
         else:
             env[node] = made
@@ -98,8 +98,7 @@ def floats_as_tensors(gm: Any, example_inputs: list) -> tuple[Any, list, list]:
             env[node] = graph.node_copy(node, lambda arg: env[arg])
     made_gm = torch.fx.GraphModule(gm, graph)
     made_gm.meta.update(gm.meta)
-    return made_gm, [as_tensor(v) if k in floats else v
-                     for k, v in enumerate(example_inputs)], floats
+    return made_gm, inputs, floats
 
 
 @contextlib.contextmanager
