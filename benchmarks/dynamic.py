@@ -29,6 +29,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -170,20 +171,24 @@ def main() -> int:
     torch.set_num_threads(1 if args.device == "cpu" else torch.get_num_threads())
     data = batches(steps, 8, lengths, args.device)
     results = {name: train(name, data, args.device) for name in RUNTIMES}
-    eager = results["eager"]
     print(f"varying sequence length ({steps} steps, lengths {lengths.start}-"
           f"{lengths.stop - 1}, {len({d[0].shape for d in data})} distinct shapes) on "
           f"{args.device}: {machine(args.device)}, torch {torch.__version__}")
+    return report("dynamic", results, args, steps, lengths=[lengths.start, lengths.stop - 1])
+
+
+def report(benchmark: str, results: dict, args: Any, steps: int, **extra: Any) -> int:
+    """Compares every runtime's losses with eager's, prints the table, saves the run
+    (``extra`` fields added) and answers the exit status: 1 where losses differ."""
+    eager = results["eager"]
     for r in results.values():
         r["losses_match"] = all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5)
                                 for a, b in zip(r["losses"], eager["losses"]))
     print_rows(results, "losses_match")
-    data_out = {"benchmark": "dynamic", "machine": machine(args.device), "device": args.device,
-                "torch": torch.__version__, "quick": args.quick, "steps": steps,
-                "lengths": [lengths.start, lengths.stop - 1],
-                "runtimes": {k: {kk: vv for kk, vv in v.items() if kk != "losses"}
-                             for k, v in results.items()}}
-    save(data_out, args.out)
+    save({"benchmark": benchmark, "machine": machine(args.device), "device": args.device,
+          "torch": torch.__version__, "quick": args.quick, "steps": steps, **extra,
+          "runtimes": {k: {kk: vv for kk, vv in v.items() if kk != "losses"}
+                       for k, v in results.items()}}, args.out)
     bad = [name for name, r in results.items() if not r["losses_match"]]
     if bad:
         print(f"  losses differ from eager for: {', '.join(bad)}")

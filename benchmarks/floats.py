@@ -20,7 +20,6 @@ step of the last half, both as ratios to eager; and whether the losses match eag
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import sys
@@ -33,8 +32,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import agspeed  # noqa: E402
-from _report import add_device_args, default_out, machine, save, sync  # noqa: E402
-from dynamic import TinyLM, batches, print_rows  # noqa: E402
+from _report import add_device_args, default_out, machine, sync  # noqa: E402
+from dynamic import TinyLM, batches, report  # noqa: E402
 
 
 class Tempered(TinyLM):
@@ -99,22 +98,9 @@ def main() -> int:
     torch.set_num_threads(1 if args.device == "cpu" else torch.get_num_threads())
     data = batches(steps, 8, range(64, 65), args.device)
     results = {name: train(name, data, args.device) for name in RUNTIMES}
-    eager = results["eager"]
     print(f"a temperature annealed over {steps} steps on {args.device}: "
           f"{machine(args.device)}, torch {torch.__version__}")
-    for r in results.values():
-        r["losses_match"] = all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5)
-                                for a, b in zip(r["losses"], eager["losses"]))
-    print_rows(results, "losses_match")
-    save({"benchmark": "floats", "machine": machine(args.device), "device": args.device,
-          "torch": torch.__version__, "quick": args.quick, "steps": steps,
-          "runtimes": {k: {kk: vv for kk, vv in v.items() if kk != "losses"}
-                       for k, v in results.items()}}, args.out)
-    bad = [name for name, r in results.items() if not r["losses_match"]]
-    if bad:
-        print(f"  losses differ from eager for: {', '.join(bad)}")
-        return 1
-    return 0
+    return report("floats", results, args, steps)
 
 
 if __name__ == "__main__":
