@@ -32,8 +32,9 @@ XDIST=()
 # stages, in order (GPU_STAGES picks some): kernels (the nvrtc kernels and models on the
 # GPU), cuda (the other CUDA tests; GPU_CUDA_K narrows them, a pytest -k expression),
 # suite (every test),
-# demo, bench (guard and dispatch benchmarks), nvrtc (benchmarks/nvrtc.py: the fused
-# kernels' bandwidth and graphs), train (benchmarks/train.py on CUDA, with TRAIN_ARGS),
+# demo (scripts/demo.py on CUDA, with DEMO_ARGS), bench (guard and dispatch benchmarks),
+# nvrtc (benchmarks/nvrtc.py: the fused kernels' bandwidth and graphs, with NVRTC_ARGS:
+# --parts bandwidth,memory say), train (benchmarks/train.py on CUDA, with TRAIN_ARGS),
 # cpu (the guard benchmark on this host's CPU)
 STAGES=${GPU_STAGES:-kernels cuda suite demo bench nvrtc cpu}
 [ "${GPU_QUICK:-0}" = 1 ] && STAGES="kernels cuda"
@@ -51,13 +52,17 @@ for stage in $STAGES; do
               -k "${GPU_CUDA_K:-cuda}") 2>&1 | tee "$OUT/test_cuda.log" | tail -15 || rc=1 ;;
     suite) (cd /tmp && timeout "$lim" "$PY" -m pytest -q -rfE --tb=short -p no:cacheprovider \
               "${XDIST[@]}" "$ROOT/tests") 2>&1 | tee "$OUT/tests.log" | tail -15 || rc=1 ;;
-    demo) "$PY" scripts/demo.py --device cuda 2>&1 | tee "$OUT/demo.log" | tail -30 || rc=1 ;;
+    # shellcheck disable=SC2086
+    demo) timeout "$lim" "$PY" scripts/demo.py --device cuda ${DEMO_ARGS:-} 2>&1 \
+              | tee "$OUT/demo.log" | tail -30 || rc=1 ;;
     bench) "$PY" benchmarks/hit_scaling.py --device cuda --out "$OUT/hit_scaling_cuda.json" 2>&1 | tail -12 || rc=1
            "$PY" benchmarks/dispatch.py --device cuda --out "$OUT/dispatch_cuda.json" 2>&1 | tail -10 || rc=1 ;;
     train) # shellcheck disable=SC2086
            timeout "$lim" "$PY" benchmarks/train.py --device cuda --out "$OUT/train_cuda.json" ${TRAIN_ARGS:-} 2>&1 \
               | tee "$OUT/train.log" | tail -40 || rc=1 ;;
-    nvrtc) timeout "$lim" "$PY" benchmarks/nvrtc.py --device cuda --out "$OUT/nvrtc_cuda.json" 2>&1 \
+    # shellcheck disable=SC2086
+    nvrtc) timeout "$lim" "$PY" benchmarks/nvrtc.py --device cuda --out "$OUT/nvrtc_cuda.json" \
+              ${NVRTC_ARGS:-} 2>&1 \
               | tee "$OUT/nvrtc.log" | tail -25 || rc=1 ;;
     # Python 3.12 here, so the guard's structure memo runs on watchers
     cpu) "$PY" benchmarks/hit_scaling.py --out "$OUT/hit_scaling_py312.json" 2>&1 | tail -12 || rc=1 ;;

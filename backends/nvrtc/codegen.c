@@ -216,6 +216,19 @@ put_row_offset(text *t, const kernel *k, int strided, const char *prefix)
     ags_cg_put(t, ")");
 }
 
+/* The field of the vector step's lane text.lane: .x to .w of CUDA's vectors
+ * of 4, .v[l] of agspeed's of 8 (the prelude's). */
+static void
+put_lane(text *t)
+{
+    if (t->width == 4) {
+        ags_cg_put(t, ".%c", "xyzw"[t->lane]);
+    }
+    else {
+        ags_cg_put(t, ".v[%d]", t->lane);
+    }
+}
+
 static void
 put_load(text *t, const kernel *k, const instr *op)
 {
@@ -229,7 +242,9 @@ put_load(text *t, const kernel *k, const instr *op)
         const char *conv = st == AGS_KTYPE_F16 ? "ags_from_f16"
                            : st == AGS_KTYPE_BF16 ? "ags_from_bf16" : "";
 
-        ags_cg_put(t, "%s(a%d.%c)", conv, src, "xyzw"[t->lane]);
+        ags_cg_put(t, "%s(a%d", conv, src);
+        put_lane(t);
+        ags_cg_put(t, ")");
         return;
     }
     if (st == AGS_KTYPE_F16) {
@@ -317,18 +332,17 @@ ags_cg_put_store(text *t, const kernel *k, int o, int per_row)
 
     snprintf(prefix, sizeof prefix, "so%d", o);
     if (t->lane >= 0 && !out->strided) {
-        char c = "xyzw"[t->lane];
-
+        ags_cg_put(t, "o%d", o);
+        put_lane(t);
         if (out->type == AGS_KTYPE_F16 || out->type == AGS_KTYPE_BF16) {
-            ags_cg_put(t, "o%d.%c = ags_to_%s((float)v%d);\n", o, c,
+            ags_cg_put(t, " = ags_to_%s((float)v%d);\n",
                 out->type == AGS_KTYPE_F16 ? "f16" : "bf16", out->value);
         }
         else if (out->type == AGS_KTYPE_BOOL) {
-            ags_cg_put(t, "o%d.%c = (unsigned char)(v%d != 0);\n", o, c, out->value);
+            ags_cg_put(t, " = (unsigned char)(v%d != 0);\n", out->value);
         }
         else {
-            ags_cg_put(t, "o%d.%c = (%s)v%d;\n", o, c, ags_kernel_storage_name(out->type),
-                out->value);
+            ags_cg_put(t, " = (%s)v%d;\n", ags_kernel_storage_name(out->type), out->value);
         }
         return;
     }
@@ -452,11 +466,20 @@ ags_cg_put_uniforms(text *t, const kernel *k)
     return 0;
 }
 
-/* The vector type that loads 4 values of storage type `type` at once, or
- * NULL where there is none worth having (8-byte types). */
+/* The vector type that loads `width` values of storage type `type` at
+ * once, or NULL where there is none worth having (8-byte types, 4-byte ones
+ * by 8).  Those of 8 are the prelude's. */
 const char *
-ags_cg_vector_of(int type)
+ags_cg_vector_of(int type, int width)
 {
+    if (width == 8) {
+        switch (type) {
+        case AGS_KTYPE_F16: case AGS_KTYPE_BF16: return "ags_u16x8";
+        case AGS_KTYPE_I8: return "ags_i8x8";
+        case AGS_KTYPE_U8: case AGS_KTYPE_BOOL: return "ags_u8x8";
+        default: return NULL;
+        }
+    }
     switch (type) {
     case AGS_KTYPE_F32: return "float4";
     case AGS_KTYPE_F16: case AGS_KTYPE_BF16: return "ushort4";
@@ -467,31 +490,39 @@ ags_cg_vector_of(int type)
     }
 }
 
-static int
-vector_bytes(int type)
+int
+ags_cg_vector_width(const kernel *k)
 {
-    switch (type) {
-    case AGS_KTYPE_F32: case AGS_KTYPE_I32: return 16;
-    case AGS_KTYPE_F16: case AGS_KTYPE_BF16: return 8;
-    default: return 4;
+    int widest = 0;
+
+    for (int i = 0; i < k->n_in; i++) {
+        if (!k->in[i].strided && ags_kernel_storage_bytes(k->in[i].type) > widest) {
+            widest = ags_kernel_storage_bytes(k->in[i].type);
+        }
     }
+    for (int o = 0; o < k->n_out; o++) {
+        if (ags_cg_vector_output(k, o) && ags_kernel_storage_bytes(k->out[o].type) > widest) {
+            widest = ags_kernel_storage_bytes(k->out[o].type);
+        }
+    }
+    return widest > 0 && widest <= 2 ? 8 : 4;
 }
 
 /* Whether a kernel gets a vector path: every operand contiguous and of a
- * type with a vector of 4. */
+ * type with a vector of the kernel's width. */
 static int
-vectorizable(const kernel *k)
+vectorizable(const text *t, const kernel *k)
 {
     if (ags_cg_any_strided(k)) {
         return 0;
     }
     for (int i = 0; i < k->n_in; i++) {
-        if (ags_cg_vector_of(k->in[i].type) == NULL) {
+        if (ags_cg_vector_of(k->in[i].type, t->width) == NULL) {
             return 0;
         }
     }
     for (int i = 0; i < k->n_out; i++) {
-        if (ags_cg_vector_of(k->out[i].type) == NULL) {
+        if (ags_cg_vector_of(k->out[i].type, t->width) == NULL) {
             return 0;
         }
     }
@@ -513,38 +544,39 @@ ags_cg_put_aligned(text *t, const kernel *k)
     for (int i = 0; i < k->n_in; i++) {
         if (!k->in[i].strided) {
             ags_cg_put(t, " | ((unsigned long long)in%d & %dULL)", i,
-                vector_bytes(k->in[i].type) - 1);
+                ags_kernel_storage_bytes(k->in[i].type) * t->width - 1);
         }
     }
     for (int i = 0; i < k->n_out; i++) {
         if (ags_cg_vector_output(k, i)) {
             ags_cg_put(t, " | ((unsigned long long)out%d & %dULL)", i,
-                vector_bytes(k->out[i].type) - 1);
+                ags_kernel_storage_bytes(k->out[i].type) * t->width - 1);
         }
     }
     ags_cg_put(t, ") == 0)");
 }
 
-/* The vector path: taken when the count is a multiple of 4 and every pointer
- * is aligned to its vector; each step loads 4 values of each input at once,
- * computes the 4 elements and stores 4 values of each output at once. */
+/* The vector path: taken when the count is a multiple of the width W and
+ * every pointer is aligned to its vector; each step loads W values of each
+ * input at once, computes the W elements and stores W values of each output
+ * at once. */
 static int
 put_vector_path(text *t, const kernel *k, const char *need)
 {
-    ags_cg_put(t, "if (total %% 4 == 0 && ");
+    ags_cg_put(t, "if (total %% %d == 0 && ", t->width);
     ags_cg_put_aligned(t, k);
     ags_cg_put(t, ") {\n");
     ags_cg_put(t, "for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;"
-        " j < total / 4; j += (long long)gridDim.x * blockDim.x) {\n");
+        " j < total / %d; j += (long long)gridDim.x * blockDim.x) {\n", t->width);
     for (int i = 0; i < k->n_in; i++) {
-        const char *v = ags_cg_vector_of(k->in[i].type);
+        const char *v = ags_cg_vector_of(k->in[i].type, t->width);
 
         ags_cg_put(t, "const %s a%d = ((const %s *)in%d)[j];\n", v, i, v, i);
     }
     for (int o = 0; o < k->n_out; o++) {
-        ags_cg_put(t, "%s o%d;\n", ags_cg_vector_of(k->out[o].type), o);
+        ags_cg_put(t, "%s o%d;\n", ags_cg_vector_of(k->out[o].type, t->width), o);
     }
-    for (t->lane = 0; t->lane < 4; t->lane++) {
+    for (t->lane = 0; t->lane < t->width; t->lane++) {
         ags_cg_put(t, "{\n");
         if (ags_cg_put_marked(t, k, need) < 0) {
             t->lane = -1;
@@ -557,8 +589,8 @@ put_vector_path(text *t, const kernel *k, const char *need)
     }
     t->lane = -1;
     for (int o = 0; o < k->n_out; o++) {
-        ags_cg_put(t, "((%s *)out%d)[j] = o%d;\n", ags_cg_vector_of(k->out[o].type), o,
-            o);
+        ags_cg_put(t, "((%s *)out%d)[j] = o%d;\n",
+            ags_cg_vector_of(k->out[o].type, t->width), o, o);
     }
     ags_cg_put(t, "}\nreturn;\n}\n");
     return 0;
@@ -579,7 +611,7 @@ put_pointwise(text *t, const kernel *k, char *need)
     for (int o = 0; o < k->n_out; o++) {
         ags_cg_mark_cone(k, k->out[o].value, need, NULL);
     }
-    if (vectorizable(k) && put_vector_path(t, k, need) < 0) {
+    if (vectorizable(t, k) && put_vector_path(t, k, need) < 0) {
         return -1;
     }
     ags_cg_put(t, "for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;"
@@ -627,14 +659,19 @@ static const char prelude[] =
     "#define AGS_WARP_LANES 32\n"
     "#else\n"
     "#define AGS_WARP_LANES 1\n"      /* the harness's blocks are one thread */
-    "#endif\n";
+    "#endif\n"
+    /* vectors of 8 narrow values, 16 bytes of fp16 or bf16 a load as fp32's
+     * float4 moves (CUDA's own vectors stop at 4) */
+    "struct alignas(16) ags_u16x8 { unsigned short v[8]; };\n"
+    "struct alignas(8) ags_u8x8 { unsigned char v[8]; };\n"
+    "struct alignas(8) ags_i8x8 { signed char v[8]; };\n";
 
 /* desc: borrowed. Returns a new reference: the kernel's CUDA C source. */
 PyObject *
 ags_nvrtc_source(PyObject *desc)
 {
     kernel k;
-    text t = {NULL, 0, 0, 0, -1};
+    text t = {NULL, 0, 0, 0, -1, 4};
     char *need = NULL, *done = NULL;
     PyObject *result = NULL;
     int rc;
@@ -642,6 +679,7 @@ ags_nvrtc_source(PyObject *desc)
     if (ags_kernel_read(desc, &k) < 0) {
         goto done;
     }
+    t.width = ags_cg_vector_width(&k);
     need = PyMem_Calloc((size_t)k.n_ops + 1, 1);
     done = PyMem_Calloc((size_t)k.n_ops + 1, 1);
     if (need == NULL || done == NULL) {

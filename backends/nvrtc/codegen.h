@@ -18,6 +18,7 @@ typedef struct {
     size_t len, cap;
     int failed;
     int lane;           /* >= 0: writing lane <lane> of a vector step */
+    int width;          /* the kernel's vector step: 4 or 8 lanes */
 } text;
 
 void ags_cg_put(text *t, const char *fmt, ...);
@@ -40,12 +41,17 @@ int ags_cg_put_uniforms(text *t, const kernel *k);
 int ags_cg_any_strided(const kernel *k);
 
 /* The vector path's machinery (pointwise kernels, and the vector forms of
- * both paths of row kernels).  With text.lane = l >= 0, a load of a contiguous input reads
- * lane l of a<input> and a store of a contiguous element output writes lane
- * l of o<output>, vectors of 4 the caller declares; strided operands are
- * read and written one element at a time, through the indices. */
-/* The vector type of 4 values of storage type `type`, or NULL (none). */
-const char *ags_cg_vector_of(int type);
+ * both paths of row kernels).  With text.lane = l >= 0, a load of a
+ * contiguous input reads lane l of a<input> and a store of a contiguous
+ * element output writes lane l of o<output>, vectors of text.width the
+ * caller declares; strided operands are read and written one element at a
+ * time, through the indices. */
+/* The lanes of k's vector step: 8 where every operand moved as a vector is
+ * 2 bytes or narrower (so fp16 and bf16 move 16 bytes a load, as fp32
+ * does), else 4. */
+int ags_cg_vector_width(const kernel *k);
+/* The vector type of `width` values of storage type `type`, or NULL (none). */
+const char *ags_cg_vector_of(int type, int width);
 /* Whether output o is a contiguous element output (stored as vectors). */
 int ags_cg_vector_output(const kernel *k, int o);
 /* A condition: every contiguous input and element output aligned to its

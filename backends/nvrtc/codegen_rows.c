@@ -27,13 +27,15 @@
  *     barriers a reduction.  Element values are recomputed in each pass
  *     rather than kept (a long row does not fit in registers).
  *
- * Each path has a vector form, taken when cols is a multiple of 4 and the
- * pointers of the contiguous inputs and element outputs are aligned (and
- * those all have a vector type): a step takes 4 consecutive columns (4 c4_
- * to 4 c4_ + 3, c4_ where c was), loading each contiguous input and
- * storing each contiguous element output as one vector (codegen.c's
- * machinery: 16 bytes of fp32, 8 of bf16); strided operands (a weight
- * broadcast over the rows) go one element at a time.
+ * Each path has a vector form, taken when cols is a multiple of the
+ * kernel's vector width W (4, or 8 where every operand moved as a vector is
+ * fp16, bf16 or a byte) and the pointers of the contiguous inputs and
+ * element outputs are aligned (and those all have a vector type): a step
+ * takes W consecutive columns (W cw_ to W cw_ + W - 1, cw_ where c was),
+ * loading each contiguous input and storing each contiguous element output
+ * as one vector (codegen.c's machinery: 16 bytes of fp32 or of bf16);
+ * strided operands (a weight broadcast over the rows) go one element at a
+ * time.
  *
  * The kernel's function holds both paths; codegen.c adds a second one,
  * <name>_block, with the block path alone, which driver.c launches for
@@ -191,7 +193,7 @@ put_pass_values(text *t, rows *g)
     char slot[32];
 
     if (t->lane >= 0) {
-        snprintf(slot, sizeof slot, "j_ * 4 + %d", t->lane);
+        snprintf(slot, sizeof slot, "j_ * %d + %d", t->width, t->lane);
     }
     else {
         snprintf(slot, sizeof slot, "j_");
@@ -241,17 +243,18 @@ put_element(text *t, const rows *g, int r)
     }
 }
 
-/* The step of a pass's vector form: the thread's 4 columns from 4 c4_, each
- * contiguous input this pass reads from memory loaded as one vector, the 4
- * elements computed one after the other (text.lane), each contiguous
- * element output stored as one vector.  Strided operands (a weight
- * broadcast over the rows) are read and written one element at a time. */
+/* The step of a pass's vector form: the thread's W columns (text.width)
+ * from W cw_, each contiguous input this pass reads from memory loaded as
+ * one vector, the W elements computed one after the other (text.lane), each
+ * contiguous element output stored as one vector.  Strided operands (a
+ * weight broadcast over the rows) are read and written one element at a
+ * time. */
 static int
 put_vector_step(text *t, rows *g, int r)
 {
     const kernel *k = g->k;
 
-    ags_cg_put(t, "const long long q4_ = row * (cols / 4) + c4_;\n(void)q4_;\n");
+    ags_cg_put(t, "const long long qw_ = row * (cols / %d) + cw_;\n(void)qw_;\n", t->width);
     for (int s = 0; s < k->n_in; s++) {
         int read = 0;   /* whether this pass loads input s from memory */
 
@@ -262,19 +265,19 @@ put_vector_step(text *t, rows *g, int r)
                     && !(g->warp && g->kept[i] && g->loaded[i]);
         }
         if (read && !k->in[s].strided) {
-            const char *v = ags_cg_vector_of(k->in[s].type);
+            const char *v = ags_cg_vector_of(k->in[s].type, t->width);
 
-            ags_cg_put(t, "const %s a%d = ((const %s *)in%d)[q4_];\n", v, s, v, s);
+            ags_cg_put(t, "const %s a%d = ((const %s *)in%d)[qw_];\n", v, s, v, s);
         }
     }
     for (int o = 0; r < 0 && o < k->n_out; o++) {
         if (ags_cg_vector_output(k, o)) {
-            ags_cg_put(t, "%s o%d;\n", ags_cg_vector_of(k->out[o].type), o);
+            ags_cg_put(t, "%s o%d;\n", ags_cg_vector_of(k->out[o].type, t->width), o);
         }
     }
-    for (t->lane = 0; t->lane < 4; t->lane++) {
-        ags_cg_put(t, "{\nconst long long c = c4_ * 4 + %d;\n"
-            "const long long i = row * cols + c;\n(void)i;\n", t->lane);
+    for (t->lane = 0; t->lane < t->width; t->lane++) {
+        ags_cg_put(t, "{\nconst long long c = cw_ * %d + %d;\n"
+            "const long long i = row * cols + c;\n(void)i;\n", t->width, t->lane);
         if (g->strided) {
             ags_cg_put_indices(t, k->ndim - k->nred, k->ndim, "c");
         }
@@ -288,8 +291,8 @@ put_vector_step(text *t, rows *g, int r)
     t->lane = -1;
     for (int o = 0; r < 0 && o < k->n_out; o++) {
         if (ags_cg_vector_output(k, o)) {
-            ags_cg_put(t, "((%s *)out%d)[q4_] = o%d;\n", ags_cg_vector_of(k->out[o].type),
-                o, o);
+            ags_cg_put(t, "((%s *)out%d)[qw_] = o%d;\n",
+                ags_cg_vector_of(k->out[o].type, t->width), o, o);
         }
     }
     return 0;
@@ -298,7 +301,7 @@ put_vector_step(text *t, rows *g, int r)
 /* One pass over the row computing the values marked in g->need at each of
  * this thread's elements, then put_element(r).  The warp path's loop has a
  * constant count (unrolled: its loads all in flight, its register arrays
- * registers); its vector form takes 4 columns a step. */
+ * registers); its vector form takes text.width columns a step. */
 static int
 put_pass(text *t, rows *g, int r)
 {
@@ -307,13 +310,14 @@ put_pass(text *t, rows *g, int r)
     if (g->vector) {
         if (g->warp) {
             ags_cg_put(t, "#pragma unroll\n"
-                "for (int j_ = 0; j_ < AGS_WARP_ITEMS / 4; j_++) {\n"
-                "const long long c4_ = lane_ + (long long)j_ * AGS_WARP_LANES;\n"
-                "if (c4_ * 4 < cols) {\n");
+                "for (int j_ = 0; j_ < AGS_WARP_ITEMS / %d; j_++) {\n"
+                "const long long cw_ = lane_ + (long long)j_ * AGS_WARP_LANES;\n"
+                "if (cw_ * %d < cols) {\n", t->width, t->width);
         }
         else {
             ags_cg_put(t, "#pragma unroll 2\n"
-                "for (long long c4_ = threadIdx.x; c4_ * 4 < cols; c4_ += blockDim.x) {\n");
+                "for (long long cw_ = threadIdx.x; cw_ * %d < cols; cw_ += blockDim.x) {\n",
+                t->width);
         }
         if (put_vector_step(t, g, r) < 0) {
             return -1;
@@ -474,7 +478,7 @@ static int
 put_path(text *t, rows *g, int vector)
 {
     if (vector) {
-        ags_cg_put(t, "if (cols %% 4 == 0 && ");
+        ags_cg_put(t, "if (cols %% %d == 0 && ", t->width);
         ags_cg_put_aligned(t, g->k);
         ags_cg_put(t, ") { /* its vector form */\n");
         g->vector = 1;
@@ -491,22 +495,23 @@ put_path(text *t, rows *g, int vector)
     return 0;
 }
 
-/* Whether the warp path has a vector form: every contiguous input and
- * element output of a type with a vector of 4, and one contiguous input at
- * least (strided operands go one element at a time). */
+/* Whether the paths have a vector form: every contiguous input and element
+ * output of a type with a vector of the kernel's width, and one contiguous
+ * input at least (strided operands go one element at a time). */
 static int
-rows_vectorizable(const kernel *k)
+rows_vectorizable(const text *t, const kernel *k)
 {
     int contiguous = 0;
 
     for (int i = 0; i < k->n_in; i++) {
-        if (!k->in[i].strided && ags_cg_vector_of(k->in[i].type) == NULL) {
+        if (!k->in[i].strided && ags_cg_vector_of(k->in[i].type, t->width) == NULL) {
             return 0;
         }
         contiguous |= !k->in[i].strided;
     }
     for (int o = 0; o < k->n_out; o++) {
-        if (ags_cg_vector_output(k, o) && ags_cg_vector_of(k->out[o].type) == NULL) {
+        if (ags_cg_vector_output(k, o)
+            && ags_cg_vector_of(k->out[o].type, t->width) == NULL) {
             return 0;
         }
     }
@@ -522,7 +527,7 @@ ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int block_only
     char *loaded = PyMem_Calloc((size_t)k->n_ops + 1, 1);
     char *scratch = PyMem_Calloc((size_t)k->n_ops + 1, 4);
     rows g = {k, 1, 0, ags_cg_any_strided(k), need, done, kept, loaded};
-    int vector = rows_vectorizable(k), rc = -1;
+    int vector = rows_vectorizable(t, k), rc = -1;
 
     if (kept == NULL || loaded == NULL || scratch == NULL) {
         PyErr_NoMemory();

@@ -20,6 +20,12 @@ static const char *const storage_names[] = {
 #undef AGS_X
 };
 
+static const int storage_bytes[] = {
+#define AGS_X(name, ctype, bytes, doc) bytes,
+    AGS_KTYPE_LIST(AGS_X)
+#undef AGS_X
+};
+
 ags_kernel_family_t
 ags_kernel_family(int t)
 {
@@ -292,6 +298,12 @@ const char *
 ags_kernel_storage_name(int t)
 {
     return t >= 0 && t < AGS_KTYPE_COUNT ? storage_names[t] : "?";
+}
+
+int
+ags_kernel_storage_bytes(int t)
+{
+    return t >= 0 && t < AGS_KTYPE_COUNT ? storage_bytes[t] : 0;
 }
 
 const char *

@@ -48,6 +48,8 @@ ags_kernel_family_t ags_kernel_family(int ktype);
 const char *ags_kernel_compute_name(int ktype);
 /* The C type `ktype` is stored as. */
 const char *ags_kernel_storage_name(int ktype);
+/* The bytes a value of `ktype` takes in memory. */
+int ags_kernel_storage_bytes(int ktype);
 const char *ags_kernel_kop_name(int kop);
 int ags_kernel_is_reduction(int kop);
 

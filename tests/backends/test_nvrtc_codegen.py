@@ -6,6 +6,7 @@ the same source to PTX and to a cubin for the GPUs it knows.
 """
 
 import ctypes
+import re
 
 import pytest
 
@@ -209,7 +210,7 @@ def test_the_warp_path_keeps_the_values_later_passes_read_in_registers():
         assert "ca0[AGS_WARP_ITEMS]" in form and "ca1[AGS_WARP_ITEMS]" in form
         assert "__syncthreads" not in form and "__shfl_xor_sync" in form
     assert scalar.count("in0[") == 1 and scalar.count("in1[") == 1
-    assert vector.count("*)in0)[q4_]") == 1 and vector.count("*)in1)[q4_]") == 1
+    assert vector.count("*)in0)[qw_]") == 1 and vector.count("*)in1)[qw_]") == 1
     assert "ca0[" not in block and "ca1[" not in block and "__syncthreads" in block
     softmax = _C.nvrtc_source(softmax_desc()).split("/* the block path */")[0]
     scalar = softmax.split("/* its vector form */")[1].split("\nelse {\n", 1)[1]
@@ -219,7 +220,7 @@ def test_the_warp_path_keeps_the_values_later_passes_read_in_registers():
     assert "ca0[" in rms and "ca9[" not in rms
     # x and the output as vectors, w (strided) one element at a time
     rms_vector = rms.split("/* its vector form */")[1].split("\nelse {\n", 1)[0]
-    assert "*)in0)[q4_]" in rms_vector and "*)out0)[q4_] = o0" in rms_vector
+    assert "*)in0)[qw_]" in rms_vector and "*)out0)[qw_] = o0" in rms_vector
     assert "in1[" in rms_vector and "*)in1)" not in rms_vector
     ints = ("ints_rows", KK.ROWS, 2, 1, ((I64, 0),),
             (op(K.LOAD, I64, 0), op(K.SUM, I64, 0)), ((1, I64, 0),))
@@ -480,11 +481,13 @@ def test_a_sum_over_empty_rows_is_zero_and_a_kernel_without_driver_says_so():
 
 
 @pytest.mark.parametrize("storage", [F32, F16, BF16])
-@pytest.mark.parametrize("n,offset", [(4096, 0), (4094, 0), (4096, 1)],
-                         ids=["vectors", "count-not-a-multiple-of-4", "misaligned"])
+@pytest.mark.parametrize("n,offset", [(4096, 0), (4094, 0), (4100, 0), (4096, 1), (4096, 4)],
+                         ids=["vectors", "count-not-a-multiple-of-4",
+                              "count-not-a-multiple-of-8", "misaligned", "aligned-to-8-bytes"])
 def test_the_vector_path_and_its_fallbacks_agree_with_torch(storage, n, offset):
-    """Contiguous pointwise kernels load and store 4 values at once when the count and
-    every pointer allow it, one at a time otherwise."""
+    """Contiguous pointwise kernels load and store a vector at once (4 values, 8 where
+    every operand is fp16, bf16 or bytes) when the count and every pointer allow it,
+    one at a time otherwise."""
     dtype = _STORAGE[storage]
     desc = ("vec_gelu_mask", KK.POINTWISE, 1, 0, ((storage, 0), (BOOL, 0)),
             (op(K.LOAD, F32, 0), op(K.LOAD, BOOL, 1),
@@ -505,10 +508,27 @@ def test_the_vector_path_and_its_fallbacks_agree_with_torch(storage, n, offset):
     assert ("float4" in _C.nvrtc_source(desc)) == (storage == F32)
 
 
-def test_nvrtc_turns_the_vector_path_into_vector_loads_and_stores(nvrtc):
-    desc = ("vec_where", KK.POINTWISE, 1, 0, ((F16, 0), (BOOL, 0)),
-            (op(K.LOAD, F32, 0), op(K.LOAD, BOOL, 1), op(K.CONST, F32, imm=0.0),
-             op(K.WHERE, F32, 1, 0, 2)), ((3, F16, 0), (1, BOOL, 0)))
+def _vec_where(other):
+    return ("vec_where", KK.POINTWISE, 1, 0, ((F16, 0), (other, 0)),
+            (op(K.LOAD, F32, 0), op(K.LOAD, other, 1), op(K.CONST, F32, imm=0.0),
+             op(K.WHERE, F32, 1, 0, 2)), ((3, F16, 0), (1, other, 0)))
+
+
+def _global_accesses(desc):
     ptx = _C.nvrtc_compile(_C.nvrtc_source(desc), "vec_where.cu",
                            ("--gpu-architecture=compute_80",), False).decode()
-    assert ".v4.u16" in ptx and ".v4.u8" in ptx and "st.global.v4.u16" in ptx
+    return set(re.findall(r"(?:ld|st)\.global\S*", ptx))
+
+
+def test_nvrtc_turns_the_vector_path_into_vector_loads_and_stores(nvrtc):
+    """fp16 beside fp32 moves as vectors of 4 (8 bytes of fp16, 16 of fp32); fp16 beside
+    bytes alone as vectors of 8, so that its loads and stores are 16 bytes wide too."""
+    mixed = _global_accesses(_vec_where(F32))
+    assert {"ld.global.nc.v4.u16", "ld.global.nc.v4.f32", "st.global.v4.u16",
+            "st.global.v4.f32"} <= mixed
+    narrow = _global_accesses(_vec_where(BOOL))
+    # 8 halves (16 bytes) as four 32-bit words, 8 bools (8 bytes) as four 16-bit ones
+    assert {"ld.global.nc.v4.u32", "st.global.v4.u32", "ld.global.nc.v4.u16",
+            "st.global.v4.u16"} <= narrow
+    assert "const ags_u16x8 a0" in _C.nvrtc_source(_vec_where(BOOL))
+    assert "const ags_u16x8 a0" not in _C.nvrtc_source(_vec_where(F32))
