@@ -80,7 +80,12 @@ def _operands(node: Any) -> list:
 
 
 def _scalar_ok(x: Any) -> bool:
-    return isinstance(x, (bool, int, float)) or _is_tensor_node(x) or x is None
+    """Whether argument ``x`` of a fusible node leaves it fusible in a group: a scalar,
+    a tensor, None, or a dtype (a conversion's target, which lower.py reads from the
+    node's value)."""
+    import torch
+
+    return isinstance(x, (bool, int, float, torch.dtype)) or _is_tensor_node(x) or x is None
 
 
 def _fits(group: Group, node: Any, inside_of: Callable[[Any], bool]) -> bool:
@@ -362,10 +367,10 @@ def describe(group: Group, name: str) -> tuple[tuple, Plan]:
             continue
         red = lower.reduction_of(node)
         if red is not None:
-            values[node] = _reduce(k, node, red, operand(red[2]), group)
+            values[node] = _as_stored(k, node, _reduce(k, node, red, operand(red[2]), group))
             continue
         args = [operand(a) for a in node.args]
-        values[node] = lower.lowering(node.target)(k, node, *args)
+        values[node] = _as_stored(k, node, lower.lowering(node.target)(k, node, *args))
     for node in group.nodes:
         outside = [u for u in node.users if u not in members]
         if outside and type(values[node]) is not tuple:   # not var_mean's pair
@@ -381,6 +386,19 @@ def describe(group: Group, name: str) -> tuple[tuple, Plan]:
             tuple((int(st), int(s)) for _, st, s in k.inputs), tuple(k.ops), tuple(outs))
     del torch
     return desc, plan
+
+
+def _as_stored(k: lower.Kernel, node: Any, v: Any) -> Any:
+    """``node``'s value ``v`` rounded to the node's fp16 or bf16 type, as eager's tensor
+    of it holds it (the kernel computes in fp32 between nodes); unchanged where it is
+    already exact: another type, a load, a rounding."""
+    if not isinstance(v, lower.Value):      # var_mean's pair
+        return v
+    storage = lower.storage_of(node.meta["val"].dtype)
+    if storage not in (T.F16, T.BF16) \
+            or v.ktype == storage or k.ops[v.index][0] == int(K.LOAD):
+        return v
+    return k.emit(K.CAST, storage, k.cast(v, T.F32))
 
 
 def _contiguous(node: Any) -> bool:

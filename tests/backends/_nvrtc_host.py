@@ -74,10 +74,11 @@ def _build(source: str, key: str) -> ctypes.CDLL:
     return _LIBS[key]
 
 
-def run(desc: tuple, tensors: list, ints: list) -> None:
+def run(desc: tuple, tensors: list, ints: list, function: str = "") -> None:
     """Runs the kernel of ``desc`` on CPU ``tensors`` (inputs then outputs) with ``ints``
-    (sizes, then strides), as the launcher passes them."""
-    fn = getattr(build(_C.nvrtc_source(desc)), desc[0])
+    (sizes, then strides), as the launcher passes them; ``function``: the suffix of
+    one of a row kernel's other functions ("_block", "_kept")."""
+    fn = getattr(build(_C.nvrtc_source(desc)), desc[0] + function)
     fn.restype = None
     args = [ctypes.c_void_p(t.data_ptr()) for t in tensors]
     args += [ctypes.c_longlong(int(v)) for v in ints]

@@ -12,11 +12,33 @@ torch = pytest.importorskip("torch")
 import agspeed  # noqa: E402
 from agspeed.backends import nvrtc  # noqa: E402
 from agspeed.backends.nvrtc import partition  # noqa: E402
+from torch._functorch.aot_autograd import aot_function  # noqa: E402
 
 import _nvrtc_host as host  # noqa: E402
 
 nn, F = torch.nn, torch.nn.functional
 HOST = nvrtc.compile_with(host.launcher)
+
+
+def _recording_compiler():
+    """A list, and a compiler for aot_function that appends each graph's fused groups to
+    it and runs the graph through the host launcher's kernels."""
+    from functorch.compile import make_boxed_func
+
+    found = []
+
+    def compiler(gm, example_inputs):
+        found.append(partition.groups(gm))
+        return make_boxed_func(nvrtc.compile_aten(gm, host.launcher).forward)
+
+    return found, compiler
+
+
+def _decompositions():
+    """The decomposition table the backend traces with."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    return select_decomp_table()
 
 
 @pytest.fixture(autouse=True)
@@ -112,18 +134,9 @@ def test_layer_norm_and_its_activation_are_one_kernel():
     def f(x, w, b):
         return torch.relu(F.layer_norm(x, (32,), w, b) * 2.0 + 1.0)
 
-    from torch._inductor.decomposition import select_decomp_table
-    from functorch.compile import make_boxed_func
-    from torch._functorch.aot_autograd import aot_function
-
-    found = []
-
-    def compiler(gm, example_inputs):
-        found.append(partition.groups(gm))
-        return make_boxed_func(nvrtc.compile_aten(gm, host.launcher).forward)
-
+    found, compiler = _recording_compiler()
     out = aot_function(f, fw_compiler=compiler, bw_compiler=compiler,
-                       decompositions=select_decomp_table())(x, w, b)
+                       decompositions=_decompositions())(x, w, b)
     torch.testing.assert_close(out, f(x, w, b))
     forward = found[0]
     assert len(forward) == 1 and forward[0].nred == 1   # one ROWS kernel does it all
@@ -131,18 +144,31 @@ def test_layer_norm_and_its_activation_are_one_kernel():
     assert len(found) == 2 and all(g.nodes for g in found[1])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_conversions_to_and_from_half_types_stay_in_the_kernel(dtype):
+    """A half-precision chain computes in fp32 between conversions (GELU on bf16, a
+    residual added after): each conversion is an instruction of the one kernel, not a
+    kernel of its own, forward and backward."""
+    x, b, r = (torch.randn(8, 64, dtype=dtype, requires_grad=True) for _ in range(3))
+
+    def f(x, b, r):
+        return F.gelu(x + b) + r
+
+    found, compiler = _recording_compiler()
+    out = aot_function(f, fw_compiler=compiler, bw_compiler=compiler,
+                       decompositions=_decompositions())(x, b, r)
+    torch.testing.assert_close(out, f(x, b, r))
+    out.backward(torch.ones_like(out))
+    forward, backward = found
+    assert len(forward) == 1 and len(backward) == 1
+    targets = {str(n.target) for n in forward[0].nodes + backward[0].nodes}
+    assert "prims.convert_element_type.default" in targets
+
+
 def test_a_node_joins_no_group_that_its_other_operands_depend_on():
     # y = exp(x); z = mm(y, y) (not fusible); w = y + z: w cannot join y's group, or the
     # group would both feed and wait for the mm
-    from functorch.compile import make_boxed_func
-    from torch._functorch.aot_autograd import aot_function
-
-    found = []
-
-    def compiler(gm, example_inputs):
-        found.append(partition.groups(gm))
-        return make_boxed_func(nvrtc.compile_aten(gm, host.launcher).forward)
-
+    found, compiler = _recording_compiler()
     def f(x):
         y = x.exp()
         return y + y @ y
@@ -241,15 +267,7 @@ def test_groups_that_would_wait_on_themselves_are_given_up():
 
 
 def test_producers_of_one_node_become_one_kernel():
-    from functorch.compile import make_boxed_func
-    from torch._functorch.aot_autograd import aot_function
-
-    found = []
-
-    def compiler(gm, example_inputs):
-        found.append(partition.groups(gm))
-        return make_boxed_func(nvrtc.compile_aten(gm, host.launcher).forward)
-
+    found, compiler = _recording_compiler()
     def f(x):   # two chains from one input, joined at the end: one kernel
         return (x * 0.5) * (torch.erf(x * 0.7) + 1.0)
 
@@ -276,15 +294,7 @@ def test_a_group_whose_kernel_fails_runs_through_aten(caplog):
 
 
 def test_groups_reading_one_input_become_one_kernel():
-    from functorch.compile import make_boxed_func
-    from torch._functorch.aot_autograd import aot_function
-
-    found = []
-
-    def compiler(gm, example_inputs):
-        found.append(partition.groups(gm))
-        return make_boxed_func(nvrtc.compile_aten(gm, host.launcher).forward)
-
+    found, compiler = _recording_compiler()
     def f(x):   # two independent results of one input: one kernel, two outputs
         return x.exp() * 2.0, torch.tanh(x) + 1.0
 
@@ -319,15 +329,7 @@ def test_more_transformers_train_like_eager(name):
 def test_masks_combined_bitwise_are_fused_and_integers_are_not():
     """``&`` and ``|`` of bool masks (attention and padding masks) are the logical ops in
     a kernel; on integers they are bitwise and stay aten's."""
-    from functorch.compile import make_boxed_func
-    from torch._functorch.aot_autograd import aot_function
-
-    found = []
-
-    def compiler(gm, example_inputs):
-        found.append(partition.groups(gm))
-        return make_boxed_func(nvrtc.compile_aten(gm, host.launcher).forward)
-
+    found, compiler = _recording_compiler()
     def masks(x, y):
         keep = ((x > 0) & (y < 0.5)) | (x < -1)
         return torch.where(keep, x * 2.0, y)
