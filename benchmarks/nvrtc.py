@@ -2,8 +2,8 @@
 kernels and eager, and compile time from a cold cache.
 
 1. Bandwidth: large fused kernels (a pointwise chain over 64M fp32 elements; softmax
-   and layer norm rows of 1024 and of 16384 columns, the ROWS kernels' warp and block
-   paths, in fp32 and bf16, beside eager's), the bytes each must move over its
+   and layer norm rows of 1024, 4096 and 16384 columns, the ROWS kernels' warp, kept
+   and block paths, in fp32 and bf16, beside eager's), the bytes each must move over its
    median time, as a fraction of the device's peak (from its memory clock and bus width
    when torch reports them) and of what a device-to-device copy reaches.
 2. Memory-bound graphs ("memory"): bias+GELU+residual, residual+LayerNorm,
@@ -89,9 +89,18 @@ def bandwidth(device, quick: bool) -> list:
             ((5, T.F32, 0),))
     k = kernels.cuda_launcher(desc, idx)
     rows.append(("pointwise fp32", 2 * n * 4, _events_median(lambda: k(stream, x, out, n), 20)))
-    # rows of 1024 take the ROWS kernels' warp path (a warp a row), rows of 16384 the
-    # block path (a block a row); the same element count either way
-    for c in (1024, 16384):
+    # the same chain on bf16 values (vectors of 8: 16 bytes a load, as fp32's 4)
+    xh, outh = x.bfloat16(), out.bfloat16()
+    desc_h = (desc[0] + "_bf16", KK.POINTWISE, 1, 0, ((T.BF16, 0),), desc[5],
+              ((5, T.BF16, 0),))
+    kh = kernels.cuda_launcher(desc_h, idx)
+    rows.append(("pointwise bf16", 2 * n * 2,
+                 _events_median(lambda: kh(stream, xh, outh, n), 20)))
+    del xh, outh
+    # rows of 1024 take the ROWS kernels' warp path (a warp a row), rows of 4096 the kept
+    # path (a block a row, held in registers), rows of 16384 the block path (a block a
+    # row, read again by each pass); the same element count each time
+    for c in (1024, 4096, 16384):
         r = (n if not quick else 1 << 22) // c
         for storage, dtype, size in ((T.F32, torch.float32, 4), (T.BF16, torch.bfloat16, 2)):
             name = str(dtype).replace("torch.", "")
@@ -107,11 +116,13 @@ def bandwidth(device, quick: bool) -> list:
             rows.append((f"softmax {r}x{c} {name}", 2 * r * c * size, t))
             t = _events_median(lambda: torch.softmax(xs, -1), 20)
             rows.append((f"softmax {r}x{c} {name} (eager)", 2 * r * c * size, t))
-            # layer norm: x read, y written, w and b (one row) read, mean and rstd written
-            w, b = torch.randn(c, device=device), torch.randn(c, device=device)
+            # layer norm: x read, y written, w and b (one row, in x's type, read as rows:
+            # what the backend makes of a model in that type) read, mean and rstd written
+            w = torch.randn(c, device=device).to(dtype)
+            b = torch.randn(c, device=device).to(dtype)
             mean, rstd = torch.empty(r, 1, device=device), torch.empty(r, 1, device=device)
             desc = (f"bw_layer_norm_{size}", KK.ROWS, 2, 1,
-                    ((storage, 0), (T.F32, 1), (T.F32, 1)),
+                    ((storage, 0), (storage, 2), (storage, 2)),
                     (op(K.LOAD, T.F32, 0), op(K.SUM, T.F32, 0),
                      op(K.CONST, T.F32, imm=1.0 / c), op(K.MUL, T.F32, 1, 2),
                      op(K.SUB, T.F32, 0, 3), op(K.MUL, T.F32, 4, 4), op(K.SUM, T.F32, 5),
@@ -121,11 +132,9 @@ def bandwidth(device, quick: bool) -> list:
                      op(K.LOAD, T.F32, 2), op(K.ADD, T.F32, 13, 14)),
                     ((15, storage, 0), (3, T.F32, 0), (10, T.F32, 0)))
             k = kernels.cuda_launcher(desc, idx)
-            t = _events_median(lambda: k(stream, xs, w, b, ys, mean, rstd, r, c, 0, 1, 0, 1),
-                               20)
+            t = _events_median(lambda: k(stream, xs, w, b, ys, mean, rstd, r, c), 20)
             rows.append((f"layer norm {r}x{c} {name}", 2 * r * c * size, t))
-            wd, bd = w.to(dtype), b.to(dtype)   # eager's wants them in x's type
-            t = _events_median(lambda: torch.nn.functional.layer_norm(xs, (c,), wd, bd), 20)
+            t = _events_median(lambda: torch.nn.functional.layer_norm(xs, (c,), w, b), 20)
             rows.append((f"layer norm {r}x{c} {name} (eager)", 2 * r * c * size, t))
             del xs, ys
     return rows

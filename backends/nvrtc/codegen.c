@@ -16,9 +16,12 @@
  *              the leading ndim - nred indices: one warp per row up to
  *              AGS_NVRTC_WARP_COLS elements, one block per row beyond)
  *     inputs   ((ktype, strided), ...): storage type of each input; a
- *              strided one is read at sum(index[d] * stride[d]) with the
- *              strides passed in (0 for a broadcast dimension), another at
- *              the element's linear index (contiguous in the space)
+ *              strided one (1) is read at sum(index[d] * stride[d]) with
+ *              the strides passed in (0 for a broadcast dimension), a row
+ *              (2, ROWS kernels) at the element's index within its row
+ *              (the same values for every row, contiguous along it: a
+ *              norm's weight), another (0) at the element's linear index
+ *              (contiguous in the space)
  *     ops      ((kop, ktype, (operand, ...), immediate), ...): instruction
  *              i defines value v<i> of the type ktype computes in
  *     outputs  ((value, ktype, strided), ...): stored in that storage
@@ -28,7 +31,7 @@
  *
  * The kernel's parameters, in order: the inputs' pointers, the outputs'
  * pointers, the space's sizes (n0.., long long), then ndim strides for
- * each strided input, then for each strided output.  Sizes are run-time
+ * each strided input (flag 1), then for each strided output.  Sizes are run-time
  * values, so one kernel serves every size of its space.
  *
  * Values and their variance.  A CONST, or an instruction of constants
@@ -238,7 +241,7 @@ put_load(text *t, const kernel *k, const instr *op)
 
     snprintf(prefix, sizeof prefix, "si%d", src);
     ags_cg_put(t, "(%s)", ags_kernel_compute_name(op->type));
-    if (t->lane >= 0 && !k->in[src].strided) {
+    if (t->lane >= 0 && k->in[src].strided != IN_STRIDED) {
         const char *conv = st == AGS_KTYPE_F16 ? "ags_from_f16"
                            : st == AGS_KTYPE_BF16 ? "ags_from_bf16" : "";
 
@@ -256,7 +259,12 @@ put_load(text *t, const kernel *k, const instr *op)
     else {
         ags_cg_put(t, "(in%d[", src);
     }
-    put_offset(t, k, k->in[src].strided, prefix);
+    if (k->in[src].strided == IN_ROW) {
+        ags_cg_put(t, "c");     /* the element's index within its row */
+    }
+    else {
+        put_offset(t, k, k->in[src].strided, prefix);
+    }
     ags_cg_put(t, "])");
 }
 
@@ -382,7 +390,7 @@ put_signature(text *t, const kernel *k, const char *suffix)
         ags_cg_put(t, ", long long n%d", d);
     }
     for (int i = 0; i < k->n_in; i++) {
-        for (int d = 0; k->in[i].strided && d < k->ndim; d++) {
+        for (int d = 0; k->in[i].strided == IN_STRIDED && d < k->ndim; d++) {
             ags_cg_put(t, ", long long si%d_%d", i, d);
         }
     }
@@ -398,7 +406,7 @@ int
 ags_cg_any_strided(const kernel *k)
 {
     for (int i = 0; i < k->n_in; i++) {
-        if (k->in[i].strided) {
+        if (k->in[i].strided == IN_STRIDED) {
             return 1;
         }
     }
@@ -496,7 +504,8 @@ ags_cg_vector_width(const kernel *k)
     int widest = 0;
 
     for (int i = 0; i < k->n_in; i++) {
-        if (!k->in[i].strided && ags_kernel_storage_bytes(k->in[i].type) > widest) {
+        if (k->in[i].strided != IN_STRIDED
+            && ags_kernel_storage_bytes(k->in[i].type) > widest) {
             widest = ags_kernel_storage_bytes(k->in[i].type);
         }
     }
@@ -542,7 +551,7 @@ ags_cg_put_aligned(text *t, const kernel *k)
 {
     ags_cg_put(t, "((0");
     for (int i = 0; i < k->n_in; i++) {
-        if (!k->in[i].strided) {
+        if (k->in[i].strided != IN_STRIDED) {
             ags_cg_put(t, " | ((unsigned long long)in%d & %dULL)", i,
                 ags_kernel_storage_bytes(k->in[i].type) * t->width - 1);
         }

@@ -37,7 +37,8 @@ void ags_cg_mark_cone(const kernel *k, int v, char *need, const char *stop);
 int ags_cg_put_marked(text *t, const kernel *k, const char *need);
 /* The instructions of constants only, before any loop. */
 int ags_cg_put_uniforms(text *t, const kernel *k);
-/* Whether any input or output is read or written through strides. */
+/* Whether any input or output is read or written through strides (an
+ * input read as a row is not: its index is the element's within the row). */
 int ags_cg_any_strided(const kernel *k);
 
 /* The vector path's machinery (pointwise kernels, and the vector forms of

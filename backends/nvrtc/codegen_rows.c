@@ -40,8 +40,9 @@
  * element outputs are aligned (and those all have a vector type): a step
  * takes W consecutive columns (W cw_ to W cw_ + W - 1, cw_ where c was),
  * loading each contiguous input and storing each contiguous element output
- * as one vector (codegen.c's machinery: 16 bytes of fp32 or of bf16);
- * strided operands (a weight broadcast over the rows) go one element at a
+ * as one vector (codegen.c's machinery: 16 bytes of fp32 or of bf16), and
+ * each row input (a norm's weight, the same for every row) as one vector at
+ * the columns' place in its row; strided operands go one element at a
  * time.
  *
  * The kernel's function holds the warp and block paths; codegen.c adds a
@@ -278,10 +279,12 @@ put_vector_step(text *t, rows *g, int r)
             read |= g->need[i] && op->kop == AGS_KOP_LOAD && op->args[0] == s
                     && !(g->path != BLOCK_PATH && g->kept[i] && g->loaded[i]);
         }
-        if (read && !k->in[s].strided) {
+        if (read && k->in[s].strided != IN_STRIDED) {
             const char *v = ags_cg_vector_of(k->in[s].type, t->width);
 
-            ags_cg_put(t, "const %s a%d = ((const %s *)in%d)[qw_];\n", v, s, v, s);
+            /* a row input at the columns' place in its one row */
+            ags_cg_put(t, "const %s a%d = ((const %s *)in%d)[%s];\n", v, s, v, s,
+                k->in[s].strided == IN_ROW ? "cw_" : "qw_");
         }
     }
     for (int o = 0; r < 0 && o < k->n_out; o++) {
@@ -528,19 +531,20 @@ put_path(text *t, rows *g, int vector)
     return 0;
 }
 
-/* Whether the paths have a vector form: every contiguous input and element
- * output of a type with a vector of the kernel's width, and one contiguous
- * input at least (strided operands go one element at a time). */
+/* Whether the paths have a vector form: every contiguous or row input and
+ * element output of a type with a vector of the kernel's width, and one
+ * contiguous input at least (strided operands go one element at a time). */
 static int
 rows_vectorizable(const text *t, const kernel *k)
 {
     int contiguous = 0;
 
     for (int i = 0; i < k->n_in; i++) {
-        if (!k->in[i].strided && ags_cg_vector_of(k->in[i].type, t->width) == NULL) {
+        if (k->in[i].strided != IN_STRIDED
+            && ags_cg_vector_of(k->in[i].type, t->width) == NULL) {
             return 0;
         }
-        contiguous |= !k->in[i].strided;
+        contiguous |= k->in[i].strided == IN_CONTIGUOUS;
     }
     for (int o = 0; o < k->n_out; o++) {
         if (ags_cg_vector_output(k, o)

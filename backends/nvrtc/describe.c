@@ -209,8 +209,13 @@ read_kernel(PyObject *desc, kernel *k)
         if (tuple_of(row, 2, "an input") < 0
             || int_item(row, 0, 0, AGS_KTYPE_COUNT, "an input's type",
                         &k->in[i].type) < 0
-            || int_item(row, 1, 0, 2, "an input's strided flag",
+            || int_item(row, 1, 0, 3, "an input's strided flag",
                         &k->in[i].strided) < 0) {
+            return -1;
+        }
+        if (k->in[i].strided == IN_ROW && k->kind != AGS_KKIND_ROWS) {
+            PyErr_SetString(PyExc_ValueError, "kernel description: an input read as "
+                            "a row (strided flag 2) in a kernel without rows");
             return -1;
         }
     }

@@ -21,8 +21,14 @@ typedef struct {
     int variance;
 } instr;
 
+/* How an input is read: at the element's linear index (contiguous in the
+ * space), through strides (passed in; 0 along a broadcast dimension), or,
+ * in a ROWS kernel, as a row: the same values for every row, contiguous
+ * along it, at the element's index within the row (a norm's weight). */
+enum { IN_CONTIGUOUS = 0, IN_STRIDED = 1, IN_ROW = 2 };
+
 typedef struct {
-    int type, strided;
+    int type, strided;  /* strided: IN_CONTIGUOUS, IN_STRIDED or IN_ROW */
 } operand;
 
 typedef struct {

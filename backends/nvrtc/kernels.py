@@ -45,7 +45,9 @@ class Fused:
         self.ndim, self.nred = len(group.space), group.nred
         self.space = tuple(group.space) if all(isinstance(d, int) for d in group.space) \
             else None
-        self.strided_in = [bool(s) for _, s in desc[4]]
+        # flag 1: read through strides, passed at each call; 0 and 2 (a row, the same
+        # for every row) at their own index, contiguous
+        self.strided_in = [s == 1 for _, s in desc[4]]
         self.outs = []
         for (node, place), (_, _, strided) in zip(plan.outputs, desc[6]):
             val = node.meta["val"]

@@ -66,8 +66,9 @@ class Kernel:
         self.ops.append((int(kop), int(kt), tuple(v.index for v in operands), imm))
         return Value(len(self.ops) - 1, kt)
 
-    def load(self, source: Any, storage: int, strided: bool) -> Value:
-        """Input ``source`` (read once per element however often it is used)."""
+    def load(self, source: Any, storage: int, strided: int) -> Value:
+        """Input ``source`` (read once per element however often it is used), read as
+        ``strided`` says (kernel.h: 0 contiguous, 1 through strides, 2 as a row)."""
         key = id(source)
         if key not in self._loaded:
             self.inputs.append((source, storage, strided))

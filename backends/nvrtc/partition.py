@@ -357,8 +357,7 @@ def describe(group: Group, name: str) -> tuple[tuple, Plan]:
             return values[a]
         if _is_tensor_node(a):
             storage = lower.storage_of(a.meta["val"].dtype)
-            strided = _shape(a) != group.space or not _contiguous(a)
-            return k.load(a, storage, strided)
+            return k.load(a, storage, _read_as(a, group))
         return a
 
     for node in group.nodes:
@@ -386,6 +385,28 @@ def describe(group: Group, name: str) -> tuple[tuple, Plan]:
             tuple((int(st), int(s)) for _, st, s in k.inputs), tuple(k.ops), tuple(outs))
     del torch
     return desc, plan
+
+
+# How a kernel reads an input (kernel.h): at the element's linear index, through
+# strides, or as a row (the same for every row, contiguous along it)
+_CONTIGUOUS, _STRIDED, _ROW = 0, 1, 2
+
+
+def _read_as(a: Any, group: Group) -> int:
+    """How group's kernel reads input ``a``: contiguous when it has the space's shape
+    and layout; a row when, in a ROWS group, it is one contiguous row broadcast over
+    the others (a norm's weight: (cols,) or (1, cols) against (rows, cols)); else
+    through its strides."""
+    shape = _shape(a)
+    if not _contiguous(a):
+        return _STRIDED
+    if shape == group.space:
+        return _CONTIGUOUS
+    inner = group.space[group.outer:]
+    if group.nred and len(shape) >= len(inner) and shape[len(shape) - len(inner):] == inner \
+            and all(d == 1 for d in shape[:len(shape) - len(inner)]):
+        return _ROW
+    return _STRIDED
 
 
 def _as_stored(k: lower.Kernel, node: Any, v: Any) -> Any:

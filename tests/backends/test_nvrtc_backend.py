@@ -140,6 +140,9 @@ def test_layer_norm_and_its_activation_are_one_kernel():
     torch.testing.assert_close(out, f(x, w, b))
     forward = found[0]
     assert len(forward) == 1 and forward[0].nred == 1   # one ROWS kernel does it all
+    # x read at its own index, w and b as rows (the same for every row: vector loads)
+    desc, _ = partition.describe(forward[0], "layer_norm_relu")
+    assert sorted(flag for _, flag in desc[4]) == [0, 2, 2]
     out.sum().backward()
     assert len(found) == 2 and all(g.nodes for g in found[1])
 

@@ -52,11 +52,12 @@ def softmax_desc(storage=F32):
             ((5, storage, 0), (1, F32, 0)))
 
 
-def layer_norm_desc(n, storage=F32):
+def layer_norm_desc(n, storage=F32, weights=1):
     """(x - mean) * rsqrt(var + eps) * w + b over the last dimension, with the row's
-    mean and rstd as outputs (what a backward keeps)."""
+    mean and rstd as outputs (what a backward keeps); w and b read through strides
+    (``weights`` 1) or as rows (2)."""
     return ("layer_norm_rows", KK.ROWS, 2, 1,
-            ((storage, 0), (F32, 1), (F32, 1)),
+            ((storage, 0), (F32, weights), (F32, weights)),
             (op(K.LOAD, F32, 0),                      # 0 x
              op(K.SUM, F32, 0),                       # 1
              op(K.CONST, F32, imm=1.0 / n),           # 2
@@ -82,9 +83,10 @@ def softmax_backward_desc(storage=F32):
             ((5, storage, 0),))
 
 
-def rms_norm_desc(n, storage=F32):
-    """x * rsqrt(mean(x * x) + eps) * w, w broadcast over the rows (strided)."""
-    return ("rms_norm_rows", KK.ROWS, 2, 1, ((storage, 0), (storage, 1)),
+def rms_norm_desc(n, storage=F32, weights=1):
+    """x * rsqrt(mean(x * x) + eps) * w, w broadcast over the rows: read through its
+    strides (``weights`` 1) or as a row (2)."""
+    return ("rms_norm_rows", KK.ROWS, 2, 1, ((storage, 0), (storage, weights)),
             (op(K.LOAD, F32, 0), op(K.MUL, F32, 0, 0), op(K.SUM, F32, 1),
              op(K.CONST, F32, imm=1.0 / n), op(K.MUL, F32, 2, 3),
              op(K.CONST, F32, imm=1e-6), op(K.ADD, F32, 4, 5), op(K.RSQRT, F32, 6),
@@ -103,6 +105,13 @@ ROW_LENGTHS = [1, 7, 100, 1024, 1025, 4100, 5000, 9000]
 # right at every length, whichever the launcher picks.
 ROW_FUNCTIONS = pytest.mark.parametrize("function", ["", "_block", "_kept"],
                                         ids=["first", "block", "kept"])
+# A norm's weight read through its strides (0 along the rows), or as a row (its index
+# within the row, as vectors on the vector forms): both give the same values.
+WEIGHTS = pytest.mark.parametrize("weights", [1, 2], ids=["strided-weights", "row-weights"])
+
+
+def _weight_strides(weights, w, shape):
+    return list(strides_of(w, shape)) if weights == 1 else []
 
 
 def _rows_close(got, want):
@@ -183,13 +192,15 @@ def test_softmax_rows_on_every_path(storage, cols, offset, function):
 @pytest.mark.parametrize("cols", ROW_LENGTHS)
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "misaligned"])
 @ROW_FUNCTIONS
-def test_layer_norm_rows_on_every_path(storage, cols, offset, function):
+@WEIGHTS
+def test_layer_norm_rows_on_every_path(storage, cols, offset, function, weights):
     dtype = _STORAGE[storage]
     x = _rows_input((4, cols), dtype, offset, scale=3.0, shift=1.0)
     w, b = torch.randn(cols), torch.randn(cols)
     out, mean, rstd = _rows_input((4, cols), dtype, offset), torch.empty(4, 1), torch.empty(4, 1)
-    host.run(layer_norm_desc(cols, storage), [x, w, b, out, mean, rstd],
-             [4, cols, *strides_of(w, (4, cols)), *strides_of(b, (4, cols))], function)
+    host.run(layer_norm_desc(cols, storage, weights), [x, w, b, out, mean, rstd],
+             [4, cols, *_weight_strides(weights, w, (4, cols)),
+              *_weight_strides(weights, b, (4, cols))], function)
     want, want_mean, want_rstd = torch.ops.aten.native_layer_norm(x.float(), [cols], w, b,
                                                                   1e-5)
     _rows_close(out, want.to(dtype))
@@ -200,7 +211,8 @@ def test_layer_norm_rows_on_every_path(storage, cols, offset, function):
 @pytest.mark.parametrize("storage", [F32, F16, BF16])
 @pytest.mark.parametrize("cols", ROW_LENGTHS)
 @ROW_FUNCTIONS
-def test_softmax_backward_and_rms_norm_rows_on_every_path(storage, cols, function):
+@WEIGHTS
+def test_softmax_backward_and_rms_norm_rows_on_every_path(storage, cols, function, weights):
     dtype = _STORAGE[storage]
     y = torch.softmax(torch.randn(6, cols), -1).to(dtype)
     g = torch.randn(6, cols).to(dtype)
@@ -209,8 +221,8 @@ def test_softmax_backward_and_rms_norm_rows_on_every_path(storage, cols, functio
     gf, yf = g.float(), y.float()
     _rows_close(out, (yf * (gf - (gf * yf).sum(-1, keepdim=True))).to(dtype))
     x, w = torch.randn(6, cols).to(dtype), torch.randn(cols).to(dtype)
-    host.run(rms_norm_desc(cols, storage), [x, w, out], [6, cols, *strides_of(w, (6, cols))],
-             function)
+    host.run(rms_norm_desc(cols, storage, weights), [x, w, out],
+             [6, cols, *_weight_strides(weights, w, (6, cols))], function)
     xf = x.float()
     want = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-6) * w.float()
     _rows_close(out, want.to(dtype))
@@ -240,6 +252,11 @@ def test_the_warp_path_keeps_the_values_later_passes_read_in_registers():
     rms_vector = rms.split("/* its vector form */")[1].split("\nelse {\n", 1)[0]
     assert "*)in0)[qw_]" in rms_vector and "*)out0)[qw_] = o0" in rms_vector
     assert "in1[" in rms_vector and "*)in1)" not in rms_vector
+    # read as a row, w is a vector too, at the columns' place in its one row
+    rms_row = _C.nvrtc_source(rms_norm_desc(64, weights=2)).split("/* the block path */")[0]
+    rms_row_vector = rms_row.split("/* its vector form */")[1].split("\nelse {\n", 1)[0]
+    assert "*)in1)[cw_]" in rms_row_vector and "in1[" not in rms_row_vector
+    assert "si1_" not in rms_row    # no strides passed for it
     ints = ("ints_rows", KK.ROWS, 2, 1, ((I64, 0),),
             (op(K.LOAD, I64, 0), op(K.SUM, I64, 0)), ((1, I64, 0),))
     assert "its vector form" not in _C.nvrtc_source(ints)   # no vector of 8-byte values
@@ -367,6 +384,10 @@ def test_a_zero_dimensional_space_is_one_element():
     (("k", KK.POINTWISE, 1, 0, ((F32, 0),), (op(K.ADD, F32, 0),), ((0, F32, 0),)),
      "operand"),
     (("k", 7, 1, 0, (), (), ()), "kind"),
+    (("k", KK.POINTWISE, 1, 0, ((F32, 2),), (op(K.LOAD, F32, 0),), ((0, F32, 0),)),
+     "kernel without rows"),
+    (("k", KK.ROWS, 2, 1, ((F32, 3),), (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)),
+      ((1, F32, 0),)), "strided flag"),
 ])
 def test_a_bad_description_is_refused_with_what_is_wrong(desc, error):
     with pytest.raises((ValueError, TypeError), match=error):
