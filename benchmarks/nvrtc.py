@@ -2,9 +2,8 @@
 kernels and eager, and compile time from a cold cache.
 
 1. Bandwidth: large fused kernels (a pointwise chain over 64M fp32 elements; softmax
-   and layer norm rows of 1024 to 16384 columns, the ROWS kernels' warp, kept and
-   block paths, in fp32 and bf16, beside eager's; rows the kept path takes also on
-   the block path), the bytes each must move over its
+   and layer norm rows of 1024, 4096 and 16384 columns, the ROWS kernels' warp and
+   block paths, in fp32 and bf16, beside eager's), the bytes each must move over its
    median time, as a fraction of the device's peak (from its memory clock and bus width
    when torch reports them) and of what a device-to-device copy reaches.
 2. Memory-bound graphs ("memory"): bias+GELU+residual, residual+LayerNorm,
@@ -69,32 +68,12 @@ def peak_bandwidth(device) -> float | None:
     return 2 * clock * 1e3 * width / 8
 
 
-def _without_kept(desc, idx):
-    """``desc``'s kernel built from its source less the kept function (codegen.h), so
-    that the launcher runs rows of up to 8192 on the block path: the same kernel with
-    the other path, for the comparison."""
-    from agspeed import _C
-    from agspeed.backends.nvrtc import kernels
-
-    source = _C.nvrtc_source(desc)
-    cut = source.index(f'extern "C" __global__ void {desc[0]}_kept(')
-    arch, cubin = kernels._arch(idx)
-    image = kernels.image_for(source[:cut], desc[0], arch, cubin)
-    return _C.CudaKernel(image, desc[0], int(desc[1]), desc[2], desc[3], idx)
-
-
 def bandwidth(device, quick: bool) -> list:
     from agspeed.backends.nvrtc import kernels
     from agspeed.protocol import KernelKind as KK, KernelOp as K, KernelType as T
 
     def op(kop, kt, *a, imm=None):
         return (kop, kt, tuple(a), imm)
-
-    def variants(desc, c):
-        """The kernel, and for rows the kept path takes, the same on the block path."""
-        yield "", kernels.cuda_launcher(desc, idx)
-        if 1024 < c <= 8192:
-            yield " (block path)", _without_kept(desc, idx)
 
     idx = torch.cuda.current_device()
     stream = torch.cuda.current_stream().cuda_stream
@@ -118,10 +97,10 @@ def bandwidth(device, quick: bool) -> list:
     rows.append(("pointwise bf16", 2 * n * 2,
                  _events_median(lambda: kh(stream, xh, outh, n), 20)))
     del xh, outh
-    # rows of 1024 take the ROWS kernels' warp path (a warp a row), rows of 4096 the kept
-    # path (a block a row, held in registers), rows of 16384 the block path (a block a
-    # row, read again by each pass); the same element count each time
-    for c in (1024, 2048, 4096, 8192, 16384):
+    # rows of 1024 take the ROWS kernels' warp path (a warp a row), longer rows the block
+    # path (a block a row, read again by each pass: from the cache at 4096); the same
+    # element count each time
+    for c in (1024, 4096, 16384):
         r = (n if not quick else 1 << 22) // c
         for storage, dtype, size in ((T.F32, torch.float32, 4), (T.BF16, torch.bfloat16, 2)):
             name = str(dtype).replace("torch.", "")
@@ -132,9 +111,9 @@ def bandwidth(device, quick: bool) -> list:
                     (op(K.LOAD, T.F32, 0), op(K.AMAX, T.F32, 0), op(K.SUB, T.F32, 0, 1),
                      op(K.EXP, T.F32, 2), op(K.SUM, T.F32, 3), op(K.DIV, T.F32, 3, 4)),
                     ((5, storage, 0), (1, T.F32, 0)))
-            for label, k in variants(desc, c):
-                t = _events_median(lambda: k(stream, xs, ys, mx, r, c), 20)
-                rows.append((f"softmax {r}x{c} {name}{label}", 2 * r * c * size, t))
+            k = kernels.cuda_launcher(desc, idx)
+            t = _events_median(lambda: k(stream, xs, ys, mx, r, c), 20)
+            rows.append((f"softmax {r}x{c} {name}", 2 * r * c * size, t))
             t = _events_median(lambda: torch.softmax(xs, -1), 20)
             rows.append((f"softmax {r}x{c} {name} (eager)", 2 * r * c * size, t))
             # layer norm: x read, y written, w and b (one row, in x's type, read as rows:
@@ -152,9 +131,9 @@ def bandwidth(device, quick: bool) -> list:
                      op(K.LOAD, T.F32, 1), op(K.MUL, T.F32, 11, 12),
                      op(K.LOAD, T.F32, 2), op(K.ADD, T.F32, 13, 14)),
                     ((15, storage, 0), (3, T.F32, 0), (10, T.F32, 0)))
-            for label, k in variants(desc, c):
-                t = _events_median(lambda: k(stream, xs, w, b, ys, mean, rstd, r, c), 20)
-                rows.append((f"layer norm {r}x{c} {name}{label}", 2 * r * c * size, t))
+            k = kernels.cuda_launcher(desc, idx)
+            t = _events_median(lambda: k(stream, xs, w, b, ys, mean, rstd, r, c), 20)
+            rows.append((f"layer norm {r}x{c} {name}", 2 * r * c * size, t))
             t = _events_median(lambda: torch.nn.functional.layer_norm(xs, (c,), w, b), 20)
             rows.append((f"layer norm {r}x{c} {name} (eager)", 2 * r * c * size, t))
             del xs, ys

@@ -695,29 +695,21 @@ ags_nvrtc_source(PyObject *desc)
         PyErr_NoMemory();
         goto done;
     }
-    /* the host harness's one-thread blocks hold a kept row in one thread */
-    ags_cg_put(&t, "%s#define AGS_WARP_ITEMS (%d / AGS_WARP_LANES)\n"
-        "#define AGS_BLOCK_ITEMS (AGS_WARP_LANES == 1 ? %d : %d)\n", prelude,
-        AGS_NVRTC_WARP_COLS, AGS_NVRTC_KEPT_COLS, AGS_NVRTC_KEPT_ITEMS);
+    ags_cg_put(&t, "%s#define AGS_WARP_ITEMS (%d / AGS_WARP_LANES)\n", prelude,
+        AGS_NVRTC_WARP_COLS);
     put_signature(&t, &k, "");
-    rc = k.kind == AGS_KKIND_ROWS ? ags_cg_put_rows(&t, &k, need, done, AGS_ROWS_MAIN)
+    rc = k.kind == AGS_KKIND_ROWS ? ags_cg_put_rows(&t, &k, need, done, 0)
                                   : put_pointwise(&t, &k, need);
     if (rc < 0) {
         goto done;
     }
     ags_cg_put(&t, "}\n");
-    /* a row kernel's block path again, alone, and its kept path: each
-     * compiled apart, with registers of its own rather than the warp path's,
-     * so that its large blocks launch (driver.c launches them for the longer
-     * rows) */
+    /* a row kernel's block path again, alone: compiled apart, its registers
+     * are not the warp path's, so its large blocks launch and stay many to a
+     * multiprocessor (driver.c launches it for long rows) */
     if (k.kind == AGS_KKIND_ROWS) {
         put_signature(&t, &k, AGS_NVRTC_BLOCK_SUFFIX);
-        if (ags_cg_put_rows(&t, &k, need, done, AGS_ROWS_BLOCK) < 0) {
-            goto done;
-        }
-        ags_cg_put(&t, "}\n");
-        put_signature(&t, &k, AGS_NVRTC_KEPT_SUFFIX);
-        if (ags_cg_put_rows(&t, &k, need, done, AGS_ROWS_KEPT) < 0) {
+        if (ags_cg_put_rows(&t, &k, need, done, 1) < 0) {
             goto done;
         }
         ags_cg_put(&t, "}\n");

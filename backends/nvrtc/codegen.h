@@ -65,22 +65,11 @@ void ags_cg_put_aligned(text *t, const kernel *k);
 #define AGS_NVRTC_WARP_COLS 1024
 
 /* A ROWS kernel's second function, its block path alone (driver.c launches
- * it for rows longer than AGS_NVRTC_KEPT_COLS): the name, then this. */
+ * it for rows longer than AGS_NVRTC_WARP_COLS): the name, then this. */
 #define AGS_NVRTC_BLOCK_SUFFIX "_block"
 
-/* A ROWS kernel's third function, the kept path (a block a row, the row in
- * its threads' registers, AGS_NVRTC_KEPT_ITEMS elements each), which
- * driver.c launches for rows longer than AGS_NVRTC_WARP_COLS and at most
- * AGS_NVRTC_KEPT_COLS long: the name, then this. */
-#define AGS_NVRTC_KEPT_SUFFIX "_kept"
-#define AGS_NVRTC_KEPT_ITEMS 16
-#define AGS_NVRTC_KEPT_COLS 8192
-
-/* codegen_rows.c: the body of a ROWS kernel's function: the warp path and
- * the block path (AGS_ROWS_MAIN), the block path alone (AGS_ROWS_BLOCK), or
- * the kept path and the block path for rows its block cannot hold
- * (AGS_ROWS_KEPT). */
-enum { AGS_ROWS_MAIN, AGS_ROWS_BLOCK, AGS_ROWS_KEPT };
-int ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int which);
+/* codegen_rows.c: the body of a ROWS kernel, both paths (block_only 0) or
+ * the block path alone (1). */
+int ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int block_only);
 
 #endif

@@ -20,13 +20,6 @@
  *     computed twice.  The row loop's bound is the same on every lane of a
  *     warp (all of them leave together), and the lanes past the row's end
  *     skip the element work but still shuffle, contributing the identity.
- *   kept path, rows of up to AGS_NVRTC_KEPT_COLS (codegen.h): one block per
- *     row, rows in a grid-stride loop, each thread holding the elements
- *     c = threadIdx.x + blockDim.x j, j below AGS_BLOCK_ITEMS, and keeping
- *     values in registers as the warp path does (a row of 4096 in 256
- *     threads, 16 each: read from memory once); a reduction combines as the
- *     block path's does.  Taken where the block holds the row (blockDim.x
- *     AGS_BLOCK_ITEMS >= cols), else that function runs the block path.
  *   block path, longer rows: one block per row, rows in a grid-stride loop;
  *     each thread accumulates its elements (the loop unrolled so loads
  *     overlap), each warp combines its lanes by shuffles, the warps'
@@ -45,14 +38,11 @@
  * the columns' place in its row; strided operands go one element at a
  * time.
  *
- * The kernel's function holds the warp and block paths; codegen.c adds a
- * second one, <name>_block, with the block path alone, which driver.c
- * launches for the longest rows: compiled apart, its registers are its own
- * (about 32, where the warp path's arrays take 100 or more), so its
- * 512-thread blocks launch and several share a multiprocessor; and a
- * third, <name>_kept, the kept path (and the block path for rows its
- * launch cannot hold), which driver.c launches for rows between the two,
- * with blocks of the power of two at or above cols / AGS_BLOCK_ITEMS.
+ * The kernel's function holds both paths; codegen.c adds a second one,
+ * <name>_block, with the block path alone, which driver.c launches for
+ * long rows: compiled apart, its registers are its own (about 32, where
+ * the warp path's arrays take 100 or more), so its 512-thread blocks launch
+ * and several share a multiprocessor.
  *
  * Why 1024: a lane keeps AGS_WARP_ITEMS values of each kept value in
  * registers; 32 each (at most AGS_ROWS_KEPT_MAX of them) stays within a
@@ -63,9 +53,8 @@
  * bound for speed, not for correctness.
  *
  * In the host harness a block is one thread and AGS_WARP_LANES is 1: the
- * warp path's one lane holds the whole row (AGS_WARP_ITEMS is then 1024, and
- * AGS_BLOCK_ITEMS AGS_NVRTC_KEPT_COLS) and every combine across lanes is
- * empty; every function can be called.
+ * warp path's one lane holds the whole row (AGS_WARP_ITEMS is then 1024) and
+ * every combine across lanes is empty; both functions can be called.
  */
 #include <math.h>
 
@@ -74,17 +63,14 @@
 /* Values kept in registers across passes, at most, in the warp path. */
 #define AGS_ROWS_KEPT_MAX 4
 
-/* The paths of a row kernel. */
-enum { BLOCK_PATH, WARP_PATH, KEPT_PATH };
-
 typedef struct {
     const kernel *k;
-    int path;           /* BLOCK_PATH, WARP_PATH or KEPT_PATH */
+    int warp;           /* 1: the warp path, 0: the block path */
     int vector;         /* 1: the path's vector form */
     int strided;
     char *need;         /* scratch: the values a pass computes */
     char *done;         /* row values computed so far */
-    const char *kept;   /* values kept in ca<i>[] (warp and kept paths) */
+    const char *kept;   /* values kept in ca<i>[] (warp path) */
     char *loaded;       /* kept values an earlier pass has computed */
 } rows;
 
@@ -214,7 +200,7 @@ put_pass_values(text *t, rows *g)
         snprintf(slot, sizeof slot, "j_");
     }
     for (int i = 0; i < k->n_ops; i++) {
-        int kept = g->path != BLOCK_PATH && g->kept[i];
+        int kept = g->warp && g->kept[i];
 
         if (!g->need[i]) {
             continue;
@@ -277,7 +263,7 @@ put_vector_step(text *t, rows *g, int r)
             const instr *op = &k->ops[i];
 
             read |= g->need[i] && op->kop == AGS_KOP_LOAD && op->args[0] == s
-                    && !(g->path != BLOCK_PATH && g->kept[i] && g->loaded[i]);
+                    && !(g->warp && g->kept[i] && g->loaded[i]);
         }
         if (read && k->in[s].strided != IN_STRIDED) {
             const char *v = ags_cg_vector_of(k->in[s].type, t->width);
@@ -315,39 +301,21 @@ put_vector_step(text *t, rows *g, int r)
     return 0;
 }
 
-/* The items a thread keeps of each kept value on a path that keeps them,
- * and the thread's index in the row and the count of the row's threads. */
-static const char *
-items_of(const rows *g)
-{
-    return g->path == WARP_PATH ? "AGS_WARP_ITEMS" : "AGS_BLOCK_ITEMS";
-}
-
-static void
-put_team(text *t, const rows *g)
-{
-    ags_cg_put(t, g->path == WARP_PATH ? "lane_ + (long long)j_ * AGS_WARP_LANES"
-                                       : "threadIdx.x + (long long)j_ * blockDim.x");
-}
-
 /* One pass over the row computing the values marked in g->need at each of
- * this thread's elements, then put_element(r).  The loops of the paths that
- * keep values (warp, kept) have a constant count (unrolled: their loads all
- * in flight, their register arrays registers); a vector form takes
- * text.width columns a step. */
+ * this thread's elements, then put_element(r).  The warp path's loop has a
+ * constant count (unrolled: its loads all in flight, its register arrays
+ * registers); its vector form takes text.width columns a step. */
 static int
 put_pass(text *t, rows *g, int r)
 {
     const kernel *k = g->k;
-    int keeps = g->path != BLOCK_PATH;
 
     if (g->vector) {
-        if (keeps) {
+        if (g->warp) {
             ags_cg_put(t, "#pragma unroll\n"
-                "for (int j_ = 0; j_ < %s / %d; j_++) {\n"
-                "const long long cw_ = ", items_of(g), t->width);
-            put_team(t, g);
-            ags_cg_put(t, ";\nif (cw_ * %d < cols) {\n", t->width);
+                "for (int j_ = 0; j_ < AGS_WARP_ITEMS / %d; j_++) {\n"
+                "const long long cw_ = lane_ + (long long)j_ * AGS_WARP_LANES;\n"
+                "if (cw_ * %d < cols) {\n", t->width, t->width);
         }
         else {
             ags_cg_put(t, "#pragma unroll 2\n"
@@ -359,12 +327,11 @@ put_pass(text *t, rows *g, int r)
         }
     }
     else {
-        if (keeps) {
+        if (g->warp) {
             ags_cg_put(t, "#pragma unroll\n"
-                "for (int j_ = 0; j_ < %s; j_++) {\n"
-                "const long long c = ", items_of(g));
-            put_team(t, g);
-            ags_cg_put(t, ";\nif (c < cols) {\n");
+                "for (int j_ = 0; j_ < AGS_WARP_ITEMS; j_++) {\n"
+                "const long long c = lane_ + (long long)j_ * AGS_WARP_LANES;\n"
+                "if (c < cols) {\n");
         }
         else {
             ags_cg_put(t, "#pragma unroll 4\n"
@@ -379,9 +346,9 @@ put_pass(text *t, rows *g, int r)
         }
         put_element(t, g, r);
     }
-    ags_cg_put(t, keeps ? "}\n}\n" : "}\n");
+    ags_cg_put(t, g->warp ? "}\n}\n" : "}\n");
     /* the kept values this pass computed are in their registers now */
-    for (int i = 0; keeps && i < k->n_ops; i++) {
+    for (int i = 0; g->warp && i < k->n_ops; i++) {
         g->loaded[i] |= g->need[i] && g->kept[i];
     }
     return 0;
@@ -400,11 +367,11 @@ put_reduction(text *t, rows *g, int r)
     ags_cg_put(t, "%s v%d;\n{\n%s acc_ = ", ct, r, ct);
     put_identity(t, op);
     ags_cg_put(t, ";\n");
-    mark_pass(k, r, g->need, g->path != BLOCK_PATH ? g->loaded : NULL);
+    mark_pass(k, r, g->need, g->warp ? g->loaded : NULL);
     if (put_pass(t, g, r) < 0) {
         return -1;
     }
-    if (g->path == WARP_PATH) {
+    if (g->warp) {
         put_shuffle_combine(t, op->kop, ct, "AGS_WARP_LANES");
         ags_cg_put(t, "v%d = acc_;\n}\n", r);
         return 0;
@@ -437,10 +404,10 @@ put_row(text *t, rows *g)
     if (g->strided) {
         ags_cg_put_indices(t, 0, k->ndim - k->nred, "row");
     }
-    for (int i = 0; g->path != BLOCK_PATH && i < k->n_ops; i++) {
+    for (int i = 0; g->warp && i < k->n_ops; i++) {
         if (g->kept[i]) {
-            ags_cg_put(t, "%s ca%d[%s];\n", ags_kernel_compute_name(k->ops[i].type), i,
-                items_of(g));
+            ags_cg_put(t, "%s ca%d[AGS_WARP_ITEMS];\n",
+                ags_kernel_compute_name(k->ops[i].type), i);
         }
     }
     memset(g->done, 0, (size_t)k->n_ops);
@@ -474,11 +441,11 @@ put_row(text *t, rows *g)
     for (int o = 0; o < k->n_out; o++) {
         element_outputs |= k->ops[k->out[o].value].variance == PER_ELEMENT;
     }
-    mark_pass(k, k->n_ops, g->need, g->path != BLOCK_PATH ? g->loaded : NULL);
+    mark_pass(k, k->n_ops, g->need, g->warp ? g->loaded : NULL);
     if (element_outputs && put_pass(t, g, -1) < 0) {
         return -1;
     }
-    ags_cg_put(t, "if (%s == 0) {\n", g->path == WARP_PATH ? "lane_" : "threadIdx.x");
+    ags_cg_put(t, "if (%s == 0) {\n", g->warp ? "lane_" : "threadIdx.x");
     for (int o = 0; o < k->n_out; o++) {
         if (k->ops[k->out[o].value].variance == PER_ROW) {
             ags_cg_put_store(t, k, o, 1);
@@ -493,7 +460,7 @@ put_row(text *t, rows *g)
 static int
 put_rows_loop(text *t, rows *g)
 {
-    if (g->path == WARP_PATH) {
+    if (g->warp) {
         ags_cg_put(t, "for (long long row = (long long)blockIdx.x * warps_"
             " + threadIdx.x / AGS_WARP_LANES; row < rows; row += (long long)gridDim.x * warps_)"
             " {\n");
@@ -508,7 +475,7 @@ put_rows_loop(text *t, rows *g)
     return 0;
 }
 
-/* A path (g->path says which): its vector form first, when the kernel has
+/* A path (g->warp says which): its vector form first, when the kernel has
  * one (`vector`) and the sizes and pointers allow, else its scalar form. */
 static int
 put_path(text *t, rows *g, int vector)
@@ -556,14 +523,14 @@ rows_vectorizable(const text *t, const kernel *k)
 }
 
 int
-ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int which)
+ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int block_only)
 {
     int outer = k->ndim - k->nred;
     int uses_shared[3] = {0, 0, 0};
     char *kept = PyMem_Calloc((size_t)k->n_ops + 1, 1);
     char *loaded = PyMem_Calloc((size_t)k->n_ops + 1, 1);
     char *scratch = PyMem_Calloc((size_t)k->n_ops + 1, 4);
-    rows g = {k, WARP_PATH, 0, ags_cg_any_strided(k), need, done, kept, loaded};
+    rows g = {k, 1, 0, ags_cg_any_strided(k), need, done, kept, loaded};
     int vector = rows_vectorizable(t, k), rc = -1;
 
     if (kept == NULL || loaded == NULL || scratch == NULL) {
@@ -593,29 +560,29 @@ ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int which)
     if (ags_cg_put_uniforms(t, k) < 0) {
         goto done;
     }
-    /* the warp path: warps_ rows a block at a time, lane_ the thread's lane */
-    if (which == AGS_ROWS_MAIN) {
+    /* the warp path: warps_ rows a block at a time, lane_ the thread's lane;
+     * its vectors are of 4 where the kernel's are of 8 (every type with a
+     * vector of 8 has one of 4): on an H100, bf16 rows of 1024 ran no faster
+     * on vectors of 8 (softmax, 0.47 of peak against 0.46), and layer norm
+     * slower (0.37 against 0.46) */
+    if (!block_only) {
+        int width = t->width;
+
         ags_cg_put(t, "if (cols <= %d) { /* the warp path */\n"
             "const unsigned int lane_ = threadIdx.x %% AGS_WARP_LANES;\n"
             "const long long warps_ = blockDim.x / AGS_WARP_LANES;\n", AGS_NVRTC_WARP_COLS);
-        g.path = WARP_PATH;
-        if (put_path(t, &g, vector) < 0) {
+        g.warp = 1;
+        t->width = 4;
+        rc = put_path(t, &g, vector);
+        t->width = width;
+        if (rc < 0) {
             goto done;
         }
-        ags_cg_put(t, "}\nelse ");
-    }
-    /* the kept path, where the block's threads hold the whole row */
-    if (which == AGS_ROWS_KEPT) {
-        ags_cg_put(t, "if (cols <= (long long)blockDim.x * AGS_BLOCK_ITEMS) {"
-            " /* the kept path */\n");
-        g.path = KEPT_PATH;
-        if (put_path(t, &g, vector) < 0) {
-            goto done;
-        }
+        rc = -1;
         ags_cg_put(t, "}\nelse ");
     }
     ags_cg_put(t, "{ /* the block path */\n");
-    g.path = BLOCK_PATH;
+    g.warp = 0;
     if (put_path(t, &g, vector) < 0) {
         goto done;
     }

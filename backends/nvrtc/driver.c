@@ -24,18 +24,14 @@
  * at most 32 per multiprocessor (the kernels loop); ROWS, rows of up to
  * AGS_NVRTC_WARP_COLS elements one warp each (codegen_rows.c's warp path):
  * 256 threads a block, 8 rows, and enough blocks for the rows, at most 32
- * per multiprocessor; rows of up to AGS_NVRTC_KEPT_COLS one block each
- * through the kernel's third function, <name>_kept (the row held in its
- * threads' registers), of the power of two at or above the row's length
- * over AGS_NVRTC_KEPT_ITEMS threads; longer rows, or where the kept
- * function's registers do not allow that block, one block each, of the
- * power of two at or above a quarter of the row's length (32 to 512)
- * threads, through the second function, <name>_block, its block path
- * compiled alone (fewer registers than the warp path's: large blocks
- * launch, and several share a multiprocessor).  Each function's blocks are
- * held to what its registers allow (cuFuncGetAttribute).  Each function
- * chooses its path from the same sizes; every path is correct under every
- * shape, the shape is for speed.  No Python code runs per launch.
+ * per multiprocessor; longer rows one block each, of the power of two at or
+ * above a quarter of the row's length (32 to 512) threads, through the
+ * kernel's second function, <name>_block, its block path compiled alone
+ * (fewer registers than the warp path's: large blocks launch, and several
+ * share a multiprocessor).  Each function's blocks are held to what its
+ * registers allow (cuFuncGetAttribute).  The first function chooses its
+ * path from the same sizes; either path is correct under either shape, the
+ * shape is for speed.  No Python code runs per launch.
  *
  * Every CudaKernel holds its module; the module is unloaded with it.  The
  * context is the device's primary one, torch's: when no context is
@@ -396,8 +392,7 @@ typedef struct {
     cu_module module;
     cu_function function;
     cu_function block_function;    /* ROWS: <name>_block, for long rows */
-    cu_function kept_function;     /* ROWS: <name>_kept, or NULL (none) */
-    int max_threads, block_max_threads, kept_max_threads;   /* a block's, at most */
+    int max_threads, block_max_threads;     /* a block's, at most, for each */
     int kind, ndim, nred, sms, device;
 } kernel_object;
 
@@ -424,20 +419,21 @@ ensure_context(int ordinal)
     return 0;
 }
 
-/* A ROWS kernel's function <name><suffix> (codegen.c's block path alone, or
- * its kept path) into *out; an image without it leaves *out as it is. */
+/* A ROWS kernel's second function, its block path alone (codegen.c), into
+ * self->block_function; an image without one keeps the first. */
 static void
-find_function(kernel_object *self, const char *name, const char *suffix, cu_function *out)
+find_block_function(kernel_object *self, const char *name)
 {
-    char full[256];
+    char block_name[256];
     cu_function f = NULL;
 
-    if (PyOS_snprintf(full, sizeof full, "%s%s", name, suffix) >= (int)sizeof full) {
+    if (PyOS_snprintf(block_name, sizeof block_name, "%s%s", name,
+                      AGS_NVRTC_BLOCK_SUFFIX) >= (int)sizeof block_name) {
         return;
     }
     /* CUDA_ERROR_NOT_FOUND (500): an image of the one function only */
-    if (cu.function(&f, self->module, full) == 0) {
-        *out = f;
+    if (cu.function(&f, self->module, block_name) == 0) {
+        self->block_function = f;
     }
 }
 
@@ -485,17 +481,12 @@ kernel_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     PyBuffer_Release(&image);
     self->block_function = self->function;
     if (kind == AGS_KKIND_ROWS) {
-        find_function(self, name, AGS_NVRTC_BLOCK_SUFFIX, &self->block_function);
-        find_function(self, name, AGS_NVRTC_KEPT_SUFFIX, &self->kept_function);
+        find_block_function(self, name);
     }
     if (cu_check(cu.function_attribute(&self->max_threads, CU_FUNC_MAX_THREADS,
                                        self->function), "cuFuncGetAttribute") < 0
         || cu_check(cu.function_attribute(&self->block_max_threads, CU_FUNC_MAX_THREADS,
-                                          self->block_function), "cuFuncGetAttribute") < 0
-        || (self->kept_function != NULL
-            && cu_check(cu.function_attribute(&self->kept_max_threads, CU_FUNC_MAX_THREADS,
-                                              self->kept_function),
-                        "cuFuncGetAttribute") < 0)) {
+                                          self->block_function), "cuFuncGetAttribute") < 0) {
         Py_DECREF(self);
         return NULL;
     }
@@ -553,24 +544,6 @@ block_for(long long cols, int most)
         block *= 2;
     }
     return block;
-}
-
-/* A ROWS kernel's threads a block on the kept path: the power of two at or
- * above the row's length over AGS_NVRTC_KEPT_ITEMS (each thread holds that
- * many), one warp at least; 0 where that is more than the function can
- * launch (`most`), or the row is longer than the path is for. */
-static unsigned int
-kept_block_for(long long cols, int most)
-{
-    unsigned int block = 32;
-
-    if (cols > AGS_NVRTC_KEPT_COLS) {
-        return 0;
-    }
-    while ((long long)block * AGS_NVRTC_KEPT_ITEMS < cols) {
-        block *= 2;
-    }
-    return (int)block <= most ? block : 0;
 }
 
 /* args: borrowed, n of them. */
@@ -633,11 +606,6 @@ launch(kernel_object *self, PyObject *const *args, Py_ssize_t n)
         block = self->max_threads >= 256 ? 256 : self->max_threads >= 128 ? 128 : 32;
         want = (outer + block / 32 - 1) / (block / 32);
         grid = (unsigned int)(want < cap ? want : cap);
-    }
-    else if (self->kind == AGS_KKIND_ROWS && self->kept_function != NULL
-             && (block = kept_block_for(inner, self->kept_max_threads)) != 0) {
-        function = self->kept_function;
-        grid = outer > 0x7fffffffLL ? 0x7fffffffu : (unsigned int)outer;
     }
     else if (self->kind == AGS_KKIND_ROWS) {
         function = self->block_function;

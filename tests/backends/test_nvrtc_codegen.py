@@ -94,17 +94,15 @@ def rms_norm_desc(n, storage=F32, weights=1):
             ((10, storage, 0),))
 
 
-# Row lengths on every side of the bounds between the paths (codegen_rows.c): the warp
+# Row lengths on both sides of the bound between the paths (codegen_rows.c): the warp
 # path (one warp a row) up to 1024 columns, in its vector form where the length is a
-# multiple of the vector (100 and 4100 of 4 only, 1024 and 5000 of 8 too) and the
-# pointers are aligned, the kept path (a block a row, held in registers) up to 8192,
-# the block path beyond.
+# multiple of 4 (100, 1024) and the pointers are aligned, the block path beyond (whose
+# vectors are of 8 for fp16 and bf16 rows: 5000 and 9000 take them, 4100 is a multiple
+# of 4 alone).
 ROW_LENGTHS = [1, 7, 100, 1024, 1025, 4100, 5000, 9000]
-# Each row kernel's functions: the first (warp and block paths), <name>_block (the block
-# path alone) and <name>_kept (the kept path, the block path past its rows); each is
-# right at every length, whichever the launcher picks.
-ROW_FUNCTIONS = pytest.mark.parametrize("function", ["", "_block", "_kept"],
-                                        ids=["first", "block", "kept"])
+# Each row kernel's functions: the first (warp and block paths) and <name>_block (the
+# block path alone); each is right at every length, whichever the launcher picks.
+ROW_FUNCTIONS = pytest.mark.parametrize("function", ["", "_block"], ids=["first", "block"])
 # A norm's weight read through its strides (0 along the rows), or as a row (its index
 # within the row, as vectors on the vector forms): both give the same values.
 WEIGHTS = pytest.mark.parametrize("weights", [1, 2], ids=["strided-weights", "row-weights"])
@@ -262,21 +260,17 @@ def test_the_warp_path_keeps_the_values_later_passes_read_in_registers():
     assert "its vector form" not in _C.nvrtc_source(ints)   # no vector of 8-byte values
 
 
-def test_a_row_kernels_other_functions_hold_their_paths_alone():
-    """<name>_block is the block path alone (what the launcher runs for the longest
-    rows, with registers of its own); <name>_kept the kept path, which holds the values
-    later passes read in registers as the warp path does, and combines across the block
-    through shared memory, with the block path for rows its block cannot hold."""
+def test_a_row_kernels_block_function_holds_the_block_path_alone():
+    """<name>_block is the block path alone (what the launcher runs for long rows, with
+    registers of its own); for fp16 and bf16 rows the block path moves vectors of 8,
+    the warp path vectors of 4."""
     source = _C.nvrtc_source(softmax_backward_desc(BF16))
-    first, rest = source.split('void softmax_backward_rows_block(')
-    block, kept = rest.split('void softmax_backward_rows_kept(')
-    assert "/* the warp path */" in first and "/* the kept path */" not in first
-    assert "/* the warp path */" not in block and "/* the kept path */" not in block
+    first, block = source.split('void softmax_backward_rows_block(')
+    assert "/* the warp path */" in first and "/* the warp path */" not in block
     assert "__syncthreads" in block and "ca0[" not in block
-    assert "/* the warp path */" not in kept and "/* the block path */" in kept
-    held, rest_of_rows = kept.split("/* the kept path */")[1].split("/* the block path */")
-    assert "ca0[AGS_BLOCK_ITEMS]" in held and "ca1[AGS_BLOCK_ITEMS]" in held
-    assert "__syncthreads" in held and "ca0[" not in rest_of_rows
+    warp, first_block = first.split("/* the warp path */")[1].split("/* the block path */")
+    assert "const ushort4 a0" in warp and "ags_u16x8" not in warp
+    assert "const ags_u16x8 a0" in first_block and "const ags_u16x8 a0" in block
 
 
 def test_reducing_the_last_two_dimensions():

@@ -1,5 +1,5 @@
 """The nvrtc backend on a GPU: every kernel family launched against torch in fp32, fp16
-and bf16 (strided, broadcast, misaligned; rows on the warp, kept and block paths,
+and bf16 (strided, broadcast, misaligned; rows on the warp path and on the block path,
 more rows than a grid), models trained with ``backend="nvrtc"`` against eager, AMP
 included, and the kernel cache.
 
@@ -58,9 +58,8 @@ def _rows_input(shape, dtype, offset=0, scale=1.0):
 
 
 # (rows, cols): the warp path (one warp a row, up to 1024 columns) with rows short and
-# long, fewer rows than a block's warps, more rows than the grid; the kept path (a block
-# a row held in registers, up to 8192 columns; vectors of 4 only at 4100) beyond; the
-# block path past that
+# long, fewer rows than a block's warps, more rows than the grid; the block path beyond
+# (fp16 and bf16 rows on vectors of 8 where the length allows, one at a time at 4100)
 ROW_SHAPES = [(9, 7), (9, 37), (70000, 64), (300, 100), (3, 1024), (4097, 1024),
               (64, 1025), (33, 4100), (4, 5000), (5, 8192), (3, 8193), (2, 16384)]
 
