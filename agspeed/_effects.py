@@ -54,9 +54,10 @@ call (and the caller) sees exactly the state eager would have left.
   returns such a container (``a.append(x); return a``, at the top of its result or
   inside tuples, lists and dicts of it) returns the object itself, as eager does:
   ``note_result`` finds the shadow's place in the result, and the replay, once the
-  contents are written back, puts the original there (``_RESULT``).  Known limit: an
-  object made in the frame that holds such a container (a dataclass's field) is rebuilt
-  after the graph with a list of its own.
+  contents are written back, puts the original there (``_RESULT``).  So does an
+  object made in the frame that holds such a container (``d = D(items);
+  d.items.append(x); return d``: the rebuilt dataclass's field is ``items`` itself),
+  whether the container was shadowed before the object took it or after.
 """
 
 from __future__ import annotations
@@ -219,7 +220,8 @@ class SideEffects:
         # id(original) -> (original, its shadow or tail)
         self._shadow_for: dict[int, tuple] = {}
         self._plan: tuple | None = None  # made once, when the capture ends
-        self._returned_shadows: list = []  # (path in the result, shadow): note_result
+        # (path in the result, shadow or None, source or None): note_result
+        self._returned_shadows: list = []
         self._owner_sources: list = []
 
     def effect_setattr(self, obj: Any, source: Any, name: str, value: Any,
@@ -378,7 +380,15 @@ class SideEffects:
             return self._plan
         kept = [e for e in self._effects
                 if e[0] not in (_CONTENTS, _TAIL) or self._changed(e[3])]
-        self._owner_sources = list(dict.fromkeys(e[1] for e in kept if e[0] != _CALL))
+        returned = []   # (path in the result, source of the program's object there)
+        for path, made, source in self._returned_shadows:
+            if made is not None:
+                source = next((e[1] for e in self._effects
+                               if e[0] in (_CONTENTS, _TAIL) and e[3] is made), None)
+            if source is not None:
+                returned.append((path, source))
+        self._owner_sources = list(dict.fromkeys(
+            [e[1] for e in kept if e[0] != _CALL] + [source for _, source in returned]))
         owners = {s: k for k, s in enumerate(self._owner_sources)}
         plan = []
         for effect in kept:
@@ -393,12 +403,9 @@ class SideEffects:
             else:
                 _, fn, args, kwargs = effect
                 plan.append((_CALL, fn, args, kwargs, _has_slot((args, kwargs))))
-        for path, made in self._returned_shadows:
+        for path, source in returned:
             # the frame returns the program's list or dict itself, contents written back
-            source = next((e[1] for e in kept if e[0] in (_CONTENTS, _TAIL) and e[3] is made),
-                          None)
-            if source is not None:
-                plan.append((_RESULT, owners[source], path, None, False))
+            plan.append((_RESULT, owners[source], path, None, False))
         self._plan = tuple(plan)
         return self._plan
 
@@ -408,15 +415,46 @@ class SideEffects:
         replay puts it there, after writing its contents back.  Asked before the plan."""
         self._returned_shadows = list(self._shadow_paths(result, ()))
 
-    def _shadow_paths(self, value: Any, path: tuple) -> Any:
-        if type(value) in _SHADOWED and self.is_shadow(value):
-            yield path, value
-        elif type(value) in (tuple, list):
+    def _shadow_paths(self, value: Any, path: tuple, seen: set | None = None) -> Any:
+        """(path, shadow, None) for each list or dict of the program that ``value``
+        holds and this capture copied: the shadow itself or the original (an object
+        made in the frame may have taken it before the frame changed it); (path, None,
+        source) for one it never copied but knows the source of; through tuples, lists
+        and dicts, and the attributes and items of objects the frame made."""
+        seen = set() if seen is None else seen
+        if id(value) in seen:
+            return
+        if type(value) in _SHADOWED:
+            made = value if self.is_shadow(value) else self._made_for(value)
+            if made is not None:
+                yield path, made, None
+                return
+            known = self.known.get(id(value))  # type: ignore[attr-defined]
+            if known is not None and known[0] is value and not self.is_owned(value):  # type: ignore[attr-defined]
+                yield path, None, known[1]
+                return
+        if type(value) in (tuple, list):
+            seen.add(id(value))
             for k, v in enumerate(value):
-                yield from self._shadow_paths(v, path + (k,))
+                yield from self._shadow_paths(v, path + (k,), seen)
         elif type(value) is dict:
+            seen.add(id(value))
             for k, v in value.items():
-                yield from self._shadow_paths(v, path + (k,))
+                yield from self._shadow_paths(v, path + (k,), seen)
+        elif self.is_owned(value) and not isinstance(value, tuple):  # type: ignore[attr-defined]
+            from agspeed._objects import _state
+
+            seen.add(id(value))
+            attrs, items = _state(value)
+            for name, v in attrs:
+                yield from self._shadow_paths(v, path + (_Attr(name),), seen)
+            for key, v in items:
+                yield from self._shadow_paths(v, path + (_Item(key),), seen)
+
+    def _made_for(self, obj: Any) -> Any:
+        """The shadow or tail this capture made of the program's ``obj``, or None."""
+        done = self._shadow_for.get(id(obj))
+        return done[1] if done is not None and done[0] is obj else None
 
     def _changed(self, made: Any) -> bool:
         first = self._shadows[id(made)][2]
@@ -517,12 +555,35 @@ def _write_back(container: Any, contents: Any) -> None:
         container.update(contents)
 
 
+class _Attr(NamedTuple):
+    """A step of a path in a result: an attribute of an object the frame made."""
+
+    name: str
+
+
+class _Item(NamedTuple):
+    """A step of a path in a result: an item of a dict subclass the frame made."""
+
+    key: Any
+
+
 def _put(result: Any, path: tuple, obj: Any) -> Any:
     """``result`` with ``obj`` at ``path`` (indices and keys through the tuples, lists
-    and dicts the graph returned, which are its own)."""
+    and dicts the graph returned, attributes and items of the objects it rebuilt: all
+    its own)."""
     if not path:
         return obj
     head, rest = path[0], path[1:]
+    if type(head) is _Attr:
+        object.__setattr__(result, head.name,
+                           _put(object.__getattribute__(result, head.name), rest, obj))
+        return result
+    if type(head) is _Item:
+        from agspeed._objects import _dict_base
+
+        base = _dict_base(type(result))
+        base.__setitem__(result, head.key, _put(base.__getitem__(result, head.key), rest, obj))
+        return result
     if type(result) is tuple:
         return result[:head] + (_put(result[head], rest, obj),) + result[head + 1:]
     result[head] = _put(result[head], rest, obj)

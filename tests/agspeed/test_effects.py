@@ -4,6 +4,7 @@ the caller see the state eager would have left; reads after a write see it; writ
 cannot be replayed safely still break."""
 
 import collections
+import dataclasses
 import functools
 import gc
 import logging
@@ -626,5 +627,61 @@ def test_a_returned_list_of_the_program_is_not_held_by_the_entry():
     before = sys.getrefcount(mine)
     for _ in range(20):
         assert fast(mine, x) is mine
+    gc.collect()
+    assert sys.getrefcount(mine) == before and len(mine) == 24
+
+
+@dataclasses.dataclass
+class _Holder:
+    items: list
+    scale: float = 1.0
+
+
+def holds_then_appends(items, x):
+    held = _Holder(items)
+    held.items.append(x * 2)    # the list changes after the object took it
+    return held, x + 1
+
+
+def appends_then_holds(items, x):
+    items.append(x * 2)         # the list changes before the object takes it
+    return _Holder(items, 0.5), x + 1
+
+
+def returns_unchanged(items, x):
+    return items, [items], x + 1
+
+
+@pytest.mark.parametrize("fn", [holds_then_appends, appends_then_holds, returns_unchanged])
+def test_a_list_of_the_program_in_the_result_is_that_list_wherever_it_is(fn):
+    """A dataclass made in the frame around the caller's list holds that list in eager,
+    with whatever the frame appended through either name; so does a list returned
+    unchanged, at the top or inside a list: never a copy, on every call."""
+    fast = agspeed.optimize(fn, backend="eager")
+    for k in range(3):
+        mine, theirs, x = [k], [k], torch.randn(3)
+        got, want = fast(mine, x), fn(theirs, x)
+        if fn is returns_unchanged:
+            assert got[0] is mine and got[1][0] is mine and type(got[1]) is list
+            torch.testing.assert_close(got[2], want[2])
+            continue
+        assert type(got[0]) is _Holder and got[0].items is mine
+        assert len(mine) == len(theirs) == 2 and mine[0] == k
+        torch.testing.assert_close(mine[1], theirs[1])
+        assert got[0].scale == want[0].scale
+    assert agspeed.explain(fn, [0], torch.randn(3)).graph_count == 1
+
+
+def test_a_list_the_result_holds_is_not_kept_alive_by_the_entry():
+    fast = agspeed.optimize(holds_then_appends, backend="eager")
+    mine, x = [0], torch.randn(3)
+    for _ in range(3):
+        fast(mine, x)
+    gc.collect()
+    before = sys.getrefcount(mine)
+    for _ in range(20):
+        held, _ = fast(mine, x)
+        assert held.items is mine
+    del held
     gc.collect()
     assert sys.getrefcount(mine) == before and len(mine) == 24
