@@ -71,6 +71,7 @@ from typing import Any, Callable, NamedTuple
 
 from agspeed import _C
 from agspeed._builder_types import GraphBreak
+from agspeed._objects import _dict_base, _state
 from agspeed._stdlib import _FACTORIES   # a defaultdict's factories that run no user code
 from agspeed.protocol import Reason
 
@@ -382,11 +383,7 @@ class SideEffects:
                 if e[0] not in (_CONTENTS, _TAIL) or self._changed(e[3])]
         returned = []   # (path in the result, source of the program's object there)
         for path, made, source in self._returned_shadows:
-            if made is not None:
-                source = next((e[1] for e in self._effects
-                               if e[0] in (_CONTENTS, _TAIL) and e[3] is made), None)
-            if source is not None:
-                returned.append((path, source))
+            returned.append((path, source if made is None else self.shadow_source(made)))
         self._owner_sources = list(dict.fromkeys(
             [e[1] for e in kept if e[0] != _CALL] + [source for _, source in returned]))
         owners = {s: k for k, s in enumerate(self._owner_sources)}
@@ -430,7 +427,8 @@ class SideEffects:
                 yield path, made, None
                 return
             known = self.known.get(id(value))  # type: ignore[attr-defined]
-            if known is not None and known[0] is value and not self.is_owned(value):  # type: ignore[attr-defined]
+            owned = self.is_owned(value)  # type: ignore[attr-defined]
+            if known is not None and known[0] is value and not owned:
                 yield path, None, known[1]
                 return
         if type(value) in (tuple, list):
@@ -442,8 +440,6 @@ class SideEffects:
             for k, v in value.items():
                 yield from self._shadow_paths(v, path + (k,), seen)
         elif self.is_owned(value) and not isinstance(value, tuple):  # type: ignore[attr-defined]
-            from agspeed._objects import _state
-
             seen.add(id(value))
             attrs, items = _state(value)
             for name, v in attrs:
@@ -579,8 +575,6 @@ def _put(result: Any, path: tuple, obj: Any) -> Any:
                            _put(object.__getattribute__(result, head.name), rest, obj))
         return result
     if type(head) is _Item:
-        from agspeed._objects import _dict_base
-
         base = _dict_base(type(result))
         base.__setitem__(result, head.key, _put(base.__getitem__(result, head.key), rest, obj))
         return result

@@ -245,11 +245,10 @@ put_element(text *t, const rows *g, int r)
 }
 
 /* The step of a pass's vector form: the thread's W columns (text.width)
- * from W cw_, each contiguous input this pass reads from memory loaded as
- * one vector, the W elements computed one after the other (text.lane), each
- * contiguous element output stored as one vector.  Strided operands (a
- * weight broadcast over the rows) are read and written one element at a
- * time. */
+ * from W cw_, each contiguous or row input this pass reads from memory
+ * loaded as one vector, the W elements computed one after the other
+ * (text.lane), each contiguous element output stored as one vector.
+ * Strided operands are read and written one element at a time. */
 static int
 put_vector_step(text *t, rows *g, int r)
 {
@@ -566,19 +565,18 @@ ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int block_only
      * on vectors of 8 (softmax, 0.47 of peak against 0.46), and layer norm
      * slower (0.37 against 0.46) */
     if (!block_only) {
-        int width = t->width;
+        int width = t->width, failed;
 
         ags_cg_put(t, "if (cols <= %d) { /* the warp path */\n"
             "const unsigned int lane_ = threadIdx.x %% AGS_WARP_LANES;\n"
             "const long long warps_ = blockDim.x / AGS_WARP_LANES;\n", AGS_NVRTC_WARP_COLS);
         g.warp = 1;
         t->width = 4;
-        rc = put_path(t, &g, vector);
+        failed = put_path(t, &g, vector) < 0;
         t->width = width;
-        if (rc < 0) {
+        if (failed) {
             goto done;
         }
-        rc = -1;
         ags_cg_put(t, "}\nelse ");
     }
     ags_cg_put(t, "{ /* the block path */\n");

@@ -22,7 +22,7 @@ from typing import Any, Callable, NamedTuple
 from agspeed.protocol import KernelOp as K
 from agspeed.protocol import KernelType as T
 
-__all__ = ["Kernel", "Value", "lowering", "fusible", "reduction_of", "ktype_of",
+__all__ = ["Kernel", "Value", "lowering", "fusible", "reduction_of", "ktype_of", "rounded",
            "storage_of"]
 
 
@@ -147,11 +147,17 @@ def _same(k: Kernel, node: Any, a: Any, *rest: Any, **kw: Any) -> Value:
     return k.cast(a, _out_kt(node))
 
 
+def rounded(k: Kernel, v: Any, storage: int) -> Value:
+    """``v`` rounded to fp16 or bf16 ``storage`` as a tensor of it holds it, computed on
+    in fp32."""
+    return k.emit(K.CAST, storage, k.cast(v, T.F32))
+
+
 def _convert(k: Kernel, node: Any, a: Any, *rest: Any, **kw: Any) -> Value:
     dtype = node.meta["val"].dtype
     storage = storage_of(dtype)
     if storage in (T.F16, T.BF16):
-        return k.emit(K.CAST, storage, k.cast(a, T.F32))   # rounds to it
+        return rounded(k, a, storage)
     return k.cast(a, ktype_of(dtype))
 
 

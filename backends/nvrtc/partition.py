@@ -419,7 +419,7 @@ def _as_stored(k: lower.Kernel, node: Any, v: Any) -> Any:
     if storage not in (T.F16, T.BF16) \
             or v.ktype == storage or k.ops[v.index][0] == int(K.LOAD):
         return v
-    return k.emit(K.CAST, storage, k.cast(v, T.F32))
+    return lower.rounded(k, v, storage)
 
 
 def _contiguous(node: Any) -> bool:
