@@ -182,9 +182,12 @@ class _MaskedSoftmax(torch.nn.Module):
         return (x * 0.125 + r).masked_fill(~causal, float("-inf")).softmax(-1)
 
 
+# rows of 4096 take the row kernels' block path, rows of 1024 ("rows_1k") the warp path
 MEMORY_BOUND = {"bias+gelu+residual": (_BiasGeluResidual, "rows"),
                 "residual+layernorm": (_ResidualNorm, "rows"),
+                "residual+layernorm 1k": (_ResidualNorm, "rows_1k"),
                 "residual+rmsnorm": (_RMSNorm, "rows"),
+                "residual+rmsnorm 1k": (_RMSNorm, "rows_1k"),
                 "scale+mask+softmax": (_MaskedSoftmax, "scores")}
 
 
@@ -199,6 +202,8 @@ def memory_bound(device, quick: bool) -> list:
             gen = torch.Generator(device="cpu").manual_seed(0)
             if layout == "rows":
                 shape = (1024, 1024) if quick else (16384, 4096)
+            elif layout == "rows_1k":
+                shape = (4096, 1024) if quick else (65536, 1024)
             else:
                 shape = (8, 64, 128, 128) if quick else (8, 32, 1024, 1024)
             x = torch.randn(shape, generator=gen).to(device, dtype).requires_grad_()

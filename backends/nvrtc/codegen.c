@@ -20,19 +20,26 @@
  *              the strides passed in (0 for a broadcast dimension), a row
  *              (2, ROWS kernels) at the element's index within its row
  *              (the same values for every row, contiguous along it: a
- *              norm's weight), another (0) at the element's linear index
- *              (contiguous in the space)
+ *              norm's weight), a per-row one (3, ROWS kernels) once a row
+ *              at the row's index (a saved row statistic: a row value),
+ *              another (0) at the element's linear index (contiguous in
+ *              the space)
  *     ops      ((kop, ktype, (operand, ...), immediate), ...): instruction
  *              i defines value v<i> of the type ktype computes in
  *     outputs  ((value, ktype, strided), ...): stored in that storage
  *              type; an element value at each element, a row value (a
  *              reduction and what follows from it alone) once per row,
- *              at the row's index
+ *              at the row's index; in a ROWS kernel, an element value
+ *              with flag 2 is summed over the rows instead (column sums:
+ *              each of nslot row slots adds its rows into its own row of
+ *              an (nslot, cols) array of float or double, the caller sums
+ *              the slots)
  *
  * The kernel's parameters, in order: the inputs' pointers, the outputs'
  * pointers, the space's sizes (n0.., long long), then ndim strides for
- * each strided input (flag 1), then for each strided output.  Sizes are run-time
- * values, so one kernel serves every size of its space.
+ * each strided input (flag 1), then for each strided output, then, where
+ * there are column sums, nslot.  Sizes are run-time values, so one kernel
+ * serves every size of its space.
  *
  * Values and their variance.  A CONST, or an instruction of constants
  * only, is computed once per thread before any loop; a LOAD and whatever
@@ -241,7 +248,7 @@ put_load(text *t, const kernel *k, const instr *op)
 
     snprintf(prefix, sizeof prefix, "si%d", src);
     ags_cg_put(t, "(%s)", ags_kernel_compute_name(op->type));
-    if (t->lane >= 0 && k->in[src].strided != IN_STRIDED) {
+    if (t->lane >= 0 && ags_cg_vector_input(k, src)) {
         const char *conv = st == AGS_KTYPE_F16 ? "ags_from_f16"
                            : st == AGS_KTYPE_BF16 ? "ags_from_bf16" : "";
 
@@ -261,6 +268,9 @@ put_load(text *t, const kernel *k, const instr *op)
     }
     if (k->in[src].strided == IN_ROW) {
         ags_cg_put(t, "c");     /* the element's index within its row */
+    }
+    else if (k->in[src].strided == IN_PER_ROW) {
+        ags_cg_put(t, "row");   /* the row's own value */
     }
     else {
         put_offset(t, k, k->in[src].strided, prefix);
@@ -395,9 +405,12 @@ put_signature(text *t, const kernel *k, const char *suffix)
         }
     }
     for (int i = 0; i < k->n_out; i++) {
-        for (int d = 0; k->out[i].strided && d < k->ndim; d++) {
+        for (int d = 0; k->out[i].strided == OUT_STRIDED && d < k->ndim; d++) {
             ags_cg_put(t, ", long long so%d_%d", i, d);
         }
+    }
+    if (ags_kernel_column_outputs(k)) {
+        ags_cg_put(t, ", long long nslot");
     }
     ags_cg_put(t, ")\n{\n");
 }
@@ -411,7 +424,7 @@ ags_cg_any_strided(const kernel *k)
         }
     }
     for (int i = 0; i < k->n_out; i++) {
-        if (k->out[i].strided) {
+        if (k->out[i].strided == OUT_STRIDED) {
             return 1;
         }
     }
@@ -504,7 +517,7 @@ ags_cg_vector_width(const kernel *k)
     int widest = 0;
 
     for (int i = 0; i < k->n_in; i++) {
-        if (k->in[i].strided != IN_STRIDED
+        if (ags_cg_vector_input(k, i)
             && ags_kernel_storage_bytes(k->in[i].type) > widest) {
             widest = ags_kernel_storage_bytes(k->in[i].type);
         }
@@ -538,12 +551,20 @@ vectorizable(const text *t, const kernel *k)
     return 1;
 }
 
+int
+ags_cg_vector_input(const kernel *k, int i)
+{
+    return k->in[i].strided == IN_CONTIGUOUS || k->in[i].strided == IN_ROW;
+}
+
 /* Whether output o is read and written as vectors: an element output, not
- * strided (a row kernel's row values are stored one at a time). */
+ * strided (a row kernel's row values are stored one at a time, its column
+ * sums added one at a time). */
 int
 ags_cg_vector_output(const kernel *k, int o)
 {
-    return !k->out[o].strided && k->ops[k->out[o].value].variance == PER_ELEMENT;
+    return k->out[o].strided == OUT_CONTIGUOUS
+           && k->ops[k->out[o].value].variance == PER_ELEMENT;
 }
 
 void
@@ -551,7 +572,7 @@ ags_cg_put_aligned(text *t, const kernel *k)
 {
     ags_cg_put(t, "((0");
     for (int i = 0; i < k->n_in; i++) {
-        if (k->in[i].strided != IN_STRIDED) {
+        if (ags_cg_vector_input(k, i)) {
             ags_cg_put(t, " | ((unsigned long long)in%d & %dULL)", i,
                 ags_kernel_storage_bytes(k->in[i].type) * t->width - 1);
         }

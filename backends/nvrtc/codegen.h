@@ -53,6 +53,9 @@ int ags_cg_any_strided(const kernel *k);
 int ags_cg_vector_width(const kernel *k);
 /* The vector type of `width` values of storage type `type`, or NULL (none). */
 const char *ags_cg_vector_of(int type, int width);
+/* Whether input i is read as vectors where the kernel's vector form is taken
+ * (contiguous, or a row). */
+int ags_cg_vector_input(const kernel *k, int i);
 /* Whether output o is a contiguous element output (stored as vectors). */
 int ags_cg_vector_output(const kernel *k, int o);
 /* A condition: every contiguous input and element output aligned to its

@@ -38,6 +38,16 @@
  * the columns' place in its row; strided operands go one element at a
  * time.
  *
+ * Column sums (outputs of flag OUT_COLUMNS: an element value summed over the
+ * rows, a norm's weight and bias gradients) deal the rows to nslot slots, a
+ * warp each on the warp path, a block each on the block path.  A thread
+ * handles the same columns in every row of its slot, so it sums them alone:
+ * in registers, cs<o>[j], beside the kept values on the warp path (stored
+ * into the slot's row of out<o> after the last row); in the slot's row of
+ * out<o> itself on the block path (a long row does not fit in registers;
+ * the slots' rows stay in L2).  No atomics: the caller sums the slots, in
+ * an order that does not change from run to run.
+ *
  * The kernel's function holds both paths; codegen.c adds a second one,
  * <name>_block, with the block path alone, which driver.c launches for
  * long rows: compiled apart, its registers are its own (about 32, where
@@ -72,6 +82,7 @@ typedef struct {
     char *done;         /* row values computed so far */
     const char *kept;   /* values kept in ca<i>[] (warp path) */
     char *loaded;       /* kept values an earlier pass has computed */
+    int columns;        /* how many outputs are column sums */
 } rows;
 
 static const char *
@@ -161,6 +172,8 @@ choose_kept(const kernel *k, char *kept, char *scratch)
     char *avail = scratch, *computed = scratch + n, *stop = scratch + 2 * n;
     char *later = scratch + 3 * n;
     int n_kept = 0;
+    /* column sums hold registers of their own (put_rows_loop) */
+    int most = AGS_ROWS_KEPT_MAX - ags_kernel_column_outputs(k);
 
     memset(kept, 0, n);
     memset(avail, 0, n);
@@ -171,7 +184,7 @@ choose_kept(const kernel *k, char *kept, char *scratch)
         }
         for (int q = next_pass(k, p); q <= k->n_ops; q = next_pass(k, q)) {
             mark_pass(k, q, later, stop);
-            for (int i = 0; i < k->n_ops && n_kept < AGS_ROWS_KEPT_MAX; i++) {
+            for (int i = 0; i < k->n_ops && n_kept < most; i++) {
                 const instr *op = &k->ops[i];
 
                 if (later[i] && computed[i] && !avail[i]
@@ -220,8 +233,30 @@ put_pass_values(text *t, rows *g)
     return 0;
 }
 
+/* Output o's column sum at this element: added into the thread's register
+ * for the column (warp path) or into the slot's row of out<o> (block path:
+ * the column is the same thread's in every row of the slot). */
+static void
+put_column_sum(text *t, const rows *g, int o)
+{
+    const output *out = &g->k->out[o];
+    const char *ct = ags_kernel_compute_name(out->type);
+
+    if (!g->warp) {
+        ags_cg_put(t, "out%d[slot_ * cols + c] += (%s)v%d;\n", o, ct, out->value);
+    }
+    else if (t->lane >= 0) {
+        ags_cg_put(t, "cs%d[j_ * %d + %d] += (%s)v%d;\n", o, t->width, t->lane, ct,
+            out->value);
+    }
+    else {
+        ags_cg_put(t, "cs%d[j_] += (%s)v%d;\n", o, ct, out->value);
+    }
+}
+
 /* What a pass does at each element once its values are known: reduction r
- * accumulates into acc_ (r >= 0), or the element outputs are stored. */
+ * accumulates into acc_ (r >= 0), or the element outputs are stored and the
+ * column sums added to. */
 static void
 put_element(text *t, const rows *g, int r)
 {
@@ -238,7 +273,10 @@ put_element(text *t, const rows *g, int r)
         return;
     }
     for (int o = 0; o < k->n_out; o++) {
-        if (k->ops[k->out[o].value].variance == PER_ELEMENT) {
+        if (k->out[o].strided == OUT_COLUMNS) {
+            put_column_sum(t, g, o);
+        }
+        else if (k->ops[k->out[o].value].variance == PER_ELEMENT) {
             ags_cg_put_store(t, k, o, 0);
         }
     }
@@ -264,7 +302,7 @@ put_vector_step(text *t, rows *g, int r)
             read |= g->need[i] && op->kop == AGS_KOP_LOAD && op->args[0] == s
                     && !(g->warp && g->kept[i] && g->loaded[i]);
         }
-        if (read && k->in[s].strided != IN_STRIDED) {
+        if (read && ags_cg_vector_input(k, s)) {
             const char *v = ags_cg_vector_of(k->in[s].type, t->width);
 
             /* a row input at the columns' place in its one row */
@@ -391,9 +429,35 @@ put_reduction(text *t, rows *g, int r)
     return 0;
 }
 
-/* The work on one row (inside the path's row loop, `row` defined): the
- * reductions with the row values that follow from them, the element outputs,
- * the row outputs. */
+/* The row values not computed yet whose operands are all known (per-row
+ * loads need none), in order. */
+static int
+put_ready_row_values(text *t, rows *g)
+{
+    const kernel *k = g->k;
+
+    for (int i = 0; i < k->n_ops; i++) {
+        const instr *op = &k->ops[i];
+        int ready = op->variance == PER_ROW && !ags_kernel_is_reduction(op->kop)
+                    && !g->done[i];
+
+        for (int a = 0; ready && op->kop != AGS_KOP_LOAD && a < op->n; a++) {
+            const instr *arg = &k->ops[op->args[a]];
+            ready = arg->variance == UNIFORM || g->done[op->args[a]];
+        }
+        if (ready) {
+            if (ags_cg_put_instr(t, k, i) < 0) {
+                return -1;
+            }
+            g->done[i] = 1;
+        }
+    }
+    return 0;
+}
+
+/* The work on one row (inside the path's row loop, `row` defined): the row
+ * values of per-row inputs, the reductions with the row values that follow
+ * from them, the element outputs, the row outputs. */
 static int
 put_row(text *t, rows *g)
 {
@@ -411,6 +475,9 @@ put_row(text *t, rows *g)
     }
     memset(g->done, 0, (size_t)k->n_ops);
     memset(g->loaded, 0, (size_t)k->n_ops);
+    if (put_ready_row_values(t, g) < 0) {
+        return -1;
+    }
     for (int r = 0; r < k->n_ops; r++) {
         if (!ags_kernel_is_reduction(k->ops[r].kop)) {
             continue;
@@ -420,21 +487,8 @@ put_row(text *t, rows *g)
         }
         g->done[r] = 1;
         /* the row values that are known now */
-        for (int i = r + 1; i < k->n_ops; i++) {
-            const instr *op = &k->ops[i];
-            int ready = op->variance == PER_ROW && !ags_kernel_is_reduction(op->kop)
-                        && !g->done[i];
-
-            for (int a = 0; ready && a < op->n; a++) {
-                const instr *arg = &k->ops[op->args[a]];
-                ready = arg->variance == UNIFORM || g->done[op->args[a]];
-            }
-            if (ready) {
-                if (ags_cg_put_instr(t, k, i) < 0) {
-                    return -1;
-                }
-                g->done[i] = 1;
-            }
+        if (put_ready_row_values(t, g) < 0) {
+            return -1;
         }
     }
     for (int o = 0; o < k->n_out; o++) {
@@ -454,11 +508,84 @@ put_row(text *t, rows *g)
     return 0;
 }
 
+/* The column sums' start, before a slot's rows: the warp path's registers
+ * at 0, or the block path's row of each output zeroed (then a barrier: the
+ * threads that zero a column are not those that add to it in a vector form). */
+static void
+put_columns_start(text *t, const rows *g)
+{
+    const kernel *k = g->k;
+
+    for (int o = 0; o < k->n_out; o++) {
+        const char *ct = ags_kernel_compute_name(k->out[o].type);
+
+        if (k->out[o].strided != OUT_COLUMNS) {
+            continue;
+        }
+        if (g->warp) {
+            ags_cg_put(t, "%s cs%d[AGS_WARP_ITEMS];\n#pragma unroll\n"
+                "for (int j_ = 0; j_ < AGS_WARP_ITEMS; j_++) cs%d[j_] = (%s)0;\n",
+                ct, o, o, ct);
+        }
+        else {
+            ags_cg_put(t, "for (long long c = threadIdx.x; c < cols; c += blockDim.x) "
+                "out%d[slot_ * cols + c] = (%s)0;\n", o, ct);
+        }
+    }
+    if (!g->warp) {
+        ags_cg_put(t, "__syncthreads();\n");
+    }
+}
+
+/* The warp path's column sums, after the slot's last row: each register
+ * stored at its column of the slot's row. */
+static void
+put_columns_end(text *t, const rows *g)
+{
+    const kernel *k = g->k;
+
+    for (int o = 0; g->warp && o < k->n_out; o++) {
+        if (k->out[o].strided != OUT_COLUMNS) {
+            continue;
+        }
+        if (g->vector) {
+            ags_cg_put(t, "#pragma unroll\n"
+                "for (int j_ = 0; j_ < AGS_WARP_ITEMS / %d; j_++) {\n"
+                "#pragma unroll\nfor (int l_ = 0; l_ < %d; l_++) {\n"
+                "const long long c = (lane_ + (long long)j_ * AGS_WARP_LANES) * %d + l_;\n"
+                "if (c < cols) out%d[slot_ * cols + c] = cs%d[j_ * %d + l_];\n}\n}\n",
+                t->width, t->width, t->width, o, o, t->width);
+        }
+        else {
+            ags_cg_put(t, "#pragma unroll\n"
+                "for (int j_ = 0; j_ < AGS_WARP_ITEMS; j_++) {\n"
+                "const long long c = lane_ + (long long)j_ * AGS_WARP_LANES;\n"
+                "if (c < cols) out%d[slot_ * cols + c] = cs%d[j_];\n}\n", o, o);
+        }
+    }
+}
+
 /* The path's loop over rows: a warp a row (warps_ rows a block at a time)
- * or a block a row. */
+ * or a block a row.  With column sums the rows are dealt to nslot slots (a
+ * warp or a block each; those past nslot idle), slot s taking rows s,
+ * s + nslot, ..., so that each column of a slot's sums is one thread's. */
 static int
 put_rows_loop(text *t, rows *g)
 {
+    if (g->columns) {
+        ags_cg_put(t, "{\nconst long long slot_ = %s;\nif (slot_ < nslot) {\n",
+            g->warp ? "(long long)blockIdx.x * warps_ + threadIdx.x / AGS_WARP_LANES"
+                    : "(long long)blockIdx.x");
+        put_columns_start(t, g);
+        ags_cg_put(t, "for (long long row = slot_; row < rows; row += nslot) {\n");
+        if (put_row(t, g) < 0) {
+            return -1;
+        }
+        ags_cg_put(t, "}\n");
+        put_columns_end(t, g);
+        ags_cg_put(t, "}\n}\n");
+        return 0;
+    }
     if (g->warp) {
         ags_cg_put(t, "for (long long row = (long long)blockIdx.x * warps_"
             " + threadIdx.x / AGS_WARP_LANES; row < rows; row += (long long)gridDim.x * warps_)"
@@ -506,7 +633,7 @@ rows_vectorizable(const text *t, const kernel *k)
     int contiguous = 0;
 
     for (int i = 0; i < k->n_in; i++) {
-        if (k->in[i].strided != IN_STRIDED
+        if (ags_cg_vector_input(k, i)
             && ags_cg_vector_of(k->in[i].type, t->width) == NULL) {
             return 0;
         }
@@ -529,7 +656,8 @@ ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int block_only
     char *kept = PyMem_Calloc((size_t)k->n_ops + 1, 1);
     char *loaded = PyMem_Calloc((size_t)k->n_ops + 1, 1);
     char *scratch = PyMem_Calloc((size_t)k->n_ops + 1, 4);
-    rows g = {k, 1, 0, ags_cg_any_strided(k), need, done, kept, loaded};
+    rows g = {k, 1, 0, ags_cg_any_strided(k), need, done, kept, loaded,
+              ags_kernel_column_outputs(k)};
     int vector = rows_vectorizable(t, k), rc = -1;
 
     if (kept == NULL || loaded == NULL || scratch == NULL) {

@@ -209,13 +209,15 @@ read_kernel(PyObject *desc, kernel *k)
         if (tuple_of(row, 2, "an input") < 0
             || int_item(row, 0, 0, AGS_KTYPE_COUNT, "an input's type",
                         &k->in[i].type) < 0
-            || int_item(row, 1, 0, 3, "an input's strided flag",
+            || int_item(row, 1, 0, 4, "an input's strided flag",
                         &k->in[i].strided) < 0) {
             return -1;
         }
-        if (k->in[i].strided == IN_ROW && k->kind != AGS_KKIND_ROWS) {
+        if ((k->in[i].strided == IN_ROW || k->in[i].strided == IN_PER_ROW)
+            && k->kind != AGS_KKIND_ROWS) {
             PyErr_SetString(PyExc_ValueError, "kernel description: an input read as "
-                            "a row (strided flag 2) in a kernel without rows");
+                            "a row or per row (strided flag 2 or 3) in a kernel "
+                            "without rows");
             return -1;
         }
     }
@@ -232,8 +234,15 @@ read_kernel(PyObject *desc, kernel *k)
                         &k->out[i].value) < 0
             || int_item(row, 1, 0, AGS_KTYPE_COUNT, "an output's type",
                         &k->out[i].type) < 0
-            || int_item(row, 2, 0, 2, "an output's strided flag",
+            || int_item(row, 2, 0, 3, "an output's strided flag",
                         &k->out[i].strided) < 0) {
+            return -1;
+        }
+        if (k->out[i].strided == OUT_COLUMNS && (k->kind != AGS_KKIND_ROWS
+                || (k->out[i].type != AGS_KTYPE_F32 && k->out[i].type != AGS_KTYPE_F64))) {
+            PyErr_SetString(PyExc_ValueError, "kernel description: column sums "
+                            "(an output's strided flag 2) need a ROWS kernel and a "
+                            "float32 or float64 output");
             return -1;
         }
     }
@@ -246,6 +255,17 @@ ags_kernel_free(kernel *k)
     PyMem_Free(k->in);
     PyMem_Free(k->ops);
     PyMem_Free(k->out);
+}
+
+int
+ags_kernel_column_outputs(const kernel *k)
+{
+    int n = 0;
+
+    for (int i = 0; i < k->n_out; i++) {
+        n += k->out[i].strided == OUT_COLUMNS;
+    }
+    return n;
 }
 
 int
@@ -263,7 +283,7 @@ classify(kernel *k)
         int v = UNIFORM;
 
         if (op->kop == AGS_KOP_LOAD) {
-            v = PER_ELEMENT;
+            v = k->in[op->args[0]].strided == IN_PER_ROW ? PER_ROW : PER_ELEMENT;
         }
         else if (op->kop != AGS_KOP_CONST) {
             for (int a = 0; a < op->n; a++) {
@@ -292,6 +312,12 @@ classify(kernel *k)
         if (k->ops[k->out[i].value].variance == UNIFORM) {
             PyErr_SetString(PyExc_ValueError, "kernel description: an output "
                             "that is a constant");
+            return -1;
+        }
+        if (k->out[i].strided == OUT_COLUMNS
+            && k->ops[k->out[i].value].variance != PER_ELEMENT) {
+            PyErr_SetString(PyExc_ValueError, "kernel description: column sums "
+                            "of a value that is not an element value");
             return -1;
         }
     }

@@ -14,7 +14,7 @@
  *   nvrtc_source(desc)            -> codegen.c's source for a description
  *   cuda_open(path)               -> the driver's CUDA version (cuInit ran)
  *   cuda_device(ordinal)          -> (major, minor, multiprocessors)
- *   CudaKernel(image, name, kind, ndim, nred, device)
+ *   CudaKernel(image, name, kind, ndim, nred, device, slots=False)
  *                                 -> a loaded kernel; calling it launches
  *
  * A launch: kernel(stream, *args), args being the kernel's parameters in
@@ -31,7 +31,10 @@
  * share a multiprocessor).  Each function's blocks are held to what its
  * registers allow (cuFuncGetAttribute).  The first function chooses its
  * path from the same sizes; either path is correct under either shape, the
- * shape is for speed.  No Python code runs per launch.
+ * shape is for speed.  A ROWS kernel with column sums (slots true) takes its
+ * row slots' count as its last int, and is launched with exactly that many
+ * warps (short rows, in blocks of 8) or blocks (long rows): each slot is
+ * one warp's or one block's.  No Python code runs per launch.
  *
  * Every CudaKernel holds its module; the module is unloaded with it.  The
  * context is the device's primary one, torch's: when no context is
@@ -394,6 +397,7 @@ typedef struct {
     cu_function block_function;    /* ROWS: <name>_block, for long rows */
     int max_threads, block_max_threads;     /* a block's, at most, for each */
     int kind, ndim, nred, sms, device;
+    int slots;          /* ROWS with column sums: the last int is nslot */
 } kernel_object;
 
 static PyTypeObject *kernel_type;
@@ -441,19 +445,19 @@ static PyObject *
 kernel_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"image", "name", "kind", "ndim", "nred", "device",
-                             NULL};
+                             "slots", NULL};
     Py_buffer image;
     const char *name;
-    int kind, ndim, nred, device, sms = 0;
+    int kind, ndim, nred, device, sms = 0, slots = 0;
     cu_device dev;
     kernel_object *self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*siiii", kwlist, &image,
-                                     &name, &kind, &ndim, &nred, &device)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*siiii|p", kwlist, &image,
+                                     &name, &kind, &ndim, &nred, &device, &slots)) {
         return NULL;
     }
     if (kind < 0 || kind >= AGS_KKIND_COUNT || ndim < 0 || nred < 0
-        || nred > ndim) {
+        || nred > ndim || (slots && kind != AGS_KKIND_ROWS)) {
         PyBuffer_Release(&image);
         PyErr_SetString(PyExc_ValueError, "CudaKernel: a bad kind or shape");
         return NULL;
@@ -464,6 +468,7 @@ kernel_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     self->kind = kind;
+    self->slots = slots;
     self->device = device;
     self->ndim = ndim;
     self->nred = nred;
@@ -553,6 +558,7 @@ launch(kernel_object *self, PyObject *const *args, Py_ssize_t n)
     uint64_t values[MAX_PARAMS];
     void *params[MAX_PARAMS];
     long long sizes[AGS_NVRTC_MAX_DIMS];
+    long long nslot = 0;    /* the last int, where the kernel has column sums */
     int seen_sizes = 0, is_int;
     long long outer = 1, inner = 1, total;
     unsigned int grid, block;
@@ -575,6 +581,14 @@ launch(kernel_object *self, PyObject *const *args, Py_ssize_t n)
         if (is_int && seen_sizes < self->ndim) {
             sizes[seen_sizes++] = (long long)values[i - 1];
         }
+        if (is_int) {
+            nslot = (long long)values[i - 1];
+        }
+    }
+    if (self->slots && (nslot < 1 || nslot > 0x7fffffffLL)) {
+        PyErr_SetString(PyExc_ValueError, "CudaKernel: column sums need 1 to 2**31 - 1 "
+                        "row slots (the last int)");
+        return NULL;
     }
     if (seen_sizes != self->ndim) {
         PyErr_Format(PyExc_TypeError, "CudaKernel: %d sizes expected",
@@ -606,11 +620,17 @@ launch(kernel_object *self, PyObject *const *args, Py_ssize_t n)
         block = self->max_threads >= 256 ? 256 : self->max_threads >= 128 ? 128 : 32;
         want = (outer + block / 32 - 1) / (block / 32);
         grid = (unsigned int)(want < cap ? want : cap);
+        if (self->slots) {
+            grid = (unsigned int)((nslot + block / 32 - 1) / (block / 32));
+        }
     }
     else if (self->kind == AGS_KKIND_ROWS) {
         function = self->block_function;
         block = block_for(inner, self->block_max_threads);
         grid = outer > 0x7fffffffLL ? 0x7fffffffu : (unsigned int)outer;
+        if (self->slots) {
+            grid = (unsigned int)nslot;
+        }
     }
     else {
         long long want = (total + 255) / 256, cap = 32LL * self->sms;

@@ -24,15 +24,25 @@ typedef struct {
 /* How an input is read: at the element's linear index (contiguous in the
  * space), through strides (passed in; 0 along a broadcast dimension), or,
  * in a ROWS kernel, as a row: the same values for every row, contiguous
- * along it, at the element's index within the row (a norm's weight). */
-enum { IN_CONTIGUOUS = 0, IN_STRIDED = 1, IN_ROW = 2 };
+ * along it, at the element's index within the row (a norm's weight); or,
+ * in a ROWS kernel, once per row, at the row's index (contiguous, one value
+ * a row: a statistic a forward saved), its value a row value. */
+enum { IN_CONTIGUOUS = 0, IN_STRIDED = 1, IN_ROW = 2, IN_PER_ROW = 3 };
 
 typedef struct {
-    int type, strided;  /* strided: IN_CONTIGUOUS, IN_STRIDED or IN_ROW */
+    int type, strided;  /* strided: IN_CONTIGUOUS, IN_STRIDED, IN_ROW or IN_PER_ROW */
 } operand;
 
+/* How an output is written: at the element's linear index, or the row's
+ * (contiguous); through strides (passed in); or, in a ROWS kernel, as
+ * column sums: an element value summed over the rows, each of the kernel's
+ * `nslot` row slots (a parameter after the strides) adding its rows into
+ * its own row of an (nslot, cols) array of the value's compute type, which
+ * the caller then sums over the slots (a norm's weight gradient). */
+enum { OUT_CONTIGUOUS = 0, OUT_STRIDED = 1, OUT_COLUMNS = 2 };
+
 typedef struct {
-    int value, type, strided;
+    int value, type, strided;   /* strided: OUT_CONTIGUOUS, OUT_STRIDED or OUT_COLUMNS */
 } output;
 
 typedef struct {
@@ -58,5 +68,7 @@ const char *ags_kernel_storage_name(int ktype);
 int ags_kernel_storage_bytes(int ktype);
 const char *ags_kernel_kop_name(int kop);
 int ags_kernel_is_reduction(int kop);
+/* How many of k's outputs are column sums (OUT_COLUMNS). */
+int ags_kernel_column_outputs(const kernel *k);
 
 #endif /* AGS_NVRTC_KERNEL_H */

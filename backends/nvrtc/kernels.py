@@ -3,7 +3,9 @@
 ``Fused`` is what the rewritten graph calls for a group: it takes the group's inputs,
 allocates its outputs, works out the sizes and strides the kernel takes, and launches it
 through a *launcher*, ``launcher(stream, *params)`` (``cuda_launcher`` loads the kernel
-on the GPU; the tests' host launcher runs the same source on the CPU).
+on the GPU; the tests' host launcher runs the same source on the CPU).  Column sums come
+back from the kernel as one row of partial sums per row slot (kernel.h), which ``Fused``
+adds up with aten: the slots are few next to the rows (``row_slots``).
 
 ``cuda_launcher(desc, device)`` compiles a description's source with NVRTC for the
 device's architecture (a cubin where this libnvrtc knows the architecture, else PTX for
@@ -23,8 +25,9 @@ from typing import Any, Callable
 
 from agspeed import _C
 from agspeed.backends.nvrtc.partition import Plan
+from agspeed.protocol import KernelType as T
 
-__all__ = ["Fused", "cuda_launcher", "image_for", "compiled"]
+__all__ = ["Fused", "cuda_launcher", "image_for", "compiled", "row_slots", "has_columns"]
 
 # The seconds of NVRTC's compiles in this process (images found on disk not counted),
 # summed over the threads that compile a graph's kernels together; and the wall-clock
@@ -45,21 +48,29 @@ class Fused:
         self.ndim, self.nred = len(group.space), group.nred
         self.space = tuple(group.space) if all(isinstance(d, int) for d in group.space) \
             else None
-        # flag 1: read through strides, passed at each call; 0 and 2 (a row, the same
-        # for every row) at their own index, contiguous
+        # flag 1: read through strides, passed at each call; 0, 2 (a row, the same for
+        # every row) and 3 (one value a row) at their own index, contiguous
         self.strided_in = [s == 1 for _, s in desc[4]]
+        # the inputs that broadcast into the space (not those read once a row, whose
+        # shape may be the rows' alone)
+        self.in_space = [s != 3 for _, s in desc[4]]
+        self.columns = has_columns(desc)
         self.outs = []
-        for (node, place), (_, _, strided) in zip(plan.outputs, desc[6]):
+        for (node, place), (_, ktype, flag) in zip(plan.outputs, desc[6]):
             val = node.meta["val"]
             shape = tuple(val.shape) if self.space is not None else None
+            strided = flag == 1
             stride = tuple(val.stride()) if strided and self.space is not None else None
-            self.outs.append((place, val.dtype, shape, stride, bool(strided)))
+            partial = (torch.float64 if ktype == int(T.F64) else torch.float32) \
+                if flag == 2 else None
+            self.outs.append((place, val.dtype, shape, stride, strided, partial))
         self._torch = torch
 
     def _space(self, inputs: tuple) -> tuple:
         if self.space is not None:
             return self.space
-        return tuple(self._torch.broadcast_shapes(*(t.shape for t in inputs)))
+        return tuple(self._torch.broadcast_shapes(
+            *(t.shape for t, b in zip(inputs, self.in_space) if b)))
 
     def _out_shape(self, place: str, space: tuple) -> tuple:
         outer = len(space) - self.nred
@@ -67,6 +78,10 @@ class Fused:
             return space
         if place == "row_kept":
             return space[:outer] + (1,) * self.nred
+        if place == "columns":
+            return space[outer:]
+        if place == "columns_kept":
+            return (1,) * outer + space[outer:]
         return space[:outer]
 
     def __call__(self, *inputs: Any) -> tuple:
@@ -82,8 +97,14 @@ class Fused:
                 t = t.contiguous()
             args.append(t)
         outs = []
-        for place, dtype, shape, stride, strided in self.outs:
-            if stride is not None:
+        slots = 0
+        if self.columns:
+            rows, cols = _split(space, self.nred)
+            slots = row_slots(rows, cols, device)
+        for place, dtype, shape, stride, strided, partial in self.outs:
+            if partial is not None:
+                out = torch.empty((slots, cols), dtype=partial, device=device)
+            elif stride is not None:
                 out = torch.empty_strided(shape, stride, dtype=dtype, device=device)
             else:
                 out = torch.empty(shape if shape is not None else
@@ -91,11 +112,60 @@ class Fused:
             if strided:
                 ints += list(out.stride())
             outs.append(out)
+        if self.columns:
+            ints.append(slots)
         stream = _raw_stream(device.index if device.index is not None
                              else torch.cuda.current_device()) \
             if device.type == "cuda" else 0
-        self.launch(stream, *args, *outs, *ints)
+        if not self.columns or slots:
+            self.launch(stream, *args, *outs, *ints)
+        for j, (place, dtype, shape, _, _, partial) in enumerate(self.outs):
+            if partial is not None:
+                total = outs[j].sum(0).reshape(shape if shape is not None else
+                                               self._out_shape(place, space))
+                outs[j] = total if total.dtype == dtype else total.to(dtype)
         return tuple(outs)
+
+
+def has_columns(desc: tuple) -> bool:
+    """Whether the kernel of ``desc`` has column sums (and so takes a row slot count)."""
+    return any(flag == 2 for _, _, flag in desc[6])
+
+
+def _split(space: tuple, nred: int) -> tuple[int, int]:
+    rows = cols = 1
+    for d, n in enumerate(space):
+        if d < len(space) - nred:
+            rows *= int(n)
+        else:
+            cols *= int(n)
+    return rows, cols
+
+
+def row_slots(rows: int, cols: int, device: Any) -> int:
+    """How many row slots a kernel with column sums deals ``rows`` rows of ``cols`` to.
+    On a GPU: 16 warps a multiprocessor for short rows (each slot a warp's, its sums in
+    registers); for long ones (each slot a block's, its sums in its row of the partial
+    sums, which it reads and writes at every row) up to 4 blocks a multiprocessor,
+    fewer for rows past 4096 so that the partial sums stay under 64 KiB a
+    multiprocessor for each output, in L2.  Every multiprocessor is busy while each
+    slot takes many rows.  On the CPU (the host harness runs the slots one after the
+    other) a few, so that sums across slots are checked too."""
+    if rows <= 0:
+        return 0
+    if device.type != "cuda":
+        return min(rows, 3)
+    sms = _multiprocessors(device.index if device.index is not None else 0)
+    per_sm = 16 if cols <= _WARP_COLS else max(1, min(4, 16384 // max(cols, 1)))
+    return min(rows, sms * per_sm)
+
+
+_WARP_COLS = 1024   # codegen.h's AGS_NVRTC_WARP_COLS: the warp path's longest row
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(index: int) -> int:
+    return int(_C.cuda_device(index)[2])
 
 
 def _raw_stream(index: int) -> int:
@@ -169,4 +239,5 @@ def cuda_launcher(desc: tuple, device_index: int) -> Callable[..., Any]:
     """A launcher of ``desc``'s kernel on CUDA device ``device_index``."""
     arch, cubin = _arch(device_index)
     image = image_for(_C.nvrtc_source(desc), desc[0], arch, cubin)
-    return _C.CudaKernel(image, desc[0], int(desc[1]), desc[2], desc[3], device_index)
+    return _C.CudaKernel(image, desc[0], int(desc[1]), desc[2], desc[3], device_index,
+                         slots=has_columns(desc))

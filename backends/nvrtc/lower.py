@@ -6,7 +6,8 @@ pointwise ops and reductions below.  ``lowering`` gives, for each fusible aten o
 function that, given a ``Kernel`` under construction, the node and its operands
 (``Value``s or Python scalars), emits the op's instructions and returns its ``Value``;
 ``reduction_of`` says whether a node is a reduction a ROWS kernel can do (over the
-trailing dimensions of its input) and over how many.
+trailing dimensions of its input) and over how many; ``column_sum_of`` whether it is a
+sum over the leading dimensions, which a ROWS kernel can add up as column sums.
 
 Types follow torch: each node's result dtype is read from its fake value
 (``meta["val"]``), operands are converted to the type the op computes in (float for
@@ -22,8 +23,8 @@ from typing import Any, Callable, NamedTuple
 from agspeed.protocol import KernelOp as K
 from agspeed.protocol import KernelType as T
 
-__all__ = ["Kernel", "Value", "lowering", "fusible", "reduction_of", "ktype_of", "rounded",
-           "storage_of"]
+__all__ = ["Kernel", "Value", "lowering", "fusible", "reduction_of", "column_sum_of",
+           "ktype_of", "rounded", "storage_of"]
 
 
 class Value(NamedTuple):
@@ -68,8 +69,9 @@ class Kernel:
 
     def load(self, source: Any, storage: int, strided: int) -> Value:
         """Input ``source`` (read once per element however often it is used), read as
-        ``strided`` says (kernel.h: 0 contiguous, 1 through strides, 2 as a row)."""
-        key = id(source)
+        ``strided`` says (kernel.h: 0 contiguous, 1 through strides, 2 as a row, 3 once
+        per row; one source read two ways is two inputs)."""
+        key = (id(source), strided)
         if key not in self._loaded:
             self.inputs.append((source, storage, strided))
             kt = T.F32 if storage in (T.F16, T.BF16) else storage
@@ -206,6 +208,8 @@ def _table() -> dict:
         aten.clamp_max.default: _clamp(None, K.MIN),
         aten.clamp.default: _clamp(K.MAX, K.MIN),
         aten.clone.default: _same,
+        aten.alias.default: _same,
+        aten.expand.default: _same,     # the kernel's operands broadcast into its space
         prims.convert_element_type.default: _convert,
         prims.fma.default: _fma,
     }
@@ -314,3 +318,28 @@ def reduction_of(node: Any) -> tuple[int, int, tuple] | None:
     if target in (aten.mean.default, aten.mean.dim):
         kop = -2
     return kop, len(dims), x
+
+
+def column_sum_of(node: Any) -> tuple[int, Any] | None:
+    """(how many leading dimensions, the node's input) of a floating sum over the leading
+    dimensions of a value of two dimensions or more, the trailing ones left (a weight or
+    bias gradient: ``sum(g * x_hat, [0, 1])`` of a (B, T, C) value); None for anything
+    else."""
+    import torch
+
+    if node.op != "call_function" or node.target is not torch.ops.aten.sum.dim_IntList:
+        return None
+    x = node.args[0] if node.args else None
+    val = getattr(x, "meta", {}).get("val")
+    out = node.meta.get("val")
+    if val is None or out is None or storage_of(val.dtype) is None \
+            or not val.dtype.is_floating_point or node.kwargs.get("dtype") is not None:
+        return None
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    ndim = val.dim()
+    if dims is None or ndim < 2:
+        return None
+    dims = sorted({d % ndim for d in ([dims] if isinstance(dims, int) else dims)})
+    if not dims or dims != list(range(len(dims))) or len(dims) >= ndim:
+        return None
+    return len(dims), x

@@ -9,7 +9,14 @@ the group of one of its producers when it fits there, else in a new group:
   group into a ROWS group (or starts one): its members are then *element* values (of the
   space's shape) or *row* values (the reduction's shape, kept dimensions or not). An
   element op may use a row value only with its dimensions kept (so that it broadcasts
-  along the row); a row op takes no operand from outside;
+  along the row); a row op takes row values of the group, or operands from outside of
+  its own shape, read once a row (a statistic the forward saved); a POINTWISE group
+  computing in a row shape of a ROWS group joins it as row ops where they fit;
+* a sum over the leading dimensions of an element value (a norm's weight gradient, a
+  bias gradient) joins that value's group, or the group of one of its readers, as
+  *column sums*, turning a POINTWISE group
+  into a ROWS group whose rows are the dimensions left; it is an output only, which no
+  member may use (it is complete only when the kernel is);
 * a node joins a group only if none of its operands from outside depends on the group:
   the groups and the remaining nodes stay acyclic, so the graph can run them in order.
 
@@ -52,6 +59,7 @@ class Group:
         self.id = next(self._ids)
         self.space, self.nred = space, nred
         self.nodes: list = []
+        self.columns: set = set()   # members that are column sums
 
     @property
     def outer(self) -> int:
@@ -81,11 +89,19 @@ def _operands(node: Any) -> list:
 
 def _scalar_ok(x: Any) -> bool:
     """Whether argument ``x`` of a fusible node leaves it fusible in a group: a scalar,
-    a tensor, None, or a dtype (a conversion's target, which lower.py reads from the
-    node's value)."""
+    a tensor, None, a dtype (a conversion's target, which lower.py reads from the node's
+    value), or constant sizes (an expand's, which its value's shape says too)."""
     import torch
 
+    if isinstance(x, (list, tuple)):
+        return all(type(d) is int for d in x)
     return isinstance(x, (bool, int, float, torch.dtype)) or _is_tensor_node(x) or x is None
+
+
+def _row_read(a: Any, node: Any) -> bool:
+    """Whether row op ``node`` can read ``a`` from outside its group once a row: ``a``
+    has the op's own (row) shape and a type kernels hold."""
+    return _shape(a) == _shape(node) and lower.storage_of(a.meta["val"].dtype) is not None
 
 
 def _fits(group: Group, node: Any, inside_of: Callable[[Any], bool]) -> bool:
@@ -100,14 +116,31 @@ def _fits(group: Group, node: Any, inside_of: Callable[[Any], bool]) -> bool:
         if not _is_tensor_node(a):
             continue
         inside = inside_of(a)
-        if place != "element":          # a row op: only row values of the group
-            if not inside or group.place(_shape(a)) not in ("row", "row_kept"):
+        if inside and a in group.columns:
+            return False                # complete only once the kernel is
+        if place != "element":          # a row op: row values of the group, row reads
+            if not inside:
+                if not _row_read(a, node):
+                    return False
+                continue
+            if group.place(_shape(a)) not in ("row", "row_kept"):
                 return False
             if group.place(_shape(a)) != place and _shape(a) != ():
                 return False
         elif inside and group.place(_shape(a)) == "row":
             return False                # would broadcast along the wrong dimension
+        elif inside and group.place(_shape(a)) == "row_kept" and _expands_for_outside(node):
+            return False                # a row value as an element output (describe)
     return True
+
+
+def _expands_for_outside(node: Any) -> bool:
+    """Whether ``node`` spreads a row value over the row for a user no kernel computes
+    (an output of the group, which would hold a row value where it stores elements)."""
+    import torch
+
+    return node.target is torch.ops.aten.expand.default and not all(
+        lower.fusible(u) or lower.reduction_of(u) is not None for u in node.users)
 
 
 class _State:
@@ -161,7 +194,17 @@ class _State:
     def merge(self, a: Group, b: Group) -> bool:
         """Puts ``b``'s nodes in ``a`` when both compute in one space and neither
         reaches the other through nodes outside them; whether it did."""
-        if a is b or a.space != b.space or (a.nred and b.nred and a.nred != b.nred):
+        if a is b:
+            return False
+        space, nred = a.space, a.nred or b.nred
+        if a.space != b.space:          # a POINTWISE group in a row shape of the other
+            if a.nred and not b.nred and b.space in a.rows():
+                nred = a.nred
+            elif b.nred and not a.nred and a.space in b.rows():
+                space, nred = b.space, b.nred
+            else:
+                return False
+        elif a.nred and b.nred and a.nred != b.nred:
             return False
         if any(self.depends(o, b) for m in a.nodes for o in _operands(m)
                if self.group(o) not in (a, b)) or \
@@ -170,10 +213,12 @@ class _State:
             return False
         members = set(a.nodes) | set(b.nodes)
         trial = Group.__new__(Group)
-        trial.space, trial.nred = a.space, a.nred or b.nred
+        trial.space, trial.nred = space, nred
+        trial.columns = a.columns | b.columns
         if not all(_fits_merged(trial, m, members) for m in members):
             return False
-        a.nred = trial.nred
+        a.space, a.nred = space, nred
+        a.columns = trial.columns
         a.nodes = sorted(a.nodes + b.nodes, key=self.pos.__getitem__)
         self.into[b.id] = a
         self.gdeps[a.id] = {h for h in self.gdeps[a.id] | self.gdeps.pop(b.id, set())
@@ -281,6 +326,10 @@ def _fits_merged(group: Group, node: Any, members: set) -> bool:
     """Whether ``node`` still has its place in ``group`` made of ``members``."""
     if node.target is operator.getitem:
         return True
+    if node in group.columns:
+        nlead, x = lower.column_sum_of(node)
+        return (x in members or any(u in members for u in x.users if u is not node)) \
+            and _takes_columns(group, x, nlead)
     red = lower.reduction_of(node)
     if red is not None:
         x = red[2]
@@ -295,6 +344,15 @@ def _choose(node: Any, st: _State) -> Any:
         return None
     if node.target is operator.getitem:      # var_mean's two results
         return st.group(node.args[0])
+    col = lower.column_sum_of(node)
+    if col is not None:     # only in the group of its input, or of one reading it
+        nlead, x = col
+        for g in dict.fromkeys([st.group(x)] + [st.group(u) for u in x.users]):
+            if g is not None and st.acyclic(g, node) and _takes_columns(g, x, nlead):
+                g.nred = len(g.space) - nlead
+                g.columns.add(node)
+                return g
+        return None
     red = lower.reduction_of(node)
     if red is None and not lower.fusible(node):
         return None
@@ -311,6 +369,13 @@ def _choose(node: Any, st: _State) -> Any:
         elif _fits(g, node, lambda a, g=g: st.group(a) is g):
             return g
     return "new"
+
+
+def _takes_columns(group: Group, x: Any, nlead: int) -> bool:
+    """Whether ``group`` can add up its element value ``x`` over its ``nlead`` leading
+    dimensions: its rows are then the dimensions left, as its reductions' are."""
+    return _shape(x) == group.space and group.place(_shape(x)) == "element" \
+        and (group.nred == 0 or group.outer == nlead)
 
 
 def _new_group(node: Any) -> Group | None:
@@ -352,31 +417,47 @@ def describe(group: Group, name: str) -> tuple[tuple, Plan]:
     values: dict = {}
     members = set(group.nodes)
 
-    def operand(a: Any) -> Any:
+    def operand(a: Any, row_op: bool = False) -> Any:
         if a in values:
             return values[a]
         if _is_tensor_node(a):
             storage = lower.storage_of(a.meta["val"].dtype)
-            return k.load(a, storage, _read_as(a, group))
+            return k.load(a, storage, _PER_ROW if row_op else _read_as(a, group))
         return a
 
     for node in group.nodes:
         if node.target is operator.getitem:
             values[node] = values[node.args[0]][node.args[1]]
             continue
+        if node in group.columns:           # an output alone (below)
+            continue
         red = lower.reduction_of(node)
         if red is not None:
             values[node] = _as_stored(k, node, _reduce(k, node, red, operand(red[2]), group))
             continue
-        args = [operand(a) for a in node.args]
+        row_op = group.place(_shape(node)) in ("row", "row_kept")
+        args = [operand(a, row_op) for a in node.args]
         values[node] = _as_stored(k, node, lower.lowering(node.target)(k, node, *args))
     for node in group.nodes:
+        if node in group.columns:
+            keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+            plan.outputs.append((node, "columns_kept" if keep else "columns"))
+            x = operand(lower.column_sum_of(node)[1])
+            values[node] = k.cast(x, T.F64 if x.ktype == T.F64 else T.F32)
+            continue
         outside = [u for u in node.users if u not in members]
         if outside and type(values[node]) is not tuple:   # not var_mean's pair
-            plan.outputs.append((node, group.place(_shape(node))))
+            place = group.place(_shape(node))
+            if place == "element" and not _per_element(k, values[node].index):
+                raise ValueError(f"{node} spreads a row value over its row for a user "
+                                 "outside the kernel")
+            plan.outputs.append((node, place))
     plan.inputs = [src for src, _, _ in k.inputs]
     outs = []
     for node, place in plan.outputs:
+        if place.startswith("columns"):     # sums in the compute type, over slots
+            outs.append((values[node].index, values[node].ktype, _COLUMNS))
+            continue
         storage = lower.storage_of(node.meta["val"].dtype)
         strided = place == "element" and not _contiguous(node)
         outs.append((values[node].index, storage, int(strided)))
@@ -390,6 +471,23 @@ def describe(group: Group, name: str) -> tuple[tuple, Plan]:
 # How a kernel reads an input (kernel.h): at the element's linear index, through
 # strides, or as a row (the same for every row, contiguous along it)
 _CONTIGUOUS, _STRIDED, _ROW = 0, 1, 2
+_PER_ROW = 3     # once a row, at the row's index (a row op's operand from outside)
+# How it writes an output: 0 and 1 as an input is read, or as column sums
+_COLUMNS = 2
+
+
+def _per_element(k: lower.Kernel, i: int) -> bool:
+    """Whether value ``i`` of ``k`` varies per element (not a row value, not uniform):
+    it depends on a load of an element, through no reduction."""
+    varies: list = []
+    for kop, _, args, _ in k.ops[:i + 1]:
+        if kop == int(K.LOAD):
+            varies.append(k.inputs[args[0]][2] != _PER_ROW)
+        elif kop in (int(K.SUM), int(K.AMAX), int(K.AMIN)):
+            varies.append(False)
+        else:
+            varies.append(any(varies[a] for a in args))
+    return varies[i]
 
 
 def _read_as(a: Any, group: Group) -> int:

@@ -3,7 +3,8 @@
 codegen.c's kernels compile as host C++ when ``AGS_HOST`` is defined: this shim gives them
 one thread per block and one block (the kernels loop over their elements and rows, so
 that covers everything), host math, and conversions to and from fp16 (GCC's
-``_Float16``) and bf16.  ``run(desc, tensors, ints)`` builds the source with g++ into a
+``_Float16``) and bf16.  A kernel with column sums runs once per row slot instead (its
+last int), as block ``blockIdx.x`` of a grid of that many, as the driver launches it.  ``run(desc, tensors, ints)`` builds the source with g++ into a
 shared library, cached per source, and calls the kernel through ctypes with the tensors'
 data pointers.
 """
@@ -26,8 +27,10 @@ SHIM = r"""
 #define __shared__ static
 #define __restrict__ __restrict
 struct ags_dim3 { unsigned int x, y, z; };
-static const ags_dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0};
-static const ags_dim3 blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+static const ags_dim3 threadIdx = {0, 0, 0}, blockDim = {1, 1, 1};
+static ags_dim3 blockIdx = {0, 0, 0}, gridDim = {1, 1, 1};
+extern "C" void ags_host_block(unsigned int b, unsigned int g)
+{ blockIdx.x = b; gridDim.x = g; }
 static inline void __syncthreads() {}
 template <typename T> static inline T __shfl_xor_sync(unsigned, T v, unsigned) { return v; }
 struct float4 { float x, y, z, w; };
@@ -78,21 +81,35 @@ def run(desc: tuple, tensors: list, ints: list, function: str = "") -> None:
     """Runs the kernel of ``desc`` on CPU ``tensors`` (inputs then outputs) with ``ints``
     (sizes, then strides), as the launcher passes them; ``function``: the suffix of
     one of a row kernel's other functions ("_block", "_kept")."""
-    fn = getattr(build(_C.nvrtc_source(desc)), desc[0] + function)
+    lib = build(_C.nvrtc_source(desc))
+    fn = getattr(lib, desc[0] + function)
     fn.restype = None
     args = [ctypes.c_void_p(t.data_ptr()) for t in tensors]
     args += [ctypes.c_longlong(int(v)) for v in ints]
-    fn(*args)
+    _grid(lib, desc, list(ints), lambda: fn(*args))
 
 
 def launcher(desc: tuple):
     """What ``agspeed.backends.nvrtc.compile_with`` takes: the kernel of ``desc`` as a
     ``launch(stream, *params)`` that runs it on the CPU (tensors' data pointers, ints)."""
-    fn = getattr(build(_C.nvrtc_source(desc)), desc[0])
+    lib = build(_C.nvrtc_source(desc))
+    fn = getattr(lib, desc[0])
     fn.restype = None
 
     def launch(stream, *params):
-        fn(*[ctypes.c_void_p(p.data_ptr()) if hasattr(p, "data_ptr")
-             else ctypes.c_longlong(int(p)) for p in params])
+        args = [ctypes.c_void_p(p.data_ptr()) if hasattr(p, "data_ptr")
+                else ctypes.c_longlong(int(p)) for p in params]
+        ints = [p for p in params if not hasattr(p, "data_ptr")]
+        _grid(lib, desc, ints, lambda: fn(*args))
 
     return launch
+
+
+def _grid(lib: ctypes.CDLL, desc: tuple, ints: list, call) -> None:
+    """``call()`` once, or, for a kernel with column sums, once per row slot (the last
+    int) as that block of the grid."""
+    slots = int(ints[-1]) if any(flag == 2 for _, _, flag in desc[6]) else 1
+    for b in range(slots):
+        lib.ags_host_block(ctypes.c_uint(b), ctypes.c_uint(slots))
+        call()
+    lib.ags_host_block(ctypes.c_uint(0), ctypes.c_uint(1))

@@ -168,6 +168,134 @@ def test_conversions_to_and_from_half_types_stay_in_the_kernel(dtype):
     assert "prims.convert_element_type.default" in targets
 
 
+def test_weight_and_bias_gradients_are_column_sums_of_the_norms_kernel():
+    """A layer norm's backward is one kernel: dx at each element, and the weight and
+    bias gradients (sums over the rows) added up in it as column sums rather than
+    stored at each element for aten to sum."""
+    w, b = torch.randn(48, requires_grad=True), torch.randn(48, requires_grad=True)
+    x = torch.randn(3, 37, 48, requires_grad=True)
+
+    def f(x, w, b):
+        return F.layer_norm(x, (48,), w, b)
+
+    found, compiler = _recording_compiler()
+    out = aot_function(f, fw_compiler=compiler, bw_compiler=compiler,
+                       decompositions=_decompositions())(x, w, b)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (x, w, b), g)
+    want = torch.autograd.grad(f(x, w, b), (x, w, b), g)
+    for got, expected in zip(grads, want):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    backward = [grp for grp in found[1] if grp.nred]
+    assert len(backward) == 1 and len(backward[0].columns) == 2
+    sums = [n for n in backward[0].nodes if n.target is torch.ops.aten.sum.dim_IntList
+            and n in backward[0].columns]
+    assert sorted(len(n.args[1]) for n in sums) == [2, 2]    # over B and T
+
+
+def test_a_bias_gradient_turns_its_pointwise_kernel_into_rows():
+    """GELU's backward over (B, T, C) with the bias gradient summed over B and T: one
+    kernel, whose rows are C long, stores the input gradient and adds up the bias's."""
+    b = torch.randn(40, requires_grad=True)
+    x = torch.randn(2, 9, 40, requires_grad=True)
+
+    def f(x, b):
+        return F.gelu(x + b)
+
+    found, compiler = _recording_compiler()
+    out = aot_function(f, fw_compiler=compiler, bw_compiler=compiler,
+                       decompositions=_decompositions())(x, b)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (x, b), g)
+    want = torch.autograd.grad(f(x, b), (x, b), g)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e)
+    (backward,) = [grp for grp in found[1] if grp.columns]
+    assert backward.nred == 1 and backward.space[-1] == 40
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_a_column_sum_is_not_read_by_its_own_kernel(keepdim):
+    """A sum over the rows that the same space then uses (here broadcast back over the
+    rows, in a square space where it has a row's shape too) is complete only after the
+    kernel: its users run in a kernel of their own."""
+    x, y = torch.randn(24, 24), torch.randn(24, 24)
+
+    def f(x, y):
+        s = (x * y).sum(0, keepdim=keepdim)
+        return x * s + y, s
+
+    found, compiler = _recording_compiler()
+    got = aot_function(f, fw_compiler=compiler, decompositions=_decompositions())(x, y)
+    want = f(x, y)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e)
+    assert got[1].shape == want[1].shape
+    with_columns = [grp for grp in found[0] if grp.columns]
+    assert len(with_columns) == 1
+    users = {u for n in with_columns[0].columns for u in n.users}
+    assert not users & set(with_columns[0].nodes)
+
+
+def test_column_sums_in_half_precision_round_once_as_eager_does():
+    """A bf16 sum over the rows is added up in fp32 across the slots and rounded once,
+    as eager rounds its fp32 accumulation."""
+    x = (torch.randn(300, 64) * 4).bfloat16()
+
+    def f(x):
+        return (x * 2).sum(0), torch.relu(x)
+
+    found, compiler = _recording_compiler()
+    got = aot_function(f, fw_compiler=compiler, decompositions=_decompositions())(x)
+    want = f(x)
+    assert got[0].dtype == torch.bfloat16
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+    assert [len(grp.columns) for grp in found[0]] == [1]
+
+
+def test_rms_norms_backward_is_one_kernel():
+    """RMSNorm's backward reads the forward's saved rstd once a row, computes its row
+    values from it (rstd cubed), spreads them over the row (an expand) and adds up the
+    weight gradient: one kernel, where it was three."""
+    w = torch.rand(40, requires_grad=True)
+    x = torch.randn(3, 7, 40, requires_grad=True)
+
+    def f(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    found, compiler = _recording_compiler()
+    out = aot_function(f, fw_compiler=compiler, bw_compiler=compiler,
+                       decompositions=_decompositions())(x, w)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (x, w), g)
+    want = torch.autograd.grad(f(x, w), (x, w), g)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+    assert len(found[0]) == 1 and len(found[1]) == 1
+    assert found[1][0].columns
+
+
+def test_a_row_value_spread_over_its_row_for_the_output_leaves_the_row_kernel():
+    """An expand of a row value that the graph returns would be an element output
+    holding a row value: it is left out of the row kernel (a kernel of its own reads
+    the row value through strides), and the rest still fuses."""
+    x = torch.randn(6, 32)
+
+    def f(x):
+        s = (x * 2).sum(-1, keepdim=True)
+        return s.expand(6, 32), torch.relu(x - s)
+
+    found, compiler = _recording_compiler()
+    got = aot_function(f, fw_compiler=compiler, decompositions=_decompositions())(x)
+    for a, e in zip(got, f(x)):
+        torch.testing.assert_close(a, e)
+    expands = [grp for grp in found[0] for n in grp.nodes
+               if n.target is torch.ops.aten.expand.default]
+    assert all(not grp.nred for grp in expands)   # a kernel of its own, reading s
+    assert any(grp.nred for grp in found[0])
+
+
 def test_a_node_joins_no_group_that_its_other_operands_depend_on():
     # y = exp(x); z = mm(y, y) (not fusible); w = y + z: w cannot join y's group, or the
     # group would both feed and wait for the mm

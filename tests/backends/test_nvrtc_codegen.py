@@ -94,6 +94,41 @@ def rms_norm_desc(n, storage=F32, weights=1):
             ((10, storage, 0),))
 
 
+def column_sums_desc(storage=F32):
+    """A layer norm's backward in small: g * rstd at each element, the row's sum of g,
+    and the weight and bias gradients as column sums, g * (x - mean) * rstd and g summed
+    over the rows (mean and rstd one per row, read through strides)."""
+    return ("column_sums", KK.ROWS, 2, 1,
+            ((storage, 0), (storage, 0), (F32, 1), (F32, 1)),
+            (op(K.LOAD, F32, 0), op(K.LOAD, F32, 1), op(K.LOAD, F32, 2),
+             op(K.LOAD, F32, 3), op(K.SUB, F32, 1, 2), op(K.MUL, F32, 4, 3),
+             op(K.MUL, F32, 0, 5), op(K.MUL, F32, 0, 3), op(K.SUM, F32, 0)),
+            ((7, storage, 0), (6, F32, 2), (0, F32, 2), (8, F32, 0)))
+
+
+def rms_norm_backward_desc(n, storage=F32):
+    """RMSNorm's backward from the forward's saved rstd r, read once a row (flag 3):
+    dx = r g w - x r^3 sum(g w x) / n, with r^3 a row output (from the per-row input
+    alone) and the weight gradient, g x r summed over the rows, as column sums."""
+    return ("rms_norm_backward", KK.ROWS, 2, 1,
+            ((storage, 0), (storage, 0), (storage, 2), (F32, 3)),
+            (op(K.LOAD, F32, 0), op(K.LOAD, F32, 1), op(K.LOAD, F32, 2),
+             op(K.LOAD, F32, 3), op(K.MUL, F32, 0, 2), op(K.MUL, F32, 4, 1),
+             op(K.SUM, F32, 5), op(K.MUL, F32, 3, 3), op(K.MUL, F32, 7, 3),
+             op(K.MUL, F32, 6, 8), op(K.CONST, F32, imm=1.0 / n), op(K.MUL, F32, 9, 10),
+             op(K.MUL, F32, 1, 11), op(K.MUL, F32, 4, 3), op(K.SUB, F32, 13, 12),
+             op(K.MUL, F32, 0, 1), op(K.MUL, F32, 15, 3)),
+            ((14, storage, 0), (16, F32, 2), (8, F32, 0)))
+
+
+def bias_grad_desc(storage=F32):
+    """A pointwise backward over (B, T, C) with its bias gradient: g * w stored (w a row)
+    and g summed over B and T, with no reduction of rows at all."""
+    return ("bias_grad", KK.ROWS, 3, 1, ((storage, 0), (storage, 2)),
+            (op(K.LOAD, F32, 0), op(K.LOAD, F32, 1), op(K.MUL, F32, 0, 1)),
+            ((2, storage, 0), (0, F32, 2)))
+
+
 # Row lengths on both sides of the bound between the paths (codegen_rows.c): the warp
 # path (one warp a row) up to 1024 columns, in its vector form where the length is a
 # multiple of 4 (100, 1024) and the pointers are aligned, the block path beyond (whose
@@ -118,6 +153,12 @@ def _rows_close(got, want):
     sums go in another order; fp16 and bf16 ones within their usual tolerance."""
     tol = {"rtol": 1e-4, "atol": 1e-5} if got.dtype == torch.float32 else {}
     torch.testing.assert_close(got, want, **tol)
+
+
+def _sums_close(got, want, n):
+    """Sums of ``n`` values of about 1 in another order than torch's: within 1e-4 of
+    torch's, relative to the sum or to the sqrt(n) its terms cancel down from."""
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * max(1.0, n ** 0.5))
 
 
 def _rows_input(shape, dtype, offset=0, scale=1.0, shift=0.0):
@@ -224,6 +265,62 @@ def test_softmax_backward_and_rms_norm_rows_on_every_path(storage, cols, functio
     xf = x.float()
     want = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-6) * w.float()
     _rows_close(out, want.to(dtype))
+
+
+@pytest.mark.parametrize("storage", [F32, BF16])
+@pytest.mark.parametrize("cols", ROW_LENGTHS)
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "misaligned"])
+@pytest.mark.parametrize("slots", [1, 3, 7])
+@ROW_FUNCTIONS
+def test_column_sums_on_every_path(storage, cols, offset, slots, function):
+    """Each row slot (a block of the host's grid) adds its rows into its own row of the
+    partial sums; the slots' rows add up to torch's sums over the rows, next to the
+    element and row outputs of the same kernel."""
+    dtype, rows = _STORAGE[storage], 7
+    g = _rows_input((rows, cols), dtype, offset)
+    x = _rows_input((rows, cols), dtype, offset, 2.0, 1.0)
+    mean, rstd = torch.randn(rows, 1), torch.rand(rows, 1) + 0.5
+    out, row_sum = torch.empty(rows, cols, dtype=dtype), torch.empty(rows)
+    gw, gb = torch.full((slots, cols), float("nan")), torch.full((slots, cols), float("nan"))
+    host.run(column_sums_desc(storage), [g, x, mean, rstd, out, gw, gb, row_sum],
+             [rows, cols, *strides_of(mean, (rows, cols)), *strides_of(rstd, (rows, cols)),
+              slots], function)
+    gf = g.float()
+    _rows_close(out, (gf * rstd).to(dtype))
+    _sums_close(row_sum, gf.sum(-1), cols)
+    _sums_close(gw.sum(0), (gf * (x.float() - mean) * rstd).sum(0), rows)
+    _sums_close(gb.sum(0), gf.sum(0), rows)
+
+
+@pytest.mark.parametrize("storage", [F32, BF16])
+@pytest.mark.parametrize("cols", ROW_LENGTHS)
+@ROW_FUNCTIONS
+def test_a_saved_row_statistic_is_read_once_a_row(storage, cols, function):
+    """RMSNorm's backward in one kernel: the forward's rstd, one value a row, is a row
+    value (r^3 computed before the row's reduction, stored as a row output)."""
+    dtype, rows = _STORAGE[storage], 5
+    g, x = _rows_input((rows, cols), dtype), _rows_input((rows, cols), dtype, 0, 2.0)
+    w = torch.randn(cols).to(dtype)
+    r = torch.rand(rows, 1) + 0.5
+    dx, gw, r3 = torch.empty(rows, cols, dtype=dtype), torch.empty(2, cols), torch.empty(rows)
+    host.run(rms_norm_backward_desc(cols, storage), [g, x, w, r, dx, gw, r3],
+             [rows, cols, 2], function)
+    gf, xf, wf = g.float(), x.float(), w.float()
+    want = r * gf * wf - xf * r ** 3 * (gf * wf * xf).sum(-1, keepdim=True) / cols
+    _rows_close(dx, want.to(dtype))
+    _sums_close(gw.sum(0), (gf * xf * r).sum(0), rows)
+    torch.testing.assert_close(r3, (r ** 3).squeeze(1))
+
+
+@pytest.mark.parametrize("storage", [F32, F16, BF16])
+@pytest.mark.parametrize("cols", [8, 100, 3000])
+def test_column_sums_of_a_kernel_without_row_reductions(storage, cols):
+    dtype = _STORAGE[storage]
+    g, w = torch.randn(2, 3, cols).to(dtype), torch.randn(cols).to(dtype)
+    out, gb = torch.empty(2, 3, cols, dtype=dtype), torch.empty(4, cols)
+    host.run(bias_grad_desc(storage), [g, w, out, gb], [2, 3, cols, 4])
+    torch.testing.assert_close(out, (g.float() * w.float()).to(dtype))
+    _sums_close(gb.sum(0), g.float().sum((0, 1)), 6)
 
 
 def test_the_warp_path_keeps_the_values_later_passes_read_in_registers():
@@ -380,7 +477,17 @@ def test_a_zero_dimensional_space_is_one_element():
     (("k", 7, 1, 0, (), (), ()), "kind"),
     (("k", KK.POINTWISE, 1, 0, ((F32, 2),), (op(K.LOAD, F32, 0),), ((0, F32, 0),)),
      "kernel without rows"),
-    (("k", KK.ROWS, 2, 1, ((F32, 3),), (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)),
+    (("k", KK.POINTWISE, 1, 0, ((F32, 0),), (op(K.LOAD, F32, 0),), ((0, F32, 2),)),
+     "column sums"),
+    (("k", KK.ROWS, 2, 1, ((BF16, 0),), (op(K.LOAD, F32, 0),), ((0, BF16, 2),)),
+     "column sums"),
+    (("k", KK.ROWS, 2, 1, ((F32, 0),), (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)),
+      ((1, F32, 2),)), "not an element value"),
+    (("k", KK.ROWS, 2, 1, ((F32, 0),), (op(K.LOAD, F32, 0),), ((0, F32, 3),)),
+     "strided flag"),
+    (("k", KK.POINTWISE, 1, 0, ((F32, 3),), (op(K.LOAD, F32, 0),), ((0, F32, 0),)),
+     "kernel without rows"),
+    (("k", KK.ROWS, 2, 1, ((F32, 4),), (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)),
       ((1, F32, 0),)), "strided flag"),
 ])
 def test_a_bad_description_is_refused_with_what_is_wrong(desc, error):
@@ -402,7 +509,9 @@ def nvrtc():
 ALL = [add_relu_scale(F32), add_relu_scale(BF16), softmax_desc(F16), layer_norm_desc(64),
        softmax_desc(BF16), softmax_backward_desc(BF16), rms_norm_desc(64, F16),
        ("sum_last_two", KK.ROWS, 3, 2, ((F64, 0),),
-        (op(K.LOAD, F64, 0), op(K.MUL, F64, 0, 0), op(K.SUM, F64, 1)), ((2, F64, 0),))]
+        (op(K.LOAD, F64, 0), op(K.MUL, F64, 0, 0), op(K.SUM, F64, 1)), ((2, F64, 0),)),
+       column_sums_desc(F32), column_sums_desc(BF16), bias_grad_desc(F16),
+       rms_norm_backward_desc(64, BF16)]
 
 
 @pytest.mark.parametrize("desc", ALL, ids=[d[0] + str(i) for i, d in enumerate(ALL)])
