@@ -191,11 +191,15 @@ MEMORY_BOUND = {"bias+gelu+residual": (_BiasGeluResidual, "rows"),
                 "scale+mask+softmax": (_MaskedSoftmax, "scores")}
 
 
-def memory_bound(device, quick: bool) -> list:
+def memory_bound(device, quick: bool, column_sums_ab: bool = False) -> list:
     """Graphs that are all memory traffic (no matrix product), forward and backward at
     sizes that fill the GPU: each backend's time for one step, timed with events in
     interleaved rounds.  Here nvrtc's kernels against inductor's are the comparison the
-    fusion is for; the zoo's steps above are bound by launches."""
+    fusion is for; the zoo's steps above are bound by launches.  ``column_sums_ab``
+    adds nvrtc with its column sums off ("nvrtc_nocols": sums over the rows through
+    aten), in the same rounds."""
+    from agspeed.backends.nvrtc import partition
+
     results = []
     for dtype in (torch.float32, torch.bfloat16):
         for name, (cls, layout) in MEMORY_BOUND.items():
@@ -210,15 +214,20 @@ def memory_bound(device, quick: bool) -> list:
             r = torch.randn(shape, generator=gen).to(device, dtype).requires_grad_()
             grad = torch.randn(shape, generator=gen).to(device, dtype)
             runs = {}
-            for backend in ("eager", "inductor", "nvrtc"):
+            for backend in ("eager", "inductor", "nvrtc") + \
+                    (("nvrtc_nocols",) if column_sums_ab else ()):
                 model = cls(shape[-1]).to(device, dtype)
-                opt = agspeed.optimize(model, backend=backend)
+                opt = agspeed.optimize(model, backend=backend.replace("_nocols", ""))
 
                 def step(opt=opt):
                     opt(x, r).backward(grad)
                     x.grad = r.grad = None
 
-                step()
+                partition.column_sums = backend != "nvrtc_nocols"
+                try:
+                    step()      # compiles, forward and backward
+                finally:
+                    partition.column_sums = True
                 runs[backend] = step
             samples = {b: [] for b in runs}
             for _ in range(3 if quick else 7):
@@ -293,6 +302,8 @@ def main() -> None:
                         help="comma list: bandwidth (the kernels alone, seconds), memory "
                         "(memory-bound graphs against inductor), zoo (the zoo's steps and "
                         "compile times)")
+    parser.add_argument("--column-sums-ab", action="store_true",
+                        help="memory: also time nvrtc with its column sums off")
     args = parser.parse_args()
     if not args.device.startswith("cuda"):
         parser.error("this benchmark needs --device cuda")
@@ -320,13 +331,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as cold:   # every compile from a cold cache
         agspeed.config.set(cache_dir=cold)
         if "memory" in parts:
-            result["memory_bound"] = memory_bound(device, args.quick)
+            result["memory_bound"] = memory_bound(device, args.quick, args.column_sums_ab)
             print(f"{'graph':32} {'nvrtc/eager':>12} {'inductor/eager':>15} "
-                  f"{'nvrtc/inductor':>15}")
+                  f"{'nvrtc/inductor':>15}" + ("  no-column-sums/inductor"
+                                               if args.column_sums_ab else ""))
             for r in result["memory_bound"]:
                 s = r["step_s"]
                 print(f"{r['graph']:32} {s['nvrtc'] / s['eager']:12.3f} "
-                      f"{s['inductor'] / s['eager']:15.3f} {s['nvrtc'] / s['inductor']:15.3f}")
+                      f"{s['inductor'] / s['eager']:15.3f} {s['nvrtc'] / s['inductor']:15.3f}"
+                      + (f"  {s['nvrtc_nocols'] / s['inductor']:23.3f}"
+                         if "nvrtc_nocols" in s else ""))
         if "zoo" in parts:
             result["graphs"] = graphs(device, args.quick)
             _print_zoo(result["graphs"])

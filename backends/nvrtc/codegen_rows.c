@@ -173,7 +173,7 @@ choose_kept(const kernel *k, char *kept, char *scratch)
     char *later = scratch + 3 * n;
     int n_kept = 0;
     /* column sums hold registers of their own (put_rows_loop) */
-    int most = AGS_ROWS_KEPT_MAX - ags_kernel_column_outputs(k);
+    int most = AGS_ROWS_KEPT_MAX - 2 * ags_kernel_column_outputs(k);
 
     memset(kept, 0, n);
     memset(avail, 0, n);

@@ -36,7 +36,11 @@ from typing import Any, Callable
 from agspeed.backends.nvrtc import lower
 from agspeed.protocol import KernelKind, KernelOp as K, KernelType as T
 
-__all__ = ["Group", "groups", "rewrite", "describe"]
+__all__ = ["Group", "groups", "rewrite", "describe", "column_sums"]
+
+# Whether sums over the leading dimensions join row kernels as column sums (else they
+# run through aten); benchmarks/nvrtc.py turns it off to measure what they save.
+column_sums = True
 
 
 def _shape(node: Any) -> tuple | None:
@@ -344,7 +348,7 @@ def _choose(node: Any, st: _State) -> Any:
         return None
     if node.target is operator.getitem:      # var_mean's two results
         return st.group(node.args[0])
-    col = lower.column_sum_of(node)
+    col = lower.column_sum_of(node) if column_sums else None
     if col is not None:     # only in the group of its input, or of one reading it
         nlead, x = col
         for g in dict.fromkeys([st.group(x)] + [st.group(u) for u in x.users]):
@@ -492,14 +496,17 @@ def _per_element(k: lower.Kernel, i: int) -> bool:
 
 def _read_as(a: Any, group: Group) -> int:
     """How group's kernel reads input ``a``: contiguous when it has the space's shape
-    and layout; a row when, in a ROWS group, it is one contiguous row broadcast over
-    the others (a norm's weight: (cols,) or (1, cols) against (rows, cols)); else
-    through its strides."""
+    and layout; in a ROWS group, once a row when it has a row value's shape with the
+    dimensions kept (a saved mean or rstd: (rows, 1)), and as a row when it is one
+    contiguous row broadcast over the others (a norm's weight: (cols,) or (1, cols)
+    against (rows, cols)); else through its strides."""
     shape = _shape(a)
     if not _contiguous(a):
         return _STRIDED
     if shape == group.space:
         return _CONTIGUOUS
+    if group.nred and shape == group.rows()[0]:
+        return _PER_ROW     # one value a row, dimensions kept: it broadcasts along it
     inner = group.space[group.outer:]
     if group.nred and len(shape) >= len(inner) and shape[len(shape) - len(inner):] == inner \
             and all(d == 1 for d in shape[:len(shape) - len(inner)]):
