@@ -14,6 +14,7 @@
  *   nvrtc_source(desc)            -> codegen.c's source for a description
  *   cuda_open(path)               -> the driver's CUDA version (cuInit ran)
  *   cuda_device(ordinal)          -> (major, minor, multiprocessors)
+ *   NVRTC_WARP_COLS               the longest row a row kernel's warp path takes
  *   CudaKernel(image, name, kind, ndim, nred, device, slots=False)
  *                                 -> a loaded kernel; calling it launches
  *
@@ -694,7 +695,8 @@ ags_nvrtc_init(PyObject *module)
 {
     PyObject *type;
 
-    if (PyModule_AddFunctions(module, nvrtc_methods) < 0) {
+    if (PyModule_AddFunctions(module, nvrtc_methods) < 0
+        || PyModule_AddIntConstant(module, "NVRTC_WARP_COLS", AGS_NVRTC_WARP_COLS) < 0) {
         return -1;
     }
     type = PyType_FromModuleAndSpec(module, &kernel_spec, NULL);

@@ -156,11 +156,8 @@ def row_slots(rows: int, cols: int, device: Any) -> int:
     if device.type != "cuda":
         return min(rows, 3)
     sms = _multiprocessors(device.index if device.index is not None else 0)
-    per_sm = 16 if cols <= _WARP_COLS else max(1, min(4, 16384 // max(cols, 1)))
+    per_sm = 16 if cols <= _C.NVRTC_WARP_COLS else max(1, min(4, 16384 // max(cols, 1)))
     return min(rows, sms * per_sm)
-
-
-_WARP_COLS = 1024   # codegen.h's AGS_NVRTC_WARP_COLS: the warp path's longest row
 
 
 @functools.lru_cache(maxsize=None)

@@ -41,6 +41,21 @@ def _decompositions():
     return select_decomp_table()
 
 
+def _fused_gradients(f, *inputs, **tol):
+    """Runs ``f`` forward and backward through the fused kernels (aot_function with the
+    recording compiler), checks the gradients of ``inputs`` against eager's for a random
+    output gradient, and returns the groups of each graph."""
+    found, compiler = _recording_compiler()
+    out = aot_function(f, fw_compiler=compiler, bw_compiler=compiler,
+                       decompositions=_decompositions())(*inputs)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, inputs, g)
+    want = torch.autograd.grad(f(*inputs), inputs, g)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, **tol)
+    return found
+
+
 @pytest.fixture(autouse=True)
 def _no_fallback(caplog):
     """Every graph here must run through the fused kernels, not fall back to eager."""
@@ -178,19 +193,26 @@ def test_weight_and_bias_gradients_are_column_sums_of_the_norms_kernel():
     def f(x, w, b):
         return F.layer_norm(x, (48,), w, b)
 
-    found, compiler = _recording_compiler()
-    out = aot_function(f, fw_compiler=compiler, bw_compiler=compiler,
-                       decompositions=_decompositions())(x, w, b)
-    g = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (x, w, b), g)
-    want = torch.autograd.grad(f(x, w, b), (x, w, b), g)
-    for got, expected in zip(grads, want):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    found = _fused_gradients(f, x, w, b, rtol=1e-4, atol=1e-4)
     backward = [grp for grp in found[1] if grp.nred]
     assert len(backward) == 1 and len(backward[0].columns) == 2
     sums = [n for n in backward[0].nodes if n.target is torch.ops.aten.sum.dim_IntList
             and n in backward[0].columns]
     assert sorted(len(n.args[1]) for n in sums) == [2, 2]    # over B and T
+
+
+def test_rows_longer_than_the_warp_paths_leave_their_column_sums_to_aten():
+    """Over rows of more than 1024 elements the weight gradients are aten's sums (the
+    block path would read and write its partial sums at every row)."""
+    w = torch.randn(1100, requires_grad=True)
+    x = torch.randn(4, 1100, requires_grad=True)
+
+    def f(x, w):
+        return F.layer_norm(x, (1100,), w)
+
+    found = _fused_gradients(f, x, w, rtol=1e-4, atol=1e-4)
+    assert not [grp for grp in found[1] if grp.columns]
+    assert [grp for grp in found[1] if grp.nred]      # dx still one row kernel
 
 
 def test_a_bias_gradient_turns_its_pointwise_kernel_into_rows():
@@ -202,14 +224,7 @@ def test_a_bias_gradient_turns_its_pointwise_kernel_into_rows():
     def f(x, b):
         return F.gelu(x + b)
 
-    found, compiler = _recording_compiler()
-    out = aot_function(f, fw_compiler=compiler, bw_compiler=compiler,
-                       decompositions=_decompositions())(x, b)
-    g = torch.randn_like(out)
-    got = torch.autograd.grad(out, (x, b), g)
-    want = torch.autograd.grad(f(x, b), (x, b), g)
-    for a, e in zip(got, want):
-        torch.testing.assert_close(a, e)
+    found = _fused_gradients(f, x, b)
     (backward,) = [grp for grp in found[1] if grp.columns]
     assert backward.nred == 1 and backward.space[-1] == 40
 
@@ -264,14 +279,7 @@ def test_rms_norms_backward_is_one_kernel():
     def f(x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
-    found, compiler = _recording_compiler()
-    out = aot_function(f, fw_compiler=compiler, bw_compiler=compiler,
-                       decompositions=_decompositions())(x, w)
-    g = torch.randn_like(out)
-    got = torch.autograd.grad(out, (x, w), g)
-    want = torch.autograd.grad(f(x, w), (x, w), g)
-    for a, e in zip(got, want):
-        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+    found = _fused_gradients(f, x, w, rtol=1e-4, atol=1e-5)
     assert len(found[0]) == 1 and len(found[1]) == 1
     assert found[1][0].columns
 

@@ -145,7 +145,8 @@ def test_column_sums_on_the_gpu(storage, shape):
 
 class NormBias(nn.Module):
     """A layer norm then a bias and GELU: both backwards add up their weights'
-    gradients over the rows as column sums."""
+    gradients over the rows, as column sums where the rows take the warp path (768),
+    through aten where they are longer (3000)."""
 
     def __init__(self, width):
         super().__init__()
