@@ -14,9 +14,9 @@ the group of one of its producers when it fits there, else in a new group:
   computing in a row shape of a ROWS group joins it as row ops where they fit;
 * a sum over the leading dimensions of an element value (a norm's weight gradient, a
   bias gradient) joins that value's group, or the group of one of its readers, as
-  *column sums*, turning a POINTWISE group
-  into a ROWS group whose rows are the dimensions left; it is an output only, which no
-  member may use (it is complete only when the kernel is);
+  *column sums* where the rows left are known to take the warp path (``_takes_columns``),
+  turning a POINTWISE group into a ROWS group whose rows are the dimensions left; it is
+  an output only, which no member may use (it is complete only when the kernel is);
 * a node joins a group only if none of its operands from outside depends on the group:
   the groups and the remaining nodes stay acyclic, so the graph can run them in order.
 
@@ -233,7 +233,10 @@ class _State:
 
 
 def groups(gm: Any) -> list[Group]:
-    """The fusible groups of ``gm``'s graph, in the order their first nodes appear."""
+    """The fusible groups of ``gm``'s graph, in the order their first nodes appear (sums
+    over views first rewritten by ``_sums_through_views``)."""
+    if column_sums:
+        _sums_through_views(gm)
     st = _State()
     found: list[Group] = []
     for i, node in enumerate(gm.graph.nodes):
@@ -257,6 +260,50 @@ def groups(gm: Any) -> list[Group]:
     found = [g for g in found if g.nodes]
     _merge_siblings(found, st)
     return _without_cycles(gm, [g for g in found if g.nodes])
+
+
+def _sums_through_views(gm: Any) -> None:
+    """Rewrites in place each sum over the leading dimensions of a view that keeps the
+    trailing ones (``sum(view(g, [B * T, C]), [0], True)``: a linear layer's bias
+    gradient) as the sum of the view's source over its own leading dimensions
+    (``sum(g, [0, 1])``, viewed as (1, C) where the dimensions were kept), the same
+    values, so that it can join the kernel computing ``g`` as column sums; the view
+    stays for its other users.  A keepdim sum of a symbolic shape is left as it is."""
+    import torch
+
+    aten = torch.ops.aten
+    views = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+    changed = False
+    for node in list(gm.graph.nodes):
+        col = lower.column_sum_of(node)
+        if col is None:
+            continue
+        keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        if keep and not all(type(d) is int for d in _shape(node)):
+            continue
+        nlead, view = col
+        if view.op != "call_function" or view.target not in views \
+                or not _is_tensor_node(view.args[0]):
+            continue
+        source, inner = view.args[0], _shape(view)[nlead:]
+        lead = len(_shape(source)) - len(inner)
+        if lead < 1 or _shape(source)[lead:] != inner:
+            continue
+        with gm.graph.inserting_after(node):
+            total = gm.graph.call_function(aten.sum.dim_IntList, (source, list(range(lead))))
+        total.meta = dict(node.meta)
+        if keep:    # (1, C) from (C,)
+            total.meta["val"] = node.meta["val"].reshape(inner)
+            with gm.graph.inserting_after(total):
+                kept = gm.graph.call_function(aten.view.default, (total, list(_shape(node))))
+            kept.meta = dict(node.meta)
+        node.replace_all_uses_with(kept if keep else total)
+        gm.graph.erase_node(node)
+        if not view.users:
+            gm.graph.erase_node(view)
+        changed = True
+    if changed:
+        gm.recompile()
 
 
 def _merge_siblings(found: list[Group], st: _State) -> None:

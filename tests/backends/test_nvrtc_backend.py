@@ -229,6 +229,22 @@ def test_a_bias_gradient_turns_its_pointwise_kernel_into_rows():
     assert backward.nred == 1 and backward.space[-1] == 40
 
 
+def test_a_linear_layers_bias_gradient_is_summed_through_its_view():
+    """A linear layer's bias gradient is a sum over a view of the gradient that merges
+    its leading dimensions (B * T rows for the matmul): it becomes the sum of the
+    gradient itself over B and T, a column sum of the kernel that computes it."""
+    b = torch.randn(40, requires_grad=True)
+    w = torch.randn(40, 24, requires_grad=True)
+    x = torch.randn(2, 9, 24, requires_grad=True)
+
+    def f(x, w, b):
+        return F.gelu(F.linear(x, w, b))
+
+    found = _fused_gradients(f, x, w, b, rtol=1e-4, atol=1e-5)
+    sums = [n for grp in found[1] for n in grp.columns]
+    assert sums and all(len(n.args[1]) == 2 for n in sums)   # over B and T
+
+
 @pytest.mark.parametrize("keepdim", [False, True])
 def test_a_column_sum_is_not_read_by_its_own_kernel(keepdim):
     """A sum over the rows that the same space then uses (here broadcast back over the
