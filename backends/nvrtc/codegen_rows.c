@@ -197,6 +197,19 @@ choose_kept(const kernel *k, char *kept, char *scratch)
     }
 }
 
+/* The index, in the warp path's register arrays (kept values, column sums),
+ * of the element the pass is at: j_, or j_ * W + lane on a vector form. */
+static void
+put_item_index(const text *t, char *buf, size_t size)
+{
+    if (t->lane >= 0) {
+        snprintf(buf, size, "j_ * %d + %d", t->width, t->lane);
+    }
+    else {
+        snprintf(buf, size, "j_");
+    }
+}
+
 /* The element values marked in g->need, in order; a kept value is computed
  * by the first pass that needs it (and put in its register) and read from
  * its register by the later ones.  -1 with an exception set. */
@@ -206,12 +219,7 @@ put_pass_values(text *t, rows *g)
     const kernel *k = g->k;
     char slot[32];
 
-    if (t->lane >= 0) {
-        snprintf(slot, sizeof slot, "j_ * %d + %d", t->width, t->lane);
-    }
-    else {
-        snprintf(slot, sizeof slot, "j_");
-    }
+    put_item_index(t, slot, sizeof slot);
     for (int i = 0; i < k->n_ops; i++) {
         int kept = g->warp && g->kept[i];
 
@@ -241,17 +249,14 @@ put_column_sum(text *t, const rows *g, int o)
 {
     const output *out = &g->k->out[o];
     const char *ct = ags_kernel_compute_name(out->type);
+    char item[32];
 
     if (!g->warp) {
         ags_cg_put(t, "out%d[slot_ * cols + c] += (%s)v%d;\n", o, ct, out->value);
+        return;
     }
-    else if (t->lane >= 0) {
-        ags_cg_put(t, "cs%d[j_ * %d + %d] += (%s)v%d;\n", o, t->width, t->lane, ct,
-            out->value);
-    }
-    else {
-        ags_cg_put(t, "cs%d[j_] += (%s)v%d;\n", o, ct, out->value);
-    }
+    put_item_index(t, item, sizeof item);
+    ags_cg_put(t, "cs%d[%s] += (%s)v%d;\n", o, item, ct, out->value);
 }
 
 /* What a pass does at each element once its values are known: reduction r

@@ -17,6 +17,7 @@ import tempfile
 import threading
 
 from agspeed import _C
+from agspeed.backends.nvrtc import kernels
 
 SHIM = r"""
 #include <math.h>
@@ -108,7 +109,7 @@ def launcher(desc: tuple):
 def _grid(lib: ctypes.CDLL, desc: tuple, ints: list, call) -> None:
     """``call()`` once, or, for a kernel with column sums, once per row slot (the last
     int) as that block of the grid."""
-    slots = int(ints[-1]) if any(flag == 2 for _, _, flag in desc[6]) else 1
+    slots = int(ints[-1]) if kernels.has_columns(desc) else 1
     for b in range(slots):
         lib.ags_host_block(ctypes.c_uint(b), ctypes.c_uint(slots))
         call()
