@@ -4,6 +4,7 @@
 # Functions:
 #   ags_ensure_xxhash              install Debian's libxxhash-dev if xxhash.h is missing
 #   ags_find_python VERSION        print an interpreter for VERSION (3.11, ...) or fail
+#   ags_xdist_args                 print pytest's worker-process arguments for a run
 #   ags_venv VERSION DIR TORCH     make DIR a venv of VERSION with the test dependencies
 #                                  (TORCH=1: also torch==2.13.0, transformers and
 #                                  the nvrtc wheel) and agspeed installed
@@ -41,6 +42,21 @@ ags_find_python() {
     return 1
 }
 
+# pytest's arguments for a test run: its files spread over worker processes
+# (pytest-xdist; a file's tests stay on one worker, in order, so the models and compiled
+# artifacts a module shares are made once).  AGSPEED_TEST_WORKERS workers, else one a
+# core and at most four (each multi-process training test starts two ranks of its own);
+# one means a single process, without xdist.
+ags_xdist_args() {
+    local n="${AGSPEED_TEST_WORKERS:-}"
+    if [ -z "$n" ]; then
+        n=$(nproc 2>/dev/null || echo 1)
+        [ "$n" -gt 4 ] && n=4
+    fi
+    [ "$n" -gt 1 ] && echo "-n $n --dist loadfile"
+    return 0
+}
+
 ags_venv() {
     local version="$1" dir="$AGS_ROOT/$2" torch="$3" py
     py=$(ags_find_python "$version") || { ags_say "no Python $version found"; return 1; }
@@ -52,8 +68,8 @@ ags_venv() {
         "$py" -m venv "$dir"
     fi
     "$dir/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
-    "$dir/bin/python" -m pip install -q --disable-pip-version-check pytest numpy \
-        tqdm platformdirs filelock
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check pytest pytest-xdist \
+        numpy tqdm platformdirs filelock
     if [ "$torch" = 1 ] && ! "$dir/bin/python" -c \
         "import torch, sys; sys.exit(not torch.__version__.startswith('2.13.0'))" >/dev/null 2>&1; then
         ags_say "installing $AGS_TORCH_PIN into $2"

@@ -18,7 +18,8 @@ AGSPEED_DEBUG=1 ags_venv 3.11 .venv-asan 1
 echo "== pytest on Python 3.11 under AddressSanitizer ==" >&2
 LD_PRELOAD="$(gcc -print-file-name=libasan.so)" \
 ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" \
-    "$AGS_ROOT/.venv-asan/bin/python" -m pytest tests -q -ra -m "not cxx_exceptions" \
+    "$AGS_ROOT/.venv-asan/bin/python" -m pytest tests -q -ra $(ags_xdist_args) \
+    -m "not cxx_exceptions" \
     --ignore=tests/training --ignore=tests/benchmarks \
     --ignore=tests/backends/test_inductor.py --ignore=tests/backends/test_autotune.py \
     --ignore=tests/backends/test_nvrtc_backend.py \

@@ -3,8 +3,9 @@
 #   Python 3.11 (.venv, with torch==2.13.0): every test; a missing torch fails.
 #   Python 3.12 and 3.13 (.venv-3.12, .venv-3.13, no torch): the torch-free tests.
 # A missing 3.12/3.13 warns, or fails when CI or AGSPEED_REQUIRE_ALL_PYTHONS=1 is set.
-# Extra arguments go to every pytest run.  Exits non-zero if any run failed or ran
-# nothing (pytest's exit status 5).
+# Each run spreads its test files over ags_workers processes (AGSPEED_TEST_WORKERS=1: one
+# process, no xdist).  Extra arguments go to every pytest run.  Exits non-zero if any run
+# failed or ran nothing (pytest's exit status 5).
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$AGS_ROOT"
@@ -33,7 +34,7 @@ run_suite() {  # VERSION VENV TORCH [pytest args...]
     fi
     local rc=0
     echo "== pytest on Python $version ==" >&2
-    "$AGS_ROOT/$venv/bin/python" -m pytest tests -q -ra "$@" || rc=$?
+    "$AGS_ROOT/$venv/bin/python" -m pytest tests -q -ra $(ags_xdist_args) "$@" || rc=$?
     if [ "$rc" = 0 ]; then
         summary+=("Python $version: passed")
     else

@@ -28,8 +28,10 @@ does not tune (and compile) every graph; tests of the autotuner and the backends
 their candidates or backend.  Both are environment defaults: a run may set them.
 """
 
+import atexit
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
 
@@ -41,7 +43,11 @@ for _dir in [_HERE] + sorted(os.path.join(_HERE, d) for d in os.listdir(_HERE)
     if _dir not in sys.path:
         sys.path.insert(0, _dir)
 
-os.environ.setdefault("AGSPEED_CACHE_DIR", tempfile.mkdtemp(prefix="agspeed-tests-"))
+if "AGSPEED_CACHE_DIR" not in os.environ:
+    # made by the process that collects (pytest-xdist's workers inherit it), removed
+    # when that process exits
+    os.environ["AGSPEED_CACHE_DIR"] = tempfile.mkdtemp(prefix="agspeed-tests-")
+    atexit.register(shutil.rmtree, os.environ["AGSPEED_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("AGSPEED_AUTOTUNE_CANDIDATES", "eager")
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None

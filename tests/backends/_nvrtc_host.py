@@ -4,14 +4,17 @@ codegen.c's kernels compile as host C++ when ``AGS_HOST`` is defined: this shim 
 one thread per block and one block (the kernels loop over their elements and rows, so
 that covers everything), host math, and conversions to and from fp16 (GCC's
 ``_Float16``) and bf16.  A kernel with column sums runs once per row slot instead (its
-last int), as block ``blockIdx.x`` of a grid of that many, as the driver launches it.  ``run(desc, tensors, ints)`` builds the source with g++ into a
-shared library, cached per source, and calls the kernel through ctypes with the tensors'
-data pointers.
+last int), as block ``blockIdx.x`` of a grid of that many, as the driver launches it.
+``run(desc, tensors, ints)`` builds the source with g++ into a shared library, cached per
+source in a temporary directory removed when the process exits, and calls the kernel
+through ctypes with the tensors' data pointers.
 """
 
+import atexit
 import ctypes
 import hashlib
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -56,6 +59,7 @@ static inline double ags_f64_bits(unsigned long long b)
 """
 
 _DIR = tempfile.mkdtemp(prefix="agspeed-nvrtc-host-")
+atexit.register(shutil.rmtree, _DIR, ignore_errors=True)
 _LIBS = {}
 _LOCK = threading.Lock()   # the backend makes a graph's kernels on several threads
 
