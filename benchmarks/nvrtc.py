@@ -110,7 +110,7 @@ def bandwidth(device, quick: bool) -> list:
             desc = (f"bw_softmax_{size}", KK.ROWS, 2, 1, ((storage, 0),),
                     (op(K.LOAD, T.F32, 0), op(K.AMAX, T.F32, 0), op(K.SUB, T.F32, 0, 1),
                      op(K.EXP, T.F32, 2), op(K.SUM, T.F32, 3), op(K.DIV, T.F32, 3, 4)),
-                    ((5, storage, 0), (1, T.F32, 0)))
+                    ((5, storage, 0), (1, T.F32, 3)))
             k = kernels.cuda_launcher(desc, idx)
             t = _events_median(lambda: k(stream, xs, ys, mx, r, c), 20)
             rows.append((f"softmax {r}x{c} {name}", 2 * r * c * size, t))
@@ -130,7 +130,7 @@ def bandwidth(device, quick: bool) -> list:
                      op(K.ADD, T.F32, 7, 8), op(K.RSQRT, T.F32, 9), op(K.MUL, T.F32, 4, 10),
                      op(K.LOAD, T.F32, 1), op(K.MUL, T.F32, 11, 12),
                      op(K.LOAD, T.F32, 2), op(K.ADD, T.F32, 13, 14)),
-                    ((15, storage, 0), (3, T.F32, 0), (10, T.F32, 0)))
+                    ((15, storage, 0), (3, T.F32, 3), (10, T.F32, 3)))
             k = kernels.cuda_launcher(desc, idx)
             t = _events_median(lambda: k(stream, xs, w, b, ys, mean, rstd, r, c), 20)
             rows.append((f"layer norm {r}x{c} {name}", 2 * r * c * size, t))

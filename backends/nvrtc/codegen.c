@@ -26,14 +26,16 @@
  *              the space)
  *     ops      ((kop, ktype, (operand, ...), immediate), ...): instruction
  *              i defines value v<i> of the type ktype computes in
- *     outputs  ((value, ktype, strided), ...): stored in that storage
- *              type; an element value at each element, a row value (a
- *              reduction and what follows from it alone) once per row,
- *              at the row's index; in a ROWS kernel, an element value
- *              with flag 2 is summed over the rows instead (column sums:
- *              each of nslot row slots adds its rows into its own row of
- *              an (nslot, cols) array of float or double, the caller sums
- *              the slots)
+ *     outputs  ((value, ktype, place), ...): stored in that storage
+ *              type, where the place says: at each element (0, at its
+ *              linear index; 1, through strides passed in), whatever the
+ *              value's variance (a row value is written at every element
+ *              of its row); in a ROWS kernel, once a row at the row's
+ *              index (3: a row value, that is a reduction and what follows
+ *              from it alone), or summed over the rows (2, column sums of
+ *              an element value: each of nslot row slots adds its rows
+ *              into its own row of an (nslot, cols) array of float or
+ *              double, the caller sums the slots)
  *
  * The kernel's parameters, in order: the inputs' pointers, the outputs'
  * pointers, the space's sizes (n0.., long long), then ndim strides for
@@ -343,7 +345,7 @@ ags_cg_put_instr(text *t, const kernel *k, int i)
 }
 
 void
-ags_cg_put_store(text *t, const kernel *k, int o, int per_row)
+ags_cg_put_store(text *t, const kernel *k, int o)
 {
     const output *out = &k->out[o];
     char prefix[32];
@@ -365,8 +367,8 @@ ags_cg_put_store(text *t, const kernel *k, int o, int per_row)
         return;
     }
     ags_cg_put(t, "out%d[", o);
-    if (per_row) {
-        put_row_offset(t, k, out->strided, prefix);
+    if (out->strided == OUT_ROW) {
+        put_row_offset(t, k, 0, prefix);
     }
     else {
         put_offset(t, k, out->strided, prefix);
@@ -557,14 +559,13 @@ ags_cg_vector_input(const kernel *k, int i)
     return k->in[i].strided == IN_CONTIGUOUS || k->in[i].strided == IN_ROW;
 }
 
-/* Whether output o is read and written as vectors: an element output, not
- * strided (a row kernel's row values are stored one at a time, its column
- * sums added one at a time). */
+/* Whether output o is written as vectors: an element output, not strided
+ * (a row kernel's row outputs are stored one at a time, its column sums
+ * added one at a time). */
 int
 ags_cg_vector_output(const kernel *k, int o)
 {
-    return k->out[o].strided == OUT_CONTIGUOUS
-           && k->ops[k->out[o].value].variance == PER_ELEMENT;
+    return k->out[o].strided == OUT_CONTIGUOUS;
 }
 
 void
@@ -613,7 +614,7 @@ put_vector_path(text *t, const kernel *k, const char *need)
             return -1;
         }
         for (int o = 0; o < k->n_out; o++) {
-            ags_cg_put_store(t, k, o, 0);
+            ags_cg_put_store(t, k, o);
         }
         ags_cg_put(t, "}\n");
     }
@@ -657,7 +658,7 @@ put_pointwise(text *t, const kernel *k, char *need)
         return -1;
     }
     for (int o = 0; o < k->n_out; o++) {
-        ags_cg_put_store(t, k, o, 0);
+        ags_cg_put_store(t, k, o);
     }
     ags_cg_put(t, "}\n");
     return 0;

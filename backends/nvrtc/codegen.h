@@ -26,8 +26,8 @@ void ags_cg_put(text *t, const char *fmt, ...);
 void ags_cg_put_number(text *t, int type, double x);
 /* Instruction i's value, v<i>; -1 with an exception set. */
 int ags_cg_put_instr(text *t, const kernel *k, int i);
-/* Output o stored at the element (per_row 0) or at the row's index. */
-void ags_cg_put_store(text *t, const kernel *k, int o, int per_row);
+/* Output o stored at its place: the element's, or the row's (OUT_ROW). */
+void ags_cg_put_store(text *t, const kernel *k, int o);
 /* The indices of dimensions lo..hi-1 from the linear index `var`. */
 void ags_cg_put_indices(text *t, int lo, int hi, const char *var);
 /* Marks in need[] the element values value v depends on, itself included,

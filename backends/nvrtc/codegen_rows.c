@@ -281,8 +281,8 @@ put_element(text *t, const rows *g, int r)
         if (k->out[o].strided == OUT_COLUMNS) {
             put_column_sum(t, g, o);
         }
-        else if (k->ops[k->out[o].value].variance == PER_ELEMENT) {
-            ags_cg_put_store(t, k, o, 0);
+        else if (ags_kernel_element_output(k, o)) {
+            ags_cg_put_store(t, k, o);
         }
     }
 }
@@ -496,8 +496,8 @@ put_row(text *t, rows *g)
             return -1;
         }
     }
-    for (int o = 0; o < k->n_out; o++) {
-        element_outputs |= k->ops[k->out[o].value].variance == PER_ELEMENT;
+    for (int o = 0; o < k->n_out; o++) {   /* stored or summed at each element */
+        element_outputs |= k->out[o].strided != OUT_ROW;
     }
     mark_pass(k, k->n_ops, g->need, g->warp ? g->loaded : NULL);
     if (element_outputs && put_pass(t, g, -1) < 0) {
@@ -505,8 +505,8 @@ put_row(text *t, rows *g)
     }
     ags_cg_put(t, "if (%s == 0) {\n", g->warp ? "lane_" : "threadIdx.x");
     for (int o = 0; o < k->n_out; o++) {
-        if (k->ops[k->out[o].value].variance == PER_ROW) {
-            ags_cg_put_store(t, k, o, 1);
+        if (k->out[o].strided == OUT_ROW) {
+            ags_cg_put_store(t, k, o);
         }
     }
     ags_cg_put(t, "}\n");

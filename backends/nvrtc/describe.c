@@ -234,15 +234,20 @@ read_kernel(PyObject *desc, kernel *k)
                         &k->out[i].value) < 0
             || int_item(row, 1, 0, AGS_KTYPE_COUNT, "an output's type",
                         &k->out[i].type) < 0
-            || int_item(row, 2, 0, 3, "an output's strided flag",
+            || int_item(row, 2, 0, 4, "an output's place",
                         &k->out[i].strided) < 0) {
             return -1;
         }
         if (k->out[i].strided == OUT_COLUMNS && (k->kind != AGS_KKIND_ROWS
                 || (k->out[i].type != AGS_KTYPE_F32 && k->out[i].type != AGS_KTYPE_F64))) {
             PyErr_SetString(PyExc_ValueError, "kernel description: column sums "
-                            "(an output's strided flag 2) need a ROWS kernel and a "
+                            "(an output's place 2) need a ROWS kernel and a "
                             "float32 or float64 output");
+            return -1;
+        }
+        if (k->out[i].strided == OUT_ROW && k->kind != AGS_KKIND_ROWS) {
+            PyErr_SetString(PyExc_ValueError, "kernel description: an output "
+                            "written once a row (place 3) in a kernel without rows");
             return -1;
         }
     }
@@ -266,6 +271,12 @@ ags_kernel_column_outputs(const kernel *k)
         n += k->out[i].strided == OUT_COLUMNS;
     }
     return n;
+}
+
+int
+ags_kernel_element_output(const kernel *k, int o)
+{
+    return k->out[o].strided == OUT_CONTIGUOUS || k->out[o].strided == OUT_STRIDED;
 }
 
 int
@@ -318,6 +329,12 @@ classify(kernel *k)
             && k->ops[k->out[i].value].variance != PER_ELEMENT) {
             PyErr_SetString(PyExc_ValueError, "kernel description: column sums "
                             "of a value that is not an element value");
+            return -1;
+        }
+        if (k->out[i].strided == OUT_ROW
+            && k->ops[k->out[i].value].variance != PER_ROW) {
+            PyErr_SetString(PyExc_ValueError, "kernel description: an output "
+                            "written once a row whose value varies along the row");
             return -1;
         }
     }

@@ -33,16 +33,21 @@ typedef struct {
     int type, strided;  /* strided: IN_CONTIGUOUS, IN_STRIDED, IN_ROW or IN_PER_ROW */
 } operand;
 
-/* How an output is written: at the element's linear index, or the row's
- * (contiguous); through strides (passed in); or, in a ROWS kernel, as
- * column sums: an element value summed over the rows, each of the kernel's
- * `nslot` row slots (a parameter after the strides) adding its rows into
- * its own row of an (nslot, cols) array of the value's compute type, which
- * the caller then sums over the slots (a norm's weight gradient). */
-enum { OUT_CONTIGUOUS = 0, OUT_STRIDED = 1, OUT_COLUMNS = 2 };
+/* Where an output is written: at each element, at its linear index
+ * (contiguous in the space) or through strides (passed in), whatever the
+ * value's variance (a row value is the same at every element of its row);
+ * or, in a ROWS kernel, once a row, at the row's index (contiguous: a row
+ * value, such as a norm's mean); or as column sums: an element value
+ * summed over the rows, each of the kernel's `nslot` row slots (a parameter
+ * after the strides) adding its rows into its own row of an (nslot, cols)
+ * array of the value's compute type, which the caller then sums over the
+ * slots (a norm's weight gradient).  describe.c checks the place against
+ * the value's variance. */
+enum { OUT_CONTIGUOUS = 0, OUT_STRIDED = 1, OUT_COLUMNS = 2, OUT_ROW = 3 };
 
 typedef struct {
-    int value, type, strided;   /* strided: OUT_CONTIGUOUS, OUT_STRIDED or OUT_COLUMNS */
+    int value, type;
+    int strided;    /* the place: OUT_CONTIGUOUS, OUT_STRIDED, OUT_COLUMNS or OUT_ROW */
 } output;
 
 typedef struct {
@@ -70,5 +75,7 @@ const char *ags_kernel_kop_name(int kop);
 int ags_kernel_is_reduction(int kop);
 /* How many of k's outputs are column sums (OUT_COLUMNS). */
 int ags_kernel_column_outputs(const kernel *k);
+/* Whether output o is written at each element (OUT_CONTIGUOUS, OUT_STRIDED). */
+int ags_kernel_element_output(const kernel *k, int o);
 
 #endif /* AGS_NVRTC_KERNEL_H */

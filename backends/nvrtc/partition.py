@@ -134,18 +134,7 @@ def _fits(group: Group, node: Any, inside_of: Callable[[Any], bool]) -> bool:
                 return False
         elif inside and group.place(_shape(a)) == "row":
             return False                # would broadcast along the wrong dimension
-        elif inside and group.place(_shape(a)) == "row_kept" and _expands_for_outside(node):
-            return False                # a row value as an element output (describe)
     return True
-
-
-def _expands_for_outside(node: Any) -> bool:
-    """Whether ``node`` spreads a row value over the row for a user no kernel computes
-    (an output of the group, which would hold a row value where it stores elements)."""
-    import torch
-
-    return node.target is torch.ops.aten.expand.default and not all(
-        lower.fusible(u) or lower.reduction_of(u) is not None for u in node.users)
 
 
 class _State:
@@ -510,11 +499,7 @@ def describe(group: Group, name: str) -> tuple[tuple, Plan]:
             continue
         outside = [u for u in node.users if u not in members]
         if outside and type(values[node]) is not tuple:   # not var_mean's pair
-            place = group.place(_shape(node))
-            if place == "element" and not _per_element(k, values[node].index):
-                raise ValueError(f"{node} spreads a row value over its row for a user "
-                                 "outside the kernel")
-            plan.outputs.append((node, place))
+            plan.outputs.append((node, group.place(_shape(node))))
     plan.inputs = [src for src, _, _ in k.inputs]
     outs = []
     for node, place in plan.outputs:
@@ -522,8 +507,11 @@ def describe(group: Group, name: str) -> tuple[tuple, Plan]:
             outs.append((values[node].index, values[node].ktype, _COLUMNS))
             continue
         storage = lower.storage_of(node.meta["val"].dtype)
-        strided = place == "element" and not _contiguous(node)
-        outs.append((values[node].index, storage, int(strided)))
+        if place != "element":
+            flag = _ROW_OUT
+        else:
+            flag = _CONTIGUOUS if _contiguous(node) else _STRIDED
+        outs.append((values[node].index, storage, flag))
     kind = KernelKind.ROWS if group.nred else KernelKind.POINTWISE
     desc = (name, int(kind), len(group.space), group.nred,
             tuple((int(st), int(s)) for _, st, s in k.inputs), tuple(k.ops), tuple(outs))
@@ -535,22 +523,9 @@ def describe(group: Group, name: str) -> tuple[tuple, Plan]:
 # strides, or as a row (the same for every row, contiguous along it)
 _CONTIGUOUS, _STRIDED, _ROW = 0, 1, 2
 _PER_ROW = 3     # once a row, at the row's index (a row op's operand from outside)
-# How it writes an output: 0 and 1 as an input is read, or as column sums
-_COLUMNS = 2
-
-
-def _per_element(k: lower.Kernel, i: int) -> bool:
-    """Whether value ``i`` of ``k`` varies per element (not a row value, not uniform):
-    it depends on a load of an element, through no reduction."""
-    varies: list = []
-    for kop, _, args, _ in k.ops[:i + 1]:
-        if kop == int(K.LOAD):
-            varies.append(k.inputs[args[0]][2] != _PER_ROW)
-        elif kop in (int(K.SUM), int(K.AMAX), int(K.AMIN)):
-            varies.append(False)
-        else:
-            varies.append(any(varies[a] for a in args))
-    return varies[i]
+# Where it writes an output: at each element as an input is read (0 and 1), as column
+# sums, or once a row, at the row's index (a row value: a norm's mean)
+_COLUMNS, _ROW_OUT = 2, 3
 
 
 def _read_as(a: Any, group: Group) -> int:

@@ -300,24 +300,22 @@ def test_rms_norms_backward_is_one_kernel():
     assert found[1][0].columns
 
 
-def test_a_row_value_spread_over_its_row_for_the_output_leaves_the_row_kernel():
-    """An expand of a row value that the graph returns would be an element output
-    holding a row value: it is left out of the row kernel (a kernel of its own reads
-    the row value through strides), and the rest still fuses."""
+def test_a_row_value_spread_over_its_row_for_the_output_is_stored_by_the_row_kernel():
+    """An expand of a row value that the graph returns is an element output holding a
+    row value: the row kernel stores it at every element of its row (place 0), beside
+    its row output (place 3), and the rest fuses with them: one kernel."""
     x = torch.randn(6, 32)
 
     def f(x):
         s = (x * 2).sum(-1, keepdim=True)
-        return s.expand(6, 32), torch.relu(x - s)
+        return s.expand(6, 32), torch.relu(x - s), s + 1
 
     found, compiler = _recording_compiler()
     got = aot_function(f, fw_compiler=compiler, decompositions=_decompositions())(x)
     for a, e in zip(got, f(x)):
         torch.testing.assert_close(a, e)
-    expands = [grp for grp in found[0] for n in grp.nodes
-               if n.target is torch.ops.aten.expand.default]
-    assert all(not grp.nred for grp in expands)   # a kernel of its own, reading s
-    assert any(grp.nred for grp in found[0])
+    assert len(found[0]) == 1 and found[0][0].nred
+    assert any(n.target is torch.ops.aten.expand.default for n in found[0][0].nodes)
 
 
 def test_a_node_joins_no_group_that_its_other_operands_depend_on():

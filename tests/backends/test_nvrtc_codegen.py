@@ -49,7 +49,7 @@ def softmax_desc(storage=F32):
     return ("softmax_rows", KK.ROWS, 2, 1, ((storage, 0),),
             (op(K.LOAD, F32, 0), op(K.AMAX, F32, 0), op(K.SUB, F32, 0, 1),
              op(K.EXP, F32, 2), op(K.SUM, F32, 3), op(K.DIV, F32, 3, 4)),
-            ((5, storage, 0), (1, F32, 0)))
+            ((5, storage, 0), (1, F32, 3)))
 
 
 def layer_norm_desc(n, storage=F32, weights=1):
@@ -72,7 +72,7 @@ def layer_norm_desc(n, storage=F32, weights=1):
              op(K.MUL, F32, 4, 10),                   # 11
              op(K.LOAD, F32, 1), op(K.MUL, F32, 11, 12),   # 12, 13
              op(K.LOAD, F32, 2), op(K.ADD, F32, 13, 14)),  # 14, 15
-            ((15, storage, 0), (3, F32, 0), (10, F32, 0)))
+            ((15, storage, 0), (3, F32, 3), (10, F32, 3)))
 
 
 def softmax_backward_desc(storage=F32):
@@ -103,7 +103,7 @@ def column_sums_desc(storage=F32):
             (op(K.LOAD, F32, 0), op(K.LOAD, F32, 1), op(K.LOAD, F32, 2),
              op(K.LOAD, F32, 3), op(K.SUB, F32, 1, 2), op(K.MUL, F32, 4, 3),
              op(K.MUL, F32, 0, 5), op(K.MUL, F32, 0, 3), op(K.SUM, F32, 0)),
-            ((7, storage, 0), (6, F32, 2), (0, F32, 2), (8, F32, 0)))
+            ((7, storage, 0), (6, F32, 2), (0, F32, 2), (8, F32, 3)))
 
 
 def rms_norm_backward_desc(n, storage=F32):
@@ -118,7 +118,7 @@ def rms_norm_backward_desc(n, storage=F32):
              op(K.MUL, F32, 6, 8), op(K.CONST, F32, imm=1.0 / n), op(K.MUL, F32, 9, 10),
              op(K.MUL, F32, 1, 11), op(K.MUL, F32, 4, 3), op(K.SUB, F32, 13, 12),
              op(K.MUL, F32, 0, 1), op(K.MUL, F32, 15, 3)),
-            ((14, storage, 0), (16, F32, 2), (8, F32, 0)))
+            ((14, storage, 0), (16, F32, 2), (8, F32, 3)))
 
 
 def bias_grad_desc(storage=F32):
@@ -198,6 +198,37 @@ def test_softmax_rows_with_the_row_max_as_an_output(storage):
     host.run(softmax_desc(storage), [x, out, row_max], [9, 37])
     torch.testing.assert_close(out, torch.softmax(x.float(), -1).to(dtype))
     torch.testing.assert_close(row_max, x.float().amax(-1, keepdim=True))
+
+
+def spread_desc(storage=F32):
+    """A row's max and mean, each stored at every element of its row (place 0) and
+    the mean once a row (place 3), beside x - max, an element value."""
+    return ("spread_rows", KK.ROWS, 2, 1, ((storage, 0),),
+            (op(K.LOAD, F32, 0), op(K.AMAX, F32, 0), op(K.SUM, F32, 0),
+             op(K.CONST, F32, imm=0.5), op(K.MUL, F32, 2, 3), op(K.SUB, F32, 0, 1)),
+            ((1, storage, 0), (4, F32, 0), (5, storage, 0), (4, F32, 3)))
+
+
+@ROW_FUNCTIONS
+@pytest.mark.parametrize("storage", [F32, BF16])
+@pytest.mark.parametrize("cols", [64, 37, 1500], ids=["vectors", "one-by-one", "long-rows"])
+def test_row_values_stored_at_every_element_of_their_row(storage, cols, function):
+    """An element output whose value is a row value holds it at every element of the
+    row (a row statistic spread for a user outside the kernel), in vectors where the
+    row allows, on both paths; the same value's row output is one per row."""
+    dtype = _STORAGE[storage]
+    x = (torch.randn(5, cols) * 3).to(dtype)
+    row_max, half_sum = torch.empty(5, cols, dtype=dtype), torch.empty(5, cols)
+    centred, per_row = torch.empty(5, cols, dtype=dtype), torch.empty(5, 1)
+    host.run(spread_desc(storage), [x, row_max, half_sum, centred, per_row], [5, cols],
+             function)
+    xf = x.float()
+    half = xf.sum(-1, keepdim=True) * 0.5
+    torch.testing.assert_close(row_max, xf.amax(-1, keepdim=True).expand(5, cols).to(dtype))
+    torch.testing.assert_close(half_sum, half.expand(5, cols), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(centred, (xf - xf.amax(-1, keepdim=True)).to(dtype))
+    torch.testing.assert_close(per_row, half, rtol=1e-4, atol=1e-4)
+    assert torch.equal(half_sum, per_row.expand(5, cols))   # the same value, both places
 
 
 def test_layer_norm_rows_matches_torch_and_keeps_mean_and_rstd():
@@ -321,6 +352,12 @@ def test_column_sums_of_a_kernel_without_row_reductions(storage, cols):
     host.run(bias_grad_desc(storage), [g, w, out, gb], [2, 3, cols, 4])
     torch.testing.assert_close(out, (g.float() * w.float()).to(dtype))
     _sums_close(gb.sum(0), g.float().sum((0, 1)), 6)
+    # column sums alone: the pass over the elements is made for them too
+    alone = ("bias_grad_alone", KK.ROWS, 3, 1, ((storage, 0),), (op(K.LOAD, F32, 0),),
+             ((0, F32, 2),))
+    gb.fill_(float("nan"))
+    host.run(alone, [g, gb], [2, 3, cols, 4])
+    _sums_close(gb.sum(0), g.float().sum((0, 1)), 6)
 
 
 def test_the_warp_path_keeps_the_values_later_passes_read_in_registers():
@@ -353,7 +390,7 @@ def test_the_warp_path_keeps_the_values_later_passes_read_in_registers():
     assert "*)in1)[cw_]" in rms_row_vector and "in1[" not in rms_row_vector
     assert "si1_" not in rms_row    # no strides passed for it
     ints = ("ints_rows", KK.ROWS, 2, 1, ((I64, 0),),
-            (op(K.LOAD, I64, 0), op(K.SUM, I64, 0)), ((1, I64, 0),))
+            (op(K.LOAD, I64, 0), op(K.SUM, I64, 0)), ((1, I64, 3),))
     assert "its vector form" not in _C.nvrtc_source(ints)   # no vector of 8-byte values
 
 
@@ -373,7 +410,7 @@ def test_a_row_kernels_block_function_holds_the_block_path_alone():
 def test_reducing_the_last_two_dimensions():
     desc = ("sum_last_two", KK.ROWS, 3, 2, ((F64, 0),),
             (op(K.LOAD, F64, 0), op(K.MUL, F64, 0, 0), op(K.SUM, F64, 1)),
-            ((2, F64, 0),))
+            ((2, F64, 3),))
     x = torch.randn(3, 4, 5, dtype=torch.float64)
     out = torch.empty(3, dtype=torch.float64)
     host.run(desc, [x, out], [3, 4, 5])
@@ -387,7 +424,7 @@ def test_nan_and_infinity_behave_as_in_torch():
              op(K.RELU, F32, 0), op(K.CONST, F32, imm=float("inf")),
              op(K.LT, BOOL, 0, 4), op(K.ISNAN, BOOL, 0), op(K.AMAX, F32, 0),
              op(K.CONST, F32, imm=float("-inf")), op(K.WHERE, F32, 6, 8, 2)),
-            ((2, F32, 0), (3, F32, 0), (5, BOOL, 0), (7, F32, 0), (9, F32, 0)))
+            ((2, F32, 0), (3, F32, 0), (5, BOOL, 0), (7, F32, 3), (9, F32, 0)))
     x = torch.tensor([[1.0, float("nan"), -2.0, float("inf")], [0.5, -1.0, 3.0, -0.0]])
     y = torch.tensor([[float("nan"), 0.0, 5.0, 1.0], [2.0, -3.0, float("-inf"), 1.0]])
     outs = [torch.empty(2, 4), torch.empty(2, 4), torch.empty(2, 4, dtype=torch.bool),
@@ -484,7 +521,11 @@ def test_a_zero_dimensional_space_is_one_element():
     (("k", KK.ROWS, 2, 1, ((F32, 0),), (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)),
       ((1, F32, 2),)), "not an element value"),
     (("k", KK.ROWS, 2, 1, ((F32, 0),), (op(K.LOAD, F32, 0),), ((0, F32, 3),)),
-     "strided flag"),
+     "varies along the row"),
+    (("k", KK.ROWS, 2, 1, ((F32, 0),), (op(K.LOAD, F32, 0),), ((0, F32, 4),)),
+     "output's place"),
+    (("k", KK.POINTWISE, 1, 0, ((F32, 0),), (op(K.LOAD, F32, 0),), ((0, F32, 3),)),
+     "without rows"),
     (("k", KK.POINTWISE, 1, 0, ((F32, 3),), (op(K.LOAD, F32, 0),), ((0, F32, 0),)),
      "kernel without rows"),
     (("k", KK.ROWS, 2, 1, ((F32, 4),), (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)),
@@ -507,9 +548,10 @@ def nvrtc():
 
 
 ALL = [add_relu_scale(F32), add_relu_scale(BF16), softmax_desc(F16), layer_norm_desc(64),
+       spread_desc(BF16),
        softmax_desc(BF16), softmax_backward_desc(BF16), rms_norm_desc(64, F16),
        ("sum_last_two", KK.ROWS, 3, 2, ((F64, 0),),
-        (op(K.LOAD, F64, 0), op(K.MUL, F64, 0, 0), op(K.SUM, F64, 1)), ((2, F64, 0),)),
+        (op(K.LOAD, F64, 0), op(K.MUL, F64, 0, 0), op(K.SUM, F64, 1)), ((2, F64, 3),)),
        column_sums_desc(F32), column_sums_desc(BF16), bias_grad_desc(F16),
        rms_norm_backward_desc(64, BF16)]
 
@@ -604,7 +646,7 @@ def test_a_cast_to_a_narrow_float_rounds_as_eager(storage, dtype):
 
 def test_a_sum_over_empty_rows_is_zero_and_a_kernel_without_driver_says_so():
     desc = ("sum_rows", KK.ROWS, 2, 1, ((F32, 0),),
-            (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)), ((1, F32, 0),))
+            (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)), ((1, F32, 3),))
     x = torch.empty(3, 0)
     out = torch.full((3, 1), 7.0)
     host.run(desc, [x, out], [3, 0])
