@@ -19,9 +19,17 @@ kernels and eager, and compile time from a cold cache.
    kernel compiled); "kernels s", the wall-clock seconds the slowest of its graphs
    (forward or backward) took to make its kernels (NVRTC on several threads, loads);
    NVRTC's seconds summed over those threads (JSON); how many kernels there were.
+4. Compile alone ("compile", the one part that needs no GPU, and the only one run on a
+   machine without one): the same models' forward and backward graphs made from an
+   empty kernel cache, every kernel compiled by NVRTC to a cubin for ``--arch``
+   (sm_90 by default), none loaded or run (the kernels' callables fill their outputs
+   with zeros, so the step's values are not the model's); per graph, the wall-clock seconds its kernels
+   took to make, on this machine's cores (partition._made compiles a graph's kernels
+   on up to 8 threads).
 
     python benchmarks/nvrtc.py --device cuda [--quick] [--parts bandwidth,memory,zoo]
         [--out FILE]
+    python benchmarks/nvrtc.py --parts compile [--arch sm_90] [--quick] [--out FILE]
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import agspeed  # noqa: E402
+from agspeed import _C  # noqa: E402
 from _report import add_device_args, default_out, machine, save  # noqa: E402
 
 
@@ -294,6 +303,49 @@ def graphs(device, quick: bool) -> list:
     return results
 
 
+def compile_only(quick: bool, arch: str) -> list:
+    """Each zoo model's graphs made with NVRTC compiling every kernel to a cubin for
+    ``arch`` from the (cold) cache directory, without a GPU: per graph, the seconds its
+    kernels took to make (``kernels.compiled["graph_seconds"]``), and the kernels."""
+    import _models
+    from agspeed.backends import nvrtc
+    from agspeed.backends.nvrtc import kernels
+
+    results = []
+    size = "quick" if quick else "full"
+    for name in ("mlp", "resnet", "encoder", "gpt"):
+        made = []
+
+        def launcher(desc):
+            image = kernels.image_for(_C.nvrtc_source(desc), desc[0],
+                                      f"--gpu-architecture={arch}", True)
+            made.append(len(image))
+            outputs = slice(len(desc[4]), len(desc[4]) + len(desc[6]))
+
+            def launch(stream, *params):    # compiled, never run: outputs of zeros
+                for t in params[outputs]:
+                    t.zero_()
+
+            return launch
+
+        graphs_before = len(kernels.compiled["graph_seconds"])
+        nvrtc_before = kernels.compiled["seconds"]
+        spec = _models.SPECS[name]
+        batch = spec.batch(size, torch.Generator().manual_seed(0))
+        model = _models.build(name, size, seed=0)
+        opt = agspeed.optimize(model, backend=nvrtc.compile_with(launcher))
+        start = time.perf_counter()
+        _step(opt, batch)
+        first = time.perf_counter() - start
+        graph_s = kernels.compiled["graph_seconds"][graphs_before:]
+        results.append({"model": name, "kernels": len(made), "first_call_s": first,
+                        "graph_kernels_s": graph_s,
+                        "nvrtc_compile_s_summed": kernels.compiled["seconds"] - nvrtc_before})
+        print(f"  {name}: {len(made)} kernels, graphs' kernels made in "
+              + ", ".join(f"{t:.2f}" for t in graph_s) + " s", flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_device_args(parser)
@@ -304,9 +356,14 @@ def main() -> None:
                         "compile times)")
     parser.add_argument("--column-sums-ab", action="store_true",
                         help="memory: also time nvrtc with its column sums off")
+    parser.add_argument("--arch", default="sm_90",
+                        help="compile: the architecture NVRTC makes cubins for")
     args = parser.parse_args()
+    if args.parts == "compile":
+        compile_main(args)
+        return
     if not args.device.startswith("cuda"):
-        parser.error("this benchmark needs --device cuda")
+        parser.error("this benchmark needs --device cuda (or --parts compile alone)")
     device = torch.device(args.device)
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -345,6 +402,26 @@ def main() -> None:
             result["graphs"] = graphs(device, args.quick)
             _print_zoo(result["graphs"])
     save(result, default_out(args, "nvrtc"))
+
+
+def compile_main(args) -> None:
+    from agspeed.backends.nvrtc import _libs
+
+    version, why = _libs.nvrtc()
+    if version is None:
+        sys.exit(f"libnvrtc is unavailable: {why}")
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    print(f"machine: {machine('cpu')}; NVRTC {version[0]}.{version[1]}, cubins for "
+          f"{args.arch}")
+    with tempfile.TemporaryDirectory() as cold:   # every compile from a cold cache
+        agspeed.config.set(cache_dir=cold)
+        rows = compile_only(args.quick, args.arch)
+    print(f"{'model':10} {'kernels':>8} {'slowest graph s':>16} {'NVRTC s summed':>15}")
+    for r in rows:
+        print(f"{r['model']:10} {r['kernels']:8d} {max(r['graph_kernels_s'], default=0.0):16.2f}"
+              f" {r['nvrtc_compile_s_summed']:15.2f}")
+    save({"machine": machine("cpu"), "arch": args.arch, "nvrtc_version": list(version),
+          "compile": rows}, args.out or os.path.join(HERE, "results", "nvrtc_compile.json"))
 
 
 def _print_zoo(rows: list) -> None:

@@ -147,3 +147,22 @@ def test_nvrtc_benchmark_needs_a_gpu():
     proc = subprocess.run([sys.executable, script, "--quick"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "--device cuda" in proc.stderr
+
+
+def test_nvrtc_benchmarks_compile_part_runs_without_a_gpu(tmp_path):
+    """Its one part that needs no GPU: every kernel of the zoo's graphs compiled to a
+    cubin from an empty cache, the seconds each graph's kernels took to make."""
+    pytest.importorskip("torch")
+    script = os.path.join(ROOT, "benchmarks", "nvrtc.py")
+    out = tmp_path / "compile.json"
+    proc = subprocess.run([sys.executable, script, "--parts", "compile", "--quick",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["arch"] == "sm_90"
+    rows = {r["model"]: r for r in data["compile"]}
+    assert set(rows) == {"mlp", "resnet", "encoder", "gpt"}
+    for r in rows.values():
+        # a forward and a backward graph, each with kernels compiled (none from a cache)
+        assert r["kernels"] > 0 and len(r["graph_kernels_s"]) == 2, r
+        assert r["nvrtc_compile_s_summed"] > 0
