@@ -9,7 +9,7 @@
  * codegen.h; a row kernel comes with a second function, <name>_block, its
  * block path alone, for long rows); NVRTC compiles it (driver.c).
  *
- *   (name, kind, ndim, nred, inputs, ops, outputs)
+ *   (name, kind, ndim, nred, inputs, ops, outputs[, cols])
  *     kind     KKIND: POINTWISE (one thread per element of an ndim-sized
  *              space, in a grid-stride loop) or ROWS (the last nred
  *              dimensions are reduced, a row being the elements that share
@@ -36,6 +36,13 @@
  *              an element value: each of nslot row slots adds its rows
  *              into its own row of an (nslot, cols) array of float or
  *              double, the caller sums the slots)
+ *     cols     optional: the row's length in a ROWS kernel whose sizes are
+ *              static, else 0.  The warp path is then made for rows of up
+ *              to that length rounded up to 128 (each lane's register
+ *              arrays and unrolled loops that long, no longer), or left out
+ *              where it is past AGS_NVRTC_WARP_COLS.  Only the code's size
+ *              and speed depend on it: rows of any length still take a path
+ *              that handles them (the block path past the warp path's).
  *
  * The kernel's parameters, in order: the inputs' pointers, the outputs'
  * pointers, the space's sizes (n0.., long long), then ndim strides for
@@ -718,10 +725,13 @@ ags_nvrtc_source(PyObject *desc)
         goto done;
     }
     ags_cg_put(&t, "%s#define AGS_WARP_ITEMS (%d / AGS_WARP_LANES)\n", prelude,
-        AGS_NVRTC_WARP_COLS);
+        k.warp_cols);
     put_signature(&t, &k, "");
-    rc = k.kind == AGS_KKIND_ROWS ? ags_cg_put_rows(&t, &k, need, done, 0)
-                                  : put_pointwise(&t, &k, need);
+    /* rows known to be longer than any warp path takes: the block path alone
+     * here too (correct under either launch), the warp path never compiled */
+    rc = k.kind == AGS_KKIND_ROWS
+         ? ags_cg_put_rows(&t, &k, need, done, k.cols > AGS_NVRTC_WARP_COLS)
+         : put_pointwise(&t, &k, need);
     if (rc < 0) {
         goto done;
     }

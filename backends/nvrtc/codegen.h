@@ -1,7 +1,6 @@
 /* codegen.h: what codegen.c (the text buffer, instructions, loads and stores,
  * pointwise kernels, the whole source) and codegen_rows.c (row kernels: a
- * warp per short row, a block per long one) share; driver.c takes the
- * bound between the two from here.  Internal to the nvrtc
+ * warp per short row, a block per long one) share.  Internal to the nvrtc
  * backend's code generation; nvrtc.h is its interface to the module.
  */
 #ifndef AGS_NVRTC_CODEGEN_H
@@ -61,11 +60,6 @@ int ags_cg_vector_output(const kernel *k, int o);
 /* A condition: every contiguous input and element output aligned to its
  * vector. */
 void ags_cg_put_aligned(text *t, const kernel *k);
-
-/* The longest row a ROWS kernel's warp path takes (one warp a row, the row
- * in registers); longer rows take the block path.  codegen_rows.c writes it
- * into the kernel, driver.c launches the warp path's geometry up to it. */
-#define AGS_NVRTC_WARP_COLS 1024
 
 /* A ROWS kernel's second function, its block path alone (driver.c launches
  * it for rows longer than AGS_NVRTC_WARP_COLS): the name, then this. */

@@ -7,10 +7,12 @@
  * thread the row ones.  Two paths do this, chosen at run time by the row's
  * length (the same on every thread, so a block never splits between them):
  *
- *   warp path, cols <= AGS_NVRTC_WARP_COLS: one warp per row, the block's
- *     warps on consecutive rows, rows in a grid-stride loop over warps.  A
- *     reduction combines its lanes by shuffles alone: no shared memory, no
- *     barrier.  Each lane holds the elements c = lane + 32 j, j below
+ *   warp path, cols <= kernel.warp_cols (AGS_NVRTC_WARP_COLS, or the
+ *     description's row length rounded up to 128 where it gives one, so a
+ *     lane's register arrays and unrolled loops are no longer than the row
+ *     needs): one warp per row, the block's warps on consecutive rows,
+ *     rows in a grid-stride loop over warps.  A reduction combines its
+ *     lanes by shuffles alone: no shared memory, no barrier.  Each lane holds the elements c = lane + 32 j, j below
  *     AGS_WARP_ITEMS (cols / 32 at most), in a loop of constant count that
  *     the compiler unrolls: every load of the row is in flight at once.  An
  *     element value a later pass would otherwise recompute is kept in
@@ -48,11 +50,12 @@
  * the slots' rows stay in L2).  No atomics: the caller sums the slots, in
  * an order that does not change from run to run.
  *
- * The kernel's function holds both paths; codegen.c adds a second one,
- * <name>_block, with the block path alone, which driver.c launches for
- * long rows: compiled apart, its registers are its own (about 32, where
- * the warp path's arrays take 100 or more), so its 512-thread blocks launch
- * and several share a multiprocessor.
+ * The kernel's function holds both paths (the block path alone where the
+ * description's row length is past AGS_NVRTC_WARP_COLS); codegen.c adds a
+ * second one, <name>_block, with the block path alone, which driver.c
+ * launches for long rows: compiled apart, its registers are its own (about
+ * 32, where the warp path's arrays take 100 or more), so its 512-thread
+ * blocks launch and several share a multiprocessor.
  *
  * Why 1024: a lane keeps AGS_WARP_ITEMS values of each kept value in
  * registers; 32 each (at most AGS_ROWS_KEPT_MAX of them) stays within a
@@ -702,7 +705,7 @@ ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int block_only
 
         ags_cg_put(t, "if (cols <= %d) { /* the warp path */\n"
             "const unsigned int lane_ = threadIdx.x %% AGS_WARP_LANES;\n"
-            "const long long warps_ = blockDim.x / AGS_WARP_LANES;\n", AGS_NVRTC_WARP_COLS);
+            "const long long warps_ = blockDim.x / AGS_WARP_LANES;\n", k->warp_cols);
         g.warp = 1;
         t->width = 4;
         failed = put_path(t, &g, vector) < 0;

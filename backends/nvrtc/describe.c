@@ -146,13 +146,50 @@ read_instr(kernel *k, int i, PyObject *row)
     return 0;
 }
 
+/* The description's 8th item, the row's length (0: not known), and the
+ * warp path's longest row from it. */
+static int
+read_cols(PyObject *desc, kernel *k)
+{
+    PyObject *item;
+
+    k->warp_cols = AGS_NVRTC_WARP_COLS;
+    if (PyTuple_GET_SIZE(desc) < 8) {
+        return 0;
+    }
+    item = PyTuple_GET_ITEM(desc, 7);
+    if (!PyLong_Check(item)) {
+        PyErr_SetString(PyExc_TypeError, "kernel description: the row's length "
+                        "must be an int");
+        return -1;
+    }
+    k->cols = PyLong_AsLongLong(item);
+    if (k->cols == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (k->cols < 0 || (k->cols > 0 && k->kind != AGS_KKIND_ROWS)) {
+        PyErr_SetString(PyExc_ValueError, "kernel description: a row's length "
+                        "(0, or positive in a ROWS kernel)");
+        return -1;
+    }
+    if (k->cols > 0 && k->cols < AGS_NVRTC_WARP_COLS) {
+        k->warp_cols = (int)((k->cols + 127) / 128 * 128);
+    }
+    return 0;
+}
+
 static int
 read_kernel(PyObject *desc, kernel *k)
 {
     PyObject *ins, *ops, *outs, *name;
 
     memset(k, 0, sizeof(*k));
-    if (tuple_of(desc, 7, "the description") < 0) {
+    if (tuple_of(desc, -1, "the description") < 0) {
+        return -1;
+    }
+    if (PyTuple_GET_SIZE(desc) != 7 && PyTuple_GET_SIZE(desc) != 8) {
+        PyErr_SetString(PyExc_TypeError, "kernel description: 7 items, or 8 with "
+                        "the row's length");
         return -1;
     }
     name = PyTuple_GET_ITEM(desc, 0);
@@ -180,6 +217,9 @@ read_kernel(PyObject *desc, kernel *k)
     if ((k->kind == AGS_KKIND_ROWS) != (k->nred > 0)) {
         PyErr_SetString(PyExc_ValueError, "kernel description: a ROWS kernel "
                         "reduces one dimension or more, a POINTWISE one none");
+        return -1;
+    }
+    if (read_cols(desc, k) < 0) {
         return -1;
     }
     ins = PyTuple_GET_ITEM(desc, 4);

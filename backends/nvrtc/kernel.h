@@ -10,6 +10,12 @@
 #define AGS_KERNEL_MAX_DIMS 16
 #define AGS_KERNEL_MAX_ITEMS 4096
 
+/* The longest row a ROWS kernel's warp path takes (one warp a row, the row
+ * in registers); longer rows take the block path.  codegen_rows.c writes it
+ * into the kernel (or less, kernel.warp_cols, where the description gives a
+ * shorter row), driver.c launches the warp path's geometry up to it. */
+#define AGS_NVRTC_WARP_COLS 1024
+
 /* What a storage type computes in. */
 typedef enum { INT_LIKE, FLOAT_LIKE, DOUBLE_LIKE, BOOL_LIKE } ags_kernel_family_t;
 
@@ -53,6 +59,12 @@ typedef struct {
 typedef struct {
     const char *name;
     int kind, ndim, nred;
+    /* The row's length where the description gives it (a ROWS kernel over
+     * static sizes), else 0; and the longest row the warp path takes: that
+     * length rounded up to 128 (a lane's items, a multiple of 4), at most
+     * AGS_NVRTC_WARP_COLS, which it is where the length is not given. */
+    long long cols;
+    int warp_cols;
     int n_in, n_ops, n_out;
     operand *in;
     instr *ops;

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import operator
 import os
 from typing import Any, Callable
@@ -513,8 +514,13 @@ def describe(group: Group, name: str) -> tuple[tuple, Plan]:
             flag = _CONTIGUOUS if _contiguous(node) else _STRIDED
         outs.append((values[node].index, storage, flag))
     kind = KernelKind.ROWS if group.nred else KernelKind.POINTWISE
+    # a row's length where the sizes are static: the warp path's arrays and loops for
+    # that length, or no warp path past it (codegen_rows.c)
+    inner = group.space[group.outer:]
+    cols = math.prod(inner) if group.nred and all(isinstance(d, int) for d in inner) else 0
     desc = (name, int(kind), len(group.space), group.nred,
-            tuple((int(st), int(s)) for _, st, s in k.inputs), tuple(k.ops), tuple(outs))
+            tuple((int(st), int(s)) for _, st, s in k.inputs), tuple(k.ops), tuple(outs),
+            cols)
     del torch
     return desc, plan
 

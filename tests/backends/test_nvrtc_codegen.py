@@ -231,6 +231,37 @@ def test_row_values_stored_at_every_element_of_their_row(storage, cols, function
     assert torch.equal(half_sum, per_row.expand(5, cols))   # the same value, both places
 
 
+@ROW_FUNCTIONS
+@pytest.mark.parametrize("told,cols", [(197, 197), (64, 64), (4096, 4096), (64, 1500),
+                                       (197, 260), (4096, 37)],
+                         ids=["odd", "short", "long", "longer-than-told",
+                              "past-the-rounding", "shorter-than-told"])
+def test_a_row_length_in_the_description_sizes_the_paths(told, cols, function):
+    """A description may give its row's length (static sizes): the warp path is made
+    for that length rounded up to 128, a lane's arrays no longer, and left out of
+    the first function past 1024. Rows of another length still run right: a row the
+    warp path cannot hold takes the block path."""
+    desc = softmax_desc(BF16) + (told,)
+    source = _C.nvrtc_source(desc)
+    first = source.split("softmax_rows_block(")[0]
+    if told > 1024:
+        assert "/* the warp path */" not in first and "ca0[" not in first
+    else:
+        bound = (told + 127) // 128 * 128
+        assert f"#define AGS_WARP_ITEMS ({bound} / AGS_WARP_LANES)" in source
+        assert f"if (cols <= {bound}) {{ /* the warp path */" in first
+    assert source.count("/* the block path */") == 2
+    x = (torch.randn(6, cols) * 4).bfloat16()
+    out, row_max = torch.empty(6, cols, dtype=torch.bfloat16), torch.empty(6, 1)
+    host.run(desc, [x, out, row_max], [6, cols], function)
+    torch.testing.assert_close(out, torch.softmax(x.float(), -1).bfloat16())
+    torch.testing.assert_close(row_max, x.float().amax(-1, keepdim=True))
+    # without the length, the source is what it was: the warp path up to 1024
+    plain = _C.nvrtc_source(softmax_desc(BF16))
+    assert plain == _C.nvrtc_source(softmax_desc(BF16) + (0,))
+    assert "if (cols <= 1024) { /* the warp path */" in plain
+
+
 def test_layer_norm_rows_matches_torch_and_keeps_mean_and_rstd():
     n = 50
     x = torch.randn(8, n) * 3 + 1
@@ -530,6 +561,14 @@ def test_a_zero_dimensional_space_is_one_element():
      "kernel without rows"),
     (("k", KK.ROWS, 2, 1, ((F32, 4),), (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)),
       ((1, F32, 0),)), "strided flag"),
+    (("k", KK.ROWS, 2, 1, ((F32, 0),), (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)),
+      ((1, F32, 3),), -5), "row's length"),
+    (("k", KK.ROWS, 2, 1, ((F32, 0),), (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)),
+      ((1, F32, 3),), 5.0), "row's length must be an int"),
+    (("k", KK.POINTWISE, 1, 0, ((F32, 0),), (op(K.LOAD, F32, 0),), ((0, F32, 0),), 64),
+     "row's length"),
+    (("k", KK.POINTWISE, 1, 0, ((F32, 0),), (op(K.LOAD, F32, 0),), ((0, F32, 0),), 0, 1),
+     "7 items, or 8"),
 ])
 def test_a_bad_description_is_refused_with_what_is_wrong(desc, error):
     with pytest.raises((ValueError, TypeError), match=error):
@@ -548,7 +587,7 @@ def nvrtc():
 
 
 ALL = [add_relu_scale(F32), add_relu_scale(BF16), softmax_desc(F16), layer_norm_desc(64),
-       spread_desc(BF16),
+       spread_desc(BF16), softmax_desc(BF16) + (197,), softmax_desc(BF16) + (4096,),
        softmax_desc(BF16), softmax_backward_desc(BF16), rms_norm_desc(64, F16),
        ("sum_last_two", KK.ROWS, 3, 2, ((F64, 0),),
         (op(K.LOAD, F64, 0), op(K.MUL, F64, 0, 0), op(K.SUM, F64, 1)), ((2, F64, 3),)),
