@@ -23,9 +23,9 @@ kernels and eager, and compile time from a cold cache.
    machine without one): the same models' forward and backward graphs made from an
    empty kernel cache, every kernel compiled by NVRTC to a cubin for ``--arch``
    (sm_90 by default), none loaded or run (the kernels' callables fill their outputs
-   with zeros, so the step's values are not the model's); per graph, the wall-clock seconds its kernels
-   took to make, on this machine's cores (partition._made compiles a graph's kernels
-   on up to 8 threads).
+   with zeros, so the step's values are not the model's); per graph, the wall-clock
+   seconds its kernels took to make, on this machine's cores (partition._made compiles
+   a graph's kernels on up to 8 threads).
 
     python benchmarks/nvrtc.py --device cuda [--quick] [--parts bandwidth,memory,zoo]
         [--out FILE]

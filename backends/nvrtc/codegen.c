@@ -215,26 +215,6 @@ put_offset(text *t, const kernel *k, int strided, const char *prefix)
     ags_cg_put(t, ")");
 }
 
-/* The offset of the current row's value in an output (ROWS kernels). */
-static void
-put_row_offset(text *t, const kernel *k, int strided, const char *prefix)
-{
-    int outer = k->ndim - k->nred;
-
-    if (!strided) {
-        ags_cg_put(t, "row");
-        return;
-    }
-    ags_cg_put(t, "(");
-    for (int d = 0; d < outer; d++) {
-        ags_cg_put(t, "%si%d * %s_%d", d ? " + " : "", d, prefix, d);
-    }
-    if (outer == 0) {
-        ags_cg_put(t, "0");
-    }
-    ags_cg_put(t, ")");
-}
-
 /* The field of the vector step's lane text.lane: .x to .w of CUDA's vectors
  * of 4, .v[l] of agspeed's of 8 (the prelude's). */
 static void
@@ -374,8 +354,8 @@ ags_cg_put_store(text *t, const kernel *k, int o)
         return;
     }
     ags_cg_put(t, "out%d[", o);
-    if (out->strided == OUT_ROW) {
-        put_row_offset(t, k, 0, prefix);
+    if (out->strided == OUT_ROW) {     /* contiguous, at the row's index */
+        ags_cg_put(t, "row");
     }
     else {
         put_offset(t, k, out->strided, prefix);

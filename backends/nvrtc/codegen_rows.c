@@ -12,8 +12,9 @@
  *     lane's register arrays and unrolled loops are no longer than the row
  *     needs): one warp per row, the block's warps on consecutive rows,
  *     rows in a grid-stride loop over warps.  A reduction combines its
- *     lanes by shuffles alone: no shared memory, no barrier.  Each lane holds the elements c = lane + 32 j, j below
- *     AGS_WARP_ITEMS (cols / 32 at most), in a loop of constant count that
+ *     lanes by shuffles alone: no shared memory, no barrier.  Each lane
+ *     holds the elements c = lane + 32 j, j below AGS_WARP_ITEMS (cols /
+ *     32 at most), in a loop of constant count that
  *     the compiler unrolls: every load of the row is in flight at once.  An
  *     element value a later pass would otherwise recompute is kept in
  *     registers, ca<i>[j], by the pass that computes it (choose_kept): x for
