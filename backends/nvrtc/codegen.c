@@ -6,8 +6,9 @@
  * table), nothing of torch.  describe.c reads and checks a description;
  * this file turns it into the source of one `extern "C" __global__`
  * function (a row kernel's body in codegen_rows.c, the two sharing
- * codegen.h; a row kernel comes with a second function, <name>_block, its
- * block path alone, for long rows); NVRTC compiles it (driver.c).
+ * codegen.h; a row kernel whose row length is not told comes with a second
+ * one, <name>_block, for long rows: put_row_functions); NVRTC compiles it
+ * (driver.c).
  *
  *   (name, kind, ndim, nred, inputs, ops, outputs[, cols])
  *     kind     KKIND: POINTWISE (one thread per element of an ndim-sized
@@ -197,22 +198,35 @@ ags_cg_put_number(text *t, int type, double x)
 }
 
 /* The offset of the current element in an operand: `i` when contiguous,
- * else the dot product of the indices with its strides `<prefix>_d`. */
+ * else the dot product of the indices of its first `ndim` dimensions with
+ * its strides `<prefix>_d`. */
 static void
-put_offset(text *t, const kernel *k, int strided, const char *prefix)
+put_offset(text *t, int ndim, int strided, const char *prefix)
 {
     if (!strided) {
         ags_cg_put(t, "i");
         return;
     }
     ags_cg_put(t, "(");
-    for (int d = 0; d < k->ndim; d++) {
+    for (int d = 0; d < ndim; d++) {
         ags_cg_put(t, "%si%d * %s_%d", d ? " + " : "", d, prefix, d);
     }
-    if (k->ndim == 0) {
+    if (ndim == 0) {
         ags_cg_put(t, "0");
     }
     ags_cg_put(t, ")");
+}
+
+/* How many of the space's dimensions input i's strides cover: all, the
+ * rows' alone (read once a row through them), or none. */
+int
+ags_cg_input_strides(const kernel *k, int i)
+{
+    switch (k->in[i].strided) {
+    case IN_STRIDED: return k->ndim;
+    case IN_ROW_STRIDED: return k->ndim - k->nred;
+    default: return 0;
+    }
 }
 
 /* The field of the vector step's lane text.lane: .x to .w of CUDA's vectors
@@ -262,7 +276,7 @@ put_load(text *t, const kernel *k, const instr *op)
         ags_cg_put(t, "row");   /* the row's own value */
     }
     else {
-        put_offset(t, k, k->in[src].strided, prefix);
+        put_offset(t, ags_cg_input_strides(k, src), k->in[src].strided, prefix);
     }
     ags_cg_put(t, "])");
 }
@@ -358,7 +372,7 @@ ags_cg_put_store(text *t, const kernel *k, int o)
         ags_cg_put(t, "row");
     }
     else {
-        put_offset(t, k, out->strided, prefix);
+        put_offset(t, k->ndim, out->strided, prefix);
     }
     if (out->type == AGS_KTYPE_F16) {
         ags_cg_put(t, "] = ags_to_f16((float)v%d);\n", out->value);
@@ -372,35 +386,51 @@ ags_cg_put_store(text *t, const kernel *k, int o)
     }
 }
 
-/* The kernel's signature, its name followed by `suffix`. */
+/* The kernel's parameters, declared (`decl`) or passed on by name. */
 static void
-put_signature(text *t, const kernel *k, const char *suffix)
+put_params(text *t, const kernel *k, int decl)
 {
-    ags_cg_put(t, "extern \"C\" __global__ void %s%s(", k->name, suffix);
+    const char *ll = decl ? "long long " : "";
+
     for (int i = 0; i < k->n_in; i++) {
-        ags_cg_put(t, "%sconst %s *__restrict__ in%d", i ? ", " : "",
-            ags_kernel_storage_name(k->in[i].type), i);
+        ags_cg_put(t, "%s", i ? ", " : "");
+        if (decl) {
+            ags_cg_put(t, "const %s *__restrict__ ", ags_kernel_storage_name(k->in[i].type));
+        }
+        ags_cg_put(t, "in%d", i);
     }
     for (int i = 0; i < k->n_out; i++) {
-        ags_cg_put(t, "%s%s *__restrict__ out%d", k->n_in + i ? ", " : "",
-            ags_kernel_storage_name(k->out[i].type), i);
+        ags_cg_put(t, "%s", k->n_in + i ? ", " : "");
+        if (decl) {
+            ags_cg_put(t, "%s *__restrict__ ", ags_kernel_storage_name(k->out[i].type));
+        }
+        ags_cg_put(t, "out%d", i);
     }
     for (int d = 0; d < k->ndim; d++) {
-        ags_cg_put(t, ", long long n%d", d);
+        ags_cg_put(t, ", %sn%d", ll, d);
     }
     for (int i = 0; i < k->n_in; i++) {
-        for (int d = 0; k->in[i].strided == IN_STRIDED && d < k->ndim; d++) {
-            ags_cg_put(t, ", long long si%d_%d", i, d);
+        for (int d = 0; d < ags_cg_input_strides(k, i); d++) {
+            ags_cg_put(t, ", %ssi%d_%d", ll, i, d);
         }
     }
     for (int i = 0; i < k->n_out; i++) {
         for (int d = 0; k->out[i].strided == OUT_STRIDED && d < k->ndim; d++) {
-            ags_cg_put(t, ", long long so%d_%d", i, d);
+            ags_cg_put(t, ", %sso%d_%d", ll, i, d);
         }
     }
     if (ags_kernel_column_outputs(k)) {
-        ags_cg_put(t, ", long long nslot");
+        ags_cg_put(t, ", %snslot", ll);
     }
+}
+
+/* A function of the kernel: `head`, its name followed by `suffix`, its
+ * parameters; the body opened. */
+static void
+put_signature(text *t, const kernel *k, const char *head, const char *suffix)
+{
+    ags_cg_put(t, "%s %s%s(", head, k->name, suffix);
+    put_params(t, k, 1);
     ags_cg_put(t, ")\n{\n");
 }
 
@@ -421,16 +451,21 @@ ags_cg_any_strided(const kernel *k)
 }
 
 /* Declares i<lo>..i<hi-1>, the indices of `var` over those dimensions
- * (the last one varying fastest). */
+ * (the last one varying fastest).  `narrow`: var is below 2^32, so the
+ * divisions are 32-bit ones, a few instructions where a 64-bit division
+ * is a call of a long routine (and, unrolled, much of a kernel's compile). */
 void
-ags_cg_put_indices(text *t, int lo, int hi, const char *var)
+ags_cg_put_indices(text *t, int lo, int hi, const char *var, int narrow)
 {
+    const char *q = narrow ? "unsigned int" : "long long";
+
     if (hi <= lo) {
         return;
     }
-    ags_cg_put(t, "long long q_ = %s;\n", var);
+    ags_cg_put(t, "%s q_ = (%s)%s;\n", q, q, var);
     for (int d = hi - 1; d > lo; d--) {
-        ags_cg_put(t, "const long long i%d = q_ %% n%d; q_ /= n%d;\n", d, d, d);
+        ags_cg_put(t, "const long long i%d = q_ %% (%s)n%d; q_ /= (%s)n%d;\n",
+                   d, q, d, q, d);
     }
     ags_cg_put(t, "const long long i%d = q_;\n", lo);
 }
@@ -635,7 +670,7 @@ put_pointwise(text *t, const kernel *k, char *need)
     ags_cg_put(t, "for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;"
         " i < total; i += (long long)gridDim.x * blockDim.x) {\n");
     if (ags_cg_any_strided(k)) {
-        ags_cg_put_indices(t, 0, k->ndim, "i");
+        ags_cg_put_indices(t, 0, k->ndim, "i", 0);
     }
     memset(need, 0, (size_t)k->n_ops);
     for (int o = 0; o < k->n_out; o++) {
@@ -684,6 +719,58 @@ static const char prelude[] =
     "struct alignas(8) ags_u8x8 { unsigned char v[8]; };\n"
     "struct alignas(8) ags_i8x8 { signed char v[8]; };\n";
 
+#define GLOBAL "extern \"C\" __global__ void"
+
+/* A row kernel's functions.  Where the description tells the row's length
+ * (static sizes), one: the warp path, then the block path for the rows it
+ * does not take (misaligned ones), or, for rows longer than any warp path
+ * takes, the block path alone, which is then all the kernel runs; driver.c
+ * launches it for long rows too, finding no second function.  Otherwise
+ * two, which share the block path as a device function of its own, compiled
+ * once: the first runs the warp path or calls it, and <name>_block, which
+ * driver.c launches for long rows, calls it.  Not inlined, <name>_block's
+ * registers are the block path's alone (about 32, where the warp path's
+ * arrays take 100 or more), so its large blocks launch and stay many to a
+ * multiprocessor. */
+static int
+put_row_functions(text *t, const kernel *k, char *need, char *done)
+{
+    text call = {NULL, 0, 0, 0, -1, 4};
+    int rc = -1;
+
+    if (k->cols > 0) {
+        put_signature(t, k, GLOBAL, "");
+        if (ags_cg_put_rows(t, k, need, done, k->cols <= AGS_NVRTC_WARP_COLS, NULL) < 0) {
+            return -1;
+        }
+        ags_cg_put(t, "}\n");
+        return 0;
+    }
+    ags_cg_put(&call, "%s_block_path(", k->name);
+    put_params(&call, k, 0);
+    ags_cg_put(&call, ");\n");
+    if (call.failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    put_signature(t, k, "static __device__ __noinline__ void", "_block_path");
+    if (ags_cg_put_rows(t, k, need, done, 0, NULL) < 0) {
+        goto done;
+    }
+    ags_cg_put(t, "}\n");
+    put_signature(t, k, GLOBAL, "");
+    if (ags_cg_put_rows(t, k, need, done, 1, call.data) < 0) {
+        goto done;
+    }
+    ags_cg_put(t, "}\n");
+    put_signature(t, k, GLOBAL, AGS_NVRTC_BLOCK_SUFFIX);
+    ags_cg_put(t, "%s}\n", call.data);
+    rc = 0;
+done:
+    PyMem_Free(call.data);
+    return rc;
+}
+
 /* desc: borrowed. Returns a new reference: the kernel's CUDA C source. */
 PyObject *
 ags_nvrtc_source(PyObject *desc)
@@ -706,25 +793,16 @@ ags_nvrtc_source(PyObject *desc)
     }
     ags_cg_put(&t, "%s#define AGS_WARP_ITEMS (%d / AGS_WARP_LANES)\n", prelude,
         k.warp_cols);
-    put_signature(&t, &k, "");
-    /* rows known to be longer than any warp path takes: the block path alone
-     * here too (correct under either launch), the warp path never compiled */
-    rc = k.kind == AGS_KKIND_ROWS
-         ? ags_cg_put_rows(&t, &k, need, done, k.cols > AGS_NVRTC_WARP_COLS)
-         : put_pointwise(&t, &k, need);
+    if (k.kind == AGS_KKIND_ROWS) {
+        rc = put_row_functions(&t, &k, need, done);
+    }
+    else {
+        put_signature(&t, &k, GLOBAL, "");
+        rc = put_pointwise(&t, &k, need);
+        ags_cg_put(&t, "}\n");
+    }
     if (rc < 0) {
         goto done;
-    }
-    ags_cg_put(&t, "}\n");
-    /* a row kernel's block path again, alone: compiled apart, its registers
-     * are not the warp path's, so its large blocks launch and stay many to a
-     * multiprocessor (driver.c launches it for long rows) */
-    if (k.kind == AGS_KKIND_ROWS) {
-        put_signature(&t, &k, AGS_NVRTC_BLOCK_SUFFIX);
-        if (ags_cg_put_rows(&t, &k, need, done, 1) < 0) {
-            goto done;
-        }
-        ags_cg_put(&t, "}\n");
     }
     if (t.failed) {
         PyErr_NoMemory();

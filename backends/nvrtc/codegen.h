@@ -27,8 +27,11 @@ void ags_cg_put_number(text *t, int type, double x);
 int ags_cg_put_instr(text *t, const kernel *k, int i);
 /* Output o stored at its place: the element's, or the row's (OUT_ROW). */
 void ags_cg_put_store(text *t, const kernel *k, int o);
-/* The indices of dimensions lo..hi-1 from the linear index `var`. */
-void ags_cg_put_indices(text *t, int lo, int hi, const char *var);
+/* The indices of dimensions lo..hi-1 from the linear index `var` (below
+ * 2^32 where `narrow`). */
+void ags_cg_put_indices(text *t, int lo, int hi, const char *var, int narrow);
+/* How many leading dimensions input i's strides cover (0: none passed). */
+int ags_cg_input_strides(const kernel *k, int i);
 /* Marks in need[] the element values value v depends on, itself included,
  * not looking past the values in stop[] (NULL: none). */
 void ags_cg_mark_cone(const kernel *k, int v, char *need, const char *stop);
@@ -36,8 +39,9 @@ void ags_cg_mark_cone(const kernel *k, int v, char *need, const char *stop);
 int ags_cg_put_marked(text *t, const kernel *k, const char *need);
 /* The instructions of constants only, before any loop. */
 int ags_cg_put_uniforms(text *t, const kernel *k);
-/* Whether any input or output is read or written through strides (an
- * input read as a row is not: its index is the element's within the row). */
+/* Whether any input or output is read or written through strides at each
+ * element (an input read as a row is not: its index is the element's within
+ * the row; nor one read once a row through its strides). */
 int ags_cg_any_strided(const kernel *k);
 
 /* The vector path's machinery (pointwise kernels, and the vector forms of
@@ -65,8 +69,11 @@ void ags_cg_put_aligned(text *t, const kernel *k);
  * it for rows longer than AGS_NVRTC_WARP_COLS): the name, then this. */
 #define AGS_NVRTC_BLOCK_SUFFIX "_block"
 
-/* codegen_rows.c: the body of a ROWS kernel, both paths (block_only 0) or
- * the block path alone (1). */
-int ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int block_only);
+/* codegen_rows.c: the body of a ROWS kernel: the block path alone (warp
+ * 0), or the warp path and, for the rows it does not take, the block path
+ * (block_call NULL) or the statement block_call (a call of the block path's
+ * function). */
+int ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int warp,
+                    const char *block_call);
 
 #endif

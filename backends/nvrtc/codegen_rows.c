@@ -52,11 +52,13 @@
  * an order that does not change from run to run.
  *
  * The kernel's function holds both paths (the block path alone where the
- * description's row length is past AGS_NVRTC_WARP_COLS); codegen.c adds a
- * second one, <name>_block, with the block path alone, which driver.c
- * launches for long rows: compiled apart, its registers are its own (about
- * 32, where the warp path's arrays take 100 or more), so its 512-thread
- * blocks launch and several share a multiprocessor.
+ * description's row length is past AGS_NVRTC_WARP_COLS).  Where the row's
+ * length is not told, the block path is a device function of its own that
+ * the first function calls, and codegen.c adds a second kernel,
+ * <name>_block, which calls it alone and which driver.c launches for long
+ * rows: not inlined, its registers are its own (about 32, where the warp
+ * path's arrays take 100 or more), so its 512-thread blocks launch and
+ * several share a multiprocessor (put_row_functions).
  *
  * Why 1024: a lane keeps AGS_WARP_ITEMS values of each kept value in
  * registers; 32 each (at most AGS_ROWS_KEPT_MAX of them) stays within a
@@ -88,6 +90,28 @@ typedef struct {
     char *loaded;       /* kept values an earlier pass has computed */
     int columns;        /* how many outputs are column sums */
 } rows;
+
+/* Whether a column's index is below 2^32: always on the warp path (its
+ * rows are at most warp_cols long), and on the block path where the row's
+ * length is static and short enough. */
+static int
+narrow_columns(const rows *g)
+{
+    return g->warp || (g->k->cols > 0 && g->k->cols <= 0xffffffffLL);
+}
+
+/* Whether an input is read once a row through its strides (the row's
+ * indices are needed even where no element is strided). */
+static int
+read_through_rows(const kernel *k)
+{
+    for (int i = 0; i < k->n_in; i++) {
+        if (k->in[i].strided == IN_ROW_STRIDED) {
+            return 1;
+        }
+    }
+    return 0;
+}
 
 static const char *
 shared_of(int type)
@@ -328,7 +352,7 @@ put_vector_step(text *t, rows *g, int r)
         ags_cg_put(t, "{\nconst long long c = cw_ * %d + %d;\n"
             "const long long i = row * cols + c;\n(void)i;\n", t->width, t->lane);
         if (g->strided) {
-            ags_cg_put_indices(t, k->ndim - k->nred, k->ndim, "c");
+            ags_cg_put_indices(t, k->ndim - k->nred, k->ndim, "c", narrow_columns(g));
         }
         if (put_pass_values(t, g) < 0) {
             t->lane = -1;
@@ -385,7 +409,7 @@ put_pass(text *t, rows *g, int r)
         }
         ags_cg_put(t, "const long long i = row * cols + c;\n(void)i;\n");
         if (g->strided) {
-            ags_cg_put_indices(t, k->ndim - k->nred, k->ndim, "c");
+            ags_cg_put_indices(t, k->ndim - k->nred, k->ndim, "c", narrow_columns(g));
         }
         if (put_pass_values(t, g) < 0) {
             return -1;
@@ -473,8 +497,8 @@ put_row(text *t, rows *g)
     const kernel *k = g->k;
     int element_outputs = 0;
 
-    if (g->strided) {
-        ags_cg_put_indices(t, 0, k->ndim - k->nred, "row");
+    if (g->strided || read_through_rows(k)) {
+        ags_cg_put_indices(t, 0, k->ndim - k->nred, "row", 0);
     }
     for (int i = 0; g->warp && i < k->n_ops; i++) {
         if (g->kept[i]) {
@@ -658,7 +682,8 @@ rows_vectorizable(const text *t, const kernel *k)
 }
 
 int
-ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int block_only)
+ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int warp,
+                const char *block_call)
 {
     int outer = k->ndim - k->nred;
     int uses_shared[3] = {0, 0, 0};
@@ -678,7 +703,7 @@ ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int block_only
     for (int d = 0; d < k->ndim; d++) {
         ags_cg_put(t, "%s *= n%d;\n", d < outer ? "rows" : "cols", d);
     }
-    for (int i = 0; i < k->n_ops; i++) {
+    for (int i = 0; block_call == NULL && i < k->n_ops; i++) {  /* the block path's */
         if (ags_kernel_is_reduction(k->ops[i].kop)) {
             ags_kernel_family_t f = ags_kernel_family(k->ops[i].type);
             uses_shared[f == FLOAT_LIKE ? 0 : f == DOUBLE_LIKE ? 1 : 2] = 1;
@@ -701,20 +726,43 @@ ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int block_only
      * vector of 8 has one of 4): on an H100, bf16 rows of 1024 ran no faster
      * on vectors of 8 (softmax, 0.47 of peak against 0.46), and layer norm
      * slower (0.37 against 0.46) */
-    if (!block_only) {
+    if (warp) {
         int width = t->width, failed;
+        /* where the row's length is told and a multiple of 4, the warp path
+         * is its vector form alone: its scalar form, unrolled, was about
+         * half of the kernel's compile, for rows of that length only their
+         * pointers' misalignment would send there; those take the block
+         * path (a view at an odd offset: rare, and still right) */
+        int vector_only = vector && k->cols > 0 && k->cols % 4 == 0;
 
-        ags_cg_put(t, "if (cols <= %d) { /* the warp path */\n"
-            "const unsigned int lane_ = threadIdx.x %% AGS_WARP_LANES;\n"
-            "const long long warps_ = blockDim.x / AGS_WARP_LANES;\n", k->warp_cols);
-        g.warp = 1;
         t->width = 4;
-        failed = put_path(t, &g, vector) < 0;
+        ags_cg_put(t, "if (cols <= %d", k->warp_cols);
+        if (vector_only) {
+            ags_cg_put(t, " && cols %% 4 == 0 && ");
+            ags_cg_put_aligned(t, k);
+        }
+        ags_cg_put(t, ") { /* the warp path%s */\n"
+            "const unsigned int lane_ = threadIdx.x %% AGS_WARP_LANES;\n"
+            "const long long warps_ = blockDim.x / AGS_WARP_LANES;\n",
+            vector_only ? ", its vector form alone" : "");
+        g.warp = 1;
+        if (vector_only) {
+            g.vector = 1;
+            failed = put_rows_loop(t, &g) < 0;
+        }
+        else {
+            failed = put_path(t, &g, vector) < 0;
+        }
         t->width = width;
         if (failed) {
             goto done;
         }
         ags_cg_put(t, "}\nelse ");
+        if (block_call != NULL) {
+            ags_cg_put(t, "{ /* the block path */\n%s}\n", block_call);
+            rc = 0;
+            goto done;
+        }
     }
     ags_cg_put(t, "{ /* the block path */\n");
     g.warp = 0;

@@ -249,14 +249,13 @@ read_kernel(PyObject *desc, kernel *k)
         if (tuple_of(row, 2, "an input") < 0
             || int_item(row, 0, 0, AGS_KTYPE_COUNT, "an input's type",
                         &k->in[i].type) < 0
-            || int_item(row, 1, 0, 4, "an input's strided flag",
+            || int_item(row, 1, 0, IN_FLAGS, "an input's strided flag",
                         &k->in[i].strided) < 0) {
             return -1;
         }
-        if ((k->in[i].strided == IN_ROW || k->in[i].strided == IN_PER_ROW)
-            && k->kind != AGS_KKIND_ROWS) {
+        if (k->in[i].strided >= IN_ROW && k->kind != AGS_KKIND_ROWS) {
             PyErr_SetString(PyExc_ValueError, "kernel description: an input read as "
-                            "a row or per row (strided flag 2 or 3) in a kernel "
+                            "a row or per row (strided flag 2, 3 or 4) in a kernel "
                             "without rows");
             return -1;
         }
@@ -334,7 +333,9 @@ classify(kernel *k)
         int v = UNIFORM;
 
         if (op->kop == AGS_KOP_LOAD) {
-            v = k->in[op->args[0]].strided == IN_PER_ROW ? PER_ROW : PER_ELEMENT;
+            int flag = k->in[op->args[0]].strided;
+
+            v = flag == IN_PER_ROW || flag == IN_ROW_STRIDED ? PER_ROW : PER_ELEMENT;
         }
         else if (op->kop != AGS_KOP_CONST) {
             for (int a = 0; a < op->n; a++) {

@@ -29,7 +29,9 @@
  * above a quarter of the row's length (32 to 512) threads, through the
  * kernel's second function, <name>_block, its block path compiled alone
  * (fewer registers than the warp path's: large blocks launch, and several
- * share a multiprocessor).  Each function's blocks are held to what its
+ * share a multiprocessor), or through the first where there is no second
+ * (a row length told past the warp path's: the first is the block path
+ * alone).  Each function's blocks are held to what its
  * registers allow (cuFuncGetAttribute).  The first function chooses its
  * path from the same sizes; either path is correct under either shape, the
  * shape is for speed.  A ROWS kernel with column sums (slots true) takes its
@@ -425,7 +427,8 @@ ensure_context(int ordinal)
 }
 
 /* A ROWS kernel's second function, its block path alone (codegen.c), into
- * self->block_function; an image without one keeps the first. */
+ * self->block_function; an image without one (a row length told) keeps the
+ * first. */
 static void
 find_block_function(kernel_object *self, const char *name)
 {

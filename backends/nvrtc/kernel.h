@@ -32,11 +32,15 @@ typedef struct {
  * in a ROWS kernel, as a row: the same values for every row, contiguous
  * along it, at the element's index within the row (a norm's weight); or,
  * in a ROWS kernel, once per row, at the row's index (contiguous, one value
- * a row: a statistic a forward saved), its value a row value. */
-enum { IN_CONTIGUOUS = 0, IN_STRIDED = 1, IN_ROW = 2, IN_PER_ROW = 3 };
+ * a row: a statistic a forward saved), its value a row value; or, in a ROWS
+ * kernel, once per row through strides over the rows' dimensions alone
+ * (passed in), an input the same along every reduced dimension (a batch
+ * norm's per-channel weight under a pooling's sum), its value a row value. */
+enum { IN_CONTIGUOUS = 0, IN_STRIDED = 1, IN_ROW = 2, IN_PER_ROW = 3,
+       IN_ROW_STRIDED = 4, IN_FLAGS };
 
 typedef struct {
-    int type, strided;  /* strided: IN_CONTIGUOUS, IN_STRIDED, IN_ROW or IN_PER_ROW */
+    int type, strided;  /* strided: one of the IN_ flags */
 } operand;
 
 /* Where an output is written: at each element, at its linear index

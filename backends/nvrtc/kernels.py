@@ -16,6 +16,7 @@ a second process compiles nothing.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -48,9 +49,12 @@ class Fused:
         self.ndim, self.nred = len(group.space), group.nred
         self.space = tuple(group.space) if all(isinstance(d, int) for d in group.space) \
             else None
-        # flag 1: read through strides, passed at each call; 0, 2 (a row, the same for
-        # every row) and 3 (one value a row) at their own index, contiguous
-        self.strided_in = [s == 1 for _, s in desc[4]]
+        # flag 1: read through strides, passed at each call, and 4 through those of
+        # the rows' dimensions (once a row); 0, 2 (a row, the same for every row) and 3
+        # (one value a row) at their own index, contiguous
+        outer = self.ndim - self.nred
+        self.strided_in = [self.ndim if s == 1 else outer if s == 4 else None
+                           for _, s in desc[4]]
         # the inputs that broadcast into the space (not those read once a row, whose
         # shape may be the rows' alone)
         self.in_space = [s != 3 for _, s in desc[4]]
@@ -91,8 +95,8 @@ class Fused:
         ints = list(space)
         args = []
         for t, strided in zip(inputs, self.strided_in):
-            if strided:
-                ints += _broadcast_strides(t, space)
+            if strided is not None:
+                ints += _broadcast_strides(t, space)[:strided]
             elif not t.is_contiguous():
                 t = t.contiguous()
             args.append(t)
@@ -215,21 +219,42 @@ def image_for(source: str, name: str, arch: str, cubin: bool) -> bytes:
     key = hashlib.sha256(f"{version}\0{arch}\0{cubin}\0{source}".encode()).hexdigest()
     directory = knowledge.artifact_dir("nvrtc")
     path = os.path.join(directory, key[:32] + (".cubin" if cubin else ".ptx"))
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        pass
-    start = time.perf_counter()
-    image = _C.nvrtc_compile(source, name + ".cu", (arch,), cubin)
+    with _compiling(key):   # one compile of a source at a time in this process
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError:
+            pass
+        start = time.perf_counter()
+        image = _C.nvrtc_compile(source, name + ".cu", (arch,), cubin)
+        with _compiled_lock:
+            compiled["seconds"] += time.perf_counter() - start
+        os.makedirs(directory, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(image)
+        os.replace(tmp, path)
+        return image
+
+
+_keys: dict = {}     # a source's cache key: [its lock, the threads that want it]
+
+
+@contextlib.contextmanager
+def _compiling(key: str) -> Any:
+    """Held while a thread finds or compiles the image of ``key``: a graph's groups
+    that share a source wait for the first one's compile and then read its image."""
     with _compiled_lock:
-        compiled["seconds"] += time.perf_counter() - start
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(image)
-    os.replace(tmp, path)
-    return image
+        entry = _keys.setdefault(key, [threading.Lock(), 0])
+        entry[1] += 1
+    try:
+        with entry[0]:
+            yield
+    finally:
+        with _compiled_lock:
+            entry[1] -= 1
+            if not entry[1]:
+                del _keys[key]
 
 
 def cuda_launcher(desc: tuple, device_index: int) -> Callable[..., Any]:

@@ -27,6 +27,7 @@ as before through aten.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 import math
@@ -529,6 +530,7 @@ def describe(group: Group, name: str) -> tuple[tuple, Plan]:
 # strides, or as a row (the same for every row, contiguous along it)
 _CONTIGUOUS, _STRIDED, _ROW = 0, 1, 2
 _PER_ROW = 3     # once a row, at the row's index (a row op's operand from outside)
+_ROW_STRIDED = 4     # once a row, through its strides over the rows' dimensions
 # Where it writes an output: at each element as an input is read (0 and 1), as column
 # sums, or once a row, at the row's index (a row value: a norm's mean)
 _COLUMNS, _ROW_OUT = 2, 3
@@ -539,10 +541,13 @@ def _read_as(a: Any, group: Group) -> int:
     and layout; in a ROWS group, once a row when it has a row value's shape with the
     dimensions kept (a saved mean or rstd: (rows, 1)), and as a row when it is one
     contiguous row broadcast over the others (a norm's weight: (cols,) or (1, cols)
-    against (rows, cols)); else through its strides."""
+    against (rows, cols)); once a row through its strides when it is the same along
+    every reduced dimension (a batch norm's (1, C, 1, 1) weight in a sum over H and
+    W: its row value loaded once, not its index worked out at each element); else
+    through its strides."""
     shape = _shape(a)
     if not _contiguous(a):
-        return _STRIDED
+        return _ROW_STRIDED if _same_along_rows(shape, group) else _STRIDED
     if shape == group.space:
         return _CONTIGUOUS
     if group.nred and shape == group.rows()[0]:
@@ -551,7 +556,15 @@ def _read_as(a: Any, group: Group) -> int:
     if group.nred and len(shape) >= len(inner) and shape[len(shape) - len(inner):] == inner \
             and all(d == 1 for d in shape[:len(shape) - len(inner)]):
         return _ROW
-    return _STRIDED
+    return _ROW_STRIDED if _same_along_rows(shape, group) else _STRIDED
+
+
+def _same_along_rows(shape: tuple | None, group: Group) -> bool:
+    """Whether an operand of ``shape`` (aligned at the right with the space) is 1, or
+    absent, along every reduced dimension of ``group``, so one value serves a row."""
+    if not group.nred or shape is None or len(shape) > len(group.space):
+        return False
+    return all(d == 1 for d in shape[max(0, len(shape) - group.nred):])
 
 
 def _as_stored(k: lower.Kernel, node: Any, v: Any) -> Any:
@@ -603,24 +616,36 @@ def _reduce(k: lower.Kernel, node: Any, red: tuple, x: Any, group: Group) -> Any
 
 # ---- the rewritten graph ---------------------------------------------------------------
 
+def content_name(desc: tuple) -> str:
+    """The kernel's name made from the rest of its description: groups that compute the
+    same thing on the same layout get one source, so NVRTC compiles it once (a CNN's
+    blocks, a transformer's layers) and the disk cache serves it to every graph that
+    has it.  The kind is in the name, for profiles."""
+    body = repr(tuple(desc[1:])).encode()
+    kind = "rows" if desc[1] == int(KernelKind.ROWS) else "pointwise"
+    return f"ags_{kind}_{hashlib.blake2b(body, digest_size=8).hexdigest()}"
+
+
 def _made(found: list[Group], make_kernel: Callable[[tuple, Plan], Any]) -> list:
     """(kernel, plan) of each group, or the exception that stopped it.  The kernels are
-    made on a few threads at once: NVRTC compiles without holding the GIL."""
+    made on a few threads at once, since NVRTC compiles without holding the GIL; row
+    kernels, which take several times a pointwise one's compile, start first."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def make(item: tuple) -> Any:
-        k, g = item
+    def make(g: Group) -> Any:
         try:
-            desc, plan = describe(g, f"ags_fused_{k}")
+            desc, plan = describe(g, "ags_fused")
+            desc = (content_name(desc),) + tuple(desc[1:])
             return make_kernel(desc, plan), plan
         except Exception as exc:  # noqa: BLE001 - that group runs through aten
             return exc
 
-    items = list(enumerate(found))
-    if len(items) < 2:
-        return [make(i) for i in items]
+    if len(found) < 2:
+        return [make(g) for g in found]
+    order = sorted(range(len(found)), key=lambda i: found[i].nred == 0)
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        return list(pool.map(make, items))
+        made = dict(zip(order, pool.map(make, [found[i] for i in order])))
+    return [made[i] for i in range(len(found))]
 
 
 def rewrite(gm: Any, found: list[Group], make_kernel: Callable[[tuple, Plan], Any],

@@ -28,6 +28,8 @@ SHIM = r"""
 #define AGS_HOST 1
 #define AGS_BLOCK_MAX 1024
 #define __global__
+#define __device__
+#define __noinline__
 #define __shared__ static
 #define __restrict__ __restrict
 struct ags_dim3 { unsigned int x, y, z; };

@@ -458,6 +458,83 @@ def test_groups_reading_one_input_become_one_kernel():
     assert len(found[0]) == 1
 
 
+class PooledBlocks(nn.Module):
+    """Two residual blocks of one shape (conv, batch norm, relu), then a batch norm, a
+    relu and the mean over H and W: a CNN's head."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(4, 4, 3, padding=1) for _ in range(2))
+        self.bns = nn.ModuleList(nn.BatchNorm2d(4) for _ in range(3))
+
+    def forward(self, x):
+        for conv, bn in zip(self.convs, self.bns):
+            x = x + F.relu(bn(conv(x)))
+        return F.relu(self.bns[2](x)).mean((2, 3))
+
+
+def test_repeated_blocks_share_kernels_and_channel_weights_are_read_once_a_row():
+    """Kernels are named by what they compute, so the groups of two blocks of one shape
+    are one source (compiled once); the pooled head reads the batch norm's per-channel
+    values once a row through their strides (flag 4), and trains like eager."""
+    descs = []
+
+    def launcher(desc):
+        descs.append(desc)
+        return host.launcher(desc)
+
+    eager, model = _twins(PooledBlocks)
+    optimized = agspeed.optimize(model, backend=nvrtc.compile_with(launcher))
+    for _ in range(2):
+        x = torch.randn(3, 4, 6, 6)
+        want, got = eager(x), optimized(x)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        want.square().sum().backward()
+        got.square().sum().backward()
+        for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+    names = [d[0] for d in descs]
+    assert all(d[0] == partition.content_name(d) for d in descs)
+    assert all(n.startswith("ags_rows_" if d[1] == 1 else "ags_pointwise_")
+               for n, d in zip(names, descs))
+    assert len(set(names)) < len(names)         # the blocks' groups, one source
+    pooled = [d for d in descs if d[1] == 1 and any(f == 4 for _, f in d[4])]
+    assert pooled, [d[4] for d in descs]
+
+
+def test_a_source_wanted_by_several_threads_is_compiled_once(monkeypatch):
+    """The graph's kernels are made on several threads: those that want one source wait
+    for the first one's compile and read its image from the cache."""
+    import threading
+    import time
+    import uuid
+
+    from agspeed import _C
+    from agspeed.backends.nvrtc import kernels
+
+    calls = []
+
+    def slow_compile(source, name, options, cubin):
+        calls.append(name)
+        time.sleep(0.2)
+        return b"image of " + source.encode()
+
+    monkeypatch.setattr(_C, "nvrtc_compile", slow_compile)
+    source = f"// {uuid.uuid4()}\n"
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(
+        kernels.image_for(source, "k", "--gpu-architecture=sm_90", True))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == ["k.cu"] and got == [b"image of " + source.encode()] * 4
+    assert not kernels._keys      # nothing left behind for sources no thread wants
+    other = f"// {uuid.uuid4()}\n"
+    kernels.image_for(other, "k", "--gpu-architecture=sm_90", True)
+    assert len(calls) == 2
+
+
 @pytest.mark.parametrize("name", ["llama", "mistral", "t5", "bart", "distilbert"])
 def test_more_transformers_train_like_eager(name):
     """RMSNorm, rotary embeddings, T5's relative attention bias, encoder-decoders: a

@@ -231,35 +231,98 @@ def test_row_values_stored_at_every_element_of_their_row(storage, cols, function
     assert torch.equal(half_sum, per_row.expand(5, cols))   # the same value, both places
 
 
-@ROW_FUNCTIONS
+def _functions(source):
+    """A kernel source's functions by name, each one's text up to the next."""
+    head = r'(?:extern "C" __global__|static __device__ __noinline__) void '
+    return {re.match(head + r"(\w+)\(", part).group(1): part
+            for part in re.split(r"\n(?=" + head + ")", source)[1:]}
+
+
 @pytest.mark.parametrize("told,cols", [(197, 197), (64, 64), (4096, 4096), (64, 1500),
-                                       (197, 260), (4096, 37)],
+                                       (197, 260), (4096, 37), (256, 258)],
                          ids=["odd", "short", "long", "longer-than-told",
-                              "past-the-rounding", "shorter-than-told"])
-def test_a_row_length_in_the_description_sizes_the_paths(told, cols, function):
-    """A description may give its row's length (static sizes): the warp path is made
-    for that length rounded up to 128, a lane's arrays no longer, and left out of
-    the first function past 1024. Rows of another length still run right: a row the
-    warp path cannot hold takes the block path."""
+                              "past-the-rounding", "shorter-than-told",
+                              "not-a-multiple-of-4"])
+def test_a_row_length_in_the_description_sizes_the_paths(told, cols):
+    """A description may give its row's length (static sizes): the kernel is one
+    function, whose warp path is made for that length rounded up to 128, a lane's
+    arrays no longer (its vector form alone, where the length is a multiple of 4),
+    and left out past 1024; the launcher runs it for every length. Rows of another
+    length still run right: a row the warp path cannot hold takes the block path."""
     desc = softmax_desc(BF16) + (told,)
     source = _C.nvrtc_source(desc)
-    first = source.split("softmax_rows_block(")[0]
+    assert list(_functions(source)) == ["softmax_rows"]
     if told > 1024:
-        assert "/* the warp path */" not in first and "ca0[" not in first
+        assert "/* the warp path" not in source and "ca0[" not in source
     else:
         bound = (told + 127) // 128 * 128
+        alone = ", its vector form alone" if told % 4 == 0 else ""
         assert f"#define AGS_WARP_ITEMS ({bound} / AGS_WARP_LANES)" in source
-        assert f"if (cols <= {bound}) {{ /* the warp path */" in first
-    assert source.count("/* the block path */") == 2
+        assert re.search(rf"if \(cols <= {bound}\b.*\) {{ /\* the warp path{alone} \*/",
+                         source)
+        warp = source.split("/* the warp path")[1].split("/* the block path */")[0]
+        assert warp.count("/* its vector form */") == 0 if alone else 1
+    assert source.count("/* the block path */") == 1
     x = (torch.randn(6, cols) * 4).bfloat16()
     out, row_max = torch.empty(6, cols, dtype=torch.bfloat16), torch.empty(6, 1)
-    host.run(desc, [x, out, row_max], [6, cols], function)
+    host.run(desc, [x, out, row_max], [6, cols])
     torch.testing.assert_close(out, torch.softmax(x.float(), -1).bfloat16())
     torch.testing.assert_close(row_max, x.float().amax(-1, keepdim=True))
-    # without the length, the source is what it was: the warp path up to 1024
+    # without the length: the warp path up to 1024, both forms, and two kernels
     plain = _C.nvrtc_source(softmax_desc(BF16))
     assert plain == _C.nvrtc_source(softmax_desc(BF16) + (0,))
     assert "if (cols <= 1024) { /* the warp path */" in plain
+    assert list(_functions(plain)) == ["softmax_rows_block_path", "softmax_rows",
+                                       "softmax_rows_block"]
+
+
+def affine_pool_desc(storage=F32, told=0):
+    """A batch norm's affine, a residual, relu and the mean over H and W of an
+    (N, C, H, W) input: the per-channel weight and bias, (1, C, 1, 1) and (N, C, 1, 1),
+    read once a row through the strides of N and C (flag 4), the relu stored at each
+    element and the mean once a row."""
+    desc = ("affine_pool", KK.ROWS, 4, 2,
+            ((storage, 0), (F32, 4), (F32, 4), (storage, 1)),
+            (op(K.LOAD, F32, 0), op(K.LOAD, F32, 1), op(K.MUL, F32, 0, 1),
+             op(K.LOAD, F32, 2), op(K.ADD, F32, 2, 3), op(K.LOAD, F32, 3),
+             op(K.ADD, F32, 4, 5), op(K.RELU, F32, 6), op(K.SUM, F32, 7),
+             op(K.CONST, F32, imm=0.25), op(K.MUL, F32, 8, 9)),
+            ((7, storage, 0), (10, F32, 3)))
+    return desc + (told,) if told else desc
+
+
+@pytest.mark.parametrize("storage", [F32, BF16])
+@pytest.mark.parametrize("hw", [(4, 8), (37, 1), (30, 50)],
+                         ids=["vectors", "one-by-one", "long-rows"])
+@pytest.mark.parametrize("told,function", [(False, ""), (False, "_block"), (True, "")],
+                         ids=["first", "block", "row-length-told"])
+def test_an_input_the_same_along_the_reduced_dimensions_is_read_once_a_row(
+        storage, hw, told, function):
+    """Flag 4: an input that does not vary along the reduced dimensions is loaded once
+    a row from the rows' indices and its strides over them (none are passed for the
+    reduced ones), whatever its layout: a channel weight broadcast over the batch, a
+    per-(N, C) bias that is a transposed view; the residual beside them is strided."""
+    n, c = 3, 5
+    dtype = _STORAGE[storage]
+    desc = affine_pool_desc(storage, hw[0] * hw[1] if told else 0)
+    source = _C.nvrtc_source(desc)
+    assert "in1[(i0 * si1_0 + i1 * si1_1)]" in source
+    assert "in2[(i0 * si2_0 + i1 * si2_1)]" in source and "si1_2" not in source
+    # the columns' indices are 32-bit divisions on the warp path
+    assert "unsigned int q_ = (unsigned int)c;" in source
+    x = torch.randn(n, c, *hw).to(dtype)
+    w = torch.randn(c, 3)[:, 1].view(1, c, 1, 1)           # stride 3 along C
+    b = torch.randn(c, n).t()[:, :, None, None]            # a transposed view
+    res = torch.randn(n, c, hw[1], hw[0]).to(dtype).transpose(2, 3)
+    out, mean = torch.empty(n, c, *hw, dtype=dtype), torch.empty(n, c)
+    space = (n, c, *hw)
+    host.run(desc, [x, w, b, res, out, mean],
+             [*space, *strides_of(w, space)[:2], *strides_of(b, space)[:2],
+              *strides_of(res, space)], function)
+    want = torch.relu(x.float() * w + b + res.float())
+    _rows_close(out, want.to(dtype))
+    # the mean of what the kernel computed in fp32 (the stored relu is rounded)
+    _sums_close(mean, want.sum((2, 3)) * 0.25, hw[0] * hw[1])
 
 
 def test_layer_norm_rows_matches_torch_and_keeps_mean_and_rstd():
@@ -397,7 +460,8 @@ def test_the_warp_path_keeps_the_values_later_passes_read_in_registers():
     its division (one exp an element); a load one pass reads (the weight of an RMSNorm)
     is not kept, and the block path keeps nothing."""
     source = _C.nvrtc_source(softmax_backward_desc())
-    warp, block = source.split("/* the warp path */")[1].split("/* the block path */")[:2]
+    warp = source.split("/* the warp path */")[1].split("/* the block path */")[0]
+    block = _functions(source)["softmax_backward_rows_block_path"]
     vector, scalar = warp.split("/* its vector form */")[1].split("\nelse {\n", 1)
     for form in (vector, scalar):
         assert "ca0[AGS_WARP_ITEMS]" in form and "ca1[AGS_WARP_ITEMS]" in form
@@ -405,37 +469,48 @@ def test_the_warp_path_keeps_the_values_later_passes_read_in_registers():
     assert scalar.count("in0[") == 1 and scalar.count("in1[") == 1
     assert vector.count("*)in0)[qw_]") == 1 and vector.count("*)in1)[qw_]") == 1
     assert "ca0[" not in block and "ca1[" not in block and "__syncthreads" in block
-    softmax = _C.nvrtc_source(softmax_desc()).split("/* the block path */")[0]
+    def warp_of(desc):
+        return _C.nvrtc_source(desc).split("/* the warp path */")[1].split(
+            "/* the block path */")[0]
+
+    softmax = warp_of(softmax_desc())
     scalar = softmax.split("/* its vector form */")[1].split("\nelse {\n", 1)[1]
     assert "ca0[AGS_WARP_ITEMS]" in scalar and "ca3[AGS_WARP_ITEMS]" in scalar
     assert scalar.count("expf(") == 1 and scalar.count("in0[") == 1
-    rms = _C.nvrtc_source(rms_norm_desc(64)).split("/* the block path */")[0]
+    rms = warp_of(rms_norm_desc(64))
     assert "ca0[" in rms and "ca9[" not in rms
     # x and the output as vectors, w (strided) one element at a time
     rms_vector = rms.split("/* its vector form */")[1].split("\nelse {\n", 1)[0]
     assert "*)in0)[qw_]" in rms_vector and "*)out0)[qw_] = o0" in rms_vector
     assert "in1[" in rms_vector and "*)in1)" not in rms_vector
     # read as a row, w is a vector too, at the columns' place in its one row
-    rms_row = _C.nvrtc_source(rms_norm_desc(64, weights=2)).split("/* the block path */")[0]
+    rms_row = warp_of(rms_norm_desc(64, weights=2))
     rms_row_vector = rms_row.split("/* its vector form */")[1].split("\nelse {\n", 1)[0]
     assert "*)in1)[cw_]" in rms_row_vector and "in1[" not in rms_row_vector
-    assert "si1_" not in rms_row    # no strides passed for it
+    assert "si1_" not in _C.nvrtc_source(rms_norm_desc(64, weights=2))   # no strides
     ints = ("ints_rows", KK.ROWS, 2, 1, ((I64, 0),),
             (op(K.LOAD, I64, 0), op(K.SUM, I64, 0)), ((1, I64, 3),))
     assert "its vector form" not in _C.nvrtc_source(ints)   # no vector of 8-byte values
 
 
-def test_a_row_kernels_block_function_holds_the_block_path_alone():
-    """<name>_block is the block path alone (what the launcher runs for long rows, with
-    registers of its own); for fp16 and bf16 rows the block path moves vectors of 8,
-    the warp path vectors of 4."""
-    source = _C.nvrtc_source(softmax_backward_desc(BF16))
-    first, block = source.split('void softmax_backward_rows_block(')
-    assert "/* the warp path */" in first and "/* the warp path */" not in block
-    assert "__syncthreads" in block and "ca0[" not in block
-    warp, first_block = first.split("/* the warp path */")[1].split("/* the block path */")
+def test_a_row_kernels_block_path_is_one_function_both_kernels_call():
+    """Without a row length, the block path is a device function of its own, compiled
+    once: <name>_block (what the launcher runs for long rows, with registers of its
+    own) calls it, and so does the first kernel for the rows its warp path does not
+    take. For fp16 and bf16 rows the block path moves vectors of 8, the warp path
+    vectors of 4."""
+    functions = _functions(_C.nvrtc_source(softmax_backward_desc(BF16)))
+    path = functions.pop("softmax_backward_rows_block_path")
+    assert "/* the warp path" not in path and "ca0[" not in path
+    assert "__syncthreads" in path and "const ags_u16x8 a0" in path
+    first, block = functions.pop("softmax_backward_rows"), functions.pop(
+        "softmax_backward_rows_block")
+    assert not functions
+    call = "softmax_backward_rows_block_path(in0, in1, out0, n0, n1);"
+    assert first.count(call) == 1 and block.count(call) == 1 and "for (" not in block
+    warp = first.split("/* the warp path */")[1]
     assert "const ushort4 a0" in warp and "ags_u16x8" not in warp
-    assert "const ags_u16x8 a0" in first_block and "const ags_u16x8 a0" in block
+    assert "__syncthreads" not in first
 
 
 def test_reducing_the_last_two_dimensions():
@@ -559,8 +634,10 @@ def test_a_zero_dimensional_space_is_one_element():
      "without rows"),
     (("k", KK.POINTWISE, 1, 0, ((F32, 3),), (op(K.LOAD, F32, 0),), ((0, F32, 0),)),
      "kernel without rows"),
-    (("k", KK.ROWS, 2, 1, ((F32, 4),), (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)),
+    (("k", KK.ROWS, 2, 1, ((F32, 5),), (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)),
       ((1, F32, 0),)), "strided flag"),
+    (("k", KK.POINTWISE, 1, 0, ((F32, 4),), (op(K.LOAD, F32, 0),), ((0, F32, 0),)),
+     "kernel without rows"),
     (("k", KK.ROWS, 2, 1, ((F32, 0),), (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)),
       ((1, F32, 3),), -5), "row's length"),
     (("k", KK.ROWS, 2, 1, ((F32, 0),), (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)),
@@ -592,7 +669,7 @@ ALL = [add_relu_scale(F32), add_relu_scale(BF16), softmax_desc(F16), layer_norm_
        ("sum_last_two", KK.ROWS, 3, 2, ((F64, 0),),
         (op(K.LOAD, F64, 0), op(K.MUL, F64, 0, 0), op(K.SUM, F64, 1)), ((2, F64, 3),)),
        column_sums_desc(F32), column_sums_desc(BF16), bias_grad_desc(F16),
-       rms_norm_backward_desc(64, BF16)]
+       rms_norm_backward_desc(64, BF16), affine_pool_desc(BF16), affine_pool_desc(F32, 1024)]
 
 
 @pytest.mark.parametrize("desc", ALL, ids=[d[0] + str(i) for i, d in enumerate(ALL)])

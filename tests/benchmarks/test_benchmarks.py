@@ -165,4 +165,7 @@ def test_nvrtc_benchmarks_compile_part_runs_without_a_gpu(tmp_path):
     for r in rows.values():
         # a forward and a backward graph, each with kernels compiled (none from a cache)
         assert r["kernels"] > 0 and len(r["graph_kernels_s"]) == 2, r
+        assert 0 < r["sources"] <= r["kernels"], r
         assert r["nvrtc_compile_s_summed"] > 0
+    # the CNN's blocks repeat their groups: one source serves several of them
+    assert rows["resnet"]["sources"] < rows["resnet"]["kernels"]
