@@ -600,15 +600,18 @@ put_columns_end(text *t, const rows *g)
 
 /* The path's loop over rows: a warp a row (warps_ rows a block at a time)
  * or a block a row.  With column sums the rows are dealt to nslot slots (a
- * warp or a block each; those past nslot idle), slot s taking rows s,
+ * warp each, those past nslot idle; or a block each, in a grid-stride loop,
+ * so that a grid shaped for the warp path, a block for 8 slots, still takes
+ * them all when a row falls to the block path), slot s taking rows s,
  * s + nslot, ..., so that each column of a slot's sums is one thread's. */
 static int
 put_rows_loop(text *t, rows *g)
 {
     if (g->columns) {
-        ags_cg_put(t, "{\nconst long long slot_ = %s;\nif (slot_ < nslot) {\n",
-            g->warp ? "(long long)blockIdx.x * warps_ + threadIdx.x / AGS_WARP_LANES"
-                    : "(long long)blockIdx.x");
+        ags_cg_put(t, g->warp
+            ? "{\nconst long long slot_ = (long long)blockIdx.x * warps_"
+              " + threadIdx.x / AGS_WARP_LANES;\nif (slot_ < nslot) {\n"
+            : "for (long long slot_ = blockIdx.x; slot_ < nslot; slot_ += gridDim.x) {\n{\n");
         put_columns_start(t, g);
         ags_cg_put(t, "for (long long row = slot_; row < rows; row += nslot) {\n");
         if (put_row(t, g) < 0) {

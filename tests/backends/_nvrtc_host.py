@@ -84,16 +84,18 @@ def _build(source: str, key: str) -> ctypes.CDLL:
     return _LIBS[key]
 
 
-def run(desc: tuple, tensors: list, ints: list, function: str = "") -> None:
+def run(desc: tuple, tensors: list, ints: list, function: str = "",
+        blocks: int | None = None) -> None:
     """Runs the kernel of ``desc`` on CPU ``tensors`` (inputs then outputs) with ``ints``
     (sizes, then strides), as the launcher passes them; ``function``: the suffix of
-    one of a row kernel's other functions ("_block", "_kept")."""
+    a row kernel's other function ("_block"); ``blocks``: a grid of that many blocks,
+    where a kernel with column sums gets one a row slot."""
     lib = build(_C.nvrtc_source(desc))
     fn = getattr(lib, desc[0] + function)
     fn.restype = None
     args = [ctypes.c_void_p(t.data_ptr()) for t in tensors]
     args += [ctypes.c_longlong(int(v)) for v in ints]
-    _grid(lib, desc, list(ints), lambda: fn(*args))
+    _grid(lib, desc, list(ints), lambda: fn(*args), blocks)
 
 
 def launcher(desc: tuple):
@@ -112,11 +114,13 @@ def launcher(desc: tuple):
     return launch
 
 
-def _grid(lib: ctypes.CDLL, desc: tuple, ints: list, call) -> None:
+def _grid(lib: ctypes.CDLL, desc: tuple, ints: list, call, blocks: int | None = None
+          ) -> None:
     """``call()`` once, or, for a kernel with column sums, once per row slot (the last
-    int) as that block of the grid."""
-    slots = int(ints[-1]) if kernels.has_columns(desc) else 1
-    for b in range(slots):
-        lib.ags_host_block(ctypes.c_uint(b), ctypes.c_uint(slots))
+    int) as that block of the grid; or as each of ``blocks`` blocks."""
+    if blocks is None:
+        blocks = int(ints[-1]) if kernels.has_columns(desc) else 1
+    for b in range(blocks):
+        lib.ags_host_block(ctypes.c_uint(b), ctypes.c_uint(blocks))
         call()
     lib.ags_host_block(ctypes.c_uint(0), ctypes.c_uint(1))

@@ -417,6 +417,33 @@ def test_column_sums_on_every_path(storage, cols, offset, slots, function):
     _sums_close(gb.sum(0), gf.sum(0), rows)
 
 
+@pytest.mark.parametrize("told,function,offset", [(0, "_block", 0), (64, "", 1)],
+                         ids=["block-function", "told-length-misaligned"])
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_a_grid_smaller_than_the_slots_leaves_none_out_on_the_block_path(
+        told, function, offset, blocks):
+    """On the block path a block takes slot after slot: the grid the launcher shapes
+    for the warp path (a block for 8 slots) still sums every slot's rows where they
+    fall to the block path, as a misaligned row does where the row's length is told
+    (the warp path is then its vector form alone)."""
+    rows, cols, slots = 7, 64, 5
+    desc = column_sums_desc(BF16) + ((told,) if told else ())
+    assert ("its vector form alone" in _C.nvrtc_source(desc)) == bool(told)
+    g = _rows_input((rows, cols), torch.bfloat16, offset)
+    x = _rows_input((rows, cols), torch.bfloat16, offset, 2.0, 1.0)
+    mean, rstd = torch.randn(rows, 1), torch.rand(rows, 1) + 0.5
+    out, row_sum = torch.empty(rows, cols, dtype=torch.bfloat16), torch.empty(rows)
+    gw, gb = torch.full((slots, cols), float("nan")), torch.full((slots, cols), float("nan"))
+    host.run(desc, [g, x, mean, rstd, out, gw, gb, row_sum],
+             [rows, cols, *strides_of(mean, (rows, cols)), *strides_of(rstd, (rows, cols)),
+              slots], function, blocks=blocks)
+    gf = g.float()
+    _rows_close(out, (gf * rstd).bfloat16())
+    _sums_close(row_sum, gf.sum(-1), cols)
+    _sums_close(gw.sum(0), (gf * (x.float() - mean) * rstd).sum(0), rows)
+    _sums_close(gb.sum(0), gf.sum(0), rows)
+
+
 @pytest.mark.parametrize("storage", [F32, BF16])
 @pytest.mark.parametrize("cols", ROW_LENGTHS)
 @ROW_FUNCTIONS
