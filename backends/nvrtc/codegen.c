@@ -22,9 +22,12 @@
  *              (2, ROWS kernels) at the element's index within its row
  *              (the same values for every row, contiguous along it: a
  *              norm's weight), a per-row one (3, ROWS kernels) once a row
- *              at the row's index (a saved row statistic: a row value),
- *              another (0) at the element's linear index (contiguous in
- *              the space)
+ *              at the row's index (a saved row statistic: a row value), a
+ *              row-strided one (4, ROWS kernels; the same along every
+ *              reduced dimension) once a row at sum(index[d] * stride[d])
+ *              over the rows' dimensions, their strides alone passed in (a
+ *              row value too), another (0) at the element's linear index
+ *              (contiguous in the space)
  *     ops      ((kop, ktype, (operand, ...), immediate), ...): instruction
  *              i defines value v<i> of the type ktype computes in
  *     outputs  ((value, ktype, place), ...): stored in that storage
@@ -41,8 +44,9 @@
  *              static, else 0.  The warp path is then made for rows of up
  *              to that length rounded up to 128 (each lane's register
  *              arrays and unrolled loops that long, no longer), or left out
- *              where it is past AGS_NVRTC_WARP_COLS.  Only the code's size
- *              and speed depend on it: rows of any length still take a path
+ *              where it is past AGS_NVRTC_WARP_COLS, and the kernel is one
+ *              function (put_row_functions).  Only the code's size and
+ *              speed depend on it: rows of any length still take a path
  *              that handles them (the block path past the warp path's).
  *
  * The kernel's parameters, in order: the inputs' pointers, the outputs'
@@ -450,24 +454,44 @@ ags_cg_any_strided(const kernel *k)
     return 0;
 }
 
-/* Declares i<lo>..i<hi-1>, the indices of `var` over those dimensions
- * (the last one varying fastest).  `narrow`: var is below 2^32, so the
- * divisions are 32-bit ones, a few instructions where a 64-bit division
- * is a call of a long routine (and, unrolled, much of a kernel's compile). */
-void
-ags_cg_put_indices(text *t, int lo, int hi, const char *var, int narrow)
+static void
+put_divisions(text *t, int lo, int hi, const char *var, const char *q, const char *decl)
 {
-    const char *q = narrow ? "unsigned int" : "long long";
+    ags_cg_put(t, "%s q_ = (%s)%s;\n", q, q, var);
+    for (int d = hi - 1; d > lo; d--) {
+        ags_cg_put(t, "%si%d = q_ %% (%s)n%d; q_ /= (%s)n%d;\n", decl, d, q, d, q, d);
+    }
+    ags_cg_put(t, "%si%d = q_;\n", decl, lo);
+}
 
+/* Declares i<lo>..i<hi-1>, the indices of `var` over those dimensions
+ * (the last one varying fastest).  The divisions are 32-bit ones where
+ * `narrow` is "1" (var is below 2^32), 64-bit ones where it is NULL, and
+ * either where it is a condition that says var is below 2^32 (the same on
+ * every thread: no divergence; both forms are a few lines).  A 32-bit
+ * division is about twenty instructions; a 64-bit one calls a routine of
+ * about a hundred, which a kernel reading a strided operand ran at every
+ * element, and which, unrolled, was much of a row kernel's compile. */
+void
+ags_cg_put_indices(text *t, int lo, int hi, const char *var, const char *narrow)
+{
     if (hi <= lo) {
         return;
     }
-    ags_cg_put(t, "%s q_ = (%s)%s;\n", q, q, var);
-    for (int d = hi - 1; d > lo; d--) {
-        ags_cg_put(t, "const long long i%d = q_ %% (%s)n%d; q_ /= (%s)n%d;\n",
-                   d, q, d, q, d);
+    if (narrow == NULL || strcmp(narrow, "1") == 0) {
+        put_divisions(t, lo, hi, var, narrow ? "unsigned int" : "long long",
+                      "const long long ");
+        return;
     }
-    ags_cg_put(t, "const long long i%d = q_;\n", lo);
+    ags_cg_put(t, "long long i%d", lo);
+    for (int d = lo + 1; d < hi; d++) {
+        ags_cg_put(t, ", i%d", d);
+    }
+    ags_cg_put(t, ";\nif (%s) {\n", narrow);
+    put_divisions(t, lo, hi, var, "unsigned int", "");
+    ags_cg_put(t, "}\nelse {\n");
+    put_divisions(t, lo, hi, var, "long long", "");
+    ags_cg_put(t, "}\n");
 }
 
 /* Marks in `need` the element values that value `v` needs (itself
@@ -657,6 +681,9 @@ put_pointwise(text *t, const kernel *k, char *need)
         ags_cg_put(t, " * n%d", d);
     }
     ags_cg_put(t, ";\n");
+    if (ags_cg_any_strided(k)) {
+        ags_cg_put(t, "const bool narrow_ = total <= 0xffffffffLL;\n");
+    }
     if (ags_cg_put_uniforms(t, k) < 0) {
         return -1;
     }
@@ -670,7 +697,7 @@ put_pointwise(text *t, const kernel *k, char *need)
     ags_cg_put(t, "for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;"
         " i < total; i += (long long)gridDim.x * blockDim.x) {\n");
     if (ags_cg_any_strided(k)) {
-        ags_cg_put_indices(t, 0, k->ndim, "i", 0);
+        ags_cg_put_indices(t, 0, k->ndim, "i", "narrow_");
     }
     memset(need, 0, (size_t)k->n_ops);
     for (int o = 0; o < k->n_out; o++) {

@@ -27,9 +27,9 @@ void ags_cg_put_number(text *t, int type, double x);
 int ags_cg_put_instr(text *t, const kernel *k, int i);
 /* Output o stored at its place: the element's, or the row's (OUT_ROW). */
 void ags_cg_put_store(text *t, const kernel *k, int o);
-/* The indices of dimensions lo..hi-1 from the linear index `var` (below
- * 2^32 where `narrow`). */
-void ags_cg_put_indices(text *t, int lo, int hi, const char *var, int narrow);
+/* The indices of dimensions lo..hi-1 from the linear index `var`, in 32
+ * bits where `narrow` ("1", or a condition; NULL: never). */
+void ags_cg_put_indices(text *t, int lo, int hi, const char *var, const char *narrow);
 /* How many leading dimensions input i's strides cover (0: none passed). */
 int ags_cg_input_strides(const kernel *k, int i);
 /* Marks in need[] the element values value v depends on, itself included,

@@ -91,13 +91,14 @@ typedef struct {
     int columns;        /* how many outputs are column sums */
 } rows;
 
-/* Whether a column's index is below 2^32: always on the warp path (its
- * rows are at most warp_cols long), and on the block path where the row's
- * length is static and short enough. */
-static int
+/* When a column's index is below 2^32 (ags_cg_put_indices): always on the
+ * warp path (its rows are at most warp_cols long) and on the block path
+ * where the row's length is told and short enough; else where cols is. */
+static const char *
 narrow_columns(const rows *g)
 {
-    return g->warp || (g->k->cols > 0 && g->k->cols <= 0xffffffffLL);
+    return g->warp || (g->k->cols > 0 && g->k->cols <= 0xffffffffLL)
+           ? "1" : "cols <= 0xffffffffLL";
 }
 
 /* Whether an input is read once a row through its strides (the row's
@@ -498,7 +499,7 @@ put_row(text *t, rows *g)
     int element_outputs = 0;
 
     if (g->strided || read_through_rows(k)) {
-        ags_cg_put_indices(t, 0, k->ndim - k->nred, "row", 0);
+        ags_cg_put_indices(t, 0, k->ndim - k->nred, "row", NULL);
     }
     for (int i = 0; g->warp && i < k->n_ops; i++) {
         if (g->kept[i]) {

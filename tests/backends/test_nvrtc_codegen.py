@@ -325,6 +325,25 @@ def test_an_input_the_same_along_the_reduced_dimensions_is_read_once_a_row(
     _sums_close(mean, want.sum((2, 3)) * 0.25, hw[0] * hw[1])
 
 
+def test_index_divisions_are_32_bit_where_the_count_allows():
+    """An element's indices (for a strided operand) come from 32-bit divisions where the
+    count is below 2^32, 64-bit ones otherwise: on the condition in a pointwise kernel
+    and on a row kernel's block path, always on the warp path (rows of 1024 at most),
+    and on the block path too where the row's length is told."""
+    pointwise = _C.nvrtc_source(add_relu_scale(F32))
+    assert "const bool narrow_ = total <= 0xffffffffLL;" in pointwise
+    assert "if (narrow_) {\nunsigned int q_ = (unsigned int)i;" in pointwise
+    assert "else {\nlong long q_ = (long long)i;" in pointwise
+    assert "narrow_" not in _C.nvrtc_source(softmax_desc())    # nothing strided
+    untold = _C.nvrtc_source(layer_norm_desc(64))
+    block = _functions(untold)["layer_norm_rows_block_path"]
+    assert "if (cols <= 0xffffffffLL) {\nunsigned int q_ = (unsigned int)c;" in block
+    warp = untold.split("/* the warp path */")[1].split("/* the block path */")[0]
+    assert "unsigned int q_ = (unsigned int)c;" in warp and "(long long)c" not in warp
+    told = _C.nvrtc_source(layer_norm_desc(64) + (64,))
+    assert "unsigned int q_ = (unsigned int)c;" in told and "(long long)c" not in told
+
+
 def test_layer_norm_rows_matches_torch_and_keeps_mean_and_rstd():
     n = 50
     x = torch.randn(8, n) * 3 + 1
