@@ -40,8 +40,10 @@
  *              an element value: each of nslot row slots adds its rows
  *              into its own row of an (nslot, cols) array of float or
  *              double, the caller sums the slots)
- *     cols     optional: the row's length in a ROWS kernel whose sizes are
- *              static, else 0.  The warp path is then made for rows of up
+ *     cols     optional, where the sizes are static (else 0): in a
+ *              POINTWISE kernel the element count, which says whether its
+ *              indices fit 32-bit divisions; in a ROWS kernel the row's
+ *              length.  The warp path is then made for rows of up
  *              to that length rounded up to 128 (each lane's register
  *              arrays and unrolled loops that long, no longer), or left out
  *              where it is past AGS_NVRTC_WARP_COLS, and the kernel is one
@@ -681,7 +683,7 @@ put_pointwise(text *t, const kernel *k, char *need)
         ags_cg_put(t, " * n%d", d);
     }
     ags_cg_put(t, ";\n");
-    if (ags_cg_any_strided(k)) {
+    if (ags_cg_any_strided(k) && k->cols == 0) {
         ags_cg_put(t, "const bool narrow_ = total <= 0xffffffffLL;\n");
     }
     if (ags_cg_put_uniforms(t, k) < 0) {
@@ -697,7 +699,9 @@ put_pointwise(text *t, const kernel *k, char *need)
     ags_cg_put(t, "for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;"
         " i < total; i += (long long)gridDim.x * blockDim.x) {\n");
     if (ags_cg_any_strided(k)) {
-        ags_cg_put_indices(t, 0, k->ndim, "i", "narrow_");
+        /* the count told (static sizes): one form, the one it fits */
+        ags_cg_put_indices(t, 0, k->ndim, "i",
+                           k->cols == 0 ? "narrow_" : k->cols <= 0xffffffffLL ? "1" : NULL);
     }
     memset(need, 0, (size_t)k->n_ops);
     for (int o = 0; o < k->n_out; o++) {

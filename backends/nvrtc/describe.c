@@ -146,8 +146,9 @@ read_instr(kernel *k, int i, PyObject *row)
     return 0;
 }
 
-/* The description's 8th item, the row's length (0: not known), and the
- * warp path's longest row from it. */
+/* The description's 8th item, the static length (0: not known): a row's,
+ * or a pointwise kernel's element count; and the warp path's longest row
+ * from a row's. */
 static int
 read_cols(PyObject *desc, kernel *k)
 {
@@ -159,20 +160,20 @@ read_cols(PyObject *desc, kernel *k)
     }
     item = PyTuple_GET_ITEM(desc, 7);
     if (!PyLong_Check(item)) {
-        PyErr_SetString(PyExc_TypeError, "kernel description: the row's length "
-                        "must be an int");
+        PyErr_SetString(PyExc_TypeError, "kernel description: the static length "
+                        "(a row's, or the element count) must be an int");
         return -1;
     }
     k->cols = PyLong_AsLongLong(item);
     if (k->cols == -1 && PyErr_Occurred()) {
         return -1;
     }
-    if (k->cols < 0 || (k->cols > 0 && k->kind != AGS_KKIND_ROWS)) {
-        PyErr_SetString(PyExc_ValueError, "kernel description: a row's length "
-                        "(0, or positive in a ROWS kernel)");
+    if (k->cols < 0) {
+        PyErr_SetString(PyExc_ValueError, "kernel description: the static length "
+                        "(a row's, or the element count) must be 0 or positive");
         return -1;
     }
-    if (k->cols > 0 && k->cols < AGS_NVRTC_WARP_COLS) {
+    if (k->kind == AGS_KKIND_ROWS && k->cols > 0 && k->cols < AGS_NVRTC_WARP_COLS) {
         k->warp_cols = (int)((k->cols + 127) / 128 * 128);
     }
     return 0;

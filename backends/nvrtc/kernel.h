@@ -63,10 +63,11 @@ typedef struct {
 typedef struct {
     const char *name;
     int kind, ndim, nred;
-    /* The row's length where the description gives it (a ROWS kernel over
-     * static sizes), else 0; and the longest row the warp path takes: that
-     * length rounded up to 128 (a lane's items, a multiple of 4), at most
-     * AGS_NVRTC_WARP_COLS, which it is where the length is not given. */
+    /* Where the description gives it (static sizes), the row's length in a
+     * ROWS kernel, the element count in a POINTWISE one; else 0.  And the
+     * longest row the warp path takes: the row's length rounded up to 128
+     * (a lane's items, a multiple of 4), at most AGS_NVRTC_WARP_COLS, which
+     * it is where the length is not given. */
     long long cols;
     int warp_cols;
     int n_in, n_ops, n_out;

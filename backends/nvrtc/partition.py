@@ -515,10 +515,11 @@ def describe(group: Group, name: str) -> tuple[tuple, Plan]:
             flag = _CONTIGUOUS if _contiguous(node) else _STRIDED
         outs.append((values[node].index, storage, flag))
     kind = KernelKind.ROWS if group.nred else KernelKind.POINTWISE
-    # a row's length where the sizes are static: the warp path's arrays and loops for
-    # that length, or no warp path past it (codegen_rows.c)
-    inner = group.space[group.outer:]
-    cols = math.prod(inner) if group.nred and all(isinstance(d, int) for d in inner) else 0
+    # where the sizes are static, a row's length (the warp path's arrays and loops for
+    # that length, or no warp path past it: codegen_rows.c), or a pointwise kernel's
+    # element count (32-bit index divisions where it allows)
+    inner = group.space[group.outer:] if group.nred else group.space
+    cols = math.prod(inner) if all(isinstance(d, int) for d in inner) else 0
     desc = (name, int(kind), len(group.space), group.nred,
             tuple((int(st), int(s)) for _, st, s in k.inputs), tuple(k.ops), tuple(outs),
             cols)

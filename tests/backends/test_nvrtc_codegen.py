@@ -327,13 +327,24 @@ def test_an_input_the_same_along_the_reduced_dimensions_is_read_once_a_row(
 
 def test_index_divisions_are_32_bit_where_the_count_allows():
     """An element's indices (for a strided operand) come from 32-bit divisions where the
-    count is below 2^32, 64-bit ones otherwise: on the condition in a pointwise kernel
-    and on a row kernel's block path, always on the warp path (rows of 1024 at most),
-    and on the block path too where the row's length is told."""
+    count is below 2^32, 64-bit ones otherwise: in a pointwise kernel by its element
+    count where the description tells it, else on a condition at run time; on a row
+    kernel's warp path always (rows of 1024 at most), on its block path by the row's
+    length, told or tested."""
     pointwise = _C.nvrtc_source(add_relu_scale(F32))
     assert "const bool narrow_ = total <= 0xffffffffLL;" in pointwise
     assert "if (narrow_) {\nunsigned int q_ = (unsigned int)i;" in pointwise
     assert "else {\nlong long q_ = (long long)i;" in pointwise
+    told = _C.nvrtc_source(add_relu_scale(F32) + (35,))
+    assert "narrow_" not in told and "(long long)i;" not in told
+    assert "unsigned int q_ = (unsigned int)i;" in told
+    huge = _C.nvrtc_source(add_relu_scale(F32) + (2 ** 33,))
+    assert "narrow_" not in huge and "unsigned int q_" not in huge
+    assert "long long q_ = (long long)i;" in huge
+    x, b = torch.randn(5, 7), torch.randn(7)
+    out = torch.empty(5, 7)
+    host.run(add_relu_scale(F32) + (35,), [x, b, out], [5, 7, *strides_of(b, (5, 7))])
+    torch.testing.assert_close(out, torch.relu(x + b) * 0.1)
     assert "narrow_" not in _C.nvrtc_source(softmax_desc())    # nothing strided
     untold = _C.nvrtc_source(layer_norm_desc(64))
     block = _functions(untold)["layer_norm_rows_block_path"]
@@ -685,11 +696,11 @@ def test_a_zero_dimensional_space_is_one_element():
     (("k", KK.POINTWISE, 1, 0, ((F32, 4),), (op(K.LOAD, F32, 0),), ((0, F32, 0),)),
      "kernel without rows"),
     (("k", KK.ROWS, 2, 1, ((F32, 0),), (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)),
-      ((1, F32, 3),), -5), "row's length"),
+      ((1, F32, 3),), -5), "static length .* must be 0 or positive"),
     (("k", KK.ROWS, 2, 1, ((F32, 0),), (op(K.LOAD, F32, 0), op(K.SUM, F32, 0)),
-      ((1, F32, 3),), 5.0), "row's length must be an int"),
-    (("k", KK.POINTWISE, 1, 0, ((F32, 0),), (op(K.LOAD, F32, 0),), ((0, F32, 0),), 64),
-     "row's length"),
+      ((1, F32, 3),), 5.0), "static length .* must be an int"),
+    (("k", KK.POINTWISE, 1, 0, ((F32, 0),), (op(K.LOAD, F32, 0),), ((0, F32, 0),), -64),
+     "static length"),
     (("k", KK.POINTWISE, 1, 0, ((F32, 0),), (op(K.LOAD, F32, 0),), ((0, F32, 0),), 0, 1),
      "7 items, or 8"),
 ])
