@@ -754,8 +754,8 @@ ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int warp,
             g.vector = 1;
             failed = put_rows_loop(t, &g) < 0;
         }
-        else {
-            failed = put_path(t, &g, vector) < 0;
+        else {      /* a told length not a multiple of 4: the scalar form alone */
+            failed = put_path(t, &g, vector && k->cols == 0) < 0;
         }
         t->width = width;
         if (failed) {
@@ -770,6 +770,13 @@ ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int warp,
     }
     ags_cg_put(t, "{ /* the block path */\n");
     g.warp = 0;
+    /* with a told length, a vector form the rows cannot take is left out:
+     * where the warp path comes first, rows reach the block path only
+     * misaligned (or of another length than told), and past it, the
+     * length must be a multiple of the vectors' width */
+    if (k->cols > 0 && (warp || k->cols % t->width != 0)) {
+        vector = 0;
+    }
     if (put_path(t, &g, vector) < 0) {
         goto done;
     }
