@@ -371,14 +371,15 @@ def test_the_zoo_trains_like_eager_and_nvrtc_compiles_every_kernel(zoo, name):
     and backward compiles to PTX with NVRTC, and runs on the CPU to eager's loss and
     gradients."""
     from agspeed import _C
-    from agspeed.backends.nvrtc import _libs
+    from agspeed.backends.nvrtc import _libs, kernels
 
     assert _libs.nvrtc()[0] is not None, _libs.nvrtc()[1]
     compiled = []
 
-    def launcher(desc):
+    def launcher(desc):     # with the backend's options
         ptx = _C.nvrtc_compile(_C.nvrtc_source(desc), desc[0] + ".cu",
-                               ("--gpu-architecture=compute_80",), False)
+                               kernels.compile_options("--gpu-architecture=compute_80"),
+                               False)
         compiled.append((desc[1], len(ptx)))
         return host.launcher(desc)
 

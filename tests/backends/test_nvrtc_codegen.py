@@ -735,12 +735,47 @@ ALL = [add_relu_scale(F32), add_relu_scale(BF16), softmax_desc(F16), layer_norm_
 
 @pytest.mark.parametrize("desc", ALL, ids=[d[0] + str(i) for i, d in enumerate(ALL)])
 def test_nvrtc_compiles_each_family_to_ptx_and_cubin(nvrtc, desc):
+    """With the options the backend compiles with (-minimal from NVRTC 12.4 on)."""
+    from agspeed.backends.nvrtc import kernels
+
     source = _C.nvrtc_source(desc)
-    ptx = _C.nvrtc_compile(source, desc[0] + ".cu", ("--gpu-architecture=compute_80",),
-                           False)
+    ptx = _C.nvrtc_compile(source, desc[0] + ".cu",
+                           kernels.compile_options("--gpu-architecture=compute_80"), False)
     assert b".entry " + desc[0].encode() in ptx
-    cubin = _C.nvrtc_compile(source, desc[0] + ".cu", ("--gpu-architecture=sm_90",), True)
+    options = kernels.compile_options("--gpu-architecture=sm_90")
+    assert ("-minimal" in options) == (tuple(nvrtc) >= (12, 4))
+    cubin = _C.nvrtc_compile(source, desc[0] + ".cu", options, True)
     assert cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("ktype", [F32, F64])
+def test_every_instruction_compiles_with_the_backends_options(nvrtc, ktype):
+    """Each instruction, in fp32 and fp64, compiles with the options the backend uses
+    (-minimal leaves part of CUDA's declarations out: none that a kernel uses)."""
+    from agspeed.backends.nvrtc import kernels
+
+    unary = [K.NEG, K.ABS, K.EXP, K.LOG, K.LOG1P, K.EXPM1, K.SQRT, K.RSQRT, K.RECIPROCAL,
+             K.TANH, K.SIGMOID, K.ERF, K.SIN, K.COS, K.FLOOR, K.CEIL, K.TRUNC, K.SIGN,
+             K.RELU]
+    binary = [K.ADD, K.SUB, K.MUL, K.DIV, K.POW, K.MAX, K.MIN]
+    ops = [op(K.LOAD, ktype, 0), op(K.LOAD, ktype, 1)]
+    ops += [op(u, ktype, 0) for u in unary] + [op(b, ktype, 0, 1) for b in binary]
+    ops += [op(c, BOOL, 0, 1) for c in (K.EQ, K.NE, K.LT, K.LE, K.GT, K.GE)]
+    last = len(ops) - 1
+    ops += [op(K.ISNAN, BOOL, 0), op(K.NOT, BOOL, last), op(K.AND, BOOL, last, last - 1),
+            op(K.OR, BOOL, last, last - 1), op(K.WHERE, ktype, last, 0, 1),
+            op(K.CAST, I64, 0)]
+    outs = tuple((i, ops[i][1], 0) for i in range(2, len(ops)))
+    rows = [op(K.LOAD, ktype, 0), op(K.AMIN, ktype, 0), op(K.AMAX, ktype, 0),
+            op(K.SUM, ktype, 0), op(K.CONST, ktype, imm=0.5), op(K.MUL, ktype, 3, 4)]
+    assert {o[0] for o in ops + rows} == set(K)
+    for desc in [("every_op", KK.POINTWISE, 1, 0, ((ktype, 0), (ktype, 0)), tuple(ops),
+                  outs),
+                 ("every_reduction", KK.ROWS, 2, 1, ((ktype, 0),), tuple(rows),
+                  ((1, ktype, 3), (2, ktype, 3), (5, ktype, 3)))]:
+        cubin = _C.nvrtc_compile(_C.nvrtc_source(desc), desc[0] + ".cu",
+                                 kernels.compile_options("--gpu-architecture=sm_90"), True)
+        assert cubin[:4] == b"\x7fELF"
 
 
 ROWS_KERNELS = [softmax_desc(F32), softmax_desc(BF16), softmax_backward_desc(F16),
