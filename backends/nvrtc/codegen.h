@@ -69,6 +69,10 @@ void ags_cg_put_aligned(text *t, const kernel *k);
  * it for rows longer than AGS_NVRTC_WARP_COLS): the name, then this. */
 #define AGS_NVRTC_BLOCK_SUFFIX "_block"
 
+/* codegen_pointwise.c: the body of a POINTWISE kernel; -1 with an
+ * exception set.  need: scratch, n_ops bytes. */
+int ags_cg_put_pointwise(text *t, const kernel *k, char *need);
+
 /* codegen_rows.c: the body of a ROWS kernel: the block path alone (warp
  * 0), or the warp path and, for the rows it does not take, the block path
  * (block_call NULL) or the statement block_call (a call of the block path's
