@@ -76,17 +76,18 @@ class EntryPolicy:
         return live
 
     def at_recompile_limit(self, code: Any, where: str, entries: list,
-                           f_locals: dict) -> Any:
+                           f_locals: dict, passes: int = 0) -> Any:
         """None while ``code`` may be captured again for this frame; else the guard of
         the eager entry that serves the frame's object from now on (said in the
-        ``recompiles`` log).
+        ``recompiles`` log).  ``passes``: entries on top of the limit that are not
+        recompiles (a resume function inside a loop has one per pass).
 
         The count is per object: only the entries captured for the objects this frame
         is called with (its arguments checked by identity, a method's ``self``) count,
         so that optimizing many instances of one class, alive together or one after
         another, does not run the later ones eager."""
         mine = [e for e in entries if _serves(e.guard, f_locals)]
-        if len(mine) + self._evicted.get(code, 0) < config.recompile_limit:
+        if len(mine) + self._evicted.get(code, 0) < config.recompile_limit + passes:
             return None
         _recompiles_log.info("%s hit the recompile limit (%d): it runs eager from now "
                              "on", where, config.recompile_limit)

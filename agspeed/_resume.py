@@ -61,8 +61,10 @@ instructions that are not a plain stack operation or a conditional jump.
 
 from __future__ import annotations
 
+import collections
 import dis
 import functools
+import itertools
 import sys
 import types
 import weakref
@@ -106,6 +108,9 @@ _NULL_BIT_LOADS = {_OP[n] for n in (("LOAD_GLOBAL",) if sys.version_info < (3, 1
 _WITH_CLEANUP = ["PUSH_EXC_INFO", "WITH_EXCEPT_START"]
 _CO_VAR = 0x04 | 0x08  # CO_VARARGS | CO_VARKEYWORDS: a resume function takes a tuple
 _UNRESUMABLE = 0x20 | 0x80 | 0x100 | 0x200  # generators, coroutines
+# The most items a loop broken inside may have left: the runner hands them on as a
+# tuple at every break, and each place in the loop is an entry of the resume function.
+LOOP_ITEMS = 64
 
 
 def decode(code: types.CodeType) -> tuple[list, list, dict]:
@@ -166,9 +171,6 @@ def break_site(code: types.CodeType, root_offset: int) -> BreakSite | str:
                 # (torch._dynamo does not resume there either: it compiles no graph)
                 return "a break under try runs the frame eager (as torch._dynamo does)"
             handler = (where, d, lasti)
-    for row in rows:
-        if 0 <= row[4] <= start < row[0]:
-            return "a break inside a loop runs the frame eager (as torch._dynamo does)"
     op = rows[at][2]
     first = at
     while first > 0 and dis.opname[rows[first - 1][2]] in _CALL_PREFIX \
@@ -191,7 +193,9 @@ class Layout(NamedTuple):
     whose manager ``cls(*args)`` makes anew (the generated code makes and enters one
     around the break instruction, and the resume function another around the rest:
     made in their own code, of constants, so that capturing it assumes nothing of a
-    manager handed in)."""
+    manager handed in), ("iter", slots) the iterator of a ``for`` loop the break is in:
+    the runner hands a tuple of what it had left to yield (each item a slot as above),
+    and the resume function's prologue iterates it."""
 
     stack: tuple
     locals: tuple
@@ -201,8 +205,8 @@ class Layout(NamedTuple):
     def key(self) -> tuple:
         """What the generated code depends on: which stack slots are NULL or a with
         block's exit (the slot itself), which locals are unbound."""
-        return (tuple(s if s[0] == "ctx" else s[0] if s[0] == "null" else "value"
-                      for s in self.stack),
+        return (tuple(s if s[0] == "ctx" else s[0] if s[0] in ("null", "iter")
+                      else "value" for s in self.stack),
                 tuple(s[0] == "unbound" for s in self.locals + self.cells))
 
 
@@ -375,8 +379,33 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
             return ("constant", found)
         return f"a {kind.lower()} value at the break"
 
-    stack, local = [], []
+    def loop_iterator(kind: str, payload: Any) -> tuple | str:
+        # what the loop had left to yield, made a tuple the resume function iterates:
+        # the rest of the capture's elements (ITER: (elements, position)) or of an
+        # iterator it made (spent by this: the capture is over)
+        if kind == "ITER":
+            items = payload[0][payload[1]:]
+        else:
+            try:
+                items = list(itertools.islice(payload, LOOP_ITEMS + 1))
+            except Exception as exc:    # noqa: BLE001 - then the frame runs eager
+                return f"the loop's iterator raised {type(exc).__name__} at the break"
+        if len(items) > LOOP_ITEMS:
+            return f"a loop with more than {LOOP_ITEMS} items left at the break"
+        slots = []
+        for item in items:
+            s = slot("TENSOR" if isinstance(item, builder.node_type) else "CONST", item,
+                     None, False)
+            if isinstance(s, str):
+                return s
+            slots.append(s)
+        return ("iter", tuple(slots))
+
     rows = state["stack"]
+    held = collections.Counter(id(payload[0] if kind == "ITER" else payload)
+                               for kind, payload, _source in (*rows, *state["locals"]))
+    owned = state.get("owned", ())
+    stack, local = [], []
     for i, (kind, payload, source) in enumerate(rows):
         owner = rows[i + 1] if kind == "METHOD" and i + 1 < len(rows) else None
         if kind == "METHOD" and owner is not None and owner[0] in ("LIST", "DICT") \
@@ -387,7 +416,12 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
             continue
         if kind == "METHOD" and (owner is None or owner[0] != "TENSOR"):
             return "a method of a value other than a tensor at the break"
-        s = slot(kind, payload, source, True)
+        if kind == "ITER" and held[id(payload[0])] == 1 or \
+                kind == "CONST" and held[id(payload)] == 1 and id(payload) in owned \
+                and hasattr(type(payload), "__next__") and type(payload) not in DICT_VIEWS:
+            s = loop_iterator(kind, payload)  # a for loop's, held nowhere else
+        else:
+            s = slot(kind, payload, source, True)
         if isinstance(s, str):
             return s
         stack.append(s)
@@ -423,6 +457,75 @@ def _writes_free(code: types.CodeType) -> bool:
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _GENERATED: weakref.WeakSet = weakref.WeakSet()
 _RESUMES: weakref.WeakSet = weakref.WeakSet()  # the resume functions' code objects
+# a resume function's code -> (the code it continues, how many instructions its
+# prologue put before that code's own)
+_ORIGIN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+_LOOPED: weakref.WeakSet = weakref.WeakSet()  # those that start inside a loop
+
+
+def is_resume(code: types.CodeType) -> bool:
+    """True for a resume function's code."""
+    return code in _RESUMES
+
+
+def in_loop(code: types.CodeType) -> bool:
+    """True for a resume function's code that starts inside a loop: it is called
+    once per pass, each pass with its own values (the items left, the loop's
+    variables), so each pass is an entry of its own rather than a recompile."""
+    return code in _LOOPED
+
+
+def _in_loop(code: types.CodeType, at: int) -> bool:
+    """Whether instruction ``at`` of ``code`` lies inside a loop (a jump backwards
+    passes over it)."""
+    rows = _C.decode(code)
+    start = rows[at][0]
+    return any(0 <= row[4] <= start < row[0] for row in rows)
+
+
+def original(code: types.CodeType, offset: int) -> tuple | None:
+    """For a break at byte ``offset`` of a resume function's ``code``: the user's code
+    it continues, the offset of the same instruction there, and how many instructions
+    prologues put before it in ``code`` (``(base, offset, shift)``); None where
+    ``code`` is not a resume function or the offset is in a prologue.
+
+    A break in a resume function then resumes as a break of the user's code would: its
+    resume functions are those the user's code has for that place (a loop's every pass
+    after the first breaks in one resume function, whose code is made once)."""
+    if code not in _ORIGIN:
+        return None
+    rows = _C.decode(code)
+    at = next((i for i, r in enumerate(rows) if r[1] == offset), None)
+    total = 0
+    while at is not None and code in _ORIGIN:
+        code, shift = _ORIGIN[code]
+        if at < shift:
+            return None
+        at, total = at - shift, total + shift
+    if at is None:
+        return None
+    return code, _C.decode(code)[at][1], total
+
+
+def offset_in(code: types.CodeType, base: types.CodeType, offset: int,
+              shift: int) -> int:
+    """The byte offset in the resume function ``code`` of the instruction at
+    ``offset`` of ``base``, which ``code``'s prologues moved ``shift`` on."""
+    at = next(i for i, r in enumerate(_C.decode(base)) if r[1] == offset)
+    return _C.decode(code)[at + shift][1]
+
+
+def original_state(state: dict, code: types.CodeType, base: types.CodeType) -> dict:
+    """A resume function's stopped ``state`` as ``base``'s frame would hold it there:
+    ``base``'s locals, then its cells, without the parameters the prologues took."""
+    if code is base:
+        return state
+    cells = len(_cell_only(base))
+    rows = state["locals"]
+    return dict(state, locals=rows[:base.co_nlocals] +
+                rows[code.co_nlocals:code.co_nlocals + cells])
 
 
 def is_generated(code: types.CodeType) -> bool:
@@ -464,6 +567,12 @@ def _is_ctx(kind: Any) -> bool:
     return type(kind) is tuple
 
 
+def _is_param(kind: Any) -> bool:
+    """Whether a stack slot of this kind is handed over as a parameter (a NULL or a
+    with block's exit is made anew)."""
+    return kind in ("value", "iter")
+
+
 def _leave(out: list, count: int, none: int, pos: Any) -> None:
     """Call ``count`` with-block exits lying under the top value, innermost first,
     with no exception (``exit(None, None, None)``, the way a block's normal end calls
@@ -484,7 +593,7 @@ def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handle
     original instructions moved (their index in the new code is theirs plus this)."""
     nv = code.co_nlocals
     cells = _cell_only(code)
-    nstack = sum(1 for kind in kinds if kind == "value")
+    nstack = sum(1 for kind in kinds if _is_param(kind))
     shift_slots = len(cells) + nstack   # parameters added before the cell slots
     consts = list(code.co_consts)
     pos = instrs[target][3]
@@ -513,6 +622,8 @@ def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handle
             _enter(pro, kind, consts, pos)
             continue
         pro.append((_OP["LOAD_FAST"], nv + k, _NO_OP, pos))
+        if kind == "iter":          # the items the loop had left
+            pro.append((_OP["GET_ITER"], 0, _NO_OP, pos))
         k += 1
     shift = len(pro) + 1
     pro.append((_OP["JUMP_FORWARD"], 0, target + shift, pos))
@@ -529,6 +640,9 @@ def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handle
         "co_nlocals": len(varnames), "co_consts": tuple(consts),
         "co_flags": code.co_flags & ~_CO_VAR})
     _RESUMES.add(new)
+    _ORIGIN[new] = (code, shift)
+    if _in_loop(code, target):
+        _LOOPED.add(new)
     closure = tuple(types.CellType() for _ in code.co_freevars) or None
     return types.FunctionType(new, f_globals, name, None, closure), shift
 
@@ -625,6 +739,8 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
     ctxs = [j for j, kind in enumerate(kinds) if _is_ctx(kind)]
     if any(j >= keep for j in ctxs):
         raise ValueError("a with block's exit among the break instruction's operands")
+    if "iter" in kinds[keep:]:
+        raise ValueError("a loop's iterator among the break instruction's operands")
     if site.handler is not None and site.handler[1] > keep:
         raise ValueError("an exception handler keeping the break instruction's operands")
     resumes = []
@@ -640,7 +756,7 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
     params = []                     # parameter index of each non-NULL stack slot
     for kind in kinds:
         params.append(nv + sum(1 for p in params if p is not None)
-                      if kind == "value" else None)
+                      if _is_param(kind) else None)
     for j in ctxs:
         _enter(out, kinds[j], consts, pos0)
     for j in range(keep, depth):
@@ -703,8 +819,9 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
 
 def _consumed(instrs: list, site: BreakSite, depth: int, kinds: tuple) -> int:
     """How many stack slots, from the top, the break instructions read: a call's
-    callable and arguments, a branch's condition; all of them for anything else
-    (then no NULL or with-block exit may be among them)."""
+    callable and arguments, a branch's condition, an operator's operands; all of them
+    for anything else (then no NULL, with-block exit or loop iterator may be among
+    them)."""
     op, arg = instrs[site.last][0], instrs[site.last][1]
     if site.branch:
         return 1
@@ -715,25 +832,71 @@ def _consumed(instrs: list, site: BreakSite, depth: int, kinds: tuple) -> int:
         return arg + 3              # ... and the tuple of keyword names (3.13)
     if name == "CALL_FUNCTION_EX":
         return 3 + (arg & 1)        # NULL, callable, args tuple, kwargs dict
+    if name in _POPS and _POPS[name] <= depth:
+        return _POPS[name]
     if any(kind != "value" for kind in kinds):  # (a with block's exit is not "value")
-        raise ValueError("a NULL or a with block's exit on the stack at a break that is "
-                         "not a call")
+        raise ValueError("a NULL, a with block's exit or a loop's iterator on the stack "
+                         "at a break that is not a call")
     return depth
 
 
+# How many values an instruction a break code runs takes from the stack, where that
+# does not depend on its argument (the rest take everything there is).
+_POPS = {"UNARY_NEGATIVE": 1, "UNARY_NOT": 1, "UNARY_INVERT": 1, "TO_BOOL": 1,
+         "GET_ITER": 1, "GET_LEN": 1, "UNPACK_SEQUENCE": 1, "LOAD_ATTR": 1,
+         "BINARY_OP": 2, "BINARY_SUBSCR": 2, "COMPARE_OP": 2, "CONTAINS_OP": 2,
+         "IS_OP": 2, "STORE_ATTR": 2, "DELETE_SUBSCR": 2, "STORE_SUBSCR": 3,
+         "BINARY_SLICE": 3, "STORE_SLICE": 4}
+
+
+class _Then(NamedTuple):
+    """What a resume function's runner returns instead of calling its break function:
+    the call the runner of the frame that began the chain makes next.  A chain of
+    breaks (one per pass of a loop) thus runs at one depth of Python frames."""
+
+    fn: Any
+    args: tuple
+
+
+_NAMES = ("output", "constant", "local", "unbound", "source", "iter", "weak")
+
+
+def _plan(slot: tuple) -> tuple:
+    """(kind's index, what to read) of a layout's slot.  A module held as a constant
+    (a loop's block left to call) is held weakly: an entry must not keep a model
+    alive, and its guard fails once the module is gone (it checks it by identity)."""
+    if slot[0] == "iter":
+        return 5, tuple(_plan(s) for s in slot[1])
+    if slot[0] == "constant" and _is_module(slot[1]):
+        return 6, weakref.ref(slot[1])
+    return _NAMES.index(slot[0]), slot[1] if len(slot) > 1 else None
+
+
+def _is_module(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.nn.Module)
+
+
+def _items(plan: tuple, outs: Any) -> tuple:
+    """The tuple of a loop's items left (a plan of outputs and constants)."""
+    return tuple(outs[v] if k == 0 else v if k == 1 else v() if k == 6 else _items(v, outs)
+                 for k, v in plan)
+
+
 def runner(graph: Any, read: Any, layout: Layout, fn: Any, resumes: list = (),
-           free: tuple = ()) -> Any:
+           free: tuple = (), chained: bool = False) -> Any:
     """The compiled callable of a resumed frame's CALL entry: run ``graph`` on the
     inputs ``read`` gathers, rebuild the locals and stack from its outputs, the
     frame's locals and constants, and call the break function ``fn`` with them
     (through the hook, so the resume functions it calls are captured).  For code
     with free variables (``free``, their names), each call makes the ``resumes``
-    anew over cells holding the values the frame started with."""
+    anew over cells holding the values the frame started with.
+
+    ``chained``: the frame is a resume function's, called by a break function only,
+    whose caller is a runner: the call is handed back to that runner (``_Then``)."""
     from agspeed._sources import resolve
 
-    names = ("output", "constant", "local", "unbound", "source")
-    plan = tuple((names.index(s[0]), s[1] if len(s) > 1 else None)
-                 for s in layout.locals + layout.cells + layout.stack
+    plan = tuple(_plan(s) for s in layout.locals + layout.cells + layout.stack
                  if s[0] not in ("null", "ctx"))
     sourced = tuple(dict.fromkeys(v for k, v in plan if k == 4))
     made = [(r.__code__, r.__name__) for r in resumes] if free else []
@@ -745,13 +908,18 @@ def runner(graph: Any, read: Any, layout: Layout, fn: Any, resumes: list = (),
             resolve(source, f_locals, f_globals, f_builtins, memo)
         outs = graph(*read(f_locals, f_globals, f_builtins))
         args = tuple(outs[v] if k == 0 else v if k == 1 else f_locals[v] if k == 2
-                     else memo[v] if k == 4 else None
-                     for k, v in plan)
+                     else memo[v] if k == 4 else _items(v, outs) if k == 5
+                     else v() if k == 6 else None for k, v in plan)
         if made:
             closure = tuple(types.CellType(f_locals[n]) if n in f_locals
                             else types.CellType() for n in free)
             args += tuple(types.FunctionType(c, f_globals, n, None, closure)
                           for c, n in made)
-        return _C.call_user(fn, args)
+        if chained:
+            return _Then(fn, args)
+        result = _C.call_user(fn, args)
+        while type(result) is _Then:
+            result = _C.call_user(result.fn, result.args)
+        return result
 
     return run

@@ -47,6 +47,8 @@ from agspeed import _C, _roots, log
 from agspeed._compile import compiled_entry
 from agspeed._policy import EntryPolicy, RecompileRecord, recompiles, widened
 from agspeed._policy import clear as _clear_policy
+from agspeed._resume import LOOP_ITEMS as _LOOP_PASSES
+from agspeed._resume import in_loop as _resume_in_loop
 from agspeed._resume import is_generated as is_break_code
 from agspeed.errors import GraphBreakError
 from agspeed.guards.state import in_transform
@@ -293,7 +295,9 @@ class Context:
         # Each context counts its own entries: another optimized object's recompiles of
         # this code are not this one's.
         entries = self.policy.drop_gone(code, _entries(code, self))
-        limited = self.policy.at_recompile_limit(code, where, entries, f_locals)
+        looped = _resume_in_loop(code)
+        limited = self.policy.at_recompile_limit(code, where, entries, f_locals,
+                                                 looped * _LOOP_PASSES)
         if limited is not None:
             self._observe("eager", code, "recompile limit")
             # unsigned: it serves the object's frames of every signature
@@ -305,7 +309,8 @@ class Context:
         if brk is not None and self.options.get("fullgraph"):
             raise self._graph_break_error(code, where, brk)
         not_resumed = ""
-        if brk is not None and _recurs_with_new_values(guard, entries, shapes):
+        if brk is not None and not looped and \
+                _recurs_with_new_values(guard, entries, shapes):
             # a value the resumed entries relied on changes from call to call (a
             # counter): each would recapture, so the frame runs eager for all of them
             not_resumed = " (not resumed: a plain value it read changes between calls)"
@@ -360,17 +365,21 @@ class Context:
         from agspeed._sources import resolve
         from agspeed._tensor_check import arg_check
 
-        site = _resume.break_site(code, brk.root_offset)
+        # a resume function's break resumes in the user's code's resume functions
+        base, offset, shift = _resume.original(code, brk.root_offset) or \
+            (code, brk.root_offset, 0)
+        site = _resume.break_site(base, offset)
         if not isinstance(site, str):
-            stopped = capture(code, f_locals, f_globals, f_builtins, shapes,
-                              stop_at=site.offset)
+            stop = site.offset if base is code else \
+                _resume.offset_in(code, base, site.offset, shift)
+            stopped = capture(code, f_locals, f_globals, f_builtins, shapes, stop_at=stop)
             site = "capture did not reach the break again" \
                 if not isinstance(stopped, Stopped) else site
         if not isinstance(site, str):
             builder = stopped.builder
             memo: dict = {}
             layout = _resume.layout_of(
-                stopped.state, code, builder,
+                _resume.original_state(stopped.state, code, base), base, builder,
                 lambda src: resolve(src, f_locals, f_globals, f_builtins, memo))
             site = layout if isinstance(layout, str) else site
         if isinstance(site, str):
@@ -389,7 +398,7 @@ class Context:
         guard = _guard(torch, builder, f_locals, code)
         guard.break_at = getattr(brk_guard, "break_at", None)
         try:
-            fn, resumes = _resume.generated(code, f_globals, site, layout)
+            fn, resumes = _resume.generated(base, f_globals, site, layout)
         except ValueError as exc:   # a layout the generated code cannot rebuild
             return str(exc)
         cap = Capture(gm, builder.read_sources, guard, builder.example_inputs(), effects,
@@ -404,7 +413,8 @@ class Context:
             graph = replay(effects, cap.n_inputs, graph)
         self._note_break(code, where, brk)
         self._observe("resume", code, (brk, [r.__code__ for r in resumes]))
-        run = _resume.runner(graph, guard.read, layout, fn, resumes, code.co_freevars)
+        run = _resume.runner(graph, guard.read, layout, fn, resumes, code.co_freevars,
+                             chained=_resume.is_resume(code))
         signed = guard.sym is None
         entry = _C.CacheEntry(_C.ACTION_CALL, guard=guard, compiled=run, context=self,
                               signed=signed,

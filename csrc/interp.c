@@ -688,7 +688,7 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
     }
     if (rc == AGS_STOPPED) {
         out = Py_BuildValue("{s:s,s:N,s:O}", "status", "stopped", "state",
-                            ags_frame_state(&f), "assumptions",
+                            ags_frame_state(&it, &f), "assumptions",
                             it.assumptions);
     }
 done:

@@ -310,9 +310,10 @@ int ags_truth(ags_interp *it, const ags_value *v, int *truth);
 int ags_elements(ags_interp *it, const ags_value *v, PyObject **elems);
 
 /* interp_resume.c */
-/* New reference: {"stack": [...], "locals": [...], "cells": bool}, each
- * value as (kind name, payload, source). */
-PyObject *ags_frame_state(const ags_frame *f);
+/* New reference: {"stack": [...], "locals": [...], "cells": bool,
+ * "owned": frozenset}, each value as (kind name, payload, source); owned:
+ * the ids of the objects this capture made. */
+PyObject *ags_frame_state(ags_interp *it, const ags_frame *f);
 /* builder.stop_at into *out when the builder has one (else *out is left
  * alone).  0, or -1 with an exception set. */
 int ags_stop_at(PyObject *builder, int *out);

@@ -49,17 +49,20 @@ export_values(const ags_value *values, int n)
 }
 
 PyObject *
-ags_frame_state(const ags_frame *f)
+ags_frame_state(ags_interp *it, const ags_frame *f)
 {
     int cells = 0;
 
     for (int i = 0; f->cells != NULL && i < f->nlocals; i++) {
         cells |= f->cells[i] != NULL;
     }
-    return Py_BuildValue("{s:N,s:N,s:O}", "stack",
+    /* the objects the capture made, which the stopped capture leaves to
+     * the caller (a loop's iterator: what it has left is handed on) */
+    return Py_BuildValue("{s:N,s:N,s:O,s:N}", "stack",
                          export_values(f->stack, f->sp), "locals",
                          export_values(f->locals, f->nlocals), "cells",
-                         cells ? Py_True : Py_False);
+                         cells ? Py_True : Py_False, "owned",
+                         PyFrozenSet_New(it->owned));
 }
 
 /* builder.stop_at, when it has one: the root offset to stop before. */

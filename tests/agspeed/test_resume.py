@@ -194,21 +194,6 @@ def test_break_inside_an_inlined_callee():
         torch.testing.assert_close(grads[n], p.grad)
 
 
-def looping(x):
-    for i in range(3):
-        x = x * 2
-        print(i)
-    return x
-
-
-def test_break_inside_a_loop_runs_the_frame_eager():
-    report = agspeed.explain(looping, torch.randn(3))
-    assert report.graph_count == 0 == dynamo_graphs(looping, torch.randn(3))
-    assert not report.resume_functions
-    x = torch.randn(3)
-    torch.testing.assert_close(agspeed.optimize(looping)(x), looping(x))
-
-
 def test_second_call_is_all_cache_hits():
     fast = agspeed.optimize(printing)
     fast(torch.randn(6))
@@ -379,8 +364,10 @@ def breaks_twice(x):
 
 def test_a_resume_functions_own_break_resumes_again():
     report = check(breaks_twice, vec, 3)
-    assert any(name.startswith("resume_in_resume_in_breaks_twice")
-               for name in report.resume_functions)
+    # resumed where the user's code would be: a resume function of breaks_twice
+    mine = {name for name in report.resume_functions if "breaks_twice" in name}
+    assert len(mine) == 2
+    assert all(name.startswith("resume_in_breaks_twice_at_") for name in mine)
     fast = agspeed.optimize(breaks_twice)
     fast(torch.randn(6))
     _C.reset_counters()

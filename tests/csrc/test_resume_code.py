@@ -104,11 +104,29 @@ def looping(n):
     return total
 
 
-def test_a_break_in_a_loop_is_not_resumed():
+def test_a_break_in_a_loop_has_a_site():
     out = _C.capture(looping.__code__, {"n": 3}, looping.__globals__, builtins.__dict__,
                      Stopper(), T)
     assert out["status"] == "break"
-    assert "loop" in _resume.break_site(looping.__code__, out["root_offset"])
+    site = _resume.break_site(looping.__code__, out["root_offset"])
+    assert isinstance(site, _resume.BreakSite) and not site.branch
+
+
+def test_a_stopped_capture_says_which_objects_it_made():
+    out = _C.capture(looping.__code__, {"n": 3}, looping.__globals__, builtins.__dict__,
+                     Stopper(), T)
+    site = _resume.break_site(looping.__code__, out["root_offset"])
+    builder = Stopper()
+    builder.stop_at = site.offset
+    out = _C.capture(looping.__code__, {"n": 3}, looping.__globals__, builtins.__dict__,
+                     builder, T)
+    assert out["status"] == "stopped"
+    state = out["state"]
+    assert isinstance(state["owned"], frozenset)
+    kinds = [row[0] for row in state["stack"]]
+    assert kinds[0] == "ITER"      # range(n)'s elements, the loop one pass in
+    elements, position = state["stack"][0][1]
+    assert elements == (0, 1, 2) and position == 1
 
 
 class Log:
@@ -272,3 +290,25 @@ def counts():
 
 def test_a_write_to_an_enclosing_functions_variable_is_not_resumed():
     assert "enclosing" in _resume.break_site(counts().__code__, 0)
+
+
+def test_a_loop_resumes_with_the_items_it_had_left():
+    result, _fn, resumes = resumed(looping, n=12)
+    assert result == looping(12)
+    first = resumes[0].__code__
+    assert _resume.is_resume(first) and _resume.in_loop(first)
+    # the resume function iterates the tuple it is handed: pass one of twelve, so
+    # eleven left, with the first pass's state
+    assert first.co_argcount == first.co_nlocals
+
+
+def summing(xs):
+    total = 0
+    for x in xs:
+        total += len(str(x))
+    return total
+
+
+def test_a_loop_over_a_list_resumes_with_its_items():
+    result, _fn, _r = resumed(summing, xs=[1, 22, 333, 4444])
+    assert result == summing([1, 22, 333, 4444])

@@ -1,0 +1,314 @@
+"""Graph breaks inside loops (agspeed/_resume.py): the frame is captured up to the
+break, and the rest of the pass, the passes after it and the code after the loop are
+captured in the resume function of that place.  A ``for`` loop's iterator crosses as
+the tuple of what it had left; every pass after the first breaks in the same resume
+function code, one entry per pass; a chain of passes runs at one depth of Python
+frames.  Results, gradients and types equal eager's."""
+
+import gc
+import sys
+import weakref
+
+import pytest
+
+import agspeed
+from agspeed import _C, _resume
+
+try:
+    import torch
+except ImportError:  # collected on torch-free Pythons, deselected there by -m "not torch"
+    torch = None
+
+pytestmark = pytest.mark.torch
+
+DEPTHS: list = []
+
+
+def _break():
+    print("", end="")   # noqa: T201 - a call the capture does not model
+
+
+def _depth():
+    DEPTHS.append(len(_frames()))
+
+
+def _frames():
+    frames, f = [], sys._getframe()
+    while f is not None:
+        frames.append(f)
+        f = f.f_back
+    return frames
+
+
+def compare(fn, make_args, calls=2):
+    """fn optimized against fn eager on fresh inputs: values, types, gradients."""
+    fast = agspeed.optimize(fn)
+    for _ in range(calls):
+        args = make_args()
+        refs = [a.detach().clone().requires_grad_(a.requires_grad)
+                if isinstance(a, torch.Tensor) else
+                [t.detach().clone().requires_grad_(t.requires_grad) for t in a]
+                for a in args]
+        out, ref = fast(*args), fn(*refs)
+        assert type(out) is type(ref)
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        for a, r in zip(args, refs):
+            for t, u in zip(a if isinstance(a, list) else [a],
+                            r if isinstance(r, list) else [r]):
+                if t.requires_grad:
+                    torch.testing.assert_close(t.grad, u.grad)
+    return fast
+
+
+def vec():
+    return (torch.randn(6, requires_grad=True),)
+
+
+def over_range(x):
+    for i in range(4):
+        x = x * 2 + i
+        _break()
+    return x.sin()
+
+
+def resume_codes(name):
+    return {c for c in list(_resume._RESUMES) if c.co_name == name}
+
+
+def test_a_break_in_a_for_loop_resumes_in_one_resume_function():
+    report = agspeed.explain(over_range, *vec())
+    # the frame up to the first pass's break, then a graph for each pass after it
+    # (with the rest of the pass before), then the rest of the last pass and the sin
+    assert report.graph_count == 5
+    assert report.ops_per_graph[-1] == ["Tensor.sin"]
+    assert all(ops == ["operator.mul", "operator.add"] for ops in report.ops_per_graph[:4])
+    names = {name for name in report.resume_functions}
+    assert len(names) == 1
+    assert len(resume_codes(names.pop())) == 1
+    compare(over_range, vec)
+
+
+def test_every_pass_hits_the_cache_on_the_second_call():
+    fast = agspeed.optimize(over_range)
+    fast(*vec())
+    _C.reset_counters()
+    fast(*vec())
+    counters = _C.counters()
+    assert counters["cache_misses"] == 0, counters
+    assert counters["cache_hits"] >= 5       # the frame and four passes
+
+
+def while_loop(x):
+    n = 0
+    while n < 3:
+        x = x + n
+        _break()
+        n += 1
+    return x * 3
+
+
+def test_a_break_in_a_while_loop():
+    report = agspeed.explain(while_loop, *vec())
+    assert report.graph_count == 4
+    assert report.ops_per_graph[-1] == ["operator.mul"]
+    compare(while_loop, vec)
+
+
+def branchy(x):
+    for _ in range(3):
+        if x.sum() > 0:     # a branch on a tensor's value: the condition breaks
+            x = x - 1
+        else:
+            x = x * -2
+    return x
+
+
+def test_a_data_dependent_branch_in_a_loop():
+    report = agspeed.explain(branchy, *vec())
+    assert report.graph_count >= 4
+    fast = compare(branchy, vec, calls=4)
+    for start in (5.0, -5.0, 0.4):
+        x = torch.full((6,), start)
+        torch.testing.assert_close(fast(x), branchy(x))
+
+
+def over_tensors(x, ys):
+    for i, y in enumerate(ys):
+        x = x * y + i
+        _break()
+    return x
+
+
+def test_items_left_that_are_graph_values():
+    def make():
+        return torch.randn(5, requires_grad=True), [torch.randn(5, requires_grad=True)
+                                                    for _ in range(3)]
+    report = agspeed.explain(over_tensors, *make())
+    assert report.graph_count == 3     # the last pass's rest computes nothing
+    compare(over_tensors, make)
+
+
+def nested(x):
+    for i in range(2):
+        for j in range(2):
+            x = x + i * j + 1
+            _break()
+        x = x.cos()
+    return x
+
+
+def test_a_break_in_an_inner_loop():
+    report = agspeed.explain(nested, *vec())
+    assert report.graph_count == 5
+    compare(nested, vec)
+
+
+def comprehension(xs):
+    return torch.stack([(_break(), x * 2)[1] for x in xs]).sum(0)
+
+
+def test_a_break_in_a_comprehension():
+    compare(comprehension, lambda: ([torch.randn(3, requires_grad=True)
+                                     for _ in range(3)],))
+
+
+def under_no_grad(x):
+    with torch.no_grad():
+        for _ in range(3):
+            x = x * 2
+            _break()
+    return x + 1
+
+
+def test_a_break_in_a_loop_in_a_with_block():
+    fast = agspeed.optimize(under_no_grad)
+    for _ in range(2):
+        x = torch.randn(4, requires_grad=True)
+        out, ref = fast(x), under_no_grad(x)
+        torch.testing.assert_close(out, ref)
+        assert not out.requires_grad and not ref.requires_grad
+        assert torch.is_grad_enabled()
+        y = torch.randn(4, requires_grad=True)
+        assert (fast(y) * y).requires_grad      # grad mode back on after the block
+
+
+def long_loop(x):
+    for _ in range(_resume.LOOP_ITEMS + 5):
+        x = x + 1
+        _break()
+    return x
+
+
+def test_a_loop_with_too_many_items_left_runs_eager():
+    report = agspeed.explain(long_loop, torch.zeros(2))
+    assert report.graph_count == 0
+    torch.testing.assert_close(agspeed.optimize(long_loop)(torch.zeros(2)),
+                               long_loop(torch.zeros(2)))
+
+
+def deep(x):
+    for _ in range(40):
+        x = x + 1
+        _depth()
+    return x
+
+
+def test_passes_run_at_one_depth():
+    fast = agspeed.optimize(deep)
+    for _ in range(2):      # the capturing call and the cached one
+        DEPTHS.clear()
+        torch.testing.assert_close(fast(torch.zeros(2)), torch.full((2,), 40.0))
+        assert len(DEPTHS) == 40
+        assert max(DEPTHS) - min(DEPTHS) <= 4, DEPTHS
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(_frames()) + 60)
+    try:
+        torch.testing.assert_close(fast(torch.zeros(2)), torch.full((2,), 40.0))
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+class Block(torch.nn.Module if torch is not None else object):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x).relu()
+
+
+class Stack(torch.nn.Module if torch is not None else object):
+    """A root calling blocks with forward hooks in a loop (FSDP's shape)."""
+
+    def __init__(self, n=6):
+        super().__init__()
+        self.inp = torch.nn.Linear(8, 8)
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(n))
+        self.out = torch.nn.Linear(8, 3)
+        for b in self.blocks:
+            b.register_forward_pre_hook(lambda m, a: _break())
+
+    def forward(self, x):
+        h = self.inp(x) * 2
+        for block in self.blocks:
+            h = block(h) + h
+        return self.out(h).log_softmax(-1)
+
+
+def test_a_root_calling_hooked_blocks_in_a_loop_is_captured():
+    torch.manual_seed(0)
+    model, twin = Stack(), Stack()
+    report = agspeed.explain(model, torch.randn(4, 8))
+    # the root: before the loop, a graph a pass (the residual add), the head;
+    # every block's own forward
+    assert report.graph_count == 1 + 6 + 6
+    for m in (model, twin):     # another instance's own modules, not the first's
+        fast = agspeed.optimize(m)
+        for _ in range(2):
+            x = torch.randn(4, 8)
+            m.zero_grad()
+            fast(x).sum().backward()
+            grads = [p.grad.clone() for p in m.parameters()]
+            m.zero_grad()
+            ref = m(x)
+            ref.sum().backward()
+            torch.testing.assert_close(fast(x), ref)
+            for g, p in zip(grads, m.parameters()):
+                torch.testing.assert_close(g, p.grad)
+
+
+def test_the_loops_values_are_not_kept():
+    fast = agspeed.optimize(over_tensors)
+    ys = [torch.randn(5) for _ in range(3)]
+    x = torch.randn(5)
+    fast(x, ys)
+    gc.collect()
+    refs = [sys.getrefcount(y) for y in ys]
+    out = fast(x, ys)
+    assert gc.collect() == 0        # no cycles made per call (they would hold tensors)
+    now = [sys.getrefcount(y) for y in ys]
+    assert now == refs
+    gone = weakref.ref(out)
+    del out
+    assert gone() is None
+    model = Stack(3)
+    fast_model = agspeed.optimize(model)
+    for _ in range(3):
+        fast_model(torch.randn(2, 8))
+    gc.collect()
+    # a block is held by the layout of its pass (the constant its guard checks),
+    # not once more per call
+    block = model.blocks[1]
+    after = sys.getrefcount(block)
+    for _ in range(3):
+        fast_model(torch.randn(2, 8))
+    assert gc.collect() == 0
+    now = sys.getrefcount(block)
+    assert now == after
+    gone = weakref.ref(block)
+    del block
+    del model, fast_model
+    gc.collect()
+    assert gone() is None           # the cache does not keep the model alive
