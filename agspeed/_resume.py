@@ -45,12 +45,20 @@ instructions' cell and free slots move past the added parameters.  Argument-less
 ``super()`` works, as it finds ``__class__`` among the free variables and ``self`` in
 the first slot.
 
-A resume function's own break resumes again (its generated parameters are named past
-those it has: a local is read by its name).
+A resume function's own break resumes where the user's code would: the offset maps
+back to the original code (the prologue is all a resume function adds), and the break
+code and resume functions are the original's for that place (``original``).
+
+Loops.  A break inside a loop resumes (torch._dynamo runs such a frame eager).  A ``for``
+loop's iterator crosses as the tuple of the items it had left, which the resume
+function's prologue iterates; every later pass breaks in that resume function and
+resumes in it again, one entry per pass.  The runner of a resume function hands the
+call it would make back to the runner that began the chain (``_Then``), so the passes
+run at one depth of Python frames.
 
 What is refused (the frame then runs eager as before, and says why), matching
-torch._dynamo where it has a rule: a break inside a loop (torch._dynamo skips such a
-frame: graph counts stay equal), under ``try`` whose handler is not a with block's
+torch._dynamo where it has a rule: a loop with more than ``LOOP_ITEMS`` items left at
+the break, under ``try`` whose handler is not a with block's
 (torch._dynamo compiles no graph there either), in a with block of a manager the
 builder does not model (a user's ``__enter__``/``__exit__``), in code that writes a
 variable of an enclosing function (the resume function's cells are its own), a local
@@ -167,6 +175,8 @@ def break_site(code: types.CodeType, root_offset: int) -> BreakSite | str:
             where = next((i for i, r in enumerate(rows) if r[0] == h), None)
             if where is None:
                 return "an exception handler at no instruction"
+            if _restores_comprehension(rows, where, code):
+                continue        # nothing to restore in a frame the exception leaves
             if [dis.opname[r[2]] for r in rows[where:where + 2]] != _WITH_CLEANUP:
                 # (torch._dynamo does not resume there either: it compiles no graph)
                 return "a break under try runs the frame eager (as torch._dynamo does)"
@@ -182,6 +192,25 @@ def break_site(code: types.CodeType, root_offset: int) -> BreakSite | str:
             or op in _NULL_LOADS or (op in _NULL_BIT_LOADS and rows[at][3] & 1):
         return f"{dis.opname[op]} cannot be run by a break code"
     return BreakSite(first, at, rows[first][1], False, handler)
+
+
+_RESTORING = {"SWAP", "POP_TOP", "STORE_FAST", "STORE_FAST_STORE_FAST"}
+
+
+def _restores_comprehension(rows: list, where: int, code: types.CodeType) -> bool:
+    """Whether the handler at row ``where`` only puts back the variables an inlined
+    comprehension (3.12 on) hid, and re-raises, with no handler of its own: the break
+    code, running its instruction without it, lets the exception leave the frame as
+    it would (the variables it would put back are the leaving frame's)."""
+    names = []
+    for row in rows[where:]:
+        names.append(dis.opname[row[2]])
+        if names[-1] not in _RESTORING:
+            break
+    if names[:2] != ["SWAP", "POP_TOP"] or names[-1] != "RERAISE":
+        return False
+    start = rows[where][0]
+    return not any(s <= start < e for s, e, _h, _d, _l in _C.exception_table(code))
 
 
 class Layout(NamedTuple):
@@ -304,7 +333,9 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
     outputs: list = []
 
     def slot(kind: str, payload: Any, source: Any, in_stack: bool) -> tuple | str:
-        if kind == "NULL_MARK" and in_stack:
+        if kind == "NULL_MARK" and in_stack or kind == "UNBOUND" and in_stack:
+            # the call protocol's NULL, or a variable an inlined comprehension hid
+            # while it had no value (3.12 on): both NULL on CPython's stack
             return ("null",)
         if kind == "UNBOUND" and not in_stack:
             return ("unbound",)
@@ -739,8 +770,6 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
     ctxs = [j for j, kind in enumerate(kinds) if _is_ctx(kind)]
     if any(j >= keep for j in ctxs):
         raise ValueError("a with block's exit among the break instruction's operands")
-    if "iter" in kinds[keep:]:
-        raise ValueError("a loop's iterator among the break instruction's operands")
     if site.handler is not None and site.handler[1] > keep:
         raise ValueError("an exception handler keeping the break instruction's operands")
     resumes = []
@@ -762,6 +791,8 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
     for j in range(keep, depth):
         out.append((_OP["PUSH_NULL"], 0, _NO_OP, pos0) if params[j] is None
                    else (_OP["LOAD_FAST"], params[j], _NO_OP, pos0))
+        if kinds[j] == "iter":      # an iterator the call is handed (3.11's comprehension)
+            out.append((_OP["GET_ITER"], 0, _NO_OP, pos0))
     branch_at = None
     guarded = len(out)
     for i in range(site.first, site.last + 1):
@@ -840,8 +871,8 @@ def _consumed(instrs: list, site: BreakSite, depth: int, kinds: tuple) -> int:
     return depth
 
 
-# How many values an instruction a break code runs takes from the stack, where that
-# does not depend on its argument (the rest take everything there is).
+# How many values from the top of the stack an instruction a break code runs reads,
+# where that does not depend on its argument (for the rest: everything there is).
 _POPS = {"UNARY_NEGATIVE": 1, "UNARY_NOT": 1, "UNARY_INVERT": 1, "TO_BOOL": 1,
          "GET_ITER": 1, "GET_LEN": 1, "UNPACK_SEQUENCE": 1, "LOAD_ATTR": 1,
          "BINARY_OP": 2, "BINARY_SUBSCR": 2, "COMPARE_OP": 2, "CONTAINS_OP": 2,

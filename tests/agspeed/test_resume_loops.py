@@ -312,3 +312,26 @@ def test_the_loops_values_are_not_kept():
     del model, fast_model
     gc.collect()
     assert gone() is None           # the cache does not keep the model alive
+
+
+def attribute_in_loop(x):
+    with torch.no_grad():
+        for _ in range(2):
+            x = x * 2
+            size = "abc".__len__    # noqa: F841 - a load the capture refuses: not a call
+            x = x + 1
+    return x - 1
+
+
+def test_a_break_at_a_load_in_a_loop_in_a_with_block():
+    # the break instruction reads one value: the iterator and the block's exit below
+    # it stay where they are
+    report = agspeed.explain(attribute_in_loop, torch.randn(3))
+    assert [b.instruction for b in report.break_reasons] == ["LOAD_ATTR"] * 2
+    assert report.graph_count == 3
+    fast = agspeed.optimize(attribute_in_loop)
+    for _ in range(2):
+        x = torch.randn(3, requires_grad=True)
+        out, ref = fast(x), attribute_in_loop(x)
+        torch.testing.assert_close(out, ref)
+        assert out.requires_grad == ref.requires_grad

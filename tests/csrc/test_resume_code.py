@@ -312,3 +312,39 @@ def summing(xs):
 def test_a_loop_over_a_list_resumes_with_its_items():
     result, _fn, _r = resumed(summing, xs=[1, 22, 333, 4444])
     assert result == summing([1, 22, 333, 4444])
+
+
+def comprehending(xs):
+    lengths = [len(str(x)) for x in xs]     # a comprehension: inlined from 3.12 on
+    return sum(lengths), lengths
+
+
+def test_a_break_in_a_comprehension_resumes():
+    result, _fn, _r = resumed(comprehending, xs=(5, 66, 777))
+    assert result == comprehending((5, 66, 777))
+
+
+def nested_loops(n):
+    total = 0
+    for i in range(n):
+        j = 0
+        while j < i:
+            total += len(str(i * j)) * (j + 1)
+            j += 1
+    return total
+
+
+def test_a_break_in_an_inner_while_loop_resumes():
+    result, _fn, _r = resumed(nested_loops, n=4)
+    assert result == nested_loops(4)
+
+
+def shadowing(xs):
+    x = "outer"
+    lengths = [len(str(x)) for x in xs]     # 3.12 on: hides x, puts it back after
+    return x, lengths
+
+
+def test_a_comprehension_puts_back_the_variable_it_hid():
+    result, _fn, _r = resumed(shadowing, xs=(1, 22))
+    assert result == ("outer", [1, 2])
