@@ -90,6 +90,8 @@ ags_elements(ags_interp *it, const ags_value *v, PyObject **elems)
             return *elems ? AGS_GO : AGS_ERROR;
         }
         break;
+    case AGS_VK_TENSOR:
+        break;  /* its rows (the builder unbinds it; the length is guarded) */
     default:
         return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
                          "iterating over a %s",

@@ -335,3 +335,28 @@ def test_a_break_at_a_load_in_a_loop_in_a_with_block():
         out, ref = fast(x), attribute_in_loop(x)
         torch.testing.assert_close(out, ref)
         assert out.requires_grad == ref.requires_grad
+
+
+def rows_with_a_break(x):
+    acc = x[0] * 0
+    for row in x:           # a tensor's rows (unbound in the graph, the length guarded)
+        acc = acc + row.sin()
+        _break()
+    return acc
+
+
+def rows_stacked(x):
+    return torch.stack([row * 2 for row in x]) + 1
+
+
+def test_iterating_a_tensor():
+    report = agspeed.explain(rows_stacked, torch.randn(3, 4))
+    assert (report.graph_count, report.graph_break_count) == (1, 0)
+    compare(rows_stacked, lambda: (torch.randn(3, 4, requires_grad=True),))
+    report = agspeed.explain(rows_with_a_break, torch.randn(4, 3))
+    assert report.graph_count == 4      # the last pass's rest adds nothing
+    compare(rows_with_a_break, lambda: (torch.randn(4, 3, requires_grad=True),))
+    fast = agspeed.optimize(rows_stacked)
+    torch.testing.assert_close(fast(torch.ones(5, 2)), rows_stacked(torch.ones(5, 2)))
+    with pytest.raises(TypeError, match="0-d tensor"):
+        fast(torch.tensor(1.0))
