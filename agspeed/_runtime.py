@@ -321,10 +321,12 @@ class Context:
                 not_resumed = f" (not resumed: {resumed})"
             else:
                 entry, guard = resumed
-                self.policy.admit(code, where, entries, guard, shapes, True,
+                # (a loop's passes are entries of their own, not recompiles)
+                self.policy.admit(code, where, entries, guard, shapes, not looped,
                                   (f_locals, f_globals, f_builtins))
                 return entry, f"captured up to a graph break, resumed after it ({brk})"
-        self.policy.admit(code, where, entries, guard, shapes, graph is not None,
+        self.policy.admit(code, where, entries, guard, shapes,
+                          graph is not None and not looped,
                           (f_locals, f_globals, f_builtins))
         if graph is None:
             entry, decision = self._eager_entry(code, where, brk, widened(guard, entries),
