@@ -1,7 +1,8 @@
 /* codegen.h: what codegen.c (the text buffer, instructions, loads and stores,
- * pointwise kernels, the whole source) and codegen_rows.c (row kernels: a
- * warp per short row, a block per long one) share.  Internal to the nvrtc
- * backend's code generation; nvrtc.h is its interface to the module.
+ * pointwise kernels, the whole source), codegen_rows.c and codegen_columns.c
+ * (row kernels: a warp per short row, a block per long one; their column
+ * sums) share.  Internal to the nvrtc backend's code generation; nvrtc.h is
+ * its interface to the module.
  */
 #ifndef AGS_NVRTC_CODEGEN_H
 #define AGS_NVRTC_CODEGEN_H

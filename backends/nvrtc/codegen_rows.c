@@ -41,15 +41,7 @@
  * the columns' place in its row; strided operands go one element at a
  * time.
  *
- * Column sums (outputs of flag OUT_COLUMNS: an element value summed over the
- * rows, a norm's weight and bias gradients) deal the rows to nslot slots, a
- * warp each on the warp path, a block each on the block path.  A thread
- * handles the same columns in every row of its slot, so it sums them alone:
- * in registers, cs<o>[j], beside the kept values on the warp path (stored
- * into the slot's row of out<o> after the last row); in the slot's row of
- * out<o> itself on the block path (a long row does not fit in registers;
- * the slots' rows stay in L2).  No atomics: the caller sums the slots, in
- * an order that does not change from run to run.
+ * Column sums: codegen_columns.c.
  *
  * The kernel's function holds both paths (the block path alone where the
  * description's row length is past AGS_NVRTC_WARP_COLS).  Where the row's
@@ -74,22 +66,10 @@
  */
 #include <math.h>
 
-#include "codegen.h"
+#include "codegen_rows.h"
 
 /* Values kept in registers across passes, at most, in the warp path. */
 #define AGS_ROWS_KEPT_MAX 4
-
-typedef struct {
-    const kernel *k;
-    int warp;           /* 1: the warp path, 0: the block path */
-    int vector;         /* 1: the path's vector form */
-    int strided;
-    char *need;         /* scratch: the values a pass computes */
-    char *done;         /* row values computed so far */
-    const char *kept;   /* values kept in ca<i>[] (warp path) */
-    char *loaded;       /* kept values an earlier pass has computed */
-    int columns;        /* how many outputs are column sums */
-} rows;
 
 /* When a column's index is below 2^32 (ags_cg_put_indices): always on the
  * warp path (its rows are at most warp_cols long) and on the block path
@@ -226,19 +206,6 @@ choose_kept(const kernel *k, char *kept, char *scratch)
     }
 }
 
-/* The index, in the warp path's register arrays (kept values, column sums),
- * of the element the pass is at: j_, or j_ * W + lane on a vector form. */
-static void
-put_item_index(const text *t, char *buf, size_t size)
-{
-    if (t->lane >= 0) {
-        snprintf(buf, size, "j_ * %d + %d", t->width, t->lane);
-    }
-    else {
-        snprintf(buf, size, "j_");
-    }
-}
-
 /* The element values marked in g->need, in order; a kept value is computed
  * by the first pass that needs it (and put in its register) and read from
  * its register by the later ones.  -1 with an exception set. */
@@ -248,7 +215,7 @@ put_pass_values(text *t, rows *g)
     const kernel *k = g->k;
     char slot[32];
 
-    put_item_index(t, slot, sizeof slot);
+    ags_cg_put_item_index(t, slot, sizeof slot);
     for (int i = 0; i < k->n_ops; i++) {
         int kept = g->warp && g->kept[i];
 
@@ -268,24 +235,6 @@ put_pass_values(text *t, rows *g)
         }
     }
     return 0;
-}
-
-/* Output o's column sum at this element: added into the thread's register
- * for the column (warp path) or into the slot's row of out<o> (block path:
- * the column is the same thread's in every row of the slot). */
-static void
-put_column_sum(text *t, const rows *g, int o)
-{
-    const output *out = &g->k->out[o];
-    const char *ct = ags_kernel_compute_name(out->type);
-    char item[32];
-
-    if (!g->warp) {
-        ags_cg_put(t, "out%d[slot_ * cols + c] += (%s)v%d;\n", o, ct, out->value);
-        return;
-    }
-    put_item_index(t, item, sizeof item);
-    ags_cg_put(t, "cs%d[%s] += (%s)v%d;\n", o, item, ct, out->value);
 }
 
 /* What a pass does at each element once its values are known: reduction r
@@ -308,7 +257,7 @@ put_element(text *t, const rows *g, int r)
     }
     for (int o = 0; o < k->n_out; o++) {
         if (k->out[o].strided == OUT_COLUMNS) {
-            put_column_sum(t, g, o);
+            ags_cg_put_column_sum(t, g, o);
         }
         else if (ags_kernel_element_output(k, o)) {
             ags_cg_put_store(t, k, o);
@@ -388,6 +337,11 @@ put_pass(text *t, rows *g, int r)
                 "const long long cw_ = lane_ + (long long)j_ * AGS_WARP_LANES;\n"
                 "if (cw_ * %d < cols) {\n", t->width, t->width);
         }
+        else if (g->regs && r < 0) {
+            ags_cg_put_column_steps(t, "b_ * %d < cols", t->width);
+            ags_cg_put(t, "const long long cw_ = b_ + threadIdx.x + (long long)j_ * blockDim.x;\n"
+                "if (cw_ * %d < cols) {\n", t->width);
+        }
         else {
             ags_cg_put(t, "#pragma unroll 2\n"
                 "for (long long cw_ = threadIdx.x; cw_ * %d < cols; cw_ += blockDim.x) {\n",
@@ -404,6 +358,11 @@ put_pass(text *t, rows *g, int r)
                 "const long long c = lane_ + (long long)j_ * AGS_WARP_LANES;\n"
                 "if (c < cols) {\n");
         }
+        else if (g->regs && r < 0) {
+            ags_cg_put_column_steps(t, "b_ < cols", 1);
+            ags_cg_put(t, "const long long c = b_ + threadIdx.x + (long long)j_ * blockDim.x;\n"
+                "if (c < cols) {\n");
+        }
         else {
             ags_cg_put(t, "#pragma unroll 4\n"
                 "for (long long c = threadIdx.x; c < cols; c += blockDim.x) {\n");
@@ -417,7 +376,14 @@ put_pass(text *t, rows *g, int r)
         }
         put_element(t, g, r);
     }
-    ags_cg_put(t, g->warp ? "}\n}\n" : "}\n");
+    if (g->regs && r < 0 && !g->warp) {
+        ags_cg_put(t, "}\n}\nif (multi_) {\n");   /* the step's sums to the slot's row */
+        ags_cg_put_column_flush(t, g, "+=", "b_");
+        ags_cg_put(t, "}\n}\n");
+    }
+    else {
+        ags_cg_put(t, g->warp ? "}\n}\n" : "}\n");
+    }
     /* the kept values this pass computed are in their registers now */
     for (int i = 0; g->warp && i < k->n_ops; i++) {
         g->loaded[i] |= g->need[i] && g->kept[i];
@@ -542,63 +508,6 @@ put_row(text *t, rows *g)
     return 0;
 }
 
-/* The column sums' start, before a slot's rows: the warp path's registers
- * at 0, or the block path's row of each output zeroed (then a barrier: the
- * threads that zero a column are not those that add to it in a vector form). */
-static void
-put_columns_start(text *t, const rows *g)
-{
-    const kernel *k = g->k;
-
-    for (int o = 0; o < k->n_out; o++) {
-        const char *ct = ags_kernel_compute_name(k->out[o].type);
-
-        if (k->out[o].strided != OUT_COLUMNS) {
-            continue;
-        }
-        if (g->warp) {
-            ags_cg_put(t, "%s cs%d[AGS_WARP_ITEMS];\n#pragma unroll\n"
-                "for (int j_ = 0; j_ < AGS_WARP_ITEMS; j_++) cs%d[j_] = (%s)0;\n",
-                ct, o, o, ct);
-        }
-        else {
-            ags_cg_put(t, "for (long long c = threadIdx.x; c < cols; c += blockDim.x) "
-                "out%d[slot_ * cols + c] = (%s)0;\n", o, ct);
-        }
-    }
-    if (!g->warp) {
-        ags_cg_put(t, "__syncthreads();\n");
-    }
-}
-
-/* The warp path's column sums, after the slot's last row: each register
- * stored at its column of the slot's row. */
-static void
-put_columns_end(text *t, const rows *g)
-{
-    const kernel *k = g->k;
-
-    for (int o = 0; g->warp && o < k->n_out; o++) {
-        if (k->out[o].strided != OUT_COLUMNS) {
-            continue;
-        }
-        if (g->vector) {
-            ags_cg_put(t, "#pragma unroll\n"
-                "for (int j_ = 0; j_ < AGS_WARP_ITEMS / %d; j_++) {\n"
-                "#pragma unroll\nfor (int l_ = 0; l_ < %d; l_++) {\n"
-                "const long long c = (lane_ + (long long)j_ * AGS_WARP_LANES) * %d + l_;\n"
-                "if (c < cols) out%d[slot_ * cols + c] = cs%d[j_ * %d + l_];\n}\n}\n",
-                t->width, t->width, t->width, o, o, t->width);
-        }
-        else {
-            ags_cg_put(t, "#pragma unroll\n"
-                "for (int j_ = 0; j_ < AGS_WARP_ITEMS; j_++) {\n"
-                "const long long c = lane_ + (long long)j_ * AGS_WARP_LANES;\n"
-                "if (c < cols) out%d[slot_ * cols + c] = cs%d[j_];\n}\n", o, o);
-        }
-    }
-}
-
 /* The path's loop over rows: a warp a row (warps_ rows a block at a time)
  * or a block a row.  With column sums the rows are dealt to nslot slots (a
  * warp each, those past nslot idle; or a block each, in a grid-stride loop,
@@ -613,13 +522,13 @@ put_rows_loop(text *t, rows *g)
             ? "{\nconst long long slot_ = (long long)blockIdx.x * warps_"
               " + threadIdx.x / AGS_WARP_LANES;\nif (slot_ < nslot) {\n"
             : "for (long long slot_ = blockIdx.x; slot_ < nslot; slot_ += gridDim.x) {\n{\n");
-        put_columns_start(t, g);
+        ags_cg_put_columns_start(t, g);
         ags_cg_put(t, "for (long long row = slot_; row < rows; row += nslot) {\n");
         if (put_row(t, g) < 0) {
             return -1;
         }
         ags_cg_put(t, "}\n");
-        put_columns_end(t, g);
+        ags_cg_put_columns_end(t, g);
         ags_cg_put(t, "}\n}\n");
         return 0;
     }
@@ -643,6 +552,8 @@ put_rows_loop(text *t, rows *g)
 static int
 put_path(text *t, rows *g, int vector)
 {
+    int regs = g->regs;
+
     if (vector) {
         ags_cg_put(t, "if (cols %% %d == 0 && ", t->width);
         ags_cg_put_aligned(t, g->k);
@@ -654,9 +565,14 @@ put_path(text *t, rows *g, int vector)
         ags_cg_put(t, "}\nelse {\n");
     }
     g->vector = 0;
+    /* beside a vector form, the scalar form is for misaligned rows: its column
+     * sums stay in memory (unrolled over a long row's places, it would cost
+     * the kernel's compile more than those rows are worth) */
+    g->regs = regs && !vector;
     if (put_rows_loop(t, g) < 0) {
         return -1;
     }
+    g->regs = regs;
     ags_cg_put(t, vector ? "}\n" : "");
     return 0;
 }
@@ -695,7 +611,7 @@ ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int warp,
     char *loaded = PyMem_Calloc((size_t)k->n_ops + 1, 1);
     char *scratch = PyMem_Calloc((size_t)k->n_ops + 1, 4);
     rows g = {k, 1, 0, ags_cg_any_strided(k), need, done, kept, loaded,
-              ags_kernel_column_outputs(k)};
+              ags_kernel_column_outputs(k), 0};
     int vector = rows_vectorizable(t, k), rc = -1;
 
     if (kept == NULL || loaded == NULL || scratch == NULL) {
@@ -770,6 +686,16 @@ ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int warp,
     }
     ags_cg_put(t, "{ /* the block path */\n");
     g.warp = 0;
+    /* column sums need a told length (partition.py); past the warp path's
+     * lengths they stay in registers, sized for the smallest block the driver
+     * launches for that length.  Behind a warp path (misaligned rows only)
+     * they stay in memory: unrolled there, the block path doubled the
+     * kernel's compile (0.24 to 0.49 s for rows of 1024) */
+    g.regs = g.columns > 0 && k->cols > 0 && !warp;
+    if (g.regs) {
+        ags_cg_put(t, "#ifndef AGS_COLUMN_BLOCK\n#define AGS_COLUMN_BLOCK %d\n#endif\n",
+            ags_column_block(k->cols));
+    }
     /* with a told length, a vector form the rows cannot take is left out:
      * where the warp path comes first, rows reach the block path only
      * misaligned (or of another length than told), and past it, the

@@ -633,6 +633,10 @@ launch(kernel_object *self, PyObject *const *args, Py_ssize_t n)
         block = block_for(inner, self->block_max_threads);
         grid = outer > 0x7fffffffLL ? 0x7fffffffu : (unsigned int)outer;
         if (self->slots) {
+            /* the block its column sums' registers are sized for, at most */
+            if (block > (unsigned int)ags_column_block(inner)) {
+                block = (unsigned int)ags_column_block(inner);
+            }
             grid = (unsigned int)nslot;
         }
     }
@@ -699,7 +703,8 @@ ags_nvrtc_init(PyObject *module)
     PyObject *type;
 
     if (PyModule_AddFunctions(module, nvrtc_methods) < 0
-        || PyModule_AddIntConstant(module, "NVRTC_WARP_COLS", AGS_NVRTC_WARP_COLS) < 0) {
+        || PyModule_AddIntConstant(module, "NVRTC_WARP_COLS", AGS_NVRTC_WARP_COLS) < 0
+        || PyModule_AddIntConstant(module, "NVRTC_COLUMN_COLS", AGS_NVRTC_COLUMN_COLS) < 0) {
         return -1;
     }
     type = PyType_FromModuleAndSpec(module, &kernel_spec, NULL);

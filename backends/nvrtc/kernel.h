@@ -16,6 +16,27 @@
  * shorter row), driver.c launches the warp path's geometry up to it. */
 #define AGS_NVRTC_WARP_COLS 1024
 
+/* The longest row whose column sums (a norm's weight and bias gradients)
+ * join its row kernel: on the block path each thread keeps its columns'
+ * sums in registers, cols / AGS_COLUMN_BLOCK_MAX of each (32 here). */
+#define AGS_NVRTC_COLUMN_COLS 8192
+#define AGS_COLUMN_BLOCK_MAX 256
+
+/* The block a ROWS kernel with column sums runs its block path on, rows of
+ * `cols`: about four elements a thread, a power of two from a warp to
+ * AGS_COLUMN_BLOCK_MAX (driver.c launches no larger one; the registers of
+ * its column sums are sized for it, codegen_columns.c). */
+static inline int
+ags_column_block(long long cols)
+{
+    int block = 32;
+
+    while ((long long)block * 4 < cols && block < AGS_COLUMN_BLOCK_MAX) {
+        block *= 2;
+    }
+    return block;
+}
+
 /* What a storage type computes in. */
 typedef enum { INT_LIKE, FLOAT_LIKE, DOUBLE_LIKE, BOOL_LIKE } ags_kernel_family_t;
 

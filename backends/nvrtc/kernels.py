@@ -150,10 +150,9 @@ def _split(space: tuple, nred: int) -> tuple[int, int]:
 def row_slots(rows: int, cols: int, device: Any) -> int:
     """How many row slots a kernel with column sums deals ``rows`` rows of ``cols`` to.
     On a GPU: 16 warps a multiprocessor for short rows (each slot a warp's, its sums in
-    registers); for long ones (each slot a block's, its sums in its row of the partial
-    sums, which it reads and writes at every row) up to 4 blocks a multiprocessor,
-    fewer for rows past 4096 so that the partial sums stay under 64 KiB a
-    multiprocessor for each output, in L2.  Every multiprocessor is busy while each
+    registers); for long ones (each slot a block's, its sums in its threads' registers)
+    up to 4 blocks a multiprocessor, fewer for rows past 4096 (2 for rows of 8192, which
+    hold twice the registers).  Every multiprocessor is busy while each
     slot takes many rows.  On the CPU (the host harness runs the slots one after the
     other) a few, so that sums across slots are checked too."""
     if rows <= 0:

@@ -416,19 +416,20 @@ def _choose(node: Any, st: _State) -> Any:
 
 def _takes_columns(group: Group, x: Any, nlead: int) -> bool:
     """Whether ``group`` can add up its element value ``x`` over its ``nlead`` leading
-    dimensions: its rows are then the dimensions left, as its reductions' are, and they
-    are known to take the row kernel's warp path.  Longer rows (or rows of a symbolic
-    length) leave the sum to aten: on the block path each slot's sums are read and
-    written back at every row, and on an H100 that made residual+LayerNorm's step
-    1.34-1.36x slower over rows of 4096, where on the warp path (the sums in registers)
-    it made it 1.28-1.34x faster over rows of 1024 (benchmarks/nvrtc.py
-    --column-sums-ab)."""
+    dimensions: its rows are then the dimensions left, as its reductions' are, of a
+    static length up to ``NVRTC_COLUMN_COLS``, whose sums a thread keeps in registers
+    (the warp path's up to 1024, the block path's beyond).  Longer rows (or rows of a
+    symbolic length) leave the sum to aten.  On an H100 the sums in registers made
+    residual+LayerNorm's step 1.28-1.34x faster over rows of 1024; kept in the slots'
+    rows of memory instead (read and written back at every row), 1.34-1.36x slower over
+    rows of 4096 (benchmarks/nvrtc.py --column-sums-ab), which is why the block path
+    keeps them in registers too."""
     cols = 1
     for d in group.space[nlead:]:
         if not isinstance(d, int):
             return False
         cols *= d
-    return _shape(x) == group.space and cols <= _C.NVRTC_WARP_COLS \
+    return _shape(x) == group.space and cols <= _C.NVRTC_COLUMN_COLS \
         and (group.nred == 0 or group.outer == nlead)
 
 

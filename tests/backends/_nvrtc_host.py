@@ -27,6 +27,9 @@ SHIM = r"""
 #include <string.h>
 #define AGS_HOST 1
 #define AGS_BLOCK_MAX 1024
+#ifndef AGS_COLUMN_BLOCK
+#define AGS_COLUMN_BLOCK 1
+#endif
 #define __global__
 #define __device__
 #define __noinline__
@@ -66,10 +69,13 @@ _LIBS = {}
 _LOCK = threading.Lock()   # the backend makes a graph's kernels on several threads
 
 
-def build(source: str) -> ctypes.CDLL:
-    key = hashlib.sha256(source.encode()).hexdigest()[:16]
+def build(source: str, defines: str = "") -> ctypes.CDLL:
+    """``defines``: lines put before the shim (``#define AGS_COLUMN_BLOCK 64``: the
+    column sums' registers sized for blocks of 64 threads, so that the harness's
+    one-thread block takes the several steps a small block takes)."""
+    key = hashlib.sha256((defines + source).encode()).hexdigest()[:16]
     with _LOCK:
-        return _build(source, key)
+        return _build(defines + SHIM + source, key)
 
 
 def _build(source: str, key: str) -> ctypes.CDLL:
@@ -77,7 +83,7 @@ def _build(source: str, key: str) -> ctypes.CDLL:
         src = os.path.join(_DIR, f"k{key}.cpp")
         lib = os.path.join(_DIR, f"k{key}.so")
         with open(src, "w") as f:
-            f.write(SHIM + source)
+            f.write(source)
         subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", lib, src], check=True,
                        capture_output=True, text=True)
         _LIBS[key] = ctypes.CDLL(lib)
@@ -85,12 +91,12 @@ def _build(source: str, key: str) -> ctypes.CDLL:
 
 
 def run(desc: tuple, tensors: list, ints: list, function: str = "",
-        blocks: int | None = None) -> None:
+        blocks: int | None = None, defines: str = "") -> None:
     """Runs the kernel of ``desc`` on CPU ``tensors`` (inputs then outputs) with ``ints``
     (sizes, then strides), as the launcher passes them; ``function``: the suffix of
     a row kernel's other function ("_block"); ``blocks``: a grid of that many blocks,
-    where a kernel with column sums gets one a row slot."""
-    lib = build(_C.nvrtc_source(desc))
+    where a kernel with column sums gets one a row slot; ``defines``: as ``build``'s."""
+    lib = build(_C.nvrtc_source(desc), defines)
     fn = getattr(lib, desc[0] + function)
     fn.restype = None
     args = [ctypes.c_void_p(t.data_ptr()) for t in tensors]

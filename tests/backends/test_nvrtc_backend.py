@@ -10,6 +10,7 @@ pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")
 
 import agspeed  # noqa: E402
+from agspeed import _C  # noqa: E402
 from agspeed.backends import nvrtc  # noqa: E402
 from agspeed.backends.nvrtc import partition  # noqa: E402
 from torch._functorch.aot_autograd import aot_function  # noqa: E402
@@ -201,18 +202,22 @@ def test_weight_and_bias_gradients_are_column_sums_of_the_norms_kernel():
     assert sorted(len(n.args[1]) for n in sums) == [2, 2]    # over B and T
 
 
-def test_rows_longer_than_the_warp_paths_leave_their_column_sums_to_aten():
-    """Over rows of more than 1024 elements the weight gradients are aten's sums (the
-    block path would read and write its partial sums at every row)."""
-    w = torch.randn(1100, requires_grad=True)
-    x = torch.randn(4, 1100, requires_grad=True)
+@pytest.mark.parametrize("cols", [1100, _C.NVRTC_COLUMN_COLS + 4])
+def test_column_sums_join_rows_up_to_the_registers_bound(cols):
+    """Past the warp path's 1024 elements the block path keeps the weight and bias
+    gradients' sums in registers, up to NVRTC_COLUMN_COLS; past that they are aten's
+    sums."""
+    w = torch.randn(cols, requires_grad=True)
+    b = torch.randn(cols, requires_grad=True)
+    x = torch.randn(4, cols, requires_grad=True)
 
-    def f(x, w):
-        return F.layer_norm(x, (1100,), w)
+    def f(x, w, b):
+        return F.layer_norm(x, (cols,), w, b)
 
-    found = _fused_gradients(f, x, w, rtol=1e-4, atol=1e-4)
-    assert not [grp for grp in found[1] if grp.columns]
-    assert [grp for grp in found[1] if grp.nred]      # dx still one row kernel
+    found = _fused_gradients(f, x, w, b, rtol=1e-4, atol=1e-4)
+    joined = [grp for grp in found[1] if grp.columns]
+    assert len(joined) == (cols <= _C.NVRTC_COLUMN_COLS)
+    assert [grp for grp in found[1] if grp.nred]      # dx one row kernel either way
 
 
 def test_a_bias_gradient_turns_its_pointwise_kernel_into_rows():

@@ -479,6 +479,70 @@ def test_a_grid_smaller_than_the_slots_leaves_none_out_on_the_block_path(
 
 
 @pytest.mark.parametrize("storage", [F32, BF16])
+@pytest.mark.parametrize("told,offset", [(1026, 0), (3000, 0), (3000, 1), (4096, 0),
+                                         (4096, 1)])
+@pytest.mark.parametrize("block", [None, 64], ids=["one-step", "steps"])
+def test_column_sums_in_registers_on_the_block_path(storage, told, offset, block):
+    """Where the row's length is told (as it is wherever column sums join a kernel), the
+    block path keeps each thread's column sums in registers over the slot's rows and
+    stores them once: sized for the block the driver launches, one step of kc_ places
+    covers the row (the harness's default).  A smaller block (``steps``: registers
+    sized for 64 threads, the harness running one) takes the row in several steps, each
+    adding its sums into the slot's row.  Rows of a told length up to 1024 take the
+    warp path (the block path only misaligned, its sums in memory); longer rows take
+    the block path always, in its vector form where aligned (``offset``)."""
+    dtype, rows, slots = _STORAGE[storage], 7, 3
+    desc = column_sums_desc(storage) + (told,)
+    source = _C.nvrtc_source(desc)
+    block_path = source.split("/* the block path */")[1]
+    vector = "/* its vector form */" in block_path
+    assert vector == (told % 4 == 0)
+    # the scalar form beside a vector form (misaligned rows) sums in memory
+    assert "cs1[kc_ * " in block_path
+    assert ("out1[slot_ * cols + c] += (" in block_path) == vector
+    # the driver's block for such rows: about 4 elements a thread, 32 to 256 threads
+    launched = min(256, max(32, 1 << (-(-told // 4) - 1).bit_length()))
+    assert f"#define AGS_COLUMN_BLOCK {launched}" in source
+    g = _rows_input((rows, told), dtype, offset)
+    x = _rows_input((rows, told), dtype, offset, 2.0, 1.0)
+    mean, rstd = torch.randn(rows, 1), torch.rand(rows, 1) + 0.5
+    out, row_sum = torch.empty(rows, told, dtype=dtype), torch.empty(rows)
+    gw, gb = torch.full((slots, told), float("nan")), torch.full((slots, told), float("nan"))
+    host.run(desc, [g, x, mean, rstd, out, gw, gb, row_sum],
+             [rows, told, *strides_of(mean, (rows, told)), *strides_of(rstd, (rows, told)),
+              slots], defines=f"#define AGS_COLUMN_BLOCK {block}\n" if block else "")
+    gf = g.float()
+    _rows_close(out, (gf * rstd).to(dtype))
+    _sums_close(row_sum, gf.sum(-1), told)
+    _sums_close(gw.sum(0), (gf * (x.float() - mean) * rstd).sum(0), rows)
+    _sums_close(gb.sum(0), gf.sum(0), rows)
+
+
+@pytest.mark.parametrize("told", [64, 1000, 3000, 4096, 8192])
+def test_column_sums_in_registers_compile(nvrtc, told):
+    """NVRTC compiles the register form for every length column sums join at (up to
+    NVRTC_COLUMN_COLS), with the backend's options."""
+    from agspeed.backends.nvrtc import kernels
+
+    assert told <= _C.NVRTC_COLUMN_COLS
+    for storage in (F32, BF16):
+        desc = column_sums_desc(storage) + (told,)
+        cubin = _C.nvrtc_compile(_C.nvrtc_source(desc), desc[0] + ".cu",
+                                 kernels.compile_options("--gpu-architecture=sm_90"), True)
+        assert len(cubin) > 1000
+
+
+@pytest.mark.parametrize("told", [0, 64, 1024])
+def test_a_block_path_behind_the_warp_path_sums_in_memory(told):
+    """Without a told length (no description the partition makes has column sums
+    then), or behind a warp path (rows up to 1024, misaligned), the block path's sums
+    stay in the slot's row of memory."""
+    desc = column_sums_desc(F32) + ((told,) if told else ())
+    block_path = _C.nvrtc_source(desc).split("/* the block path */")[1]
+    assert "kc_" not in block_path and "out1[slot_ * cols + c] += (" in block_path
+
+
+@pytest.mark.parametrize("storage", [F32, BF16])
 @pytest.mark.parametrize("cols", ROW_LENGTHS)
 @ROW_FUNCTIONS
 def test_a_saved_row_statistic_is_read_once_a_row(storage, cols, function):
