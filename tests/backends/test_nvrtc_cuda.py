@@ -115,16 +115,20 @@ def test_layer_norm_rows_on_the_gpu(storage, shape):
 
 
 @pytest.mark.parametrize("storage", [F32, BF16])
-@pytest.mark.parametrize("shape", [(50, 7), (50, 100), (20000, 1024), (50, 3000), (3000, 5000)],
+@pytest.mark.parametrize("shape", [(50, 7), (50, 100), (20000, 1024), (50, 3000), (3000, 5000),
+                                   (700, 8192)],
                          ids=lambda s: f"{s[0]}x{s[1]}")
-def test_column_sums_on_the_gpu(storage, shape):
+@pytest.mark.parametrize("told", [False, True], ids=["length-untold", "length-told"])
+def test_column_sums_on_the_gpu(storage, shape, told):
     """The weight and bias gradients of a layer norm as column sums, dealt to as many
     row slots as the backend picks for the device (fewer than the rows for the large
-    shapes, so each slot adds many rows), and to one slot."""
+    shapes, so each slot adds many rows), and to one slot.  With the row's length told
+    (as the partition tells it), rows past 1024 keep their sums in registers."""
     from agspeed.backends.nvrtc import kernels
 
     dtype = _STORAGE[storage]
     rows, cols = shape
+    desc = column_sums_desc(storage) + ((cols,) if told else ())
     g, x = _rows_input(shape, dtype), _rows_input(shape, dtype, scale=2.0)
     mean = torch.randn(rows, 1, device=CUDA)
     rstd = torch.rand(rows, 1, device=CUDA) + 0.5
@@ -134,7 +138,7 @@ def test_column_sums_on_the_gpu(storage, shape):
         row_sum = torch.empty(rows, device=CUDA)
         gw = torch.full((slots, cols), float("nan"), device=CUDA)
         gb = torch.full((slots, cols), float("nan"), device=CUDA)
-        _launch(column_sums_desc(storage), [g, x, mean, rstd, out, gw, gb, row_sum],
+        _launch(desc, [g, x, mean, rstd, out, gw, gb, row_sum],
                 [rows, cols, *strides_of(mean, shape), *strides_of(rstd, shape), slots])
         torch.testing.assert_close(out, (gf * rstd).to(dtype))
         torch.testing.assert_close(row_sum, gf.sum(-1), rtol=1e-4, atol=1e-3)
@@ -145,8 +149,8 @@ def test_column_sums_on_the_gpu(storage, shape):
 
 class NormBias(nn.Module):
     """A layer norm then a bias and GELU: both backwards add up their weights'
-    gradients over the rows, as column sums where the rows take the warp path (768),
-    through aten where they are longer (3000)."""
+    gradients over the rows as column sums, on the warp path (768) or the block path
+    (3000)."""
 
     def __init__(self, width):
         super().__init__()
