@@ -770,6 +770,9 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
     ctxs = [j for j, kind in enumerate(kinds) if _is_ctx(kind)]
     if any(j >= keep for j in ctxs):
         raise ValueError("a with block's exit among the break instruction's operands")
+    if "iter" in kinds[keep:] and not _comprehension_call(layout.stack[keep:]):
+        # the callee would be handed an iterator of another type than the program's
+        raise ValueError("an iterator made in the frame handed on at the break")
     if site.handler is not None and site.handler[1] > keep:
         raise ValueError("an exception handler keeping the break instruction's operands")
     resumes = []
@@ -846,6 +849,13 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
     fn = types.FunctionType(new, f_globals, name, tuple(resumes))
     per_code[key] = (fn, resumes, f_globals)
     return fn, resumes
+
+
+def _comprehension_call(operands: tuple) -> bool:
+    """Whether the break instruction's operands call a comprehension's function
+    (3.11), which only iterates the iterator it is handed."""
+    fns = [s[1] for s in operands if s[0] == "constant" and type(s[1]) is types.FunctionType]
+    return bool(fns) and fns[0].__code__.co_name.startswith("<")
 
 
 def _consumed(instrs: list, site: BreakSite, depth: int, kinds: tuple) -> int:

@@ -363,3 +363,22 @@ def test_iterating_a_tensor():
     torch.testing.assert_close(fast(torch.ones(5, 2)), rows_stacked(torch.ones(5, 2)))
     with pytest.raises(TypeError, match="0-d tensor"):
         fast(torch.tensor(1.0))
+
+
+def _kind_of(it):
+    _break()
+    return type(it).__name__
+
+
+def hands_an_iterator_on(x, a, b):
+    y = x * 2
+    return y + 1, _kind_of(zip(a, b))
+
+
+def test_an_iterator_handed_to_a_call_at_the_break_keeps_its_type():
+    # a loop's iterator may cross as a tuple's: nothing sees it; a callee would
+    fast = agspeed.optimize(hands_an_iterator_on)
+    for _ in range(2):
+        out, kind = fast(torch.ones(2), [1, 2], [3, 4])
+        assert kind == "zip"
+        torch.testing.assert_close(out, torch.full((2,), 3.0))
