@@ -283,10 +283,12 @@ def test_a_root_calling_hooked_blocks_in_a_loop_is_captured():
 
 
 def test_the_loops_values_are_not_kept():
-    fast = agspeed.optimize(over_tensors)
+    # the eager backend: no tuning runs on later calls (its one-time garbage aside)
+    fast = agspeed.optimize(over_tensors, backend="eager")
     ys = [torch.randn(5) for _ in range(3)]
     x = torch.randn(5)
-    fast(x, ys)
+    for _ in range(3):
+        fast(x, ys)
     gc.collect()
     refs = [sys.getrefcount(y) for y in ys]
     out = fast(x, ys)
@@ -297,7 +299,7 @@ def test_the_loops_values_are_not_kept():
     del out
     assert gone() is None
     model = Stack(3)
-    fast_model = agspeed.optimize(model)
+    fast_model = agspeed.optimize(model, backend="eager")
     for _ in range(3):
         fast_model(torch.randn(2, 8))
     gc.collect()
