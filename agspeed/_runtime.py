@@ -48,8 +48,8 @@ from agspeed._compile import compiled_entry
 from agspeed._policy import EntryPolicy, RecompileRecord, recompiles, widened
 from agspeed._policy import clear as _clear_policy
 from agspeed._resume import LOOP_ITEMS as _LOOP_PASSES
-from agspeed._resume import in_loop as _resume_in_loop
-from agspeed._resume import is_generated as is_break_code
+from agspeed._resume_code import in_loop as _resume_in_loop
+from agspeed._resume_code import is_generated as is_break_code
 from agspeed.errors import GraphBreakError
 from agspeed.guards.state import in_transform
 
@@ -359,7 +359,7 @@ class Context:
         """The CALL entry of a frame that broke at ``brk`` and resumes after it
         (``agspeed._resume``), with its guard; where it cannot resume, why not (the
         frame then runs eager as before)."""
-        from agspeed import _resume
+        from agspeed import _resume, _resume_code
         from agspeed._capture import Capture, Stopped, _guard, capture
         from agspeed._compile import compile_capture
         from agspeed._ctx import restoring_modes
@@ -368,12 +368,12 @@ class Context:
         from agspeed._tensor_check import arg_check
 
         # a resume function's break resumes in the user's code's resume functions
-        base, offset, shift = _resume.original(code, brk.root_offset) or \
+        base, offset, shift = _resume_code.original(code, brk.root_offset) or \
             (code, brk.root_offset, 0)
         site = _resume.break_site(base, offset)
         if not isinstance(site, str):
             stop = site.offset if base is code else \
-                _resume.offset_in(code, base, site.offset, shift)
+                _resume_code.offset_in(code, base, site.offset, shift)
             stopped = capture(code, f_locals, f_globals, f_builtins, shapes, stop_at=stop)
             site = "capture did not reach the break again" \
                 if not isinstance(stopped, Stopped) else site
@@ -381,7 +381,7 @@ class Context:
             builder = stopped.builder
             memo: dict = {}
             layout = _resume.layout_of(
-                _resume.original_state(stopped.state, code, base), base, builder,
+                _resume_code.original_state(stopped.state, code, base), base, builder,
                 lambda src: resolve(src, f_locals, f_globals, f_builtins, memo))
             site = layout if isinstance(layout, str) else site
         if isinstance(site, str):
@@ -400,7 +400,7 @@ class Context:
         guard = _guard(torch, builder, f_locals, code)
         guard.break_at = getattr(brk_guard, "break_at", None)
         try:
-            fn, resumes = _resume.generated(base, f_globals, site, layout)
+            fn, resumes = _resume_code.generated(base, f_globals, site, layout)
         except ValueError as exc:   # a layout the generated code cannot rebuild
             return str(exc)
         cap = Capture(gm, builder.read_sources, guard, builder.example_inputs(), effects,
@@ -415,8 +415,8 @@ class Context:
             graph = replay(effects, cap.n_inputs, graph)
         self._note_break(code, where, brk)
         self._observe("resume", code, (brk, [r.__code__ for r in resumes]))
-        run = _resume.runner(graph, guard.read, layout, fn, resumes, code.co_freevars,
-                             chained=_resume.is_resume(code))
+        run = _resume_code.runner(graph, guard.read, layout, fn, resumes, code.co_freevars,
+                                  chained=_resume_code.is_resume(code))
         signed = guard.sym is None
         entry = _C.CacheEntry(_C.ACTION_CALL, guard=guard, compiled=run, context=self,
                               signed=signed,

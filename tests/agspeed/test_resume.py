@@ -1,4 +1,4 @@
-"""Graph breaks that resume (agspeed/_resume.py, csrc/emit.c): the graph before the
+"""Graph breaks that resume (agspeed/_resume.py, agspeed/_resume_code.py, csrc/emit.c): the graph before the
 break, the instruction run for real, the rest of the frame captured in a resume
 function; results, gradients and types equal eager's, graph counts no higher than
 torch._dynamo.explain's, second calls all cache hits."""
@@ -226,9 +226,9 @@ def test_generated_code_is_not_leaked_and_frames_are_cleared():
     fast = agspeed.optimize(printing)
     x = torch.randn(6)
     fast(x)
-    from agspeed import _resume
+    from agspeed import _resume_code
 
-    fn, resumes, _g = next(iter(_resume._CACHE[printing.__code__].values()))
+    fn, resumes, _g = next(iter(_resume_code._CACHE[printing.__code__].values()))
     counts = (sys.getrefcount(fn), sys.getrefcount(fn.__code__),
               [sys.getrefcount(r) for r in resumes])
     before = sys.getrefcount(x)
@@ -374,17 +374,17 @@ def test_a_resume_functions_own_break_resumes_again():
     x = torch.randn(6)
     torch.testing.assert_close(fast(x), breaks_twice(x))
     assert _C.counters()["cache_misses"] == 0
-    from agspeed import _resume
+    from agspeed import _resume_code
 
-    for fn, _r, _g in _resume._CACHE.get(_resume_of(breaks_twice), {}).values():
+    for fn, _r, _g in _resume_code._CACHE.get(_resume_of(breaks_twice), {}).values():
         names = fn.__code__.co_varnames
         assert len(set(names)) == len(names)   # each parameter read by its own name
 
 
 def _resume_of(fn):
-    from agspeed import _resume
+    from agspeed import _resume_code
 
-    _f, resumes, _g = next(iter(_resume._CACHE[fn.__code__].values()))
+    _f, resumes, _g = next(iter(_resume_code._CACHE[fn.__code__].values()))
     return resumes[0].__code__
 
 

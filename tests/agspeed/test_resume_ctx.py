@@ -1,8 +1,9 @@
-"""Graph breaks inside with blocks of torch's modes (agspeed/_resume.py): the graph
-leaves the block at its end, the break instruction runs inside the block entered anew,
-and the resume function enters it again around the rest.  Results, gradients, types and
-the grad mode / autocast state inside and after the block equal eager's; graph counts no
-higher than torch._dynamo.explain's; second calls all cache hits."""
+"""Graph breaks inside with blocks of torch's modes (agspeed/_resume.py and
+_resume_code.py): the graph leaves the block at its end, the break instruction runs
+inside the block entered anew, and the resume function enters it again around the
+rest.  Results, gradients, types and the grad mode / autocast state inside and after
+the block equal eager's; graph counts no higher than torch._dynamo.explain's; second
+calls all cache hits."""
 
 import gc
 import os
@@ -223,12 +224,12 @@ def test_a_break_under_try_runs_eager_as_dynamo():
 
 
 def test_managers_made_per_call_are_not_kept():
-    from agspeed import _resume
+    from agspeed import _resume_code
 
     fast = agspeed.optimize(in_no_grad)
     x = torch.randn(6)
     fast(x)
-    fn, resumes, _g = next(iter(_resume._CACHE[in_no_grad.__code__].values()))
+    fn, resumes, _g = next(iter(_resume_code._CACHE[in_no_grad.__code__].values()))
     counts = (sys.getrefcount(fn), [sys.getrefcount(r) for r in resumes])
     gc.collect()
     managers = sum(type(o) is torch.no_grad for o in gc.get_objects())

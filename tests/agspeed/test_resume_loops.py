@@ -1,4 +1,4 @@
-"""Graph breaks inside loops (agspeed/_resume.py): the frame is captured up to the
+"""Graph breaks inside loops (agspeed/_resume.py, agspeed/_resume_code.py): the frame is captured up to the
 break, and the rest of the pass, the passes after it and the code after the loop are
 captured in the resume function of that place.  A ``for`` loop's iterator crosses as
 the tuple of what it had left; every pass after the first breaks in the same resume
@@ -12,7 +12,7 @@ import weakref
 import pytest
 
 import agspeed
-from agspeed import _C, _resume
+from agspeed import _C, _resume, _resume_code
 
 try:
     import torch
@@ -74,7 +74,7 @@ def over_range(x):
 
 
 def resume_codes(name):
-    return {c for c in list(_resume._RESUMES) if c.co_name == name}
+    return {c for c in list(_resume_code._RESUMES) if c.co_name == name}
 
 
 def test_a_break_in_a_for_loop_resumes_in_one_resume_function():

@@ -1,4 +1,4 @@
-"""The code a graph break generates (agspeed/_resume.py over csrc/emit.c), torch-free.
+"""The code a graph break generates (agspeed/_resume.py and _resume_code.py over csrc/emit.c), torch-free.
 
 The interpreter runs with a recording builder (test_interp.Recorder) up to a break,
 then again stopping before it; the break function and resume functions generated from
@@ -11,7 +11,7 @@ import dis
 
 import pytest
 
-from agspeed import _C, _resume
+from agspeed import _C, _resume, _resume_code
 from test_interp import Recorder, T
 
 
@@ -46,10 +46,10 @@ def resumed(fn, **f_locals):
     assert out["status"] == "stopped", out
     layout = _resume.layout_of(out["state"], code, builder)
     assert not isinstance(layout, str), layout
-    fn_break, resumes = _resume.generated(code, fn.__globals__, site, layout)
+    fn_break, resumes = _resume_code.generated(code, fn.__globals__, site, layout)
     # the "graph" returns its outputs as they are: plain values here
-    run = _resume.runner(lambda: layout.outputs, lambda *a: (), layout, fn_break, resumes,
-                         code.co_freevars)
+    run = _resume_code.runner(lambda: layout.outputs, lambda *a: (), layout, fn_break,
+                              resumes, code.co_freevars)
     return run(dict(f_locals), fn.__globals__, builtins.__dict__), fn_break, resumes
 
 
@@ -296,7 +296,7 @@ def test_a_loop_resumes_with_the_items_it_had_left():
     result, _fn, resumes = resumed(looping, n=12)
     assert result == looping(12)
     first = resumes[0].__code__
-    assert _resume.is_resume(first) and _resume.in_loop(first)
+    assert _resume_code.is_resume(first) and _resume_code.in_loop(first)
     # the resume function iterates the tuple it is handed: pass one of twelve, so
     # eleven left, with the first pass's state
     assert first.co_argcount == first.co_nlocals
