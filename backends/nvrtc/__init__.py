@@ -6,8 +6,10 @@ kernel each, generated as CUDA C, compiled at run time by NVRTC and launched fro
 torch's current stream; matmuls, convolutions and attention run through aten between
 them.  The parts:
 
-* ``codegen.c``, ``codegen_rows.c`` (C): a kernel's description, a tuple of protocol.h's ``KernelOp`` /
-  ``KernelType`` / ``KernelKind`` rows, to its CUDA C source;
+* ``describe.c`` and ``codegen*.c`` (C): a kernel's description, a tuple of protocol.h's
+  ``KernelOp`` / ``KernelType`` / ``KernelKind`` rows, read and written as its CUDA C
+  source (``codegen_pointwise.c`` the pointwise kernels, ``codegen_rows.c`` the row
+  kernels, ``codegen_columns.c`` their column sums);
 * ``driver.c`` (C): libnvrtc and libcuda opened at run time (dlopen), so agspeed builds
   and imports without CUDA: NVRTC compiles a source to PTX or a cubin, the driver loads
   it, and ``agspeed._C.CudaKernel`` launches it without running Python per launch;

@@ -1,7 +1,7 @@
-/* codegen.h: what codegen.c (the text buffer, instructions, loads and stores,
- * pointwise kernels, the whole source), codegen_rows.c and codegen_columns.c
- * (row kernels: a warp per short row, a block per long one; their column
- * sums) share.  Internal to the nvrtc backend's code generation; nvrtc.h is
+/* codegen.h: what codegen.c (the text buffer, instructions, loads and
+ * stores, the whole source), codegen_pointwise.c (pointwise kernels' body),
+ * codegen_rows.c and codegen_columns.c (row kernels: a warp per short row, a
+ * block per long one; their column sums) share.  Internal to the nvrtc backend's code generation; nvrtc.h is
  * its interface to the module.
  */
 #ifndef AGS_NVRTC_CODEGEN_H

@@ -49,43 +49,47 @@ ags_cg_put_column_sum(text *t, const rows *g, int o)
     ags_cg_put(t, "cs%d[%s] += (%s)v%d;\n", o, item, ct, out->value);
 }
 
-/* The block path's last pass with its column sums in registers: steps of
- * kc_ column places a thread (each kc_ blockDim.x places, W columns a place
- * in the vector form), unrolled so that cs<o>[] stay registers.  kc_ covers
- * the row in one step for the blocks the driver launches (multi_ false: the
- * sums stay in registers over every row of the slot); a smaller block (the
- * host harness's one thread, or registers allowing fewer threads) takes
- * several, each adding its sums into the slot's row after every row. */
-void
-ags_cg_put_column_steps(text *t, const char *more, int width)
+/* Output o's column sums from its registers into the slot's row: `count`
+ * places a thread, place j_ at (first + j_ * stride), w columns a place; op
+ * "=" or "+=" (a step's sums, added, are then zeroed for the next). */
+static void
+put_store(text *t, int o, int w, const char *count, const char *first,
+          const char *stride, const char *op)
 {
-    ags_cg_put(t, "for (long long b_ = 0; ");
-    ags_cg_put(t, more, width);
-    ags_cg_put(t, "; b_ += (long long)kc_ * blockDim.x) {\n"
-        "#pragma unroll\nfor (int j_ = 0; j_ < kc_; j_++) {\n");
-}
-
-/* Each column sum's registers of the step from place b (an expression) into
- * the slot's row (op "=" or "+="), and, when added, zeroed for the next. */
-void
-ags_cg_put_column_flush(text *t, const rows *g, const char *op, const char *b)
-{
-    const kernel *k = g->k;
-    int w = g->vector ? t->width : 1;
-
-    for (int o = 0; o < k->n_out; o++) {
-        if (k->out[o].strided != OUT_COLUMNS) {
-            continue;
-        }
-        ags_cg_put(t, "#pragma unroll\nfor (int j_ = 0; j_ < kc_; j_++) {\n"
-            "#pragma unroll\nfor (int l_ = 0; l_ < %d; l_++) {\n"
-            "const long long c = (%s + threadIdx.x + (long long)j_ * blockDim.x) * %d + l_;\n"
+    ags_cg_put(t, "#pragma unroll\nfor (int j_ = 0; j_ < %s; j_++) {\n", count);
+    if (w > 1) {
+        ags_cg_put(t, "#pragma unroll\nfor (int l_ = 0; l_ < %d; l_++) {\n"
+            "const long long c = (%s + (long long)j_ * %s) * %d + l_;\n"
             "if (c < cols) out%d[slot_ * cols + c] %s cs%d[j_ * %d + l_];\n",
-            w, b, w, o, op, o, w);
+            w, first, stride, w, o, op, o, w);
         if (op[0] == '+') {
             ags_cg_put(t, "cs%d[j_ * %d + l_] = 0;\n", o, w);
         }
-        ags_cg_put(t, "}\n}\n");
+        ags_cg_put(t, "}\n");
+    }
+    else {
+        ags_cg_put(t, "const long long c = %s + (long long)j_ * %s;\n"
+            "if (c < cols) out%d[slot_ * cols + c] %s cs%d[j_];\n", first, stride, o, op, o);
+        if (op[0] == '+') {
+            ags_cg_put(t, "cs%d[j_] = 0;\n", o);
+        }
+    }
+    ags_cg_put(t, "}\n");
+}
+
+/* The block path's column sums in registers, of the step from place s_ (op
+ * "+=": added into the slot's row, the registers zeroed) or of the one step
+ * that covered the row (op "=": stored). */
+void
+ags_cg_put_column_flush(text *t, const rows *g, const char *op)
+{
+    const kernel *k = g->k;
+    const char *first = op[0] == '+' ? "s_ + threadIdx.x" : "threadIdx.x";
+
+    for (int o = 0; o < k->n_out; o++) {
+        if (k->out[o].strided == OUT_COLUMNS) {
+            put_store(t, o, g->vector ? t->width : 1, "kc_", first, "blockDim.x", op);
+        }
     }
 }
 
@@ -114,15 +118,14 @@ ags_cg_put_columns_start(text *t, const rows *g)
                 "for (int j_ = 0; j_ < AGS_WARP_ITEMS; j_++) cs%d[j_] = (%s)0;\n",
                 ct, o, o, ct);
         }
-        else if (g->regs) {
+        if (g->regs) {
             ags_cg_put(t, "%s cs%d[kc_ * %d];\n#pragma unroll\n"
-                "for (int j_ = 0; j_ < kc_ * %d; j_++) cs%d[j_] = (%s)0;\n"
-                "if (multi_) for (long long c = threadIdx.x; c < cols; c += blockDim.x) "
-                "out%d[slot_ * cols + c] = (%s)0;\n", ct, o, w, w, o, ct, o, ct);
+                "for (int j_ = 0; j_ < kc_ * %d; j_++) cs%d[j_] = (%s)0;\n",
+                ct, o, w, w, o, ct);
         }
-        else {
-            ags_cg_put(t, "for (long long c = threadIdx.x; c < cols; c += blockDim.x) "
-                "out%d[slot_ * cols + c] = (%s)0;\n", o, ct);
+        if (!g->warp) {     /* the slot's row, where the sums are added */
+            ags_cg_put(t, "%sfor (long long c = threadIdx.x; c < cols; c += blockDim.x) "
+                "out%d[slot_ * cols + c] = (%s)0;\n", g->regs ? "if (multi_) " : "", o, ct);
         }
     }
     if (!g->warp) {
@@ -130,38 +133,30 @@ ags_cg_put_columns_start(text *t, const rows *g)
     }
 }
 
-/* The warp path's column sums, after the slot's last row: each register
- * stored at its column of the slot's row. */
+/* The column sums after the slot's last row: the warp path's registers, or
+ * the block path's where one step covered the row, stored at their columns
+ * of the slot's row (the block path's in memory are there already). */
 void
 ags_cg_put_columns_end(text *t, const rows *g)
 {
     const kernel *k = g->k;
+    char count[32];
 
-    if (g->regs) {  /* one step covered the row: its sums, stored once */
+    if (g->regs) {
         ags_cg_put(t, "if (!multi_) {\n");
-        ags_cg_put_column_flush(t, g, "=", "0");
+        ags_cg_put_column_flush(t, g, "=");
         ags_cg_put(t, "}\n");
         return;
     }
-
+    if (g->vector) {
+        snprintf(count, sizeof count, "AGS_WARP_ITEMS / %d", t->width);
+    }
+    else {
+        snprintf(count, sizeof count, "AGS_WARP_ITEMS");
+    }
     for (int o = 0; g->warp && o < k->n_out; o++) {
-        if (k->out[o].strided != OUT_COLUMNS) {
-            continue;
-        }
-        if (g->vector) {
-            ags_cg_put(t, "#pragma unroll\n"
-                "for (int j_ = 0; j_ < AGS_WARP_ITEMS / %d; j_++) {\n"
-                "#pragma unroll\nfor (int l_ = 0; l_ < %d; l_++) {\n"
-                "const long long c = (lane_ + (long long)j_ * AGS_WARP_LANES) * %d + l_;\n"
-                "if (c < cols) out%d[slot_ * cols + c] = cs%d[j_ * %d + l_];\n}\n}\n",
-                t->width, t->width, t->width, o, o, t->width);
-        }
-        else {
-            ags_cg_put(t, "#pragma unroll\n"
-                "for (int j_ = 0; j_ < AGS_WARP_ITEMS; j_++) {\n"
-                "const long long c = lane_ + (long long)j_ * AGS_WARP_LANES;\n"
-                "if (c < cols) out%d[slot_ * cols + c] = cs%d[j_];\n}\n", o, o);
+        if (k->out[o].strided == OUT_COLUMNS) {
+            put_store(t, o, g->vector ? t->width : 1, count, "lane_", "AGS_WARP_LANES", "=");
         }
     }
 }
-

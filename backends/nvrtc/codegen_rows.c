@@ -321,52 +321,61 @@ put_vector_step(text *t, rows *g, int r)
     return 0;
 }
 
+/* The head of a pass's loop over this thread's places of the row (var: cw_
+ * on a vector form, w columns a place; c on a scalar form), with its
+ * bounds check open.  The warp path's loop has a constant count (unrolled:
+ * its loads all in flight, its register arrays registers); so has the block
+ * path's last pass with its column sums in registers: steps of kc_ places a
+ * thread from place s_, kc_ * blockDim.x places a step (one step covers the
+ * row under the block the driver launches; a smaller one takes several). */
+static void
+put_pass_head(text *t, const rows *g, int r, const char *var, int w)
+{
+    char scale[16] = "";
+
+    if (w > 1) {
+        snprintf(scale, sizeof scale, " * %d", w);
+    }
+    if (g->warp || (g->regs && r < 0)) {
+        if (g->warp && w > 1) {
+            ags_cg_put(t, "#pragma unroll\nfor (int j_ = 0; j_ < AGS_WARP_ITEMS / %d; j_++) {\n"
+                "const long long %s = lane_ + (long long)j_ * AGS_WARP_LANES;\n", w, var);
+        }
+        else if (g->warp) {
+            ags_cg_put(t, "#pragma unroll\nfor (int j_ = 0; j_ < AGS_WARP_ITEMS; j_++) {\n"
+                "const long long %s = lane_ + (long long)j_ * AGS_WARP_LANES;\n", var);
+        }
+        else {
+            ags_cg_put(t, "for (long long s_ = 0; s_%s < cols; s_ += (long long)kc_ * blockDim.x) {\n"
+                "#pragma unroll\nfor (int j_ = 0; j_ < kc_; j_++) {\n"
+                "const long long %s = s_ + threadIdx.x + (long long)j_ * blockDim.x;\n",
+                scale, var);
+        }
+        ags_cg_put(t, "if (%s%s < cols) {\n", var, scale);
+    }
+    else {
+        ags_cg_put(t, "#pragma unroll %d\n"
+            "for (long long %s = threadIdx.x; %s%s < cols; %s += blockDim.x) {\n",
+            w > 1 ? 2 : 4, var, var, scale, var);
+    }
+}
+
 /* One pass over the row computing the values marked in g->need at each of
- * this thread's elements, then put_element(r).  The warp path's loop has a
- * constant count (unrolled: its loads all in flight, its register arrays
- * registers); its vector form takes text.width columns a step. */
+ * this thread's elements, then put_element(r); a vector form takes
+ * text.width columns a step. */
 static int
 put_pass(text *t, rows *g, int r)
 {
     const kernel *k = g->k;
 
     if (g->vector) {
-        if (g->warp) {
-            ags_cg_put(t, "#pragma unroll\n"
-                "for (int j_ = 0; j_ < AGS_WARP_ITEMS / %d; j_++) {\n"
-                "const long long cw_ = lane_ + (long long)j_ * AGS_WARP_LANES;\n"
-                "if (cw_ * %d < cols) {\n", t->width, t->width);
-        }
-        else if (g->regs && r < 0) {
-            ags_cg_put_column_steps(t, "b_ * %d < cols", t->width);
-            ags_cg_put(t, "const long long cw_ = b_ + threadIdx.x + (long long)j_ * blockDim.x;\n"
-                "if (cw_ * %d < cols) {\n", t->width);
-        }
-        else {
-            ags_cg_put(t, "#pragma unroll 2\n"
-                "for (long long cw_ = threadIdx.x; cw_ * %d < cols; cw_ += blockDim.x) {\n",
-                t->width);
-        }
+        put_pass_head(t, g, r, "cw_", t->width);
         if (put_vector_step(t, g, r) < 0) {
             return -1;
         }
     }
     else {
-        if (g->warp) {
-            ags_cg_put(t, "#pragma unroll\n"
-                "for (int j_ = 0; j_ < AGS_WARP_ITEMS; j_++) {\n"
-                "const long long c = lane_ + (long long)j_ * AGS_WARP_LANES;\n"
-                "if (c < cols) {\n");
-        }
-        else if (g->regs && r < 0) {
-            ags_cg_put_column_steps(t, "b_ < cols", 1);
-            ags_cg_put(t, "const long long c = b_ + threadIdx.x + (long long)j_ * blockDim.x;\n"
-                "if (c < cols) {\n");
-        }
-        else {
-            ags_cg_put(t, "#pragma unroll 4\n"
-                "for (long long c = threadIdx.x; c < cols; c += blockDim.x) {\n");
-        }
+        put_pass_head(t, g, r, "c", 1);
         ags_cg_put(t, "const long long i = row * cols + c;\n(void)i;\n");
         if (g->strided) {
             ags_cg_put_indices(t, k->ndim - k->nred, k->ndim, "c", narrow_columns(g));
@@ -378,7 +387,7 @@ put_pass(text *t, rows *g, int r)
     }
     if (g->regs && r < 0 && !g->warp) {
         ags_cg_put(t, "}\n}\nif (multi_) {\n");   /* the step's sums to the slot's row */
-        ags_cg_put_column_flush(t, g, "+=", "b_");
+        ags_cg_put_column_flush(t, g, "+=");
         ags_cg_put(t, "}\n}\n");
     }
     else {
@@ -610,8 +619,9 @@ ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int warp,
     char *kept = PyMem_Calloc((size_t)k->n_ops + 1, 1);
     char *loaded = PyMem_Calloc((size_t)k->n_ops + 1, 1);
     char *scratch = PyMem_Calloc((size_t)k->n_ops + 1, 4);
-    rows g = {k, 1, 0, ags_cg_any_strided(k), need, done, kept, loaded,
-              ags_kernel_column_outputs(k), 0};
+    rows g = {.k = k, .warp = 1, .strided = ags_cg_any_strided(k), .need = need,
+              .done = done, .kept = kept, .loaded = loaded,
+              .columns = ags_kernel_column_outputs(k)};
     int vector = rows_vectorizable(t, k), rc = -1;
 
     if (kept == NULL || loaded == NULL || scratch == NULL) {
@@ -691,7 +701,7 @@ ags_cg_put_rows(text *t, const kernel *k, char *need, char *done, int warp,
      * launches for that length.  Behind a warp path (misaligned rows only)
      * they stay in memory: unrolled there, the block path doubled the
      * kernel's compile (0.24 to 0.49 s for rows of 1024) */
-    g.regs = g.columns > 0 && k->cols > 0 && !warp;
+    g.regs = g.columns > 0 && k->cols > 0 && k->cols <= AGS_NVRTC_COLUMN_COLS && !warp;
     if (g.regs) {
         ags_cg_put(t, "#ifndef AGS_COLUMN_BLOCK\n#define AGS_COLUMN_BLOCK %d\n#endif\n",
             ags_column_block(k->cols));

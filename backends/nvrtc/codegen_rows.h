@@ -27,12 +27,9 @@ typedef struct {
 void ags_cg_put_item_index(const text *t, char *buf, size_t size);
 /* Output o's column sum at this element (codegen_columns.c). */
 void ags_cg_put_column_sum(text *t, const rows *g, int o);
-/* The block path's steps over a row with column sums in registers: `more`
- * (a format of one %d, the form's width) says whether a step is left. */
-void ags_cg_put_column_steps(text *t, const char *more, int width);
-/* The registers of the step from place b into the slot's row (op "=" or
- * "+="; added ones are zeroed). */
-void ags_cg_put_column_flush(text *t, const rows *g, const char *op, const char *b);
+/* The block path's column sums in registers into the slot's row: op "+="
+ * after a step from place s_ (then zeroed), "=" after the one step. */
+void ags_cg_put_column_flush(text *t, const rows *g, const char *op);
 /* Before a slot's first row, and after its last. */
 void ags_cg_put_columns_start(text *t, const rows *g);
 void ags_cg_put_columns_end(text *t, const rows *g);

@@ -539,22 +539,6 @@ param_value(PyObject *arg, uint64_t *out, int *is_int)
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* A ROWS kernel's threads a block on the block path (rows longer than
- * AGS_NVRTC_WARP_COLS): about four elements of the row each (loads in
- * flight, and reductions that stay in registers), a power of two from one
- * warp to 512 threads, and no more than the function can launch (`most`,
- * from its registers). */
-static unsigned int
-block_for(long long cols, int most)
-{
-    unsigned int block = 32;
-
-    while ((long long)block * 4 < cols && block < 512 && (int)block * 2 <= most) {
-        block *= 2;
-    }
-    return block;
-}
-
 /* args: borrowed, n of them. */
 static PyObject *
 launch(kernel_object *self, PyObject *const *args, Py_ssize_t n)
@@ -630,13 +614,11 @@ launch(kernel_object *self, PyObject *const *args, Py_ssize_t n)
     }
     else if (self->kind == AGS_KKIND_ROWS) {
         function = self->block_function;
-        block = block_for(inner, self->block_max_threads);
+        /* a kernel with column sums: at most the block its registers are sized for */
+        block = (unsigned int)ags_rows_block(inner, self->block_max_threads,
+            self->slots ? AGS_COLUMN_BLOCK_MAX : AGS_ROWS_BLOCK_MAX);
         grid = outer > 0x7fffffffLL ? 0x7fffffffu : (unsigned int)outer;
         if (self->slots) {
-            /* the block its column sums' registers are sized for, at most */
-            if (block > (unsigned int)ags_column_block(inner)) {
-                block = (unsigned int)ags_column_block(inner);
-            }
             grid = (unsigned int)nslot;
         }
     }

@@ -22,19 +22,30 @@
 #define AGS_NVRTC_COLUMN_COLS 8192
 #define AGS_COLUMN_BLOCK_MAX 256
 
-/* The block a ROWS kernel with column sums runs its block path on, rows of
- * `cols`: about four elements a thread, a power of two from a warp to
- * AGS_COLUMN_BLOCK_MAX (driver.c launches no larger one; the registers of
- * its column sums are sized for it, codegen_columns.c). */
+/* The block a ROWS kernel's block path runs on, rows of `cols`: about four
+ * elements of the row a thread (loads in flight, reductions that stay in
+ * registers), a power of two from a warp to `cap` threads and to `most`
+ * (what the function can launch, from its registers).  driver.c launches
+ * it, capped at AGS_ROWS_BLOCK_MAX, or at AGS_COLUMN_BLOCK_MAX for a kernel
+ * with column sums, whose registers codegen_columns.c sizes for it. */
+#define AGS_ROWS_BLOCK_MAX 512
+
 static inline int
-ags_column_block(long long cols)
+ags_rows_block(long long cols, int most, int cap)
 {
     int block = 32;
 
-    while ((long long)block * 4 < cols && block < AGS_COLUMN_BLOCK_MAX) {
+    while ((long long)block * 4 < cols && block < cap && block * 2 <= most) {
         block *= 2;
     }
     return block;
+}
+
+/* The block of a kernel with column sums, as many threads as it can launch. */
+static inline int
+ags_column_block(long long cols)
+{
+    return ags_rows_block(cols, AGS_COLUMN_BLOCK_MAX, AGS_COLUMN_BLOCK_MAX);
 }
 
 /* What a storage type computes in. */

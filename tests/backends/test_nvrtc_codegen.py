@@ -2,7 +2,8 @@
 
 Each kernel family is written as a description, its CUDA C is run on the CPU through the
 host shim (_nvrtc_host.py) and compared with torch on random inputs, and NVRTC compiles
-the same source to PTX and to a cubin for the GPUs it knows.
+the same source to PTX and to a cubin for the GPUs it knows.  The row kernels' column
+sums are in test_nvrtc_columns.py.
 """
 
 import re
@@ -12,161 +13,17 @@ import pytest
 from agspeed import _C
 from agspeed.protocol import KernelKind as KK
 from agspeed.protocol import KernelOp as K
-from agspeed.protocol import KernelType as T
 
 pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")
 
 import _nvrtc_host as host  # noqa: E402
-
-F32, F16, BF16, F64, I64, BOOL = T.F32, T.F16, T.BF16, T.F64, T.I64, T.BOOL
-_STORAGE = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16,
-            T.F64: torch.float64, T.I64: torch.int64, T.BOOL: torch.bool}
-
-
-def op(kop, ktype, *operands, imm=None):
-    return (kop, ktype, tuple(operands), imm)
-
-
-def strides_of(t, shape):
-    """``t``'s strides in a space of ``shape`` (0 where it broadcasts)."""
-    t = t.expand(shape)
-    return list(t.stride())
-
-
-# ---- descriptions of each family, with what torch computes for them ----------------
-
-def add_relu_scale(storage=F32):
-    """x + b (b broadcast over rows, strided), relu, * 0.1."""
-    desc = ("add_relu_scale", KK.POINTWISE, 2, 0, ((storage, 0), (storage, 1)),
-            (op(K.LOAD, F32, 0), op(K.LOAD, F32, 1), op(K.ADD, F32, 0, 1),
-             op(K.RELU, F32, 2), op(K.CONST, F32, imm=0.1), op(K.MUL, F32, 3, 4)),
-            ((5, storage, 0),))
-    return desc
-
-
-def softmax_desc(storage=F32):
-    return ("softmax_rows", KK.ROWS, 2, 1, ((storage, 0),),
-            (op(K.LOAD, F32, 0), op(K.AMAX, F32, 0), op(K.SUB, F32, 0, 1),
-             op(K.EXP, F32, 2), op(K.SUM, F32, 3), op(K.DIV, F32, 3, 4)),
-            ((5, storage, 0), (1, F32, 3)))
-
-
-def layer_norm_desc(n, storage=F32, weights=1):
-    """(x - mean) * rsqrt(var + eps) * w + b over the last dimension, with the row's
-    mean and rstd as outputs (what a backward keeps); w and b read through strides
-    (``weights`` 1) or as rows (2)."""
-    return ("layer_norm_rows", KK.ROWS, 2, 1,
-            ((storage, 0), (F32, weights), (F32, weights)),
-            (op(K.LOAD, F32, 0),                      # 0 x
-             op(K.SUM, F32, 0),                       # 1
-             op(K.CONST, F32, imm=1.0 / n),           # 2
-             op(K.MUL, F32, 1, 2),                    # 3 mean
-             op(K.SUB, F32, 0, 3),                    # 4 x - mean
-             op(K.MUL, F32, 4, 4),                    # 5
-             op(K.SUM, F32, 5),                       # 6
-             op(K.MUL, F32, 6, 2),                    # 7 var
-             op(K.CONST, F32, imm=1e-5),              # 8
-             op(K.ADD, F32, 7, 8),                    # 9
-             op(K.RSQRT, F32, 9),                     # 10 rstd
-             op(K.MUL, F32, 4, 10),                   # 11
-             op(K.LOAD, F32, 1), op(K.MUL, F32, 11, 12),   # 12, 13
-             op(K.LOAD, F32, 2), op(K.ADD, F32, 13, 14)),  # 14, 15
-            ((15, storage, 0), (3, F32, 3), (10, F32, 3)))
-
-
-def softmax_backward_desc(storage=F32):
-    """grad_in = y * (g - sum(g * y)): two loads that two passes read."""
-    return ("softmax_backward_rows", KK.ROWS, 2, 1, ((storage, 0), (storage, 0)),
-            (op(K.LOAD, F32, 0), op(K.LOAD, F32, 1), op(K.MUL, F32, 0, 1),
-             op(K.SUM, F32, 2), op(K.SUB, F32, 0, 3), op(K.MUL, F32, 1, 4)),
-            ((5, storage, 0),))
-
-
-def rms_norm_desc(n, storage=F32, weights=1):
-    """x * rsqrt(mean(x * x) + eps) * w, w broadcast over the rows: read through its
-    strides (``weights`` 1) or as a row (2)."""
-    return ("rms_norm_rows", KK.ROWS, 2, 1, ((storage, 0), (storage, weights)),
-            (op(K.LOAD, F32, 0), op(K.MUL, F32, 0, 0), op(K.SUM, F32, 1),
-             op(K.CONST, F32, imm=1.0 / n), op(K.MUL, F32, 2, 3),
-             op(K.CONST, F32, imm=1e-6), op(K.ADD, F32, 4, 5), op(K.RSQRT, F32, 6),
-             op(K.MUL, F32, 0, 7), op(K.LOAD, F32, 1), op(K.MUL, F32, 8, 9)),
-            ((10, storage, 0),))
-
-
-def column_sums_desc(storage=F32):
-    """A layer norm's backward in small: g * rstd at each element, the row's sum of g,
-    and the weight and bias gradients as column sums, g * (x - mean) * rstd and g summed
-    over the rows (mean and rstd one per row, read through strides)."""
-    return ("column_sums", KK.ROWS, 2, 1,
-            ((storage, 0), (storage, 0), (F32, 1), (F32, 1)),
-            (op(K.LOAD, F32, 0), op(K.LOAD, F32, 1), op(K.LOAD, F32, 2),
-             op(K.LOAD, F32, 3), op(K.SUB, F32, 1, 2), op(K.MUL, F32, 4, 3),
-             op(K.MUL, F32, 0, 5), op(K.MUL, F32, 0, 3), op(K.SUM, F32, 0)),
-            ((7, storage, 0), (6, F32, 2), (0, F32, 2), (8, F32, 3)))
-
-
-def rms_norm_backward_desc(n, storage=F32):
-    """RMSNorm's backward from the forward's saved rstd r, read once a row (flag 3):
-    dx = r g w - x r^3 sum(g w x) / n, with r^3 a row output (from the per-row input
-    alone) and the weight gradient, g x r summed over the rows, as column sums."""
-    return ("rms_norm_backward", KK.ROWS, 2, 1,
-            ((storage, 0), (storage, 0), (storage, 2), (F32, 3)),
-            (op(K.LOAD, F32, 0), op(K.LOAD, F32, 1), op(K.LOAD, F32, 2),
-             op(K.LOAD, F32, 3), op(K.MUL, F32, 0, 2), op(K.MUL, F32, 4, 1),
-             op(K.SUM, F32, 5), op(K.MUL, F32, 3, 3), op(K.MUL, F32, 7, 3),
-             op(K.MUL, F32, 6, 8), op(K.CONST, F32, imm=1.0 / n), op(K.MUL, F32, 9, 10),
-             op(K.MUL, F32, 1, 11), op(K.MUL, F32, 4, 3), op(K.SUB, F32, 13, 12),
-             op(K.MUL, F32, 0, 1), op(K.MUL, F32, 15, 3)),
-            ((14, storage, 0), (16, F32, 2), (8, F32, 3)))
-
-
-def bias_grad_desc(storage=F32):
-    """A pointwise backward over (B, T, C) with its bias gradient: g * w stored (w a row)
-    and g summed over B and T, with no reduction of rows at all."""
-    return ("bias_grad", KK.ROWS, 3, 1, ((storage, 0), (storage, 2)),
-            (op(K.LOAD, F32, 0), op(K.LOAD, F32, 1), op(K.MUL, F32, 0, 1)),
-            ((2, storage, 0), (0, F32, 2)))
-
-
-# Row lengths on both sides of the bound between the paths (codegen_rows.c): the warp
-# path (one warp a row) up to 1024 columns, in its vector form where the length is a
-# multiple of 4 (100, 1024) and the pointers are aligned, the block path beyond (whose
-# vectors are of 8 for fp16 and bf16 rows: 5000 and 9000 take them, 4100 is a multiple
-# of 4 alone).
-ROW_LENGTHS = [1, 7, 100, 1024, 1025, 4100, 5000, 9000]
-# Each row kernel's functions: the first (warp and block paths) and <name>_block (the
-# block path alone); each is right at every length, whichever the launcher picks.
-ROW_FUNCTIONS = pytest.mark.parametrize("function", ["", "_block"], ids=["first", "block"])
-# A norm's weight read through its strides (0 along the rows), or as a row (its index
-# within the row, as vectors on the vector forms): both give the same values.
-WEIGHTS = pytest.mark.parametrize("weights", [1, 2], ids=["strided-weights", "row-weights"])
-
-
-def _weight_strides(weights, w, shape):
-    return list(strides_of(w, shape)) if weights == 1 else []
-
-
-def _rows_close(got, want):
-    """assert_close for a row kernel on the host, whose one thread sums a row of up to
-    9000 fp32 values in order: fp32 results within 1e-4 (relative) of torch's, whose
-    sums go in another order; fp16 and bf16 ones within their usual tolerance."""
-    tol = {"rtol": 1e-4, "atol": 1e-5} if got.dtype == torch.float32 else {}
-    torch.testing.assert_close(got, want, **tol)
-
-
-def _sums_close(got, want, n):
-    """Sums of ``n`` values of about 1 in another order than torch's: within 1e-4 of
-    torch's, relative to the sum or to the sqrt(n) its terms cancel down from."""
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * max(1.0, n ** 0.5))
-
-
-def _rows_input(shape, dtype, offset=0, scale=1.0, shift=0.0):
-    """A contiguous tensor of ``shape`` whose data starts ``offset`` elements into its
-    allocation: misaligned for the vector loads when offset is odd."""
-    n = shape[0] * shape[1]
-    return (torch.randn(n + offset) * scale + shift).to(dtype)[offset:].view(shape)
-
+from _nvrtc_descs import (BF16, BOOL, F16, F32, F64, I64, ROW_FUNCTIONS,  # noqa: E402
+                          ROW_LENGTHS, WEIGHTS, _STORAGE, _rows_close, _rows_input,
+                          _sums_close,
+                          _weight_strides, add_relu_scale, bias_grad_desc,
+                          column_sums_desc, layer_norm_desc, op, rms_norm_backward_desc,
+                          rms_norm_desc, softmax_backward_desc, softmax_desc, strides_of)
 
 @pytest.mark.parametrize("storage", [F32, F16, BF16])
 def test_pointwise_with_a_broadcast_input_matches_torch(storage):
@@ -426,159 +283,6 @@ def test_softmax_backward_and_rms_norm_rows_on_every_path(storage, cols, functio
     _rows_close(out, want.to(dtype))
 
 
-@pytest.mark.parametrize("storage", [F32, BF16])
-@pytest.mark.parametrize("cols", ROW_LENGTHS)
-@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "misaligned"])
-@pytest.mark.parametrize("slots", [1, 3, 7])
-@ROW_FUNCTIONS
-def test_column_sums_on_every_path(storage, cols, offset, slots, function):
-    """Each row slot (a block of the host's grid) adds its rows into its own row of the
-    partial sums; the slots' rows add up to torch's sums over the rows, next to the
-    element and row outputs of the same kernel."""
-    dtype, rows = _STORAGE[storage], 7
-    g = _rows_input((rows, cols), dtype, offset)
-    x = _rows_input((rows, cols), dtype, offset, 2.0, 1.0)
-    mean, rstd = torch.randn(rows, 1), torch.rand(rows, 1) + 0.5
-    out, row_sum = torch.empty(rows, cols, dtype=dtype), torch.empty(rows)
-    gw, gb = torch.full((slots, cols), float("nan")), torch.full((slots, cols), float("nan"))
-    host.run(column_sums_desc(storage), [g, x, mean, rstd, out, gw, gb, row_sum],
-             [rows, cols, *strides_of(mean, (rows, cols)), *strides_of(rstd, (rows, cols)),
-              slots], function)
-    gf = g.float()
-    _rows_close(out, (gf * rstd).to(dtype))
-    _sums_close(row_sum, gf.sum(-1), cols)
-    _sums_close(gw.sum(0), (gf * (x.float() - mean) * rstd).sum(0), rows)
-    _sums_close(gb.sum(0), gf.sum(0), rows)
-
-
-@pytest.mark.parametrize("told,function,offset", [(0, "_block", 0), (64, "", 1)],
-                         ids=["block-function", "told-length-misaligned"])
-@pytest.mark.parametrize("blocks", [1, 2])
-def test_a_grid_smaller_than_the_slots_leaves_none_out_on_the_block_path(
-        told, function, offset, blocks):
-    """On the block path a block takes slot after slot: the grid the launcher shapes
-    for the warp path (a block for 8 slots) still sums every slot's rows where they
-    fall to the block path, as a misaligned row does where the row's length is told
-    (the warp path is then its vector form alone)."""
-    rows, cols, slots = 7, 64, 5
-    desc = column_sums_desc(BF16) + ((told,) if told else ())
-    assert ("its vector form alone" in _C.nvrtc_source(desc)) == bool(told)
-    g = _rows_input((rows, cols), torch.bfloat16, offset)
-    x = _rows_input((rows, cols), torch.bfloat16, offset, 2.0, 1.0)
-    mean, rstd = torch.randn(rows, 1), torch.rand(rows, 1) + 0.5
-    out, row_sum = torch.empty(rows, cols, dtype=torch.bfloat16), torch.empty(rows)
-    gw, gb = torch.full((slots, cols), float("nan")), torch.full((slots, cols), float("nan"))
-    host.run(desc, [g, x, mean, rstd, out, gw, gb, row_sum],
-             [rows, cols, *strides_of(mean, (rows, cols)), *strides_of(rstd, (rows, cols)),
-              slots], function, blocks=blocks)
-    gf = g.float()
-    _rows_close(out, (gf * rstd).bfloat16())
-    _sums_close(row_sum, gf.sum(-1), cols)
-    _sums_close(gw.sum(0), (gf * (x.float() - mean) * rstd).sum(0), rows)
-    _sums_close(gb.sum(0), gf.sum(0), rows)
-
-
-@pytest.mark.parametrize("storage", [F32, BF16])
-@pytest.mark.parametrize("told,offset", [(1026, 0), (3000, 0), (3000, 1), (4096, 0),
-                                         (4096, 1)])
-@pytest.mark.parametrize("block", [None, 64], ids=["one-step", "steps"])
-def test_column_sums_in_registers_on_the_block_path(storage, told, offset, block):
-    """Where the row's length is told (as it is wherever column sums join a kernel), the
-    block path keeps each thread's column sums in registers over the slot's rows and
-    stores them once: sized for the block the driver launches, one step of kc_ places
-    covers the row (the harness's default).  A smaller block (``steps``: registers
-    sized for 64 threads, the harness running one) takes the row in several steps, each
-    adding its sums into the slot's row.  Rows of a told length up to 1024 take the
-    warp path (the block path only misaligned, its sums in memory); longer rows take
-    the block path always, in its vector form where aligned (``offset``)."""
-    dtype, rows, slots = _STORAGE[storage], 7, 3
-    desc = column_sums_desc(storage) + (told,)
-    source = _C.nvrtc_source(desc)
-    block_path = source.split("/* the block path */")[1]
-    vector = "/* its vector form */" in block_path
-    assert vector == (told % 4 == 0)
-    # the scalar form beside a vector form (misaligned rows) sums in memory
-    assert "cs1[kc_ * " in block_path
-    assert ("out1[slot_ * cols + c] += (" in block_path) == vector
-    # the driver's block for such rows: about 4 elements a thread, 32 to 256 threads
-    launched = min(256, max(32, 1 << (-(-told // 4) - 1).bit_length()))
-    assert f"#define AGS_COLUMN_BLOCK {launched}" in source
-    g = _rows_input((rows, told), dtype, offset)
-    x = _rows_input((rows, told), dtype, offset, 2.0, 1.0)
-    mean, rstd = torch.randn(rows, 1), torch.rand(rows, 1) + 0.5
-    out, row_sum = torch.empty(rows, told, dtype=dtype), torch.empty(rows)
-    gw, gb = torch.full((slots, told), float("nan")), torch.full((slots, told), float("nan"))
-    host.run(desc, [g, x, mean, rstd, out, gw, gb, row_sum],
-             [rows, told, *strides_of(mean, (rows, told)), *strides_of(rstd, (rows, told)),
-              slots], defines=f"#define AGS_COLUMN_BLOCK {block}\n" if block else "")
-    gf = g.float()
-    _rows_close(out, (gf * rstd).to(dtype))
-    _sums_close(row_sum, gf.sum(-1), told)
-    _sums_close(gw.sum(0), (gf * (x.float() - mean) * rstd).sum(0), rows)
-    _sums_close(gb.sum(0), gf.sum(0), rows)
-
-
-@pytest.mark.parametrize("told", [64, 1000, 3000, 4096, 8192])
-def test_column_sums_in_registers_compile(nvrtc, told):
-    """NVRTC compiles the register form for every length column sums join at (up to
-    NVRTC_COLUMN_COLS), with the backend's options."""
-    from agspeed.backends.nvrtc import kernels
-
-    assert told <= _C.NVRTC_COLUMN_COLS
-    for storage in (F32, BF16):
-        desc = column_sums_desc(storage) + (told,)
-        cubin = _C.nvrtc_compile(_C.nvrtc_source(desc), desc[0] + ".cu",
-                                 kernels.compile_options("--gpu-architecture=sm_90"), True)
-        assert len(cubin) > 1000
-
-
-@pytest.mark.parametrize("told", [0, 64, 1024])
-def test_a_block_path_behind_the_warp_path_sums_in_memory(told):
-    """Without a told length (no description the partition makes has column sums
-    then), or behind a warp path (rows up to 1024, misaligned), the block path's sums
-    stay in the slot's row of memory."""
-    desc = column_sums_desc(F32) + ((told,) if told else ())
-    block_path = _C.nvrtc_source(desc).split("/* the block path */")[1]
-    assert "kc_" not in block_path and "out1[slot_ * cols + c] += (" in block_path
-
-
-@pytest.mark.parametrize("storage", [F32, BF16])
-@pytest.mark.parametrize("cols", ROW_LENGTHS)
-@ROW_FUNCTIONS
-def test_a_saved_row_statistic_is_read_once_a_row(storage, cols, function):
-    """RMSNorm's backward in one kernel: the forward's rstd, one value a row, is a row
-    value (r^3 computed before the row's reduction, stored as a row output)."""
-    dtype, rows = _STORAGE[storage], 5
-    g, x = _rows_input((rows, cols), dtype), _rows_input((rows, cols), dtype, 0, 2.0)
-    w = torch.randn(cols).to(dtype)
-    r = torch.rand(rows, 1) + 0.5
-    dx, gw, r3 = torch.empty(rows, cols, dtype=dtype), torch.empty(2, cols), torch.empty(rows)
-    host.run(rms_norm_backward_desc(cols, storage), [g, x, w, r, dx, gw, r3],
-             [rows, cols, 2], function)
-    gf, xf, wf = g.float(), x.float(), w.float()
-    want = r * gf * wf - xf * r ** 3 * (gf * wf * xf).sum(-1, keepdim=True) / cols
-    _rows_close(dx, want.to(dtype))
-    _sums_close(gw.sum(0), (gf * xf * r).sum(0), rows)
-    torch.testing.assert_close(r3, (r ** 3).squeeze(1))
-
-
-@pytest.mark.parametrize("storage", [F32, F16, BF16])
-@pytest.mark.parametrize("cols", [8, 100, 3000])
-def test_column_sums_of_a_kernel_without_row_reductions(storage, cols):
-    dtype = _STORAGE[storage]
-    g, w = torch.randn(2, 3, cols).to(dtype), torch.randn(cols).to(dtype)
-    out, gb = torch.empty(2, 3, cols, dtype=dtype), torch.empty(4, cols)
-    host.run(bias_grad_desc(storage), [g, w, out, gb], [2, 3, cols, 4])
-    torch.testing.assert_close(out, (g.float() * w.float()).to(dtype))
-    _sums_close(gb.sum(0), g.float().sum((0, 1)), 6)
-    # column sums alone: the pass over the elements is made for them too
-    alone = ("bias_grad_alone", KK.ROWS, 3, 1, ((storage, 0),), (op(K.LOAD, F32, 0),),
-             ((0, F32, 2),))
-    gb.fill_(float("nan"))
-    host.run(alone, [g, gb], [2, 3, cols, 4])
-    _sums_close(gb.sum(0), g.float().sum((0, 1)), 6)
-
-
 def test_the_warp_path_keeps_the_values_later_passes_read_in_registers():
     """Softmax's backward reads g and y in two passes: on the warp path each is loaded
     once into a register array; softmax keeps x for its sum and then exp(x - max) for
@@ -778,15 +482,6 @@ def test_a_bad_description_is_refused_with_what_is_wrong(desc, error):
 
 
 # ---- NVRTC ---------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def nvrtc():
-    from agspeed.backends.nvrtc import _libs
-
-    version, why = _libs.nvrtc()
-    assert version is not None, why  # the test set-up installs the nvrtc wheel
-    return version
-
 
 ALL = [add_relu_scale(F32), add_relu_scale(BF16), softmax_desc(F16), layer_norm_desc(64),
        spread_desc(BF16), softmax_desc(BF16) + (197,), softmax_desc(BF16) + (4096,),

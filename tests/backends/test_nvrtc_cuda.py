@@ -23,9 +23,9 @@ _WHY = backends.capabilities_of(backends.get_backend("nvrtc")).unavailable() \
 pytestmark = [pytest.mark.torch, pytest.mark.skipif(_WHY is not None, reason=str(_WHY))]
 
 from test_nvrtc_backend import Block, Norms, _twins  # noqa: E402
-from test_nvrtc_codegen import (F16, BF16, F32, _STORAGE, add_relu_scale,  # noqa: E402
-                                column_sums_desc, layer_norm_desc, rms_norm_desc, softmax_backward_desc,
-                                softmax_desc, strides_of)
+from _nvrtc_descs import (BF16, F16, F32, _STORAGE, add_relu_scale,  # noqa: E402
+                          column_sums_desc, layer_norm_desc, rms_norm_desc,
+                          softmax_backward_desc, softmax_desc, strides_of)
 
 nn, F = torch.nn, torch.nn.functional
 CUDA = torch.device("cuda")
@@ -124,12 +124,18 @@ def test_column_sums_on_the_gpu(storage, shape, told):
     row slots as the backend picks for the device (fewer than the rows for the large
     shapes, so each slot adds many rows), and to one slot.  With the row's length told
     (as the partition tells it), rows past 1024 keep their sums in registers."""
+    desc = column_sums_desc(storage) + ((shape[1],) if told else ())
+    _column_sums_match(lambda tensors, ints: _launch(desc, tensors, ints), storage, shape)
+
+
+def _column_sums_match(launch, storage, shape, offset=0):
+    """A column sums kernel's outputs equal torch's, dealt to as many row slots as the
+    backend picks for the device and to one slot."""
     from agspeed.backends.nvrtc import kernels
 
     dtype = _STORAGE[storage]
     rows, cols = shape
-    desc = column_sums_desc(storage) + ((cols,) if told else ())
-    g, x = _rows_input(shape, dtype), _rows_input(shape, dtype, scale=2.0)
+    g, x = _rows_input(shape, dtype, offset), _rows_input(shape, dtype, offset, scale=2.0)
     mean = torch.randn(rows, 1, device=CUDA)
     rstd = torch.rand(rows, 1, device=CUDA) + 0.5
     gf = g.float()
@@ -138,13 +144,42 @@ def test_column_sums_on_the_gpu(storage, shape, told):
         row_sum = torch.empty(rows, device=CUDA)
         gw = torch.full((slots, cols), float("nan"), device=CUDA)
         gb = torch.full((slots, cols), float("nan"), device=CUDA)
-        _launch(desc, [g, x, mean, rstd, out, gw, gb, row_sum],
-                [rows, cols, *strides_of(mean, shape), *strides_of(rstd, shape), slots])
+        launch([g, x, mean, rstd, out, gw, gb, row_sum],
+               [rows, cols, *strides_of(mean, shape), *strides_of(rstd, shape), slots])
         torch.testing.assert_close(out, (gf * rstd).to(dtype))
         torch.testing.assert_close(row_sum, gf.sum(-1), rtol=1e-4, atol=1e-3)
         torch.testing.assert_close(gw.sum(0), (gf * (x.float() - mean) * rstd).sum(0),
                                    rtol=1e-4, atol=1e-2)
         torch.testing.assert_close(gb.sum(0), gf.sum(0), rtol=1e-4, atol=1e-2)
+
+
+@pytest.mark.parametrize("storage", [F32, BF16])
+@pytest.mark.parametrize("cols,offset,block", [(3000, 1, None), (4100, 0, None),
+                                               (8191, 0, None), (5000, 0, 1024)],
+                         ids=["misaligned", "4100", "8191", "in-steps"])
+def test_column_sums_in_registers_take_every_form_on_the_gpu(storage, cols, offset, block):
+    """The block path's other forms with a told length: misaligned rows (the scalar form
+    beside the vector form, its sums in memory), lengths not a multiple of the vectors'
+    width (the scalar form, its sums in registers, a step's last places past the row's
+    end), and registers sized for blocks of 1024 where the driver launches 256 (each
+    block takes the row in four steps, adding each into the slot's row)."""
+    from agspeed import _C
+    from agspeed.backends.nvrtc import kernels
+
+    desc = column_sums_desc(storage) + (cols,)
+    source = _C.nvrtc_source(desc)
+    if block:
+        source = f"#define AGS_COLUMN_BLOCK {block}\n" + source
+    device = torch.cuda.current_device()
+    arch, cubin = kernels._arch(device)
+    kernel = _C.CudaKernel(kernels.image_for(source, desc[0], arch, cubin), desc[0],
+                           int(desc[1]), desc[2], desc[3], device, slots=True)
+
+    def launch(tensors, ints):
+        kernel(torch.cuda.current_stream().cuda_stream, *tensors, *ints)
+        torch.cuda.synchronize()
+
+    _column_sums_match(launch, storage, (900, cols), offset)
 
 
 class NormBias(nn.Module):
