@@ -5,11 +5,11 @@
 # goes to torch's compilers and to worker processes rather than to agspeed's C: the
 # inductor and autotuner tests, the nvrtc backend's graph tests (AOTAutograd, and g++
 # building each kernel for the host; the C they reach, describe.c and codegen.c, runs
-# here through every kernel family of tests/backends/test_nvrtc_codegen.py), the
-# training loops (AMP on every backend, DDP and FSDP ranks) and the benchmark smoke
-# runs.  Their frames go through the same hook, guards and interpreter that
-# tests/csrc, tests/guards, tests/agspeed and tests/models drive here; scripts/test.sh
-# runs them all on the normal build.
+# here through every kernel family of tests/backends/test_nvrtc_codegen.py and
+# test_nvrtc_columns.py), the training loops (AMP on every backend, DDP and FSDP
+# ranks) and the benchmark smoke runs.  Their frames go through the same hook, guards
+# and interpreter that tests/csrc, tests/guards, tests/agspeed and tests/models drive
+# here; scripts/test.sh runs them all on the normal build.
 # The in-place build it leaves behind is the debug one: scripts/test.sh rebuilds.
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
