@@ -50,14 +50,15 @@ the first slot.
 
 A resume function's own break resumes where the user's code would: the offset maps
 back to the original code (the prologue is all a resume function adds), and the break
-code and resume functions are the original's for that place (``original``).
+code and resume functions are the original's for that place
+(``agspeed._resume_code.original``).
 
 Loops.  A break inside a loop resumes (torch._dynamo runs such a frame eager).  A ``for``
 loop's iterator crosses as the tuple of the items it had left, which the resume
 function's prologue iterates; every later pass breaks in that resume function and
 resumes in it again, one entry per pass.  The runner of a resume function hands the
-call it would make back to the runner that began the chain (``_Then``), so the passes
-run at one depth of Python frames.
+call it would make back to the runner that began the chain (``_resume_code._Then``), so
+the passes run at one depth of Python frames.
 
 What is refused (the frame then runs eager as before, and says why), matching
 torch._dynamo where it has a rule: a loop with more than ``LOOP_ITEMS`` items left at
@@ -214,8 +215,9 @@ class Layout(NamedTuple):
     around the break instruction, and the resume function another around the rest:
     made in their own code, of constants, so that capturing it assumes nothing of a
     manager handed in), ("iter", slots) the iterator of a ``for`` loop the break is in:
-    the runner hands a tuple of what it had left to yield (each item a slot as above),
-    and the resume function's prologue iterates it."""
+    the runner hands a tuple of what it had left to yield (each item a slot as above,
+    or ("tuple", slots) for a tuple of them), and the resume function's prologue
+    iterates it (``agspeed._resume_code.runner``)."""
 
     stack: tuple
     locals: tuple
@@ -414,14 +416,23 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
                 return f"the loop's iterator raised {type(exc).__name__} at the break"
         if len(items) > LOOP_ITEMS:
             return f"a loop with more than {LOOP_ITEMS} items left at the break"
-        slots = []
-        for item in items:
-            s = slot("TENSOR" if isinstance(item, builder.node_type) else "CONST", item,
-                     None, False)
-            if isinstance(s, str):
-                return s
-            slots.append(s)
-        return ("iter", tuple(slots))
+        slots = tuple(item_slot(item) for item in items)
+        why = next((s for s in slots if isinstance(s, str)), None)
+        return why or ("iter", slots)
+
+    def item_slot(item: Any) -> tuple | str:
+        # an item the loop has left: read through the source the capture read it from,
+        # where it has one, so that each call hands on the program's objects of that
+        # call (a list to append to, a block to call), not the first call's; a tuple
+        # (enumerate's, zip's) item by item
+        if isinstance(item, builder.node_type):
+            return slot("TENSOR", item, None, False)
+        if type(item) is tuple and not builder.can_escape(item):
+            parts = tuple(item_slot(v) for v in item)
+            why = next((s for s in parts if isinstance(s, str)), None)
+            return why or ("tuple", parts)
+        known = builder.known.get(id(item))
+        return slot("CONST", item, known[1] if known and known[0] is item else None, False)
 
     rows = state["stack"]
     held = collections.Counter(id(payload[0] if kind == "ITER" else payload)

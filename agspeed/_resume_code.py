@@ -47,8 +47,9 @@ _CO_VAR = 0x04 | 0x08  # CO_VARARGS | CO_VARKEYWORDS: a resume function takes a 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _GENERATED: weakref.WeakSet = weakref.WeakSet()
 _RESUMES: weakref.WeakSet = weakref.WeakSet()  # the resume functions' code objects
-# a resume function's code -> (the code it continues, how many instructions its
-# prologue put before that code's own)
+# a resume function's code -> (a weak reference to the code it continues, how many
+# instructions its prologue put before that code's own): weak, as that code's _CACHE
+# entry holds the resume function's code
 _ORIGIN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOOPED: weakref.WeakSet = weakref.WeakSet()  # those that start inside a loop
 
@@ -65,12 +66,10 @@ def in_loop(code: types.CodeType) -> bool:
     return code in _LOOPED
 
 
-def _in_loop(code: types.CodeType, at: int) -> bool:
-    """Whether instruction ``at`` of ``code`` lies inside a loop (a jump backwards
-    passes over it)."""
-    rows = _C.decode(code)
-    start = rows[at][0]
-    return any(0 <= row[4] <= start < row[0] for row in rows)
+def _in_loop(instrs: list, at: int) -> bool:
+    """Whether instruction ``at`` (an index of ``decode``'s instructions) lies inside a
+    loop: a jump at or after it goes back to it or before it."""
+    return any(0 <= target <= at <= i for i, (_op, _arg, target, _pos) in enumerate(instrs))
 
 
 def original(code: types.CodeType, offset: int) -> tuple | None:
@@ -88,8 +87,9 @@ def original(code: types.CodeType, offset: int) -> tuple | None:
     at = next((i for i, r in enumerate(rows) if r[1] == offset), None)
     total = 0
     while at is not None and code in _ORIGIN:
-        code, shift = _ORIGIN[code]
-        if at < shift:
+        ref, shift = _ORIGIN[code]
+        code = ref()
+        if code is None or at < shift:
             return None
         at, total = at - shift, total + shift
     if at is None:
@@ -228,8 +228,8 @@ def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handle
         "co_nlocals": len(varnames), "co_consts": tuple(consts),
         "co_flags": code.co_flags & ~_CO_VAR})
     _RESUMES.add(new)
-    _ORIGIN[new] = (code, shift)
-    if _in_loop(code, target):
+    _ORIGIN[new] = (weakref.ref(code), shift)
+    if _in_loop(instrs, target):
         _LOOPED.add(new)
     closure = tuple(types.CellType() for _ in code.co_freevars) or None
     return types.FunctionType(new, f_globals, name, None, closure), shift
@@ -410,9 +410,13 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
 
 def _comprehension_call(operands: tuple) -> bool:
     """Whether the break instruction's operands call a comprehension's function
-    (3.11), which only iterates the iterator it is handed."""
+    (3.11) or a generator expression's, which only iterate the iterator they are
+    handed."""
     fns = [s[1] for s in operands if s[0] == "constant" and type(s[1]) is types.FunctionType]
-    return bool(fns) and fns[0].__code__.co_name.startswith("<")
+    return bool(fns) and fns[0].__code__.co_name in _COMPREHENSIONS
+
+
+_COMPREHENSIONS = ("<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>")
 
 
 def _consumed(instrs: list, site: BreakSite, depth: int, kinds: tuple) -> int:
@@ -456,18 +460,24 @@ class _Then(NamedTuple):
     args: tuple
 
 
-_NAMES = ("output", "constant", "local", "unbound", "source", "iter", "weak")
+# What a runner reads for a slot of the layout (``_plan``).
+_OUTPUT, _CONSTANT, _LOCAL, _UNBOUND, _SOURCE, _TUPLE, _WEAK = range(7)
+_KINDS = {"output": _OUTPUT, "constant": _CONSTANT, "local": _LOCAL, "unbound": _UNBOUND,
+          "source": _SOURCE}
 
 
-def _plan(slot: tuple) -> tuple:
-    """(kind's index, what to read) of a layout's slot.  A module held as a constant
-    (a loop's block left to call) is held weakly: an entry must not keep a model
-    alive, and its guard fails once the module is gone (it checks it by identity)."""
-    if slot[0] == "iter":
-        return 5, tuple(_plan(s) for s in slot[1])
-    if slot[0] == "constant" and _is_module(slot[1]):
-        return 6, weakref.ref(slot[1])
-    return _NAMES.index(slot[0]), slot[1] if len(slot) > 1 else None
+def _plan(slot: tuple, item: bool = False) -> tuple:
+    """(what to read, its argument) for a layout's slot: a loop's items (an "iter"
+    slot) and a tuple among them are tuples of their own slots.  A module among a
+    loop's items held as a constant (a block left to call, reached through no source)
+    is held weakly: an entry must not keep a model alive, and its guard fails once the
+    module is gone (it checks it by identity)."""
+    kind = slot[0]
+    if kind in ("iter", "tuple"):
+        return _TUPLE, tuple(_plan(s, True) for s in slot[1])
+    if item and kind == "constant" and _is_module(slot[1]):
+        return _WEAK, weakref.ref(slot[1])
+    return _KINDS[kind], slot[1] if len(slot) > 1 else None
 
 
 def _is_module(value: Any) -> bool:
@@ -475,10 +485,33 @@ def _is_module(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.nn.Module)
 
 
-def _items(plan: tuple, outs: Any) -> tuple:
-    """The tuple of a loop's items left (a plan of outputs and constants)."""
-    return tuple(outs[v] if k == 0 else v if k == 1 else v() if k == 6 else _items(v, outs)
-                 for k, v in plan)
+def _sources(plan: tuple) -> list:
+    """The sources a plan reads, its tuples' included."""
+    found: list = []
+    for kind, arg in plan:
+        if kind == _SOURCE:
+            found.append(arg)
+        elif kind == _TUPLE:
+            found += _sources(arg)
+    return found
+
+
+def _value(kind: int, arg: Any, outs: Any, f_locals: dict, memo: dict) -> Any:
+    """A slot's value on this call: ``outs`` the graph's outputs, ``memo`` what each
+    source reached before the graph ran."""
+    if kind == _OUTPUT:
+        return outs[arg]
+    if kind == _CONSTANT:
+        return arg
+    if kind == _LOCAL:
+        return f_locals[arg]
+    if kind == _SOURCE:
+        return memo[arg]
+    if kind == _TUPLE:
+        return tuple(_value(k, a, outs, f_locals, memo) for k, a in arg)
+    if kind == _WEAK:
+        return arg()
+    return None         # an unbound local
 
 
 def runner(graph: Any, read: Any, layout: Layout, fn: Any, resumes: list = (),
@@ -496,7 +529,7 @@ def runner(graph: Any, read: Any, layout: Layout, fn: Any, resumes: list = (),
 
     plan = tuple(_plan(s) for s in layout.locals + layout.cells + layout.stack
                  if s[0] not in ("null", "ctx"))
-    sourced = tuple(dict.fromkeys(v for k, v in plan if k == 4))
+    sourced = tuple(dict.fromkeys(_sources(plan)))
     made = [(r.__code__, r.__name__) for r in resumes] if free else []
 
     def run(f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
@@ -505,9 +538,7 @@ def runner(graph: Any, read: Any, layout: Layout, fn: Any, resumes: list = (),
         for source in sourced:
             resolve(source, f_locals, f_globals, f_builtins, memo)
         outs = graph(*read(f_locals, f_globals, f_builtins))
-        args = tuple(outs[v] if k == 0 else v if k == 1 else f_locals[v] if k == 2
-                     else memo[v] if k == 4 else _items(v, outs) if k == 5
-                     else v() if k == 6 else None for k, v in plan)
+        args = tuple(_value(k, a, outs, f_locals, memo) for k, a in plan)
         if made:
             closure = tuple(types.CellType(f_locals[n]) if n in f_locals
                             else types.CellType() for n in free)

@@ -2,8 +2,8 @@
  *
  * Graph breaks that resume.  When capture stops at an instruction it cannot
  * model, the frame is not given up: the graph made so far is compiled, and
- * two code objects are generated (agspeed/_resume.py decides what they
- * hold; this file only lays them out):
+ * two code objects are generated (agspeed/_resume_code.py decides what
+ * they hold; this file only lays them out):
  *
  *   the break code   called with the frame's live values (the graph's
  *                    outputs, constants, the frame's own locals), it

@@ -1,6 +1,6 @@
 /* emit.h: assembling code objects from abstract instructions (emit.c).
  *
- * What graph breaks generate (agspeed/_resume.py) is written as a list of
+ * What graph breaks generate (agspeed/_resume_code.py) is written as a list of
  * instructions whose jumps and exception ranges name other instructions by
  * index; emit.c lays them out as real bytecode for the running version.
  */

@@ -1,5 +1,5 @@
-"""Graph breaks inside loops (agspeed/_resume.py, agspeed/_resume_code.py): the frame is captured up to the
-break, and the rest of the pass, the passes after it and the code after the loop are
+"""Graph breaks inside loops (agspeed/_resume.py, agspeed/_resume_code.py): the frame is
+captured up to the break, and the rest of the pass, the passes after it and the code after the loop are
 captured in the resume function of that place.  A ``for`` loop's iterator crosses as
 the tuple of what it had left; every pass after the first breaks in the same resume
 function code, one entry per pass; a chain of passes runs at one depth of Python
@@ -7,6 +7,7 @@ frames.  Results, gradients and types equal eager's."""
 
 import gc
 import sys
+import types
 import weakref
 
 import pytest
@@ -384,3 +385,103 @@ def test_an_iterator_handed_to_a_call_at_the_break_keeps_its_type():
         out, kind = fast(torch.ones(2), [1, 2], [3, 4])
         assert kind == "zip"
         torch.testing.assert_close(out, torch.full((2,), 3.0))
+
+
+def Logs(n):
+    # an owner guarded by identity: its lists are reached through its source
+    return types.SimpleNamespace(logs=[[] for _ in range(n)])
+
+
+def appends_to_each(x, owner):
+    for log in owner.logs:
+        x = x + 1
+        _break()
+        log.append("seen")
+    return x
+
+
+def test_each_call_hands_on_its_own_objects_left_in_the_loop():
+    # the lists left to iterate are read through the source the capture read them from
+    # (owner.logs[i]), not held as the first call's objects
+    fast = agspeed.optimize(appends_to_each, backend="eager")
+    for _ in range(3):
+        x = torch.randn(2)
+        mine, theirs = Logs(3), Logs(3)
+        torch.testing.assert_close(fast(x, mine), appends_to_each(x, theirs))
+        assert mine.logs == theirs.logs and all(len(log) == 1 for log in mine.logs)
+
+
+class Numbered(torch.nn.Module if torch is not None else object):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x):
+        for i, block in enumerate(self.blocks):
+            x = block(x) * (i + 1)
+            _break()
+        return x
+
+
+def test_enumerated_blocks_are_each_instances_own():
+    # enumerate's (i, block) items: each part through its own source
+    for _ in range(2):
+        model = Numbered()
+        fast = agspeed.optimize(model, backend="eager")
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(fast(x), model(x))
+        torch.testing.assert_close(fast(x), model(x))
+
+
+def kind_of_argument(a, b):
+    y = a + 1
+    return y, (lambda z: (_break(), type(z).__name__)[1])(zip(a, b))
+
+
+def test_a_lambda_handed_an_iterator_sees_the_programs_type():
+    # only a comprehension's function is handed a tuple's iterator in its place
+    a, b = torch.randn(3), torch.randn(3)
+    fast = agspeed.optimize(kind_of_argument, backend="eager")
+    for _ in range(2):
+        assert fast(a, b)[1] == kind_of_argument(a, b)[1] == "zip"
+
+
+def halves_while_positive(x):
+    for _ in range(6):
+        x = x - 1
+        if x.sum() > 0:
+            x = x * 0.5
+    return x
+
+
+def test_a_branch_to_the_loops_jump_back_is_inside_the_loop():
+    # an if without else at the end of the body jumps to the loop's own jump back:
+    # the resume function starting there is a loop's, its passes entries
+    fast = agspeed.optimize(halves_while_positive, backend="eager")
+    for start in (20.0, 3.0):
+        x = torch.full((2,), start)
+        torch.testing.assert_close(fast(x), halves_while_positive(x))
+    looped = [c for c in list(_resume_code._RESUMES)
+              if c.co_name.startswith("resume_in_halves_while_positive")]
+    assert len(looped) >= 2 and all(_resume_code.in_loop(c) for c in looped)
+    assert not [r for r in agspeed.recompiles() if "halves_while_positive" in r.function]
+
+
+def changes_rows_in_place(x):
+    y = x * 1
+    for row in y:
+        row.mul_(2)
+    return y
+
+
+def test_iterating_a_tensor_gives_unbinds_rows():
+    # eager iterates a tensor through unbind(0): where autograd tracks the rows,
+    # changing one in place raises, and so it does through agspeed
+    fast = agspeed.optimize(changes_rows_in_place, backend="eager")
+    x = torch.randn(3, 2)
+    torch.testing.assert_close(fast(x), changes_rows_in_place(x))
+    x = torch.randn(3, 2, requires_grad=True)
+    with pytest.raises(RuntimeError, match="Unbind"):
+        changes_rows_in_place(x)
+    with pytest.raises(RuntimeError, match="Unbind"):
+        fast(x)
