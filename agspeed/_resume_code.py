@@ -460,10 +460,10 @@ class _Then(NamedTuple):
     args: tuple
 
 
-# What a runner reads for a slot of the layout (``_plan``).
-_OUTPUT, _CONSTANT, _LOCAL, _UNBOUND, _SOURCE, _TUPLE, _WEAK = range(7)
-_KINDS = {"output": _OUTPUT, "constant": _CONSTANT, "local": _LOCAL, "unbound": _UNBOUND,
-          "source": _SOURCE}
+# What a runner reads for a slot of the layout (``_plan``): the layout's own kinds,
+# a tuple of slots, or a weak reference.
+_OUTPUT, _CONSTANT, _LOCAL, _SOURCE = "output", "constant", "local", "source"
+_TUPLE, _WEAK = "tuple", "weak"
 
 
 def _plan(slot: tuple, item: bool = False) -> tuple:
@@ -475,9 +475,9 @@ def _plan(slot: tuple, item: bool = False) -> tuple:
     kind = slot[0]
     if kind in ("iter", "tuple"):
         return _TUPLE, tuple(_plan(s, True) for s in slot[1])
-    if item and kind == "constant" and _is_module(slot[1]):
+    if item and kind == _CONSTANT and _is_module(slot[1]):
         return _WEAK, weakref.ref(slot[1])
-    return _KINDS[kind], slot[1] if len(slot) > 1 else None
+    return kind, slot[1] if len(slot) > 1 else None
 
 
 def _is_module(value: Any) -> bool:
@@ -496,7 +496,7 @@ def _sources(plan: tuple) -> list:
     return found
 
 
-def _value(kind: int, arg: Any, outs: Any, f_locals: dict, memo: dict) -> Any:
+def _value(kind: str, arg: Any, outs: Any, f_locals: dict, memo: dict) -> Any:
     """A slot's value on this call: ``outs`` the graph's outputs, ``memo`` what each
     source reached before the graph ran."""
     if kind == _OUTPUT:

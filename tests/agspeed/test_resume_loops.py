@@ -290,6 +290,9 @@ def test_the_loops_values_are_not_kept():
     x = torch.randn(5)
     for _ in range(3):
         fast(x, ys)
+    # twice: code that died in the first collection frees what its caches held
+    # (weak-keyed: their entries go in the weak references' callbacks) in the second
+    gc.collect()
     gc.collect()
     refs = [sys.getrefcount(y) for y in ys]
     out = fast(x, ys)
