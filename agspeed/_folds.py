@@ -228,19 +228,15 @@ class Folds(StdlibFolds):
 
     def _unbind(self, node: Any) -> tuple:
         """Iterating a tensor: its rows, as eager's ``Tensor.__iter__`` gives them
-        (``unbind(0)``: views that refuse in-place changes where autograd tracks them),
-        one ``getitem`` node each (the length is the first dimension, a guarded
-        shape)."""
+        (``unbind(0)``: views that refuse in-place changes where autograd tracks them;
+        the builder answers a call returning a tuple with a ``getitem`` node per item,
+        and the length is the first dimension, a guarded shape)."""
         shape = node.meta["example_value"].shape
         if len(shape) == 0:
             raise GraphBreak(Reason.OP_FAILED, "iteration over a 0-d tensor")
         if shape[0] > 1000:
             raise GraphBreak(Reason.UNSUPPORTED_VALUE, "iterating over more than 1000 rows")
-        rows = self.call_function(self._torch.unbind, (node, 0))
-        if isinstance(rows, tuple):
-            return rows
-        return tuple(self.call_function(operator.getitem, (rows, i))
-                     for i in range(int(shape[0])))
+        return tuple(self.call_function(self._torch.unbind, (node, 0)))
 
     def _real_type_view(self, value: Any) -> Any:
         """For type checks: a placeholder stands for its real input, another node for
