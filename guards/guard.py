@@ -14,6 +14,7 @@ probes, the symbolic part of a capture with dynamic dimensions.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from agspeed import _C
@@ -284,29 +285,39 @@ class ArgumentTypes:
 
     Guarding such a function on its argument values would capture it again for every
     new value; on their types, a later call with a tensor is captured, while one with
-    another int runs eager at once.
+    another int runs eager at once.  The types are held weakly: an optimized module's
+    view class holds its model, and the entry lives on a code object that outlives it.
     """
 
     __slots__ = ("types",)
 
     def __init__(self, f_locals: dict):
-        self.types = tuple((k, type(v)) for k, v in f_locals.items())
+        self.types = tuple((k, weakref.ref(type(v))) for k, v in f_locals.items())
 
     def __call__(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> bool:
         if len(f_locals) != len(self.types):
             return False
         for name, kind in self.types:
-            if type(f_locals.get(name, MISSING)) is not kind:
+            if type(f_locals.get(name, MISSING)) is not kind():
                 return False
         return True
 
+    def gone(self) -> bool:
+        """Whether a class of the arguments has been freed: no frame can pass again."""
+        return any(kind() is None for _, kind in self.types)
+
     def failures(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> list[str]:
         now = {k: type(v).__name__ for k, v in f_locals.items()}
-        then = {k: t.__name__ for k, t in self.types}
+        then = {k: _type_name(t) for k, t in self.types}
         return [f"argument types: expected {then}, got {now}"] if now != then else []
 
     def lines(self) -> list[str]:
-        return [f"type({k}) is {t.__name__}" for k, t in self.types]
+        return [f"type({k}) is {_type_name(t)}" for k, t in self.types]
+
+
+def _type_name(kind: Any) -> str:
+    alive = kind()
+    return "(a freed class)" if alive is None else alive.__name__
 
 
 class SameObjects:

@@ -323,6 +323,43 @@ def test_the_loops_values_are_not_kept():
     assert gone() is None           # the cache does not keep the model alive
 
 
+class Printing(torch.nn.Module if torch is not None else object):
+    """A root whose own forward breaks after each block of its loop (not in a hook)."""
+
+    def __init__(self, n=3):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(n))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x) * 2
+            _break()
+        return x
+
+
+def test_a_model_breaking_in_its_own_loop_is_freed_with_its_view():
+    # the last pass does no tensor work: its entry (guarded on its arguments' types,
+    # among them the view's class, which holds the model) must not keep the model
+    def use():
+        model = Printing()
+        fast = agspeed.optimize(model, backend="eager")
+        for _ in range(2):
+            x = torch.randn(2, 4)
+            torch.testing.assert_close(fast(x), model(x))
+        return weakref.ref(model), weakref.ref(type(fast))
+
+    model, view_class = use()
+    gc.collect()
+    gc.collect()
+    assert model() is None
+    assert view_class() is None
+    # a new model of the class is captured afresh, and the freed class's entries go
+    model, view_class = use()
+    gc.collect()
+    gc.collect()
+    assert model() is None
+
+
 def attribute_in_loop(x):
     with torch.no_grad():
         for _ in range(2):
