@@ -116,7 +116,9 @@ class Folds(StdlibFolds):
             if fn is len and isinstance(args[0], self.node_type):
                 return self._tensor_len(args[0])
             out = fn(*args, **kwargs) if fn is not len else len(args[0])
-            if fn is iter:   # a real iterator: next() and for share its position
+            if fn is iter and type(out) not in SAFE_ITERATORS:
+                # a real iterator: next() and for share its position (one over a
+                # list, dict or set the capture built reads it as it steps)
                 out = iter(tuple(out))
             return out
         if fn in _TYPE_FOLDS:

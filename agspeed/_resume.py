@@ -83,6 +83,7 @@ from typing import Any, NamedTuple
 
 from agspeed import _C
 from agspeed._builder_types import DICT_VIEWS, holds_node
+from agspeed._stdlib import SAFE_ITERATORS
 
 __all__ = ["decode", "BreakSite", "break_site", "Layout", "layout_of", "close_contexts",
            "LOOP_ITEMS"]
@@ -408,8 +409,18 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
         # the rest of the capture's elements (ITER: (elements, position)) or of an
         # iterator it made (spent by this: the capture is over)
         if kind == "ITER":
-            items = payload[0][payload[1]:]
+            elements, at, followed = payload
+            if followed is not None:
+                why = _followed(followed, elements)
+                if why:
+                    return why
+                elements = tuple(followed)  # what the body changed since the last step
+            items = elements[at:]
         else:
+            for followed in _iterated(payload):
+                if builder.is_shadow(followed) or id(followed) in built:
+                    return f"a {type(followed).__name__} its loop iterates, which the " \
+                           f"program holds and can change in the passes after the break"
             try:
                 items = list(itertools.islice(payload, LOOP_ITEMS + 1))
             except Exception as exc:    # noqa: BLE001 - then the frame runs eager
@@ -419,6 +430,17 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
         slots = tuple(item_slot(item) for item in items)
         why = next((s for s in slots if isinstance(s, str)), None)
         return why or ("iter", slots)
+
+    def _followed(followed: Any, elements: tuple) -> str | None:
+        # the loop goes on over a tuple of the items it has left: right only where no
+        # later pass can change what it iterates
+        if not isinstance(followed, list) and len(followed) != len(elements):
+            return f"a {type(followed).__name__} changed size in its loop before the " \
+                   f"break (eager raises at the next step)"
+        if builder.is_shadow(followed) or id(followed) in built:
+            return f"a {type(followed).__name__} its loop iterates, which the program " \
+                   f"holds and can change in the passes after the break"
+        return None
 
     def item_slot(item: Any) -> tuple | str:
         # an item the loop has left: read through the source the capture read it from,
@@ -438,6 +460,9 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
     held = collections.Counter(id(payload[0] if kind == "ITER" else payload)
                                for kind, payload, _source in (*rows, *state["locals"]))
     owned = state.get("owned", ())
+    # the containers the capture built that a variable or the stack holds
+    built = {id(payload) for kind, payload, _source in (*rows, *state["locals"])
+             if kind in ("LIST", "DICT", "SET")}
     stack, local = [], []
     for i, (kind, payload, source) in enumerate(rows):
         owner = rows[i + 1] if kind == "METHOD" and i + 1 < len(rows) else None
@@ -468,6 +493,25 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
         return "a local shared with a closure made before the break"
     return Layout(tuple(stack), tuple(local[:code.co_nlocals]), tuple(outputs),
                   tuple(local[code.co_nlocals:]))
+
+
+def _iterated(iterator: Any, depth: int = 4) -> list:
+    """The lists, dicts and sets a builtin iterator reads as it steps (an enumerate()
+    of a list's iterator, a zip() of several), found through their ``__reduce__``,
+    which for these C iterators runs no code of the program."""
+    if type(iterator) not in SAFE_ITERATORS or depth == 0:
+        return []
+    try:
+        parts = iterator.__reduce__()
+    except Exception:   # noqa: BLE001 - one that cannot say: nothing found
+        return []
+    found = []
+    for arg in parts[1] if len(parts) > 1 and type(parts[1]) is tuple else ():
+        if type(arg) in (list, dict, set):
+            found.append(arg)
+        else:
+            found.extend(_iterated(arg, depth - 1))
+    return found
 
 
 def cell_only(code: types.CodeType) -> list:

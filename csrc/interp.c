@@ -52,7 +52,9 @@ ags_value_clear(ags_value *v)
 {
     Py_CLEAR(v->obj);
     Py_CLEAR(v->source);
+    Py_CLEAR(v->of);
     v->kind = AGS_VK_UNBOUND;
+    v->of_kind = 0;
     v->pos = 0;
 }
 
@@ -60,14 +62,18 @@ ags_value_clear(ags_value *v)
 ags_value
 ags_value_make(int kind, PyObject *obj, PyObject *source)
 {
-    ags_value v = {kind, 0, obj, source};
+    ags_value v = {.kind = kind, .obj = obj, .source = source};
     return v;
 }
 
 ags_value
 ags_value_copy(const ags_value *v)
 {
-    ags_value c = {v->kind, v->pos, Py_XNewRef(v->obj), Py_XNewRef(v->source)};
+    ags_value c = *v;
+
+    Py_XINCREF(c.obj);
+    Py_XINCREF(c.source);
+    Py_XINCREF(c.of);
     return c;
 }
 

@@ -68,9 +68,12 @@ extern const char *const ags_kind_names[];
 
 typedef struct {
     int kind;
+    int of_kind;        /* ITER only: the kind of the value `of` was */
     Py_ssize_t pos;     /* ITER only */
     PyObject *obj;      /* strong or NULL */
     PyObject *source;   /* strong or NULL */
+    PyObject *of;       /* ITER only: the list, dict or set iterated, whose
+                         * changes FOR_ITER follows (strong), or NULL */
 } ags_value;
 
 /* For messages: the kind, or the type of a constant. */
@@ -276,6 +279,7 @@ int ags_plain_dict_store(PyObject *obj);
 
 /* interp_effects.c */
 int ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out);
+PyObject *ags_live_view(ags_interp *it, PyObject *obj);
 int ags_can_shadow(const ags_value *v);
 int ags_is_mutator(PyObject *container, PyObject *name);
 int ags_shadow(ags_interp *it, ags_value *v);
@@ -308,6 +312,7 @@ int ags_dunder_builtin(ags_interp *it, ags_frame *f, PyObject *fn,
 /* interp_flow.c */
 int ags_truth(ags_interp *it, const ags_value *v, int *truth);
 int ags_elements(ags_interp *it, const ags_value *v, PyObject **elems);
+int ags_iter_follow(ags_interp *it, ags_value *iter);
 
 /* interp_resume.c */
 /* New reference: {"stack": [...], "locals": [...], "cells": bool,

@@ -21,15 +21,61 @@
 /* ------------------------------------------------------------------ */
 /* Calls */
 
+/* Whether fn makes an iterator that reads what it iterates as it steps:
+ * iter(), enumerate(), zip(), reversed().  Handed a list, dict or set the
+ * capture built, it gets that object, not a frozen copy, so that a loop
+ * sees what its body changes, as CPython's iterators do (and a dict's
+ * raises when it changes size). */
+static int
+steps_live(PyObject *fn)
+{
+    static PyCFunction iter_impl;   /* builtins.iter's C function */
+
+    if (fn == (PyObject *)&PyEnum_Type || fn == (PyObject *)&PyZip_Type
+        || fn == (PyObject *)&PyReversed_Type) {
+        return 1;
+    }
+    if (fn == NULL || !PyCFunction_Check(fn)) {
+        return 0;
+    }
+    if (iter_impl == NULL) {
+        PyObject *builtins = PyImport_ImportModule("builtins");
+        PyObject *iter = builtins ? PyObject_GetAttrString(builtins, "iter")
+                                  : NULL;
+
+        if (iter != NULL && PyCFunction_Check(iter)) {
+            iter_impl = PyCFunction_GET_FUNCTION(iter);
+        }
+        Py_XDECREF(iter);
+        Py_XDECREF(builtins);
+        PyErr_Clear();  /* none found: iter() keeps its copy */
+    }
+    return iter_impl != NULL && PyCFunction_GET_FUNCTION(fn) == iter_impl;
+}
+
+/* A graph argument for steps_live's functions: a container the capture
+ * built as itself. */
+static PyObject *
+live_arg(ags_interp *it, const ags_value *v)
+{
+    if (v->kind == AGS_VK_LIST || v->kind == AGS_VK_DICT
+        || v->kind == AGS_VK_SET) {
+        return Py_NewRef(v->obj);
+    }
+    return ags_op_arg(it, v);
+}
+
 /* args (borrowed) as graph arguments: a tuple of the positional ones
  * (after `first`, if given) and a dict of the keyword ones; as the
  * arguments of an operation (ags_op_arg) when `op` records or folds one. */
 static int
-pack_args(ags_interp *it, int op, const ags_value *first, ags_value *args,
-          int nargs, PyObject *kwnames, PyObject **pos, PyObject **kw)
+pack_args(ags_interp *it, int op, PyObject *fn, const ags_value *first,
+          ags_value *args, int nargs, PyObject *kwnames, PyObject **pos,
+          PyObject **kw)
 {
     PyObject *(*as_arg)(ags_interp *, const ags_value *) =
-        op == AGS_BOP_CALL_FUNCTION || op == AGS_BOP_CALL_METHOD
+        op == AGS_BOP_FOLD && steps_live(fn) ? live_arg
+        : op == AGS_BOP_CALL_FUNCTION || op == AGS_BOP_CALL_METHOD
         || op == AGS_BOP_FOLD ? ags_op_arg : ags_graph_arg;
     int nkw = kwnames ? (int)PyTuple_GET_SIZE(kwnames) : 0;
     int npos = nargs - nkw, k = 0, extra = first != NULL;
@@ -123,7 +169,8 @@ ags_builder_call(ags_interp *it, int op, PyObject *extra,
              PyObject *kwnames, ags_value *result)
 {
     PyObject *pos = NULL, *kw = NULL, *out = NULL;
-    int rc = pack_args(it, op, first, args, nargs, kwnames, &pos, &kw);
+    int rc = pack_args(it, op, extra, first, args, nargs, kwnames, &pos,
+                       &kw);
 
     if (rc == AGS_GO) {
         out = ags_call_builder(it, op, "(OOO)", extra, pos, kw);

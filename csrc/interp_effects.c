@@ -193,6 +193,30 @@ ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out)
     return 1;
 }
 
+/* What the capture sees of obj now (borrowed): its full shadow where it
+ * has one (a tail widened), else obj itself, which the capture then has
+ * not changed or (a container the capture built) changed in place.  NULL
+ * with an exception on error.  For a loop over obj (FOR_ITER), which
+ * follows changes the body made. */
+PyObject *
+ags_live_view(ags_interp *it, PyObject *obj)
+{
+    PyObject *entry = shadow_entry(it, obj);
+
+    if (entry == NULL) {
+        return PyErr_Occurred() ? NULL : obj;
+    }
+    if (PyTuple_CheckExact(entry)) {
+        PyObject *tail = PyTuple_GET_ITEM(entry, 0);
+
+        if (widen_tail(it, obj, tail) < 0) {
+            return NULL;
+        }
+        return tail;    /* now the full shadow, which the map holds */
+    }
+    return entry;
+}
+
 /* Before LOAD_ATTR `name` for a call on *v: when v is an exact list of the
  * program, name is append or extend, and v was loaded by the previous
  * instruction (a single load), *v becomes the list's tail, made on first

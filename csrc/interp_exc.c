@@ -94,10 +94,10 @@ AGS_HANDLER
 op_before_with(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     ags_value cm = ags_pop(f);
-    ags_value exit = {AGS_VK_UNBOUND, 0, NULL, NULL};
-    ags_value enter = {AGS_VK_UNBOUND, 0, NULL, NULL};
-    ags_value entered = {AGS_VK_UNBOUND, 0, NULL, NULL};
-    ags_value noargs[1] = {{AGS_VK_UNBOUND, 0, NULL, NULL}};
+    ags_value exit = {.kind = AGS_VK_UNBOUND};
+    ags_value enter = {.kind = AGS_VK_UNBOUND};
+    ags_value entered = {.kind = AGS_VK_UNBOUND};
+    ags_value noargs[1] = {{.kind = AGS_VK_UNBOUND}};
     int rc;
 
     (void)ins;

@@ -421,10 +421,80 @@ op_jump_if_false_or_pop(ags_interp *it, ags_frame *f, const ags_instr *ins)
 /* ------------------------------------------------------------------ */
 /* Iteration */
 
+/* The list, dict or set a loop over v iterates and the loop's body may
+ * change (borrowed): one the capture built, or one of the program's that
+ * a change during capture shadows (interp_effects.c); else NULL. */
+static PyObject *
+changeable(const ags_value *v)
+{
+    switch (v->kind) {
+    case AGS_VK_LIST:
+    case AGS_VK_DICT:
+    case AGS_VK_SET:
+        return v->obj;
+    case AGS_VK_CONST:
+    case AGS_VK_LAZY:
+        return PyList_CheckExact(v->obj) || PyDict_Check(v->obj) ? v->obj
+                                                                 : NULL;
+    default:
+        return NULL;
+    }
+}
+
+/* Brings an ITER's elements up to date with the container it follows
+ * (iter->of), as CPython's iterators see it: a list is read at the
+ * iterator's index, so what the body appended, removed or replaced is
+ * seen; a dict or set that changed size makes eager raise RuntimeError
+ * at the next step, so the capture stops there and the frame runs eager.
+ * AGS_GO, a break, or AGS_ERROR. */
+int
+ags_iter_follow(ags_interp *it, ags_value *iter)
+{
+    PyObject *view, *now;
+    Py_ssize_t n, live;
+
+    if (iter->of == NULL) {
+        return AGS_GO;
+    }
+    view = ags_live_view(it, iter->of);
+    if (view == NULL) {
+        return AGS_ERROR;
+    }
+    if (view == iter->of && iter->of_kind != AGS_VK_LIST
+        && iter->of_kind != AGS_VK_DICT && iter->of_kind != AGS_VK_SET) {
+        return AGS_GO;  /* the program's, with no shadow: not changed */
+    }
+    n = PyTuple_GET_SIZE(iter->obj);
+    if (!PyList_Check(view)) {
+        live = PyObject_Length(view);
+        if (live < 0) {
+            return AGS_ERROR;
+        }
+        if (live == n) {
+            return AGS_GO;
+        }
+        return ags_stopf(it, AGS_REASON_RAISE,
+                         "a %s changed size while a loop iterated it",
+                         Py_TYPE(view)->tp_name);
+    }
+    live = PyList_GET_SIZE(view);
+    if (live == n && (iter->pos >= n
+                      || PyList_GET_ITEM(view, iter->pos)
+                             == PyTuple_GET_ITEM(iter->obj, iter->pos))) {
+        return AGS_GO;
+    }
+    now = PyList_AsTuple(view);
+    if (now == NULL) {
+        return AGS_ERROR;
+    }
+    Py_SETREF(iter->obj, now);
+    return AGS_GO;
+}
+
 AGS_HANDLER
 op_get_iter(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
-    ags_value v;
+    ags_value v, iter;
     PyObject *elems = NULL;
     /* a Python __iter__ gives the iterator (interp_dunder.c) */
     int rc = ags_dunder_get_iter(it, f);
@@ -444,11 +514,15 @@ op_get_iter(ags_interp *it, ags_frame *f, const ags_instr *ins)
         return rc < 0 ? AGS_ERROR : ags_push(f, v);
     }
     rc = ags_elements(it, &v, &elems);
-    ags_value_clear(&v);
     if (rc != AGS_GO) {
+        ags_value_clear(&v);
         return rc;
     }
-    return ags_push(f, ags_value_make(AGS_VK_ITER, elems, NULL));
+    iter = ags_value_make(AGS_VK_ITER, elems, NULL);
+    iter.of = Py_XNewRef(changeable(&v));
+    iter.of_kind = v.kind;
+    ags_value_clear(&v);
+    return ags_push(f, iter);
 }
 
 /* FOR_ITER over a generator: one step of its frame (interp_gen.c). */
@@ -484,6 +558,10 @@ op_for_iter(ags_interp *it, ags_frame *f, const ags_instr *ins)
     case AGS_VK_GENERATOR:
         return for_iter_generator(it, f, ins);
     case AGS_VK_ITER:
+        rc = ags_iter_follow(it, iter);
+        if (rc != AGS_GO) {
+            return rc;
+        }
         exhausted = iter->pos >= PyTuple_GET_SIZE(iter->obj);
         if (exhausted) {
             break;

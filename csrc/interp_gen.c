@@ -424,6 +424,10 @@ op_send(ags_interp *it, ags_frame *f, const ags_instr *ins)
         rc = ags_gen_next(it, f, iter, &v);
     }
     else if (iter->kind == AGS_VK_ITER) {
+        rc = ags_iter_follow(it, iter);
+        if (rc != AGS_GO) {
+            return rc;
+        }
         if (iter->pos < PyTuple_GET_SIZE(iter->obj)) {
             rc = ags_value_of(it, PyTuple_GET_ITEM(iter->obj, iter->pos), &v)
                      < 0 ? AGS_ERROR : AGS_GO;

@@ -6,20 +6,32 @@
  * locals there.  Each value crosses as (kind, payload, source): kind one of
  * ags_kind_names, payload what the value holds (a graph node for TENSOR,
  * the object for CONST, LAZY and the containers, the name for METHOD,
- * (tuple, position) for ITER, None for NULL_MARK and UNBOUND), source the
- * value's source or None.  Python decides how the generated code gets
- * each one back.
+ * (tuple, position, followed) for ITER, with followed the list, dict or
+ * set it iterates as the capture sees it now (or None), None for
+ * NULL_MARK and UNBOUND), source the value's source or None.  Python
+ * decides how the generated code gets each one back.
  */
 #include "interp.h"
 
 /* New reference: (kind, payload, source). */
 static PyObject *
-export_value(const ags_value *v)
+export_value(ags_interp *it, const ags_value *v)
 {
     PyObject *payload;
 
     if (v->kind == AGS_VK_ITER) {
-        payload = Py_BuildValue("(On)", v->obj ? v->obj : Py_None, v->pos);
+        /* what the loop follows, as the capture sees it now */
+        PyObject *view = v->of != NULL ? ags_live_view(it, v->of) : Py_None;
+
+        if (view == NULL) {
+            return NULL;
+        }
+        if (view == v->of && (v->of_kind == AGS_VK_CONST
+                              || v->of_kind == AGS_VK_LAZY)) {
+            view = Py_None;     /* the program's, not changed */
+        }
+        payload = Py_BuildValue("(OnO)", v->obj ? v->obj : Py_None, v->pos,
+                                view);
     }
     else {
         payload = Py_NewRef(v->obj ? v->obj : Py_None);
@@ -32,12 +44,12 @@ export_value(const ags_value *v)
 }
 
 static PyObject *
-export_values(const ags_value *values, int n)
+export_values(ags_interp *it, const ags_value *values, int n)
 {
     PyObject *list = PyList_New(n);
 
     for (int i = 0; list != NULL && i < n; i++) {
-        PyObject *item = export_value(&values[i]);
+        PyObject *item = export_value(it, &values[i]);
 
         if (item == NULL) {
             Py_CLEAR(list);
@@ -59,8 +71,8 @@ ags_frame_state(ags_interp *it, const ags_frame *f)
     /* the objects the capture made, which the stopped capture leaves to
      * the caller (a loop's iterator: what it has left is handed on) */
     return Py_BuildValue("{s:N,s:N,s:O,s:N}", "stack",
-                         export_values(f->stack, f->sp), "locals",
-                         export_values(f->locals, f->nlocals), "cells",
+                         export_values(it, f->stack, f->sp), "locals",
+                         export_values(it, f->locals, f->nlocals), "cells",
                          cells ? Py_True : Py_False, "owned",
                          PyFrozenSet_New(it->owned));
 }
