@@ -315,7 +315,7 @@ def close_contexts(state: dict) -> None:
 
 
 def layout_of(state: dict, code: types.CodeType, builder: Any,
-              reach: Any = None) -> Layout | str:
+              reach: Any = None, at: int = -1) -> Layout | str:
     """The ``Layout`` of a stopped capture's ``state``, or why it cannot be rebuilt.
 
     ``reach(source)`` is what a source reaches in the frame as it started (``MISSING``
@@ -409,18 +409,18 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
         # the rest of the capture's elements (ITER: (elements, position)) or of an
         # iterator it made (spent by this: the capture is over)
         if kind == "ITER":
-            elements, at, followed = payload
+            elements, position, followed, programs = payload
             if followed is not None:
-                why = _followed(followed, elements)
+                why = changeable(followed, elements)
                 if why:
                     return why
-                elements = tuple(followed)  # what the body changed since the last step
-            items = elements[at:]
+                if not programs or builder.is_shadow(followed):
+                    elements = tuple(followed)  # what the body changed since the last step
+            items = elements[position:]
         else:
-            for followed in _iterated(payload):
-                if builder.is_shadow(followed) or id(followed) in built:
-                    return f"a {type(followed).__name__} its loop iterates, which the " \
-                           f"program holds and can change in the passes after the break"
+            why = next(filter(None, (changeable(c, None) for c in _iterated(payload))), None)
+            if why:
+                return why
             try:
                 items = list(itertools.islice(payload, LOOP_ITEMS + 1))
             except Exception as exc:    # noqa: BLE001 - then the frame runs eager
@@ -431,15 +431,27 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
         why = next((s for s in slots if isinstance(s, str)), None)
         return why or ("iter", slots)
 
-    def _followed(followed: Any, elements: tuple) -> str | None:
+    def changeable(followed: Any, elements: tuple | None) -> str | None:
         # the loop goes on over a tuple of the items it has left: right only where no
-        # later pass can change what it iterates
-        if not isinstance(followed, list) and len(followed) != len(elements):
-            return f"a {type(followed).__name__} changed size in its loop before the " \
-                   f"break (eager raises at the next step)"
-        if builder.is_shadow(followed) or id(followed) in built:
-            return f"a {type(followed).__name__} its loop iterates, which the program " \
-                   f"holds and can change in the passes after the break"
+        # later pass can change what it iterates, that is where no variable holding it
+        # is read inside the loops around the break
+        what = type(followed).__name__
+        if elements is not None and not isinstance(followed, list) and \
+                len(followed) != len(elements):
+            return f"a {what} changed size in its loop before the break " \
+                   f"(eager raises at the next step)"
+        holders = {_local_name(code, i) for i, (_k, payload, _s) in enumerate(state["locals"])
+                   if payload is followed}
+        if builder.is_shadow(followed):
+            original = builder.shadow_source(followed)
+            if not (type(original) is tuple and len(original) == 2 and original[0] == "local"):
+                return f"a {what} of the program that its loop iterates changed before " \
+                       f"the break"
+            holders.add(original[1])
+        if any(payload is followed for kind, payload, _s in rows if kind != "ITER") or \
+                holders and holders & _loop_reads(code, at):
+            return f"a {what} that its loop iterates, read in the loop's body, which " \
+                   f"can change it in the passes after the break"
         return None
 
     def item_slot(item: Any) -> tuple | str:
@@ -460,9 +472,6 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
     held = collections.Counter(id(payload[0] if kind == "ITER" else payload)
                                for kind, payload, _source in (*rows, *state["locals"]))
     owned = state.get("owned", ())
-    # the containers the capture built that a variable or the stack holds
-    built = {id(payload) for kind, payload, _source in (*rows, *state["locals"])
-             if kind in ("LIST", "DICT", "SET")}
     stack, local = [], []
     for i, (kind, payload, source) in enumerate(rows):
         owner = rows[i + 1] if kind == "METHOD" and i + 1 < len(rows) else None
@@ -493,6 +502,33 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
         return "a local shared with a closure made before the break"
     return Layout(tuple(stack), tuple(local[:code.co_nlocals]), tuple(outputs),
                   tuple(local[code.co_nlocals:]))
+
+
+# instructions reading a local variable (3.13's paired forms name two, a half byte each)
+_LOCAL_READS = {_OP[n] for n in ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR",
+                                 "DELETE_FAST", "LOAD_FAST_LOAD_FAST",
+                                 "STORE_FAST_LOAD_FAST") if n in _OP}
+_PAIRED_READS = {_OP[n] for n in ("LOAD_FAST_LOAD_FAST", "STORE_FAST_LOAD_FAST") if n in _OP}
+
+
+def _local_name(code: types.CodeType, index: int) -> str | None:
+    try:
+        return code._varname_from_oparg(index)
+    except (IndexError, ValueError):
+        return None
+
+
+def _loop_reads(code: types.CodeType, at: int) -> frozenset:
+    """The local variables read inside the loops around byte offset ``at`` of ``code``
+    (each loop: from a backward jump's target to the jump)."""
+    rows = _C.decode(code)
+    spans = [(r[4], r[1]) for r in rows if 0 <= r[4] <= at <= r[1]]
+    names = set()
+    for _s, offset, op, arg, _t, _n in rows:
+        if op in _LOCAL_READS and any(lo <= offset <= hi for lo, hi in spans):
+            for index in ((arg >> 4, arg & 15) if op in _PAIRED_READS else (arg,)):
+                names.add(_local_name(code, index))
+    return frozenset(names - {None})
 
 
 def _iterated(iterator: Any, depth: int = 4) -> list:

@@ -382,7 +382,7 @@ class Context:
             memo: dict = {}
             layout = _resume.layout_of(
                 _resume_code.original_state(stopped.state, code, base), base, builder,
-                lambda src: resolve(src, f_locals, f_globals, f_builtins, memo))
+                lambda src: resolve(src, f_locals, f_globals, f_builtins, memo), offset)
             site = layout if isinstance(layout, str) else site
         if isinstance(site, str):
             return site

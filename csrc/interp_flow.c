@@ -520,7 +520,7 @@ op_get_iter(ags_interp *it, ags_frame *f, const ags_instr *ins)
     }
     iter = ags_value_make(AGS_VK_ITER, elems, NULL);
     iter.of = Py_XNewRef(changeable(&v));
-    iter.of_kind = v.kind;
+    iter.of_kind = iter.of != NULL ? v.kind : AGS_VK_UNBOUND;
     ags_value_clear(&v);
     return ags_push(f, iter);
 }

@@ -6,8 +6,9 @@
  * locals there.  Each value crosses as (kind, payload, source): kind one of
  * ags_kind_names, payload what the value holds (a graph node for TENSOR,
  * the object for CONST, LAZY and the containers, the name for METHOD,
- * (tuple, position, followed) for ITER, with followed the list, dict or
- * set it iterates as the capture sees it now (or None), None for
+ * (tuple, position, followed, program's) for ITER, with followed the
+ * list, dict or set it iterates as the capture sees it now (or None) and
+ * program's whether that began as an object of the program, None for
  * NULL_MARK and UNBOUND), source the value's source or None.  Python
  * decides how the generated code gets each one back.
  */
@@ -26,12 +27,11 @@ export_value(ags_interp *it, const ags_value *v)
         if (view == NULL) {
             return NULL;
         }
-        if (view == v->of && (v->of_kind == AGS_VK_CONST
-                              || v->of_kind == AGS_VK_LAZY)) {
-            view = Py_None;     /* the program's, not changed */
-        }
-        payload = Py_BuildValue("(OnO)", v->obj ? v->obj : Py_None, v->pos,
-                                view);
+        payload = Py_BuildValue("(OnOO)", v->obj ? v->obj : Py_None, v->pos,
+                                view,
+                                v->of_kind == AGS_VK_CONST
+                                        || v->of_kind == AGS_VK_LAZY
+                                    ? Py_True : Py_False);
     }
     else {
         payload = Py_NewRef(v->obj ? v->obj : Py_None);

@@ -105,6 +105,23 @@ def iterates_kept_list_with_a_break(x):
     return x, len(layers)
 
 
+def grows_after_its_break(x, items):
+    for w in items:
+        _break()
+        if len(items) < 4:
+            items.append(w + 1)
+        x = x + w
+    return x
+
+
+def scales_by_a_kept_list_with_a_break(x):
+    scales = [x.sin(), x.cos(), x.tanh()]
+    for scale in scales:
+        x = x * scale
+        _break()
+    return x, scales
+
+
 def _run(fn, *args):
     try:
         return fn(*args)
@@ -170,6 +187,26 @@ def test_a_dict_whose_values_the_loop_rewrites_needs_no_break():
     report = agspeed.explain(rewrites_dict_values, torch.randn(2),
                              {"a": torch.randn(2)})
     assert report.graph_count == 1
+
+
+def test_a_list_changed_after_the_break_of_its_loop():
+    # the first pass breaks before the body changes the list: the capture cannot see
+    # the change, the loop's body reads the list, so the frame runs eager
+    fast = agspeed.optimize(grows_after_its_break, backend="eager")
+    for _ in range(2):
+        x, item = torch.randn(2), torch.randn(2)
+        mine, theirs = [item], [item.clone()]
+        torch.testing.assert_close(fast(x, mine), grows_after_its_break(x, theirs))
+        assert len(mine) == len(theirs) == 4
+
+
+def test_a_kept_list_the_loop_body_does_not_read_still_resumes():
+    fast = agspeed.optimize(scales_by_a_kept_list_with_a_break, backend="eager")
+    for _ in range(2):
+        x = torch.randn(3)
+        torch.testing.assert_close(fast(x), scales_by_a_kept_list_with_a_break(x))
+    report = agspeed.explain(scales_by_a_kept_list_with_a_break, torch.randn(3))
+    assert report.graph_count >= 2
 
 
 def test_a_loop_that_breaks_over_an_unchanged_argument_list_still_resumes():

@@ -125,9 +125,9 @@ def test_a_stopped_capture_says_which_objects_it_made():
     assert isinstance(state["owned"], frozenset)
     kinds = [row[0] for row in state["stack"]]
     assert kinds[0] == "ITER"      # range(n)'s elements, the loop one pass in
-    elements, position, followed = state["stack"][0][1]
+    elements, position, followed, programs = state["stack"][0][1]
     assert elements == (0, 1, 2) and position == 1
-    assert followed is None        # a range: nothing the loop's body can change
+    assert followed is None and not programs   # a range: nothing the body can change
 
 
 class Log:
