@@ -533,8 +533,16 @@ class Folds(StdlibFolds):
             self._guard_store(obj, source, store)
             return tuple((k, None) for k in store)
         if type(obj) in (tuple, list, torch.Size) or is_namedtuple_type(type(obj)):
-            return tuple((v, ("item", source, i) if source is not None and not
-                          self._is_static(v) else None) for i, v in enumerate(obj))
+            pairs = tuple((v, ("item", source, i) if source is not None and not
+                           self._is_static(v) else None) for i, v in enumerate(obj))
+            if source is not None:
+                for i, (v, src) in enumerate(pairs):
+                    if type(v) in (list, dict, set) or \
+                            src is not None and not isinstance(v, torch.Tensor):
+                        # where a loop's item is reached: a break in the loop reads it
+                        # there on each call (an empty list is static, yet the program's)
+                        self.known.setdefault(id(v), (v, ("item", source, i)))
+            return pairs
         if type(obj) in (dict, str, set, frozenset, *_COLLECTIONS):
             if self._of_program(obj) and type(obj) is collections.deque:
                 raise GraphBreak(Reason.UNSUPPORTED_VALUE, "iterating a deque of the program")

@@ -440,15 +440,27 @@ def appends_to_each(x, owner):
     return x
 
 
-def test_each_call_hands_on_its_own_objects_left_in_the_loop():
-    # the lists left to iterate are read through the source the capture read them from
-    # (owner.logs[i]), not held as the first call's objects
+class PlainLogs:
+    """An owner of a plain class: guarded by its type, not its identity."""
+
+    def __init__(self, n):
+        self.logs = [[] for _ in range(n)]
+
+
+@pytest.mark.parametrize("owner", [Logs, PlainLogs], ids=["namespace", "plain_class"])
+def test_each_call_hands_on_its_own_objects_left_in_the_loop(owner):
+    # the lists left to iterate, and the loop's variable, are read through the source
+    # the capture read them from (owner.logs[i]), not held as the first call's objects
     fast = agspeed.optimize(appends_to_each, backend="eager")
-    for _ in range(3):
+    for i in range(4):
         x = torch.randn(2)
-        mine, theirs = Logs(3), Logs(3)
+        mine, theirs = owner(3), owner(3)
+        if i == 3:
+            _C.reset_counters()
         torch.testing.assert_close(fast(x, mine), appends_to_each(x, theirs))
         assert mine.logs == theirs.logs and all(len(log) == 1 for log in mine.logs)
+    if owner is PlainLogs:
+        assert _C.counters()["cache_misses"] == 0   # a new owner is no recompile
 
 
 class Numbered(torch.nn.Module if torch is not None else object):
@@ -526,3 +538,20 @@ def test_iterating_a_tensor_gives_unbinds_rows():
         changes_rows_in_place(x)
     with pytest.raises(RuntimeError, match="Unbind"):
         fast(x)
+
+
+def records_each(x, owner):
+    for log in owner.logs:
+        x = x * 2
+        log.append(x.sum().item())      # breaks in the argument of the item's method
+    return x
+
+
+def test_a_method_of_the_loops_item_is_each_calls_own():
+    fast = agspeed.optimize(records_each, backend="eager")
+    for _ in range(3):
+        x = torch.randn(2)
+        mine, theirs = PlainLogs(3), PlainLogs(3)
+        torch.testing.assert_close(fast(x, mine), records_each(x, theirs))
+        assert mine.logs == theirs.logs
+        assert all(len(log) == 1 for log in mine.logs)
