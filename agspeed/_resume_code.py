@@ -173,6 +173,15 @@ def _leave(out: list, count: int, none: int, pos: Any) -> None:
         out += [(_OP["CALL"], 2, _NO_OP, pos), (_OP["POP_TOP"], 0, _NO_OP, pos)]
 
 
+def _fields(code: types.CodeType, name: str, varnames: tuple, consts: list) -> dict:
+    """The fields of a generated function's code that differ from ``code``'s: every
+    variable a positional parameter, no ``*args``/``**kwargs``."""
+    return {"co_name": name, "co_qualname": name, "co_varnames": varnames,
+            "co_argcount": len(varnames), "co_posonlyargcount": 0,
+            "co_kwonlyargcount": 0, "co_nlocals": len(varnames),
+            "co_consts": tuple(consts), "co_flags": code.co_flags & ~_CO_VAR}
+
+
 def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handlers: list,
                      target: int, kinds: tuple, unbound: tuple) -> tuple[Any, int]:
     """The function continuing ``code`` at instruction ``target`` with the stack
@@ -222,11 +231,7 @@ def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handle
     name = f"resume_in_{code.co_name}_at_{line}"
     varnames = code.co_varnames + _fresh(code, ".cell", len(cells)) + \
         _fresh(code, ".stack", nstack)
-    new = _C.emit(code, pro + body, moved, {
-        "co_name": name, "co_qualname": name, "co_varnames": varnames,
-        "co_argcount": len(varnames), "co_posonlyargcount": 0, "co_kwonlyargcount": 0,
-        "co_nlocals": len(varnames), "co_consts": tuple(consts),
-        "co_flags": code.co_flags & ~_CO_VAR})
+    new = _C.emit(code, pro + body, moved, _fields(code, name, varnames, consts))
     _RESUMES.add(new)
     _ORIGIN[new] = (weakref.ref(code), shift)
     if _in_loop(instrs, target):
@@ -342,10 +347,11 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
     consts = list(code.co_consts)
     pos0 = instrs[site.first][3]
     out: list = [(_OP["RESUME"], 0, _NO_OP, pos0)]
-    params = []                     # parameter index of each non-NULL stack slot
+    params: list = []               # parameter index of each non-NULL stack slot
+    nstack = 0
     for kind in kinds:
-        params.append(nv + sum(1 for p in params if p is not None)
-                      if _is_param(kind) else None)
+        params.append(nv + nstack if _is_param(kind) else None)
+        nstack += _is_param(kind)
     for j in ctxs:
         _enter(out, kinds[j], consts, pos0)
     for j in range(keep, depth):
@@ -363,7 +369,6 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
     guarded_end = len(out)
     last_pos = instrs[site.last][3]
     below = [p for p in params[:keep] if p is not None]
-    nstack = sum(1 for p in params if p is not None)
     nres = len(resumes) + (site.handler is not None)
     _tail(out, nv, produced, below, unbound, nv + nstack, consts, last_pos, len(ctxs))
     if branch_at is not None:
@@ -396,11 +401,9 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
     varnames = code.co_varnames + _fresh(code, ".cell", len(cells)) + \
         _fresh(code, ".stack", nstack) + _fresh(code, ".resume", len(resumes))
     name = f"break_in_{code.co_name}_at_{_line(code, instrs, site.last)}"
-    new = _C.emit(code, out, own_handlers, {
-        "co_name": name, "co_qualname": name, "co_varnames": varnames,
-        "co_argcount": len(varnames), "co_posonlyargcount": 0, "co_kwonlyargcount": 0,
-        "co_nlocals": len(varnames), "co_consts": tuple(consts),
-        "co_cellvars": (), "co_freevars": (), "co_flags": code.co_flags & ~_CO_VAR})
+    new = _C.emit(code, out, own_handlers,
+                  {**_fields(code, name, varnames, consts), "co_cellvars": (),
+                   "co_freevars": ()})
     _C.mark_skip(new)
     _GENERATED.add(new)
     fn = types.FunctionType(new, f_globals, name, tuple(resumes))
