@@ -76,6 +76,7 @@ from __future__ import annotations
 import collections
 import dis
 import functools
+import gc
 import itertools
 import sys
 import types
@@ -440,6 +441,9 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
                 len(followed) != len(elements):
             return f"a {what} changed size in its loop before the break " \
                    f"(eager raises at the next step)"
+        if type(followed) in DICT_VIEWS:    # a view changes with its dict
+            followed = next((d for d in gc.get_referents(followed) if isinstance(d, dict)),
+                            followed)
         holders = {_local_name(code, i) for i, (_k, payload, _s) in enumerate(state["locals"])
                    if payload is followed}
         if builder.is_shadow(followed):

@@ -421,9 +421,19 @@ op_jump_if_false_or_pop(ags_interp *it, ags_frame *f, const ags_instr *ins)
 /* ------------------------------------------------------------------ */
 /* Iteration */
 
+/* Is obj a view of a dict (keys(), values(), items()): live, as long as
+ * its dict. */
+static int
+dict_view(PyObject *obj)
+{
+    return PyDictKeys_Check(obj) || PyDictValues_Check(obj)
+           || PyDictItems_Check(obj);
+}
+
 /* The list, dict or set a loop over v iterates and the loop's body may
  * change (borrowed): one the capture built, or one of the program's that
- * a change during capture shadows (interp_effects.c); else NULL. */
+ * a change during capture shadows (interp_effects.c), or a view of a dict
+ * (whose length is its dict's); else NULL. */
 static PyObject *
 changeable(const ags_value *v)
 {
@@ -434,8 +444,10 @@ changeable(const ags_value *v)
         return v->obj;
     case AGS_VK_CONST:
     case AGS_VK_LAZY:
-        return PyList_CheckExact(v->obj) || PyDict_Check(v->obj) ? v->obj
-                                                                 : NULL;
+        return PyList_CheckExact(v->obj) || PyDict_Check(v->obj)
+                       || dict_view(v->obj)
+                   ? v->obj
+                   : NULL;
     default:
         return NULL;
     }
@@ -520,7 +532,11 @@ op_get_iter(ags_interp *it, ags_frame *f, const ags_instr *ins)
     }
     iter = ags_value_make(AGS_VK_ITER, elems, NULL);
     iter.of = Py_XNewRef(changeable(&v));
-    iter.of_kind = iter.of != NULL ? v.kind : AGS_VK_UNBOUND;
+    /* a view shows its dict as it is now, the capture's or one the capture
+     * never changes: followed as a dict the capture built */
+    iter.of_kind = iter.of == NULL ? AGS_VK_UNBOUND
+                   : dict_view(iter.of) ? AGS_VK_DICT
+                                        : v.kind;
     ags_value_clear(&v);
     return ags_push(f, iter);
 }

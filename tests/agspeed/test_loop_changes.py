@@ -167,13 +167,48 @@ def test_an_argument_list_grown_by_its_loop():
     assert report.graph_count == 1
 
 
-@pytest.mark.parametrize("fn", [deletes_from_dict, adds_to_set], ids=lambda f: f.__name__)
+def adds_under_values(x):
+    d = {"a": x, "b": x * 2}
+    for v in d.values():
+        d["c"] = v
+        x = x + v
+    return x
+
+
+def deletes_under_items(x):
+    d = {"a": x, "b": x * 2}
+    for k, v in d.items():
+        if k == "a":
+            del d["b"]      # (a break: the frame resumes after it only where it may)
+        x = x + v
+    return x
+
+
+def adds_to_an_argument_dict(x, d):
+    for k in d:
+        d[k + "!"] = x
+        x = x + 1
+    return x
+
+
+@pytest.mark.parametrize("fn", [deletes_from_dict, adds_to_set, adds_under_values,
+                                deletes_under_items], ids=lambda f: f.__name__)
 def test_a_dict_or_set_resized_by_its_loop_raises_as_eager(fn):
     fast = agspeed.optimize(fn, backend="eager")
     want = _run(fn, torch.ones(2))
     assert want.startswith("RuntimeError")
     for _ in range(2):
         assert _run(fast, torch.ones(2)) == want
+
+
+def test_an_argument_dict_grown_by_its_loop_raises_as_eager():
+    want = _run(adds_to_an_argument_dict, torch.ones(2), {"a": 1})
+    assert want.startswith("RuntimeError")
+    fast = agspeed.optimize(adds_to_an_argument_dict, backend="eager")
+    for _ in range(2):
+        mine = {"a": 1}
+        assert _run(fast, torch.ones(2), mine) == want
+        assert mine == {"a": 1, "a!": mine["a!"]}       # eager's one write before it
 
 
 def test_a_dict_whose_values_the_loop_rewrites_needs_no_break():
