@@ -54,7 +54,7 @@ ags_value_clear(ags_value *v)
     Py_CLEAR(v->source);
     Py_CLEAR(v->of);
     v->kind = AGS_VK_UNBOUND;
-    v->of_kind = 0;
+    v->of_program = 0;
     v->pos = 0;
 }
 

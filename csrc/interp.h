@@ -68,7 +68,8 @@ extern const char *const ags_kind_names[];
 
 typedef struct {
     int kind;
-    int of_kind;        /* ITER only: the kind of the value `of` was */
+    int of_program;     /* ITER only: `of` is the program's own object,
+                         * which the capture changes only in its shadow */
     Py_ssize_t pos;     /* ITER only */
     PyObject *obj;      /* strong or NULL */
     PyObject *source;   /* strong or NULL */

@@ -472,8 +472,7 @@ ags_iter_follow(ags_interp *it, ags_value *iter)
     if (view == NULL) {
         return AGS_ERROR;
     }
-    if (view == iter->of && iter->of_kind != AGS_VK_LIST
-        && iter->of_kind != AGS_VK_DICT && iter->of_kind != AGS_VK_SET) {
+    if (view == iter->of && iter->of_program) {
         return AGS_GO;  /* the program's, with no shadow: not changed */
     }
     n = PyTuple_GET_SIZE(iter->obj);
@@ -533,10 +532,9 @@ op_get_iter(ags_interp *it, ags_frame *f, const ags_instr *ins)
     iter = ags_value_make(AGS_VK_ITER, elems, NULL);
     iter.of = Py_XNewRef(changeable(&v));
     /* a view shows its dict as it is now, the capture's or one the capture
-     * never changes: followed as a dict the capture built */
-    iter.of_kind = iter.of == NULL ? AGS_VK_UNBOUND
-                   : dict_view(iter.of) ? AGS_VK_DICT
-                                        : v.kind;
+     * never changes: followed as the capture's own */
+    iter.of_program = iter.of != NULL && !dict_view(iter.of)
+                      && (v.kind == AGS_VK_CONST || v.kind == AGS_VK_LAZY);
     ags_value_clear(&v);
     return ags_push(f, iter);
 }

@@ -28,10 +28,7 @@ export_value(ags_interp *it, const ags_value *v)
             return NULL;
         }
         payload = Py_BuildValue("(OnOO)", v->obj ? v->obj : Py_None, v->pos,
-                                view,
-                                v->of_kind == AGS_VK_CONST
-                                        || v->of_kind == AGS_VK_LAZY
-                                    ? Py_True : Py_False);
+                                view, v->of_program ? Py_True : Py_False);
     }
     else {
         payload = Py_NewRef(v->obj ? v->obj : Py_None);
