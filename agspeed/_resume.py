@@ -219,7 +219,8 @@ class Layout(NamedTuple):
     manager handed in), ("iter", slots) the iterator of a ``for`` loop the break is in:
     the runner hands a tuple of what it had left to yield (each item a slot as above,
     or ("tuple", slots) for a tuple of them), and the resume function's prologue
-    iterates it (``agspeed._resume_code.runner``)."""
+    iterates it (``agspeed._resume_code.runner``); ("iter", slot, position) the
+    iterator of the program's list that ``slot`` reads, at the loop's position."""
 
     stack: tuple
     locals: tuple
@@ -227,10 +228,11 @@ class Layout(NamedTuple):
     cells: tuple = ()   # the cell variables that are not parameters, as ``locals``
 
     def key(self) -> tuple:
-        """What the generated code depends on: which stack slots are NULL or a with
-        block's exit (the slot itself), which locals are unbound."""
-        return (tuple(s if s[0] == "ctx" else s[0] if s[0] in ("null", "iter")
-                      else "value" for s in self.stack),
+        """What the generated code depends on: which stack slots are NULL, a with
+        block's exit (the slot itself) or a loop's iterator (and how far along the
+        program's list it is), which locals are unbound."""
+        return (tuple(s if s[0] == "ctx" else ("live", s[2]) if s[0] == "iter" and len(s) == 3
+                      else s[0] if s[0] in ("null", "iter") else "value" for s in self.stack),
                 tuple(s[0] == "unbound" for s in self.locals + self.cells))
 
 
@@ -411,6 +413,11 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
         # iterator it made (spent by this: the capture is over)
         if kind == "ITER":
             elements, position, followed, programs = payload
+            live = type(followed) is list and (programs or builder.is_shadow(followed)) \
+                and live_list(followed)
+            # (a resume code per position: bounded as the passes of the tuple are)
+            if live and len(followed) - position <= LOOP_ITEMS:
+                return ("iter", live, position)
             if followed is not None:
                 why = changeable(followed, elements)
                 if why:
@@ -431,6 +438,25 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
         slots = tuple(item_slot(item) for item in items)
         why = next((s for s in slots if isinstance(s, str)), None)
         return why or ("iter", slots)
+
+    def live_list(followed: list) -> tuple | None:
+        # a list of the program that each call reaches again (a local, or through the
+        # source the capture read it from): the resume function steps that very list
+        # from the loop's position, as the program's own iterator would, so that what
+        # later passes add, remove or replace is seen.  Its shadow's writes are made
+        # before the break.
+        if builder.is_shadow(followed):
+            source, original = builder.shadow_source(followed), \
+                builder.shadow_original(followed)
+        else:
+            known = builder.known.get(id(followed))
+            source, original = (known[1], followed) if known and known[0] is followed \
+                else (None, None)
+        if type(source) is tuple and len(source) == 2 and source[0] == "local":
+            return ("local", source[1])
+        if source is not None and reach is not None and reach(source) is original:
+            return ("source", source)
+        return None
 
     def changeable(followed: Any, elements: tuple | None) -> str | None:
         # the loop goes on over a tuple of the items it has left: right only where no

@@ -31,6 +31,9 @@ __all__ = ["generated", "runner", "is_generated", "is_resume", "in_loop", "origi
 
 _OP = dis.opmap
 _NO_OP = -1     # an instruction's jump target when it has none
+# what a spent FOR_ITER jumps past at its target: nothing on 3.11, END_FOR on 3.12,
+# END_FOR and POP_TOP on 3.13
+_SPENT_SKIPPED = ("END_FOR", "POP_TOP")[:max(0, sys.version_info[1] - 11)]
 
 # Per-version facts of the code this module writes (values are opcode names).
 # CALL_FUNCTION_EX takes [NULL, callable, args] on 3.11/3.12, [callable, NULL, args]
@@ -152,13 +155,19 @@ def _enter(out: list, slot: tuple, consts: list, pos: Any) -> None:
 
 
 def _is_ctx(kind: Any) -> bool:
-    return type(kind) is tuple
+    return type(kind) is tuple and kind[0] == "ctx"
+
+
+def _is_iter(kind: Any) -> bool:
+    """A for loop's iterator: "iter" (the items it had left, as a tuple) or ("live",
+    position) (the program's list, stepped to where the loop was)."""
+    return kind == "iter" or type(kind) is tuple and kind[0] == "live"
 
 
 def _is_param(kind: Any) -> bool:
     """Whether a stack slot of this kind is handed over as a parameter (a NULL or a
     with block's exit is made anew)."""
-    return kind in ("value", "iter")
+    return kind == "value" or _is_iter(kind)
 
 
 def _leave(out: list, count: int, none: int, pos: Any) -> None:
@@ -211,6 +220,7 @@ def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handle
                     (_OP["STORE_DEREF"], slot_of[name], _NO_OP, pos)]
     nv += len(cells)
     k = 0
+    skips = []                      # (first FOR_ITER, how many) per list stepped on
     for kind in kinds:
         if kind == "null":
             pro.append((_OP["PUSH_NULL"], 0, _NO_OP, pos))
@@ -219,11 +229,25 @@ def _resume_function(code: types.CodeType, f_globals: dict, instrs: list, handle
             _enter(pro, kind, consts, pos)
             continue
         pro.append((_OP["LOAD_FAST"], nv + k, _NO_OP, pos))
-        if kind == "iter":          # the items the loop had left
+        if _is_iter(kind):          # the items the loop had left, or its list
             pro.append((_OP["GET_ITER"], 0, _NO_OP, pos))
+        if type(kind) is tuple:     # stepped past what the loop took, as it did
+            skips.append((len(pro), kind[1]))
+            pro += [(_OP["FOR_ITER"], 0, _NO_OP, pos), (_OP["POP_TOP"], 0, _NO_OP, pos)] \
+                * kind[1]
         k += 1
-    shift = len(pro) + 1
-    pro.append((_OP["JUMP_FORWARD"], 0, target + shift, pos))
+    jump = len(pro)
+    pro.append((_OP["JUMP_FORWARD"], 0, _NO_OP, pos))
+    for first, count in skips:      # a list now shorter than that: spent, as the
+        stub = len(pro)             # program's iterator would be, and the pass goes on
+        pro += [(_OP[name], 0, _NO_OP, pos) for name in _SPENT_SKIPPED]
+        pro += [(_OP["LOAD_CONST"], len(consts), _NO_OP, pos), (_OP["GET_ITER"], 0, _NO_OP, pos),
+                (_OP["JUMP_BACKWARD"], 0, first + 2 * count, pos)]
+        consts.append(())
+        for i in range(first, first + 2 * count, 2):
+            pro[i] = (_OP["FOR_ITER"], 0, stub, pos)
+    shift = len(pro)
+    pro[jump] = (_OP["JUMP_FORWARD"], 0, target + shift, pos)
     body = [(*_moved_slots(op, arg, code.co_nlocals, shift_slots), t + shift if t >= 0 else t,
              p) for op, arg, t, p in instrs]
     moved = [(s + shift, e + shift, h + shift, d, lasti) for s, e, h, d, lasti in handlers]
@@ -332,7 +356,7 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
     ctxs = [j for j, kind in enumerate(kinds) if _is_ctx(kind)]
     if any(j >= keep for j in ctxs):
         raise ValueError("a with block's exit among the break instruction's operands")
-    if "iter" in kinds[keep:] and not _comprehension_call(layout.stack[keep:]):
+    if any(map(_is_iter, kinds[keep:])) and not _comprehension_call(layout.stack[keep:]):
         # the callee would be handed an iterator of another type than the program's
         raise ValueError("an iterator made in the frame handed on at the break")
     if site.handler is not None and site.handler[1] > keep:
@@ -357,7 +381,9 @@ def generated(code: types.CodeType, f_globals: dict, site: BreakSite,
     for j in range(keep, depth):
         out.append((_OP["PUSH_NULL"], 0, _NO_OP, pos0) if params[j] is None
                    else (_OP["LOAD_FAST"], params[j], _NO_OP, pos0))
-        if kinds[j] == "iter":      # an iterator the call is handed (3.11's comprehension)
+        if _is_iter(kinds[j]):      # an iterator the call is handed (3.11's comprehension)
+            if kinds[j] != "iter" and kinds[j][1]:
+                raise ValueError("a list's iterator moved on, handed on at the break")
             out.append((_OP["GET_ITER"], 0, _NO_OP, pos0))
     branch_at = None
     guarded = len(out)
@@ -476,6 +502,8 @@ def _plan(slot: tuple, item: bool = False) -> tuple:
     is held weakly: an entry must not keep a model alive, and its guard fails once the
     module is gone (it checks it by identity)."""
     kind = slot[0]
+    if kind == "iter" and len(slot) == 3:     # the program's list: the prologue steps it
+        return _plan(slot[1])
     if kind in ("iter", "tuple"):
         return _TUPLE, tuple(_plan(s, True) for s in slot[1])
     if item and kind == _CONSTANT and _is_module(slot[1]):

@@ -2,9 +2,10 @@
 ``ags_iter_follow``): the capture iterates what the program would, as CPython's
 iterators do.  A list is read at the iterator's index, so items appended, removed or
 replaced during the loop are seen; a dict or set that changes size raises eager's
-RuntimeError (the frame runs eager).  A loop that breaks after its list changed, or
-over a list the program can still change in the passes after the break, runs eager
-rather than resuming over a stale copy of it."""
+RuntimeError (the frame runs eager).  A loop over the program's list that breaks goes on
+over that very list, stepped to where the loop was, so that what later passes change is
+seen; a loop over a list the frame made, which the program can still change in the
+passes after the break, runs eager rather than resuming over a stale copy of it."""
 
 import gc
 import sys
@@ -113,6 +114,17 @@ def grows_after_its_break(x, items):
     return x
 
 
+def pops_before_its_break(x, items):
+    for w in items:
+        if len(items) > 1:
+            items.pop()
+        if len(items) > 1:
+            items.pop()     # the second pass breaks with the list shorter than its step
+        _break()
+        x = x + w
+    return x
+
+
 def scales_by_a_kept_list_with_a_break(x):
     scales = [x.sin(), x.cos(), x.tanh()]
     for scale in scales:
@@ -157,7 +169,7 @@ def test_a_list_changed_by_its_loop_is_one_graph(fn):
                          ids=lambda f: f.__name__)
 def test_an_argument_list_grown_by_its_loop(fn):
     # grows_after_its_break: the first pass breaks before the body changes the list, so
-    # the capture cannot see it change; the body reads the list, so the frame runs eager
+    # the capture cannot see it change; the resume function steps the list itself
     fast = agspeed.optimize(fn, backend="eager")
     for _ in range(3):
         x, item = torch.randn(2), torch.randn(2)
@@ -165,6 +177,55 @@ def test_an_argument_list_grown_by_its_loop(fn):
         torch.testing.assert_close(fast(x, mine), fn(x.clone(), theirs))
         assert len(mine) == len(theirs) == 4
         torch.testing.assert_close(mine, theirs)
+
+
+@pytest.mark.parametrize("fn", [grows_after_its_break, pops_before_its_break],
+                         ids=lambda f: f.__name__)
+def test_a_loop_over_an_argument_list_changed_around_its_break_resumes(fn):
+    fast = agspeed.optimize(fn, backend="eager")
+    for n in (4, 4, 5, 1):
+        x = torch.randn(2)
+        mine = [torch.randn(2) for _ in range(n)]
+        theirs = list(mine)
+        torch.testing.assert_close(fast(x, mine), fn(x, theirs))
+        torch.testing.assert_close(mine, theirs)
+    report = agspeed.explain(fn, torch.randn(2), [torch.randn(2) for _ in range(4)])
+    assert report.graph_count >= 2      # resumed, not run eager
+
+
+class _Schedule(torch.nn.Module if torch else object):
+    """A module stepping through a plain list of its own that its forward grows in the
+    passes after a break: no local holds the list."""
+
+    def __init__(self):
+        super().__init__()
+        self.scales = [1.0, 2.0]
+        self.proj = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        for s in self.scales:
+            _break()
+            x = self.proj(x) * s
+            if len(self.scales) < 5:
+                self.scales.append(s + 0.5)
+        return x
+
+
+def test_a_modules_own_list_grown_after_the_break_is_followed():
+    torch.manual_seed(0)
+    mine = _Schedule()
+    theirs = _Schedule()
+    theirs.load_state_dict(mine.state_dict())
+    fast = agspeed.optimize(mine, backend="eager")
+    for _ in range(3):
+        x = torch.randn(2, 3, requires_grad=True)
+        ref = x.detach().clone().requires_grad_()
+        out, want = fast(x), theirs(ref)
+        torch.testing.assert_close(out, want)
+        out.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(x.grad, ref.grad)
+        assert mine.scales == theirs.scales
 
 
 def test_an_argument_list_grown_by_its_loop_is_one_graph():
@@ -249,8 +310,10 @@ def test_a_loop_that_breaks_over_an_unchanged_argument_list_still_resumes():
     assert report.graph_count >= 2     # before the break, and the resumed passes
 
 
-def test_the_followed_list_is_not_kept():
-    fast = agspeed.optimize(grows_argument, backend="eager")
+@pytest.mark.parametrize("fn", [grows_argument, grows_after_its_break],
+                         ids=lambda f: f.__name__)
+def test_the_followed_list_is_not_kept(fn):
+    fast = agspeed.optimize(fn, backend="eager")
     x = torch.randn(2)
     for _ in range(3):
         fast(x, [torch.randn(2)])

@@ -315,6 +315,27 @@ def test_a_loop_over_a_list_resumes_with_its_items():
     assert result == summing([1, 22, 333, 4444])
 
 
+def stepping(xs):
+    out = []
+    for x in xs:
+        out.append(x)
+        s = str(x)      # the break
+        out.append(s)
+    return out
+
+
+def test_a_loop_over_the_programs_list_resumes_on_that_list():
+    result, _fn, resumes = resumed(stepping, xs=[1, 22, 333])
+    assert result == stepping([1, 22, 333])
+    # the resume function is handed the list itself (xs, out, x, s, the list, str's
+    # result) and steps past the one item the loop took: an item appended since is seen
+    _result, _fn, resumes = resumed(stepping, xs=[1])
+    assert resumes[0]([1], [9], 1, None, [1, 22], "r") == [9, "r", 22, "22"]
+    # a list now shorter than where the loop was: the pass goes on and the loop ends,
+    # as the program's own iterator would
+    assert resumes[0]([1], [9], 1, None, [], "r") == [9, "r"]
+
+
 def comprehending(xs):
     lengths = [len(str(x)) for x in xs]     # a comprehension: inlined from 3.12 on
     return sum(lengths), lengths
