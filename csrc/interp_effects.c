@@ -176,16 +176,13 @@ ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out)
     if (shadow == NULL) {
         return PyErr_Occurred() ? -1 : 0;
     }
-    if (PyTuple_CheckExact(shadow)) {
-        if (it->top != NULL && loaded_to_append(it->top, it->top->pc)) {
-            return 0;
-        }
-        /* the entry (freed when widen_tail replaces it) held the tail,
-         * which the map holds next */
-        shadow = PyTuple_GET_ITEM(shadow, 0);
-        if (widen_tail(it, obj, shadow) < 0) {
-            return -1;
-        }
+    if (PyTuple_CheckExact(shadow) && it->top != NULL
+        && loaded_to_append(it->top, it->top->pc)) {
+        return 0;   /* a tail appended to again: left a tail */
+    }
+    shadow = ags_live_view(it, obj);
+    if (shadow == NULL) {
+        return -1;
     }
     *out = ags_value_make(PyList_CheckExact(shadow) ? AGS_VK_LIST
                                                     : AGS_VK_DICT,
