@@ -355,6 +355,10 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
                 builder.check_output(payload)
             except Exception:
                 return f"a {kind.lower()} the graph cannot return"
+            if kind != "TENSOR":    # one list or dict in two slots: one object again
+                at = next((i for i, o in enumerate(outputs) if o is payload), None)
+                if at is not None:
+                    return ("output", at)
             outputs.append(payload)
             return ("output", len(outputs) - 1)
         if kind == "CONST" and in_stack and _modelled_exit(payload) is not None:
@@ -530,8 +534,39 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
         local.append(s)
     if state["cells"]:
         return "a local shared with a closure made before the break"
+    if _shared_containers(outputs, builder):
+        # the graph's outputs are rebuilt apart: a list held both by a variable and by
+        # another list (or an object the frame made) would be two lists after the break
+        return "a list or dict the frame made, held in two places at the break"
     return Layout(tuple(stack), tuple(local[:code.co_nlocals]), tuple(outputs),
                   tuple(local[code.co_nlocals:]))
+
+
+def _shared_containers(outputs: list, builder: Any) -> bool:
+    """Whether a list, dict or set is reached twice from the graph's outputs (each
+    output once; an object the frame made once, as ``escape`` rebuilds it)."""
+    seen: set = set()
+    objects: set = set()
+
+    def walk(value: Any) -> bool:
+        if isinstance(value, builder.node_type):
+            return False
+        if builder.can_escape(value):   # rebuilt once however often it is reached
+            if id(value) in objects:
+                return False
+            objects.add(id(value))
+            return any(map(walk, builder.escape_parts(value)))
+        if type(value) in (list, dict, set) or isinstance(value, dict):
+            if id(value) in seen:
+                return True
+            seen.add(id(value))
+        if isinstance(value, (tuple, list, set, frozenset)):
+            return any(map(walk, value))
+        if isinstance(value, dict):
+            return any(map(walk, value.values()))
+        return False
+
+    return any(map(walk, outputs))
 
 
 # instructions reading a local variable (3.13's paired forms name two, a half byte each)

@@ -109,6 +109,42 @@ def test_explicit_graph_break():
     check(explicit, vec, 2)
 
 
+class _Holder:
+    def __init__(self, d):
+        self.d = d
+
+
+def aliases_across_a_break(x):
+    d = {"a": x + 1}
+    e = d
+    items = [x]
+    same = items
+    torch._dynamo.graph_break()
+    e["b"] = x * 2              # changed through one name, read through the other
+    same.append(x * 3)
+    return d is e, len(d), items is same, sum(items)
+
+
+def nested_across_a_break(x):
+    d = {}
+    held = [d, x + 1]
+    kept = _Holder(d)
+    torch._dynamo.graph_break()
+    d["a"] = x
+    return len(held[0]), held[0] is d, kept.d is d, held[1]
+
+
+@pytest.mark.parametrize("fn", [aliases_across_a_break, nested_across_a_break],
+                         ids=lambda f: f.__name__)
+def test_a_list_or_dict_held_twice_at_a_break_stays_one_object(fn):
+    opt = agspeed.optimize(fn, backend="eager")
+    for _ in range(2):
+        x = torch.randn(3)
+        got, want = opt(x), fn(x)
+        assert got[:-1] == want[:-1]
+        torch.testing.assert_close(got[-1], want[-1])
+
+
 def pick_from(t):
     def pick(i):
         return t[i]
