@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import types
 from typing import Any
 
@@ -71,6 +72,17 @@ class FunctionApply:
         return self.cls.apply(*args, **kwargs)
 
 
+def _dynamo_init(fn: Any) -> Any:
+    """The ``nn.Module.__init__`` that torch._dynamo wraps ``fn`` around once it has run
+    (the wrapper also tags the module for torch._dynamo's own use), else None."""
+    if getattr(fn, "__module__", None) != "torch._dynamo.mutation_guard" or \
+            getattr(fn, "__name__", None) != "patched_init" or not fn.__closure__:
+        return None
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__))
+    init = cells["init"].cell_contents if "init" in cells else None
+    return init if type(init) is types.FunctionType else None
+
+
 class CallPolicy:
     """The part of ``GraphBuilder`` that plans calls and finds attributes."""
 
@@ -122,10 +134,30 @@ class CallPolicy:
         if how is Attr.MISSING:
             return how, MISSING, None
         bound = obj.__self__ if isinstance(obj, super) else obj
+        if isinstance(obj, super) and how is Attr.METHOD and \
+                type(value) is types.FunctionType and value.__closure__:
+            self._note_home(obj, name, value)
         if how is Attr.METHOD and not isinstance(bound, type) and \
                 type(_class_lookup(type(bound), name)) is classmethod:
             bound = type(bound)   # a classmethod called on an instance
         return how, value, bound if how is Attr.METHOD else None
+
+    def _note_home(self, sup: super, name: str, fn: Any) -> None:
+        """A function with a closure found through ``super()`` (a base class's method
+        wrapped by a decorator, or patched: ``nn.Module.__init__`` once torch._dynamo
+        has run): reached again through the module-level class that holds it, so that
+        its cells are read, and it is guarded, by that source."""
+        owner = sup.__self__
+        mro = owner.__mro__ if isinstance(owner, type) else type(owner).__mro__
+        start = mro.index(sup.__thisclass__) + 1 if sup.__thisclass__ in mro else len(mro)
+        klass = next((k for k in mro[start:] if name in k.__dict__), None)
+        if klass is None or "." in klass.__qualname__ or \
+                getattr(sys.modules.get(klass.__module__), klass.__qualname__, None) \
+                is not klass:
+            return
+        home = ("attr", ("gmod", klass.__module__, klass.__qualname__), name)
+        self.assumptions.append((home, fn))  # type: ignore[attr-defined]
+        self.known.setdefault(id(fn), (fn, home))  # type: ignore[attr-defined]
 
     def plan_call(self, fn: Any, source: Any) -> tuple:
         """How the interpreter captures a call of ``fn`` (see csrc/interp_call.c)."""
@@ -148,7 +180,9 @@ class CallPolicy:
                              f"calling a {type(fn).__name__} that is not hashable") from None
         if fn in self.replayed_calls:  # type: ignore[attr-defined]
             return (Plan.GRAPH, fn)  # recorded by call_function, replayed after the graph
-        if fn is logging.getLogger:  # the same logger for the same name, made at most once
+        if fn is logging.getLogger or fn is torch._C._log_api_usage_once:
+            # the same logger for the same name, made at most once; torch's usage log,
+            # once per process (nn.Module.__init__ calls it): both done at capture
             return (Plan.FOLD, fn)
         if fn is super:
             return (Plan.SUPER,)
@@ -176,6 +210,8 @@ class CallPolicy:
                 return (Plan.GRAPH, FunctionApply(fn.__self__))
             # a method used as a value (``m = obj.f; m(...)``): its function keeps the
             # source it was loaded by, through which its cells are read
+            if _dynamo_init(fn.__func__) is not None:
+                return (Plan.INLINE, _dynamo_init(fn.__func__), fn.__self__, None)
             known = self.known.get(id(fn.__func__))
             fsource = known[1] if known is not None and known[0] is fn.__func__ else None
             return (Plan.INLINE, fn.__func__, fn.__self__, fsource)
@@ -198,6 +234,11 @@ class CallPolicy:
             if fn.__code__.co_filename.endswith(_TRANSFORM_FILES):
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"torch.func's {fn.__name__} (a "
                                  f"transform runs eager, its function too)")
+            if _dynamo_init(fn) is not None:
+                return (Plan.INLINE, _dynamo_init(fn), None, None)
+            if source is None and fn.__closure__:
+                known = self.known.get(id(fn))  # type: ignore[attr-defined]
+                source = known[1] if known is not None and known[0] is fn else None
             return (Plan.INLINE, fn, None, source)
         raise GraphBreak(Reason.UNSUPPORTED_CALL, f"calling {describe_callable(fn)}")
 
@@ -223,6 +264,12 @@ class CallPolicy:
             targets[id(cls)] = FunctionApply(cls)
         return targets[id(cls)]
 
+    def _made_in_frame(self, module: Any) -> bool:
+        """A module the capture made: a layer of torch.nn folded, or an instance of a
+        class of the program whose ``__init__`` it followed (Plan.NEW)."""
+        return self.made_modules.get(id(module)) is module or \
+            self.is_owned(module)  # type: ignore[attr-defined]
+
     def _plan_module(self, module: Any, source: Any) -> tuple:
         torch = self._torch
         cls = type(module)
@@ -234,7 +281,7 @@ class CallPolicy:
                 raise GraphBreak(Reason.HOOKS, f"{cls.__name__} has its own __call__")
             if source is not None:
                 self.assumptions.append((("type", source), cls))
-            elif self.made_modules.get(id(module)) is not module:  # type: ignore
+            elif not self._made_in_frame(module):
                 raise GraphBreak(Reason.UNSUPPORTED_CALL,
                                  f"a {cls.__name__} reached by no source")
             return (Plan.INLINE, own_call, module, None)
@@ -250,7 +297,7 @@ class CallPolicy:
         how, forward = static_attr(module, "forward")
         if how not in (Attr.METHOD, Attr.VALUE) or type(forward) is not types.FunctionType:
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{cls.__name__}.forward is not a function")
-        if source is None and self.made_modules.get(id(module)) is module:  # type: ignore
+        if source is None and self._made_in_frame(module):
             if inline_hooks:
                 return (Plan.INLINE, hooked_call, module, None)
             return (Plan.MODULE, forward, module if how is Attr.METHOD else None, None)

@@ -132,6 +132,9 @@ class Folds(StdlibFolds):
             # each item's truth as Python takes it, stopping where Python stops
             truths = (self.truth(v) for v in args[0])
             return any(truths) if fn is any else all(truths)
+        if fn is bool and len(args) == 1 and not kwargs and \
+                type(args[0]) in (tuple, list, dict, set, frozenset, *_VIEWS, *_COLLECTIONS):
+            return len(args[0]) > 0     # a container's truth: its size, whatever it holds
         if fn is sum and args and type(args[0]) in (tuple, list) and \
                 any(isinstance(a, self.node_type) for a in args[0]):
             return self._sum_nodes(args, kwargs)

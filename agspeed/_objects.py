@@ -287,8 +287,7 @@ class Objects:
                 return (Plan.FOLD, fn)   # a layer made by torch's code alone (fold)
             if bare_dict_subclass(fn):
                 return (Plan.FOLD, fn)   # made by its dict's own __init__ (fold)
-            if not is_namedtuple_type(fn) and not issubclass(fn, self._torch.nn.Module) \
-                    and self._plain_class(fn):
+            if not is_namedtuple_type(fn) and self._plain_class(fn):
                 init = _class_lookup(fn, "__init__")
                 if type(init) is not types.FunctionType:
                     return (Plan.NEW, fn, None, None)
@@ -371,7 +370,10 @@ class Objects:
         if not all(self._is_static(a) for a in (*args, *kwargs.values())):
             raise GraphBreak(Reason.UNSUPPORTED_CALL,
                              f"{cls.__name__}() with arguments that are not plain values")
-        module = self._run(cls, args, kwargs)
+        with self._torch.random.fork_rng(devices=()):
+            # a layer with parameters draws them from the generator, which the program
+            # then draws from again when the call runs eager after the break
+            module = self._run(cls, args, kwargs)
         if any(True for _ in module.parameters()) or \
                 any(b is not None for b in module.buffers()):
             raise GraphBreak(Reason.UNSUPPORTED_CALL,
@@ -450,6 +452,11 @@ class Objects:
         if self.is_owned(obj):
             if name == "__class__":
                 return Attr.VALUE, type(obj), None   # fixed when it was made
+            if name == "__dict__" and type(_class_lookup(type(obj), name)) is \
+                    types.GetSetDescriptorType:
+                # its store, read as the object is (nn.Module.__setattr__'s
+                # ``self.__dict__.get("_parameters")``)
+                return Attr.VALUE, self._own(object.__getattribute__(obj, name)), None
             if name in _DICT_READERS and _dict_base(type(obj)):
                 found = _class_lookup(type(obj), name)
                 if type(found) in (types.MethodDescriptorType, types.WrapperDescriptorType):

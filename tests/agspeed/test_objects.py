@@ -9,6 +9,7 @@ torch._dynamo.explain counts for it, and the optimized function's result (its ty
 included) and gradients equal eager's on fresh random inputs."""
 
 import collections
+import functools
 import contextvars
 import dataclasses
 import gc
@@ -629,7 +630,7 @@ def test_module_made_by_torch_code_alone():
     check(f, (2, 3), (2, 3))
 
 
-def test_module_with_its_own_init_made_in_the_frame_runs_eager():
+def test_module_with_its_own_init_made_in_the_frame_runs_it_on_every_call():
     class Counting(torch.nn.Module):
         made = 0
 
@@ -648,6 +649,149 @@ def test_module_with_its_own_init_made_in_the_frame_runs_eager():
     for _ in range(3):
         torch.testing.assert_close(opt(x), f(x))
     assert Counting.made == 6
+
+
+class Scaled(torch.nn.Module):
+    """An activation of the program, its __init__ its own (transformers' ACT2FN)."""
+
+    def __init__(self, scale=1.0, smooth=False):
+        super().__init__()
+        self.scale = scale
+        self.act = self._smooth if smooth else torch.tanh
+
+    def _smooth(self, x):
+        return torch.nn.functional.softplus(x) - 1
+
+    def forward(self, x):
+        return self.act(x) * self.scale
+
+
+class Activations(collections.OrderedDict):
+    """Makes the layer a name stands for on each lookup."""
+
+    def __getitem__(self, key):
+        cls, kwargs = super().__getitem__(key)
+        return cls(**kwargs)
+
+
+ACTIVATIONS = Activations(tanh=(Scaled, {"scale": 2.0}), smooth=(Scaled, {"smooth": True}))
+
+
+def test_a_module_of_the_program_made_in_the_frame_is_captured_whole():
+    def f(x):
+        h = ACTIVATIONS["tanh"](x)
+        layer = ACTIVATIONS["smooth"]
+        return layer(h), layer.training, layer.scale
+
+    check(f, (2, 5))
+    opt = agspeed.optimize(f)
+    x = torch.randn(2, 5)
+    # what the constructor was handed is guarded: a changed argument is a new capture
+    kwargs = dict.__getitem__(ACTIVATIONS, "tanh")[1]
+    try:
+        kwargs["scale"] = 3.0
+        torch.testing.assert_close(opt(x), f(x))
+        kwargs["scale"] = 2.0
+        torch.testing.assert_close(opt(x), f(x))
+    finally:
+        kwargs["scale"] = 2.0
+
+
+def test_a_module_made_in_the_frame_after_torch_compile_ran():
+    # torch._dynamo wraps nn.Module.__init__ once it has run (to tag the modules it
+    # sees made): the capture follows the init it wraps
+    import torch._dynamo.mutation_guard as guard
+
+    guard.install_generation_tagging_init()
+    assert torch.nn.Module.__init__.__name__ == "patched_init"
+
+    def f(x):
+        return Scaled(2.0)(x)
+
+    check(f, (4,))
+
+
+def _twice(fn):
+    @functools.wraps(fn)
+    def wrapper(self, x):
+        return fn(self, fn(self, x))
+    return wrapper
+
+
+class Doubled(torch.nn.Module):
+    @_twice
+    def forward(self, x):
+        return x.sin() + 1
+
+
+class Extended(Doubled):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def test_a_decorated_method_found_through_super_is_read_through_its_class():
+    # the decorator's function has cells: read, and guarded, through Doubled.forward
+    m = Extended()
+    ex = agspeed.explain(m, torch.randn(3))
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons
+    opt = agspeed.optimize(m)
+    x = torch.randn(3)
+    torch.testing.assert_close(opt(x), m(x))
+    saved = Doubled.forward
+    try:
+        Doubled.forward = lambda self, x: x - 1     # the guard sees the class change
+        torch.testing.assert_close(opt(x), m(x))
+    finally:
+        Doubled.forward = saved
+
+
+def test_a_module_of_the_program_made_in_the_frame_can_be_returned():
+    def f(x):
+        layer = Scaled(0.5)
+        return layer(x), layer
+
+    opt = agspeed.optimize(f)
+    x = torch.randn(3)
+    out, layer = opt(x)
+    torch.testing.assert_close(out, f(x)[0])
+    assert type(layer) is Scaled and layer.scale == 0.5 and layer.training
+    torch.testing.assert_close(layer(x), out)       # a working module, made anew
+    assert layer is not opt(x)[1]
+
+
+def test_layers_with_parameters_made_in_the_frame_draw_what_eager_draws():
+    # the capture makes torch's layer to see what it holds, then breaks: the generator
+    # must be where the program left it when the call runs eager
+    class Drawn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    def layer(x):
+        torch.manual_seed(0)
+        return torch.nn.Linear(4, 4)(x)
+
+    def module(x):
+        torch.manual_seed(0)
+        return Drawn()(x)
+
+    for fn in (layer, module):
+        opt = agspeed.optimize(fn, backend="eager")
+        for _ in range(2):
+            x = torch.randn(2, 4)
+            torch.testing.assert_close(opt(x), fn(x))
+
+
+def test_the_truth_of_a_container_made_in_the_frame():
+    def f(x, **kwargs):
+        parts = [x] if bool(kwargs) else []
+        table = {"a": x} if bool(parts) else {}
+        return x + 1 if bool(table) or bool((x,)) and not bool(set()) else x - 1
+
+    check(f, (3,))
 
 
 def test_list_indexed_by_a_constant_tensor():
