@@ -506,6 +506,22 @@ class Objects:
             if base is not None and _class_lookup(type(container), "__getitem__") is \
                     base.__getitem__:
                 return self._run(base.__getitem__, (container, index), {}), None
+        mo = _model_output_type()
+        if mo is not None and isinstance(container, mo) and source is not None and \
+                _class_lookup(type(container), "__getitem__") is mo.__getitem__ and \
+                type(index) in (str, int):
+            # the program's ModelOutput (a submodule's, called after a break): by name,
+            # or by position among the fields it holds, whose names are guarded
+            keys = tuple(dict.keys(container))
+            self.assumptions.append((("keys", source), keys))
+            try:
+                key = index if type(index) is str else keys[index]
+            except IndexError as exc:
+                raise GraphBreak(Reason.OP_FAILED, f"{type(container).__name__}[{index}] "
+                                 f"raised IndexError: {exc}") from exc
+            plain = dict.fromkeys(keys)
+            plain.update((k, dict.__getitem__(container, k)) for k in keys)
+            return super().getitem(plain, key, source)  # type: ignore[misc]
         return super().getitem(container, index, source)  # type: ignore[misc]
 
     def truth(self, obj: Any) -> bool:

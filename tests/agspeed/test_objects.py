@@ -560,6 +560,35 @@ def test_model_outputs_between_modules():
                                                                            "hidden_states"]
 
 
+def test_a_model_output_of_the_program_is_read_by_name_and_position():
+    # the body breaks (a value read out of a tensor), so the head's frame resumes after
+    # the call with the body's ModelOutput, a real object of the program's
+    mo = pytest.importorskip("transformers.modeling_outputs")
+
+    class Body(torch.nn.Module):
+        def forward(self, x):
+            scale = float(x.abs().max())
+            h = x * scale
+            return mo.BaseModelOutput(last_hidden_state=h, hidden_states=(x, h))
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = Body()
+
+        def forward(self, x):
+            outputs = self.body(x)
+            return outputs[0] + outputs["last_hidden_state"] * outputs[1][0]
+
+    model = Head()
+    opt = agspeed.optimize(model, backend="eager")
+    for _ in range(2):
+        x = torch.randn(2, 3)
+        torch.testing.assert_close(opt(x), model(x))
+    ex = agspeed.explain(model, torch.randn(2, 3))
+    assert not [b for b in ex.break_reasons if "indexing" in b.detail], ex.break_reasons
+
+
 class Celsius:
     def __init__(self, t):
         self.kelvin = t + 273.0
