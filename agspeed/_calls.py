@@ -116,6 +116,8 @@ class CallPolicy:
         written = self.written(obj, name)  # type: ignore[attr-defined]
         if written is not None:
             return Attr.WRITTEN, written[0], None
+        if name == "__dict__" and not isinstance(obj, type):
+            self.dict_read(obj)  # type: ignore[attr-defined]
         pure = self.pure_method(obj, name)
         if pure is not None:
             return pure

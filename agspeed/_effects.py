@@ -214,6 +214,10 @@ class SideEffects:
     def _effects_init(self) -> None:
         self._effects = []  # (_SET, source, owner, name, template) or (_CALL, fn, a, kw)
         self._overlay = {}  # (id(owner), name) -> (owner, value): what reads now see
+        self._dicts_read = {}   # id(owner) -> owner, whose __dict__ the frame was handed
+        # id(program's list or dict) -> its shadow (or tail entry): the interpreter's
+        # map, shared so that a store shadowed here is what its loads see
+        self.shadow_map: dict = {}
         self._effect_nodes = []  # the graph nodes the templates' slots stand for
         self.replayed_calls = _logging_calls()
         # id(shadow) -> (shadow, original, its items as first copied, or None: a tail)
@@ -238,7 +242,41 @@ class SideEffects:
         self._check_writable(obj, name, value, raw)
         self._effects.append((_RAW_SET if raw else _SET, source, obj, name, value))
         self._overlay[(id(obj), name)] = (obj, value)
+        store = self._store_shadow(obj, source) \
+            if self._dicts_read.get(id(obj)) is obj else None
+        if store is not None:   # the frame holds its __dict__: it sees the write there
+            store[name] = value
         return None
+
+    def dict_read(self, obj: Any) -> None:
+        """``obj.__dict__`` read (``obj`` an object of the program): its store as this
+        capture has changed it.  The attributes set so far are made after the graph, so
+        where there are any the frame gets a shadow of the store holding them, and
+        every attribute set from now on goes into that shadow too."""
+        self._dicts_read[id(obj)] = obj
+        if any(owner is obj for owner, _value in self._overlay.values()):
+            known = self.known.get(id(obj))  # type: ignore[attr-defined]
+            if known is None or known[0] is not obj:
+                raise GraphBreak(Reason.SIDE_EFFECT, f"the __dict__ of a "
+                                 f"{type(obj).__name__} reached by no source, after "
+                                 f"setting its attributes")
+            self._store_shadow(obj, known[1])
+
+    def _store_shadow(self, obj: Any, source: Any) -> Any:
+        """The shadow of ``obj``'s ``__dict__`` holding the attributes set so far
+        (made on first use), or None where it has no plain one."""
+        store = _object_dict(obj)
+        if type(store) is not dict:
+            return None
+        done = self._shadow_of(store)
+        if done is not None:
+            return done
+        made = self.shadow(store, ("attr", source, "__dict__"))
+        self.shadow_map[id(store)] = made
+        for (oid, name), (owner, value) in self._overlay.items():
+            if owner is obj:
+                made[name] = value
+        return made
 
     def _setattr_hook(self, kind: type) -> Any:
         torch = self._torch  # type: ignore[attr-defined]
@@ -349,6 +387,16 @@ class SideEffects:
 
     def written(self, obj: Any, name: str) -> tuple | None:
         """``(value,)`` when this capture wrote ``obj.name``, else None."""
+        if self._dicts_read.get(id(obj)) is obj:
+            store = _object_dict(obj)
+            made = self._shadow_of(store) if type(store) is dict else None
+            if made is not None:    # written through its __dict__, maybe
+                if name in made:
+                    return (made[name],)
+                if name in store:
+                    raise GraphBreak(Reason.SIDE_EFFECT, f"attribute {name!r} deleted "
+                                     f"through the __dict__ of a {type(obj).__name__}")
+                return None
         hit = self._overlay.get((id(obj), name))
         return (hit[1],) if hit is not None and hit[0] is obj else None
 
@@ -582,6 +630,15 @@ def _put(result: Any, path: tuple, obj: Any) -> Any:
         return result[:head] + (_put(result[head], rest, obj),) + result[head + 1:]
     result[head] = _put(result[head], rest, obj)
     return result
+
+
+def _object_dict(obj: Any) -> Any:
+    """``obj``'s own ``__dict__`` (None where it has none), read without its class's
+    code."""
+    try:
+        return object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return None
 
 
 def replay(plan: tuple, n_inputs: int, compiled: Callable) -> Callable:

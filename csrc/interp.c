@@ -601,7 +601,18 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
     it.assumptions = PyObject_GetAttrString(builder, "assumptions");
     it.known = PyObject_GetAttrString(builder, "known");
     it.owned = PySet_New(NULL);
-    it.shadows = PyDict_New();
+    /* optional: the builder's own map, where it shadows stores itself (an
+     * object's __dict__ read after its attributes were set) */
+    it.shadows = PyObject_GetAttrString(builder, "shadow_map");
+    if (it.shadows == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        it.shadows = PyDict_New();
+    }
+    else if (it.shadows != NULL && !PyDict_CheckExact(it.shadows)) {
+        Py_CLEAR(it.shadows);
+        PyErr_SetString(PyExc_TypeError,
+                        "capture: builder.shadow_map must be a dict");
+    }
     /* optional: a builder without it makes no containers inside folds */
     it.fresh = PyObject_GetAttrString(builder, "fresh_containers");
     if (it.fresh == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {

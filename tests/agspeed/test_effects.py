@@ -72,6 +72,44 @@ def test_attribute_writes_are_replayed_after_the_graph():
         torch.testing.assert_close(g_fast[0], g_eager[0])
 
 
+class Bag:
+    pass
+
+
+def _set_then_look_in_dict(x, bag):
+    bag.a = x * 2
+    return x + 1 if "a" in bag.__dict__ else x - 1
+
+
+def _dict_held_then_set(x, bag):
+    store = bag.__dict__
+    bag.a = x * 2
+    return store["a"] + 1 if "a" in store else x - 1
+
+
+def _set_through_dict_then_read(x, bag):
+    bag.a = x
+    bag.__dict__["a"] = x * 3
+    bag.__dict__["b"] = 5
+    return bag.a + bag.b
+
+
+@pytest.mark.parametrize("fn", [_set_then_look_in_dict, _dict_held_then_set,
+                                _set_through_dict_then_read], ids=lambda f: f.__name__)
+def test_an_objects_dict_shows_the_attributes_the_frame_set(fn):
+    # the writes are made after the graph: the frame reads its __dict__ as it would be
+    opt = agspeed.optimize(fn, backend="eager")
+    for _ in range(2):
+        x = torch.randn(3)
+        mine, theirs = Bag(), Bag()
+        torch.testing.assert_close(opt(x, mine), fn(x, theirs))
+        assert vars(mine).keys() == vars(theirs).keys()
+        for name in vars(theirs):
+            torch.testing.assert_close(getattr(mine, name), getattr(theirs, name))
+    ex = agspeed.explain(fn, torch.randn(3), Bag())
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons
+
+
 class Counts(nn.Module if nn is not None else object):
     def __init__(self):
         super().__init__()
