@@ -108,6 +108,12 @@ def test_an_objects_dict_shows_the_attributes_the_frame_set(fn):
             torch.testing.assert_close(getattr(mine, name), getattr(theirs, name))
     ex = agspeed.explain(fn, torch.randn(3), Bag())
     assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons
+    bag = Bag()
+    opt(torch.randn(3), bag)
+    gone = weakref.ref(bag)
+    del bag
+    gc.collect()
+    assert gone() is None       # neither the entry nor its shadow keeps the object
 
 
 class Counts(nn.Module if nn is not None else object):
