@@ -23,7 +23,12 @@ it), the autotuner:
 6. for a training graph, checks a compiled choice once more on the program's own steps
    (``_confirm``: the choice and eager in turns, timed from one optimizer step to the
    next), and runs eager from then on where the choice loses there.  The knowledge base
-   keeps that verdict too, so a remembered choice is checked once.
+   keeps that verdict too, so a remembered choice is checked once.  Eager gets the same
+   second look: a compiled candidate whose median beat eager's though its turns did not
+   hold it (a win within the noise), and, in a later process, the best candidate
+   measured correct for a graph remembered as eager (measured then on a busy machine,
+   say), is watched against eager on the steps once; where it wins there it is the
+   choice from then on.
 
 Tuning never changes what the program computes.  Every run starts from the state eager
 started from (``_measure.State``: mutated inputs and random generators put back), no
@@ -99,16 +104,32 @@ def _decided(t: "_Tuning", choice: str, speedup: float, source: str) -> None:
                                    time.perf_counter() - t.started, source, t.key))
 
 
-def _checked(key: str, verdict: dict) -> None:
-    """The program's steps gave ``verdict`` on the choice for ``key``: its decision says
-    so, and what won there."""
+def _checked(key: str, name: str, verdict: dict) -> None:
+    """The program's steps gave ``verdict`` on the candidate ``name`` for ``key``: its
+    decision says so, and what won there."""
     with _decisions_lock:
         for k in range(len(_DECISIONS) - 1, -1, -1):
             d = _DECISIONS[k]
             if d.key == key:
-                _DECISIONS[k] = d._replace(choice=d.choice if verdict["kept"] else "eager",
+                _DECISIONS[k] = d._replace(choice=name if verdict["kept"] else "eager",
                                            loop=verdict["ratio"])
                 return
+
+
+def _second_look(candidates: dict, names: list, loop: Any, margin: float | None) -> Any:
+    """For a graph whose choice is eager: the compiled candidate to watch against eager
+    on the program's steps, or None.  Among those measured correct (and offered now),
+    the best median speedup, above ``1 + margin`` where a margin is given; never one
+    the steps have judged already."""
+    best, best_ratio = None, 0.0 if margin is None else 1.0 + margin
+    for name, m in candidates.items():
+        if name == "eager" or name not in names or m.get("status") != "ok":
+            continue
+        if m.get("ratio", 0.0) > best_ratio:
+            best, best_ratio = name, m["ratio"]
+    if best is not None and isinstance(loop, dict) and loop.get("candidate") == best:
+        return None
+    return best
 
 
 def _watched(t: "_Tuning", choice: str, fn: Callable) -> Callable:
@@ -122,7 +143,7 @@ def _watched(t: "_Tuning", choice: str, fn: Callable) -> Callable:
     key, env, meta = t.key, t.env, t.meta  # not t: it holds the captured call's inputs
 
     def report(verdict: dict) -> None:
-        _checked(key, verdict)
+        _checked(key, choice, verdict)
         try:
             knowledge.confirm(key, env, meta, choice, verdict)
         except OSError as exc:
@@ -437,6 +458,14 @@ def tune(gm: Any, inputs: list, options: dict | None = None) -> Callable[..., An
         _decided(t, choice, rec["candidates"][choice]["ratio"], "knowledge base")
         if knowledge.confirmed(rec):
             return fn
+        other = _second_look(rec["candidates"], t.names, rec.get("loop"), None) \
+            if choice == "eager" and t.training else None
+        if other is not None:   # remembered as eager: the best other, once, on the steps
+            try:
+                return _watched(t, other, t.compile(other)[0])
+            except Exception as exc:  # noqa: BLE001 - logged; eager it stays
+                _log.info("%s: %s did not compile again (%s); eager stays", t.where,
+                          other, exc)
         return _watched(t, choice, fn)
     done = {} if rec is None or config.retune else {
         n: m for n, m in rec["candidates"].items() if n in t.names}
@@ -447,6 +476,10 @@ def tune(gm: Any, inputs: list, options: dict | None = None) -> Callable[..., An
         _warn.warning("agspeed: cannot write the knowledge base (%s)", exc)
     _log_table(t, measured, choice, tuned, time.perf_counter() - t.started)
     _decided(t, choice, measured[choice]["ratio"], "tuned")
+    other = _second_look(measured, t.names, None, _MARGIN) \
+        if choice == "eager" and t.training else None
+    if other is not None and t.compiled.get(other) is not None:
+        return _watched(t, other, t.compiled[other])   # won, but within the noise
     fn = t.compiled.get(choice)
     if fn is None:  # measured by an earlier, interrupted run: compile it now
         try:

@@ -278,12 +278,15 @@ def choose(key: str, env: dict, meta: dict, name: str) -> dict:
 
 
 def confirm(key: str, env: dict, meta: dict, name: str, verdict: dict) -> dict:
-    """Store what the program's own steps said of the choice ``name`` for ``key``
-    (``backends._confirm``): kept, or replaced by eager."""
+    """Store what the program's own steps said of the candidate ``name`` for ``key``
+    (``backends._confirm``): kept, and the choice from then on, or eager."""
 
     def change(rec: dict) -> None:
         rec["loop"] = {"candidate": name, **verdict}
-        if not verdict["kept"] and rec["candidates"].get("eager", {}).get("status") == "ok":
+        if verdict["kept"] and rec["candidates"].get(name, {}).get("status") == "ok":
+            rec["choice"] = name
+        elif not verdict["kept"] and \
+                rec["candidates"].get("eager", {}).get("status") == "ok":
             rec["choice"] = "eager"
 
     return _update(key, env, meta, change)

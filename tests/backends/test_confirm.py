@@ -57,15 +57,24 @@ def _slow_in_the_loop(gm, example_inputs):
     return run
 
 
+def _slow_while_tuned(gm, example_inputs):
+    def run(x, scale):
+        if _LOOP["tuning"]:
+            time.sleep(0.25)   # a busy machine while the graph was measured
+        return (x * scale,)
+    return run
+
+
 @pytest.fixture
 def kb(tmp_path):
     agspeed.register_backend("c_fast", _one_mul, override=True)
     agspeed.register_backend("c_late", _slow_in_the_loop, override=True)
-    _LOOP["slow"] = False
+    agspeed.register_backend("c_early", _slow_while_tuned, override=True)
+    _LOOP.update(slow=False, tuning=False)
     with agspeed.config.override(cache_dir=str(tmp_path / "kb"), progress=False):
         yield
-    _LOOP["slow"] = False
-    for name in ("c_fast", "c_late"):
+    _LOOP.update(slow=False, tuning=False)
+    for name in ("c_fast", "c_late", "c_early"):
         backends._registered.pop(name, None)
 
 
@@ -143,6 +152,54 @@ def test_a_choice_that_loses_in_the_loop_runs_eager_from_then_on(kb):
     (d,) = autotune.decisions()
     assert d.source == "knowledge base" and d.choice == "eager"
     assert not _confirm.hooked()
+
+
+def test_a_graph_remembered_as_eager_gets_one_look_on_the_steps(kb):
+    # measured slow (a busy machine): eager, remembered so
+    _LOOP["tuning"] = True
+    _train(agspeed.optimize(Chain(), candidates=("c_early",)), _batches(2))
+    (d,) = autotune.decisions()
+    assert d.choice == "eager" and d.loop is None
+    assert not _confirm.hooked()    # it lost by far when measured: not watched then
+    (rec,) = knowledge.records()
+    assert rec["choice"] == "eager" and rec["candidates"]["c_early"]["status"] == "ok"
+
+    # a later run watches the candidate against eager on its steps, where it wins
+    _LOOP["tuning"] = False
+    agspeed.reset()
+    model = Chain()
+    reference = Chain()
+    reference.load_state_dict(model.state_dict())
+    batches = _batches(_steps())
+    _train(agspeed.optimize(model, candidates=("c_early",)), batches)
+    _train(reference, batches)
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b)
+    (d,) = autotune.decisions()
+    assert d.source == "knowledge base" and d.choice == "c_early" and d.loop > 1
+    (rec,) = knowledge.records()
+    assert rec["choice"] == "c_early" and rec["loop"]["candidate"] == "c_early"
+    assert rec["loop"]["kept"] is True
+
+    # and the one after takes it as checked
+    agspeed.reset()
+    _train(agspeed.optimize(Chain(), candidates=("c_early",)), _batches(2))
+    (d,) = autotune.decisions()
+    assert d.choice == "c_early" and not _confirm.hooked()
+
+
+def test_a_graph_remembered_as_eager_is_looked_at_once(kb):
+    _LOOP["tuning"] = True
+    _train(agspeed.optimize(Chain(), candidates=("c_early",)), _batches(2))
+    agspeed.reset()
+    _train(agspeed.optimize(Chain(), candidates=("c_early",)), _batches(_steps()))
+    (d,) = autotune.decisions()     # still slow on the steps: eager stays
+    assert d.choice == "eager" and d.loop is not None and d.loop < 1
+    (rec,) = knowledge.records()
+    assert rec["choice"] == "eager" and rec["loop"]["candidate"] == "c_early"
+    agspeed.reset()
+    _train(agspeed.optimize(Chain(), candidates=("c_early",)), _batches(2))
+    assert not _confirm.hooked()    # judged once: not watched again
 
 
 def test_training_through_the_turns_gives_eager_training_results(kb):
