@@ -27,8 +27,8 @@ it), the autotuner:
    second look: a compiled candidate whose median beat eager's though its turns did not
    hold it (a win within the noise), and, in a later process, the best candidate
    measured correct for a graph remembered as eager (measured then on a busy machine,
-   say), is watched against eager on the steps once; where it wins there it is the
-   choice from then on.
+   say), is watched against eager on the steps, each candidate once (one per process);
+   where it wins there it is the choice from then on.
 
 Tuning never changes what the program computes.  Every run starts from the state eager
 started from (``_measure.State``: mutated inputs and random generators put back), no
@@ -116,19 +116,18 @@ def _checked(key: str, name: str, verdict: dict) -> None:
                 return
 
 
-def _second_look(candidates: dict, names: list, loop: Any, margin: float | None) -> Any:
+def _second_look(candidates: dict, names: list, judged: Any, margin: float | None) -> Any:
     """For a graph whose choice is eager: the compiled candidate to watch against eager
-    on the program's steps, or None.  Among those measured correct (and offered now),
-    the best median speedup, above ``1 + margin`` where a margin is given; never one
-    the steps have judged already."""
+    on the program's steps, or None.  Among those measured correct, offered now and not
+    ``judged`` by the steps already, the best median speedup (above ``1 + margin``
+    where a margin is given)."""
     best, best_ratio = None, 0.0 if margin is None else 1.0 + margin
     for name, m in candidates.items():
-        if name == "eager" or name not in names or m.get("status") != "ok":
+        if name == "eager" or name not in names or name in judged or \
+                m.get("status") != "ok":
             continue
         if m.get("ratio", 0.0) > best_ratio:
             best, best_ratio = name, m["ratio"]
-    if best is not None and isinstance(loop, dict) and loop.get("candidate") == best:
-        return None
     return best
 
 
@@ -458,7 +457,7 @@ def tune(gm: Any, inputs: list, options: dict | None = None) -> Callable[..., An
         _decided(t, choice, rec["candidates"][choice]["ratio"], "knowledge base")
         if knowledge.confirmed(rec):
             return fn
-        other = _second_look(rec["candidates"], t.names, rec.get("loop"), None) \
+        other = _second_look(rec["candidates"], t.names, rec.get("judged", ()), None) \
             if choice == "eager" and t.training else None
         if other is not None:   # remembered as eager: the best other, once, on the steps
             try:
@@ -476,7 +475,7 @@ def tune(gm: Any, inputs: list, options: dict | None = None) -> Callable[..., An
         _warn.warning("agspeed: cannot write the knowledge base (%s)", exc)
     _log_table(t, measured, choice, tuned, time.perf_counter() - t.started)
     _decided(t, choice, measured[choice]["ratio"], "tuned")
-    other = _second_look(measured, t.names, None, _MARGIN) \
+    other = _second_look(measured, t.names, (), _MARGIN) \
         if choice == "eager" and t.training else None
     if other is not None and t.compiled.get(other) is not None:
         return _watched(t, other, t.compiled[other])   # won, but within the noise

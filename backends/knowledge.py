@@ -283,6 +283,7 @@ def confirm(key: str, env: dict, meta: dict, name: str, verdict: dict) -> dict:
 
     def change(rec: dict) -> None:
         rec["loop"] = {"candidate": name, **verdict}
+        rec["judged"] = sorted({*rec.get("judged", ()), name})   # each judged once
         if verdict["kept"] and rec["candidates"].get(name, {}).get("status") == "ok":
             rec["choice"] = name
         elif not verdict["kept"] and \

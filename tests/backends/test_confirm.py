@@ -197,6 +197,7 @@ def test_a_graph_remembered_as_eager_is_looked_at_once(kb):
     assert d.choice == "eager" and d.loop is not None and d.loop < 1
     (rec,) = knowledge.records()
     assert rec["choice"] == "eager" and rec["loop"]["candidate"] == "c_early"
+    assert rec["judged"] == ["c_early"]
     agspeed.reset()
     _train(agspeed.optimize(Chain(), candidates=("c_early",)), _batches(2))
     assert not _confirm.hooked()    # judged once: not watched again
