@@ -153,9 +153,16 @@ class Folds(StdlibFolds):
             if fn in (min, max, sum, any, all, sorted) and len(args) == 1 and \
                     isinstance(args[0], (tuple, list)) and all(self._is_static(a) for a in args[0]):
                 pass
+            elif fn in (int, float, bool, complex) and len(args) == 1 and \
+                    isinstance(args[0], self.node_type) and self.is_tensor(args[0]):
+                raise GraphBreak(Reason.DATA_DEPENDENT, f"{fn.__name__}() of a tensor "
+                                 f"(Python takes its value)")
             else:
-                raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{describe_callable(fn)} on "
-                                 f"{', '.join(type(a).__name__ for a in args)}")
+                kinds = ("Tensor" if isinstance(a, self.node_type) and self.is_tensor(a)
+                         else "a symbolic number" if isinstance(a, self.node_type)
+                         else type(a).__name__ for a in args)
+                raise GraphBreak(Reason.UNSUPPORTED_CALL,
+                                 f"{describe_callable(fn)} on {', '.join(kinds)}")
         if fn is collections.namedtuple and "module" not in kwargs:
             # its module is the caller's, as eager's (it reads its caller's globals)
             site = _C.capture_site()

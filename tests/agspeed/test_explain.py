@@ -137,6 +137,18 @@ def test_a_data_dependent_branch_in_a_module_is_reported_at_its_line():
     assert brk.instruction.startswith("POP_JUMP")
 
 
+def test_a_python_number_taken_from_a_tensor_is_reported_as_data_dependent():
+    def f(x):
+        return float(x.sum()) + 1, int(x[0] > 0)
+
+    x = torch.randn(3)
+    out = agspeed.explain(f, x)
+    assert out.result == f(x)
+    assert [b.reason for b in out.break_reasons] == ["data_dependent"] * 2
+    assert out.break_reasons[0].detail.startswith("float() of a tensor")
+    assert not any("Node" in b.detail for b in out.break_reasons)   # the user's words
+
+
 def test_the_report_reads_like_dynamos():
     text = str(agspeed.explain(breaks_then_calls, torch.randn(3)))
     lines = text.splitlines()
