@@ -212,8 +212,8 @@ class CallPolicy:
                 return (Plan.GRAPH, FunctionApply(fn.__self__))
             # a method used as a value (``m = obj.f; m(...)``): its function keeps the
             # source it was loaded by, through which its cells are read
-            if _dynamo_init(fn.__func__) is not None:
-                return (Plan.INLINE, _dynamo_init(fn.__func__), fn.__self__, None)
+            if (init := _dynamo_init(fn.__func__)) is not None:
+                return (Plan.INLINE, init, fn.__self__, None)
             known = self.known.get(id(fn.__func__))
             fsource = known[1] if known is not None and known[0] is fn.__func__ else None
             return (Plan.INLINE, fn.__func__, fn.__self__, fsource)
@@ -236,8 +236,8 @@ class CallPolicy:
             if fn.__code__.co_filename.endswith(_TRANSFORM_FILES):
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"torch.func's {fn.__name__} (a "
                                  f"transform runs eager, its function too)")
-            if _dynamo_init(fn) is not None:
-                return (Plan.INLINE, _dynamo_init(fn), None, None)
+            if (init := _dynamo_init(fn)) is not None:
+                return (Plan.INLINE, init, None, None)
             if source is None and fn.__closure__:
                 known = self.known.get(id(fn))  # type: ignore[attr-defined]
                 source = known[1] if known is not None and known[0] is fn else None

@@ -273,7 +273,7 @@ class SideEffects:
             return done
         made = self.shadow(store, ("attr", source, "__dict__"))
         self.shadow_map[id(store)] = made
-        for (oid, name), (owner, value) in self._overlay.items():
+        for (_oid, name), (owner, value) in self._overlay.items():
             if owner is obj:
                 made[name] = value
         return made

@@ -329,6 +329,15 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
     reaches that very object now is it trusted; the rest stay constants."""
     outputs: list = []
 
+    def reread(source: Any, obj: Any) -> tuple | None:
+        # the slot reading ``obj`` again on each call: the frame's local ``source``
+        # names, or ``source`` where it reaches ``obj`` in the frame as it started
+        if type(source) is tuple and len(source) == 2 and source[0] == "local":
+            return ("local", source[1])
+        if source is not None and reach is not None and reach(source) is obj:
+            return ("source", source)
+        return None
+
     def slot(kind: str, payload: Any, source: Any, in_stack: bool) -> tuple | str:
         if kind == "NULL_MARK" and in_stack or kind == "UNBOUND" and in_stack:
             # the call protocol's NULL, or a variable an inlined comprehension hid
@@ -338,11 +347,9 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
             return ("unbound",)
         if kind in ("LIST", "DICT") and builder.is_shadow(payload):
             # the program's own object, its contents written back before the break
-            original = builder.shadow_source(payload)
-            if type(original) is tuple and len(original) == 2 and original[0] == "local":
-                return ("local", original[1])
-            if reach is not None and reach(original) is builder.shadow_original(payload):
-                return ("source", original)
+            again = reread(builder.shadow_source(payload), builder.shadow_original(payload))
+            if again is not None:
+                return again
         if kind in ("TUPLE", "LIST", "DICT") and _holds_shadow(payload, builder):
             # the program's own object must go on, not a copy of its contents
             return "a list or dict of the program changed before the break"
@@ -450,17 +457,9 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
         # later passes add, remove or replace is seen.  Its shadow's writes are made
         # before the break.
         if builder.is_shadow(followed):
-            source, original = builder.shadow_source(followed), \
-                builder.shadow_original(followed)
-        else:
-            known = builder.known.get(id(followed))
-            source, original = (known[1], followed) if known and known[0] is followed \
-                else (None, None)
-        if type(source) is tuple and len(source) == 2 and source[0] == "local":
-            return ("local", source[1])
-        if source is not None and reach is not None and reach(source) is original:
-            return ("source", source)
-        return None
+            return reread(builder.shadow_source(followed), builder.shadow_original(followed))
+        known = builder.known.get(id(followed))
+        return reread(known[1], followed) if known and known[0] is followed else None
 
     def changeable(followed: Any, elements: tuple | None) -> str | None:
         # the loop goes on over a tuple of the items it has left: right only where no
