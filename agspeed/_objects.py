@@ -447,6 +447,12 @@ class Objects:
                 # the program: read by the interpreter (Plan.RAW_GETATTR), not run
                 return Attr.METHOD, object.__getattribute__, obj.__self__
             found = _super_builtin(obj, name)
+            if found is not None and name == "__setattr__" and \
+                    found == object.__setattr__.__get__(obj.__self__):
+                # object's store (nn.Module.__init__'s ``super().__setattr__``): called
+                # unbound, so the interpreter hands it the containers built here
+                # themselves, and the object holds them as the code does
+                return Attr.METHOD, object.__setattr__, obj.__self__
             if found is not None:
                 return Attr.VALUE, found, None
         if self.is_owned(obj):

@@ -53,8 +53,28 @@ steps_live(PyObject *fn)
     return iter_impl != NULL && PyCFunction_GET_FUNCTION(fn) == iter_impl;
 }
 
-/* A graph argument for steps_live's functions: a container the capture
- * built as itself. */
+/* Whether fn is object.__setattr__, called unbound (an object's own store,
+ * reached through super() or by name): the object then holds a list, dict
+ * or set the capture built as itself, as STORE_ATTR stores it, so that a
+ * later write through the object or through the code reaches both. */
+static int
+stores_live(PyObject *fn)
+{
+    static PyObject *object_setattr;   /* object's slot wrapper, kept */
+
+    if (object_setattr == NULL) {
+        object_setattr = PyObject_GetAttrString((PyObject *)&PyBaseObject_Type,
+                                                "__setattr__");
+        if (object_setattr == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return fn == object_setattr;
+}
+
+/* A graph argument for the functions of steps_live and stores_live: a
+ * container the capture built as itself. */
 static PyObject *
 live_arg(ags_interp *it, const ags_value *v)
 {
@@ -74,7 +94,7 @@ pack_args(ags_interp *it, int op, PyObject *fn, const ags_value *first,
           PyObject **kw)
 {
     PyObject *(*as_arg)(ags_interp *, const ags_value *) =
-        op == AGS_BOP_FOLD && steps_live(fn) ? live_arg
+        op == AGS_BOP_FOLD && (steps_live(fn) || stores_live(fn)) ? live_arg
         : op == AGS_BOP_CALL_FUNCTION || op == AGS_BOP_CALL_METHOD
         || op == AGS_BOP_FOLD ? ags_op_arg : ags_graph_arg;
     int nkw = kwnames ? (int)PyTuple_GET_SIZE(kwnames) : 0;

@@ -788,6 +788,85 @@ def test_a_module_of_the_program_made_in_the_frame_can_be_returned():
     assert layer is not opt(x)[1]
 
 
+class Wrapped(torch.nn.Module):
+    """Assigns submodules in its __init__: nn.Module.__setattr__ stores them in the
+    ``_modules`` dict its own ``super().__setattr__`` made."""
+
+    def __init__(self, scale):
+        super().__init__()
+        self.act = torch.nn.GELU()
+        self.inner = Scaled(scale)
+        self.drop = torch.nn.Dropout(0.0)
+
+    def forward(self, x):
+        return self.drop(self.inner(self.act(x)))
+
+
+def test_a_module_made_in_the_frame_holds_the_submodules_its_init_assigns():
+    def f(x):
+        layer = Wrapped(1.5)
+        return layer(x) + layer.inner.scale, len(layer._modules), list(layer._modules)
+
+    check(f, (3, 4))
+
+    def made(x):
+        layer = Wrapped(0.5)
+        return layer(x), layer
+
+    opt = agspeed.optimize(made)
+    x = torch.randn(3, 4)
+    out, layer = opt(x)
+    torch.testing.assert_close(out, made(x)[0])
+    assert list(layer._modules) == ["act", "inner", "drop"]
+    assert type(layer.inner) is Scaled and layer.inner.scale == 0.5
+    torch.testing.assert_close(layer(x), out)
+    gc.collect()
+    before = sum(type(o) is Wrapped for o in gc.get_objects())
+    for _ in range(3):
+        opt(torch.randn(3, 4))
+    gc.collect()
+    assert sum(type(o) is Wrapped for o in gc.get_objects()) == before
+
+
+class Sealed:
+    """Refuses attribute writes; its __init__ stores through object.__setattr__."""
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{name} is read-only")
+
+    def __init__(self, x):
+        items = {}
+        object.__setattr__(self, "items", items)
+        items["x"] = x * 2                  # through the code's reference
+        object.__setattr__(self, "parts", [x])
+        self.parts.append(x + 1)            # through the object's
+
+
+def test_object_setattr_stores_the_container_built_in_the_frame_itself():
+    class Bag:
+        pass
+
+    def f(x, bag):
+        sealed = Sealed(x)
+        seen = []
+        object.__setattr__(bag, "seen", seen)
+        seen.append(x.sum())
+        same = sealed.items is sealed.__dict__["items"]
+        return sealed.items["x"] + sealed.parts[1], same, len(sealed.parts), \
+            sealed.items is sealed.parts
+
+    e = agspeed.explain(f, torch.randn(3), Bag())
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    opt = agspeed.optimize(f)
+    for _ in range(2):
+        x, mine, theirs = torch.randn(3), Bag(), Bag()
+        got, want = opt(x, mine), f(x, theirs)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1:] == want[1:] == (True, 2, False)
+        assert type(mine.seen) is list and len(mine.seen) == 1
+        torch.testing.assert_close(mine.seen[0], theirs.seen[0])
+
+
 def test_layers_with_parameters_made_in_the_frame_draw_what_eager_draws():
     # the capture makes torch's layer to see what it holds, then breaks: the generator
     # must be where the program left it when the call runs eager
