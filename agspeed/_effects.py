@@ -33,7 +33,10 @@ call (and the caller) sees exactly the state eager would have left.
   optimized frame breaks.
 * Values.  Each tensor a replayed effect needs is an output of the graph: the graph
   returns ``(result, tensors)``, and each effect keeps a template of its value in which
-  the tensors are slots filled from that tuple.
+  the tensors are slots filled from that tuple.  A list, dict or set the frame built
+  and also returns (or keeps at a break, or stores twice) is a slot itself
+  (``note_held``): the write stores the object the caller gets, as in eager, so a later
+  change through either reference reaches both.
 * What is refused (a graph break, the frame runs eager as before): an owner whose class
   defines its own ``__setattr__`` or a data descriptor (a property, say) for the name,
   since replaying through them could do what the capture did not model; on an
@@ -228,6 +231,9 @@ class SideEffects:
         # (path in the result, shadow or None, source or None): note_result
         self._returned_shadows: list = []
         self._owner_sources: list = []
+        # id -> the capture's own list, dict or set that an effect stores as itself
+        # (the result holds it too, or two writes store it): note_held
+        self._held: dict[int, Any] = {}
 
     def effect_setattr(self, obj: Any, source: Any, name: str, value: Any,
                        raw: bool = False) -> Any:
@@ -454,6 +460,34 @@ class SideEffects:
         self._plan = tuple(plan)
         return self._plan
 
+    def note_held(self, result: Any) -> None:
+        """The capture's own lists, dicts and sets that a write stores and the result
+        (the frame's, or the values live at a break) holds too, or that two writes
+        store: the write stores that one object, a graph output, not a copy of it.
+        Asked before the plan."""
+        def own(value: Any) -> bool:   # built here: no shadow, no object of the program
+            known = self.known.get(id(value))  # type: ignore[attr-defined]
+            return not self.is_shadow(value) and self._made_for(value) is None and \
+                (known is None or known[0] is not value or self.is_owned(value))  # type: ignore
+
+        def returnable(value: Any) -> bool:   # as a graph output, all of it built here
+            try:
+                self.check_output(value)  # type: ignore[attr-defined]
+            except GraphBreak:
+                return False
+            return all(own(v) for v in self.containers_in(value))  # type: ignore
+
+        in_result = {id(v) for v in self.containers_in(result)}  # type: ignore
+        stored: set[int] = set()
+        for effect in self._effects:
+            if effect[0] not in (_SET, _RAW_SET):
+                continue
+            for value in self.containers_in(effect[4]):  # type: ignore[attr-defined]
+                if own(value) and (id(value) in in_result or
+                                   id(value) in stored and returnable(value)):
+                    self._held[id(value)] = value
+                stored.add(id(value))
+
     def note_result(self, result: Any) -> None:
         """Where the frame's result holds the capture's copy of a list or dict of the
         program (``a.append(x); return a``): eager returns that very object, so the
@@ -518,7 +552,8 @@ class SideEffects:
             known = self._shadows.get(id(value))
             if known is not None and known[0] is value:
                 return known[1]
-        if isinstance(value, self.node_type):  # type: ignore[attr-defined]
+        held = self._held.get(id(value))
+        if isinstance(value, self.node_type) or held is value:  # type: ignore[attr-defined]
             self._effect_nodes.append(value)
             return _Slot(len(self._effect_nodes) - 1)
         if type(value) in (tuple, list):

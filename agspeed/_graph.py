@@ -81,6 +81,8 @@ _TENSOR_META = frozenset({
 _TENSOR_VIEWS = frozenset({"T", "mT", "H", "mH", "real", "imag"})
 _PLAIN = (int, float, bool, str, type(None), complex, bytes)
 _REBUILT_DICTS = (collections.OrderedDict, collections.defaultdict)
+# the containers an output holds as themselves: two places, one object
+_MUTABLE_OUTPUTS = (list, dict, set, collections.deque, *_REBUILT_DICTS)
 
 
 def _target_name(kind: str, target: Any) -> str:
@@ -144,6 +146,7 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         self.objects: dict[int, Any] = {}  # id -> object the capture made (_objects.py)
         self.made_modules: dict[int, Any] = {}  # id -> torch.nn layer made in the frame
         self._escaping: set[int] = set()    # objects check_output is inside of
+        self._twice: set[int] = set()       # containers the result holds twice
         self._escaped: dict[int, Any] = {}  # id -> the node rebuilding it (escape)
         self._inputs: dict[Any, tuple[Any, Any]] = {}  # source -> (node, real value)
         self._effects_init()
@@ -583,10 +586,13 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         import torch.fx
 
         self.note_result(result)   # the program's own lists and dicts returned
+        if self._plan is None:
+            self.note_held(result)     # containers both written and returned: one each
         if self.has_effects:  # the values the writes store come out of the graph too
             result = (result, tuple(self.effect_values()))
         self.note_identity(result)
         result, template = self.numpy_output(result)
+        self._twice = self._returned_twice(result)
         self.graph.output(self._build_namedtuples(result))
         self._drop_unused_sizes()
         root = self._torch.nn.Module()
@@ -606,10 +612,52 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
                                                       self._torch.Size)):
                 self.graph.erase_node(node)
 
+    def containers_in(self, value: Any) -> Any:
+        """The lists, dicts and sets ``value`` holds (itself included), once for each
+        place that holds one: through tuples, namedtuples and those containers, and the
+        state of the objects the capture made; each container looked into once."""
+        seen: set[int] = set()
+        todo = [value]
+        while todo:
+            value = todo.pop()
+            kind = type(value)
+            if isinstance(value, self.node_type):
+                continue
+            mutable = kind in _MUTABLE_OUTPUTS or bare_dict_subclass(kind)
+            if mutable:
+                yield value
+            if id(value) in seen:
+                continue
+            if mutable and isinstance(value, dict):
+                seen.add(id(value))
+                todo.extend(value.values())
+            elif mutable or kind is tuple or is_namedtuple_type(kind):
+                seen.add(id(value))
+                todo.extend(value)
+            elif self.is_owned(value):
+                seen.add(id(value))
+                todo.extend(self.escape_parts(value))
+
+    def _returned_twice(self, result: Any) -> set:
+        """The ids of the lists, dicts and sets ``result`` holds in more than one place
+        (``return d, d``; a list and the dict holding it)."""
+        once: set[int] = set()
+        twice: set[int] = set()
+        for value in self.containers_in(result):
+            (twice if id(value) in once else once).add(id(value))
+        return twice
+
     def _build_namedtuples(self, value: Any) -> Any:
         """``value`` with each namedtuple in it made by a call node of its class: fx
         writes an output literal by its repr, and a namedtuple's repr names a class that
-        the generated code does not see (torch before 2.12)."""
+        the generated code does not see (torch before 2.12).  A list, dict or set held in
+        two places is made once, by a call node of its type, so both hold one object."""
+        if id(value) in self._twice and (type(value) in _MUTABLE_OUTPUTS or
+                                         bare_dict_subclass(type(value))):
+            done = self._escaped.get(id(value))
+            if done is None:
+                done = self._escaped[id(value)] = self._build_once(value)
+            return done
         if is_namedtuple_type(type(value)):
             return self.graph.call_function(
                 type(value), tuple(self._build_namedtuples(v) for v in value))
@@ -622,6 +670,17 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
             return {k: self._build_namedtuples(v) for k, v in value.items()}
         if not isinstance(value, self.node_type) and self.can_escape(value):
             return self.escape(value, self._build_namedtuples)
+        return self._build_collection(value)
+
+    def _build_once(self, value: Any) -> Any:
+        """The call node making a list, dict or set that the result holds twice."""
+        kind = type(value)
+        if kind is list:
+            return self.graph.call_function(list, ([self._build_namedtuples(v)
+                                                    for v in value],))
+        if kind is dict:
+            return self.graph.call_function(dict, ({k: self._build_namedtuples(v)
+                                                    for k, v in value.items()},))
         return self._build_collection(value)
 
     def _build_collection(self, value: Any) -> Any:

@@ -390,6 +390,7 @@ class Context:
 
         # writes to the program's objects before the break are replayed after the graph,
         # before the break code runs (as in eager, they happen before the break)
+        builder.note_held(layout.outputs)
         effects = builder.effect_plan()
         ops = any(n.op in ("call_function", "call_method") for n in builder.graph.nodes)
         if not ops and not any(isinstance(v, torch.Tensor) for v in f_locals.values()):

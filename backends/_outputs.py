@@ -23,14 +23,14 @@ from typing import Any, Callable
 __all__ = ["flat_output"]
 
 
-_STRUCTURES = (tuple, dict, set, frozenset, collections.deque)
+_STRUCTURES = (tuple, list, dict, set, frozenset, collections.deque)
 
 
 def _is_builder(node: Any) -> bool:
     """A call node that only makes the output's structure: a namedtuple, torch.Size,
-    set, deque or dict subclass made of output values by calling its class, or an object
-    the frame made (a dataclass, a ``ModelOutput``) remade from its state
-    (``agspeed._objects``)."""
+    set, deque, dict subclass (or a list or dict the output holds twice) made of output
+    values by calling its class, or an object the frame made (a dataclass, a
+    ``ModelOutput``) remade from its state (``agspeed._objects``)."""
     if node.op != "call_function":
         return False
     target = node.target
@@ -46,8 +46,21 @@ class _Template:
         self.leaves: list = []
         self.index: dict = {}
         self.names: dict[str, Any] = {}
-        self.builders: list = []  # consumers before what they use
+        self.builders: list = []  # the builder nodes the expression makes
         self.built: dict = {}  # builder node -> its name in the expression
+        self.structural: set = set()  # builder nodes only the output's structure uses
+
+    def find_structure(self, graph: Any) -> None:
+        """The builder nodes used by the output alone, or by builders that are: made
+        by the rebuilding function once each (one object wherever the output holds it),
+        whatever the order the output reaches them in."""
+        found = {n for n in graph.nodes if _is_builder(n)}
+        while True:
+            kept = {n for n in found if all(u in found for u in n.users)}
+            if kept == found:
+                break
+            found = kept
+        self.structural = found
 
     def const(self, value: Any) -> str:
         if value is None or type(value) in (bool, int) or \
@@ -61,7 +74,7 @@ class _Template:
         from torch.fx import Node
 
         if isinstance(value, Node):
-            if _is_builder(value) and all(u in self.built for u in value.users):
+            if value in self.structural:
                 # used by the output alone, or by a structure that is: made once, as
                 # b<k>, and that one object wherever it appears again
                 if value in self.built:
@@ -97,10 +110,13 @@ def flat_output(gm: Any) -> tuple[Any, Callable[[Callable], Callable]]:
 
     graph = torch.fx.Graph()
     template = _Template()
-    expr = template.expr(graph.graph_copy(gm.graph, {}))
+    copied = graph.graph_copy(gm.graph, {})
+    template.find_structure(graph)
+    expr = template.expr(copied)
     graph.output(tuple(template.leaves))
-    for node in template.builders:  # consumers first, then what they used
-        if not node.users:
+    made = set(template.builders)
+    for node in reversed(list(graph.nodes)):  # consumers before what they use
+        if node in made and not node.users:
             graph.erase_node(node)
     flat = torch.fx.GraphModule(gm, graph)
     flat.meta = dict(getattr(gm, "meta", {}))

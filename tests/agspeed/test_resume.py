@@ -145,6 +145,41 @@ def test_a_list_or_dict_held_twice_at_a_break_stays_one_object(fn):
         torch.testing.assert_close(got[-1], want[-1])
 
 
+class Holder:
+    pass
+
+
+def stored_then_grown(x, holder):
+    items = [x + 1]
+    holder.items = items             # a write replayed after the graph
+    n = x.sum().item()               # a break
+    items.append(x * n)              # grows what holder.items holds too, as in eager
+    return items
+
+
+def stored_and_returned(x, holder):
+    table = {"a": x * 2}
+    holder.table = table
+    holder.again = table
+    return table, x + 1
+
+
+@pytest.mark.parametrize("fn", [stored_then_grown, stored_and_returned])
+def test_a_container_written_to_the_program_and_held_by_the_frame_is_one_object(fn):
+    # the write stores the frame's container itself, not a copy taken at the write
+    opt = agspeed.optimize(fn, backend="eager")
+    for _ in range(2):
+        x = torch.randn(3)
+        mine, theirs = Holder(), Holder()
+        got, want = opt(x, mine), fn(x, theirs)
+        if fn is stored_then_grown:
+            assert mine.items is got and len(got) == len(want) == 2
+            torch.testing.assert_close(got[1], want[1])
+        else:
+            assert mine.table is got[0] is mine.again
+            torch.testing.assert_close(got[0]["a"], want[0]["a"])
+
+
 def pick_from(t):
     def pick(i):
         return t[i]

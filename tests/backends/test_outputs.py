@@ -137,3 +137,38 @@ def test_collections_the_frame_built_are_rebuilt_around_a_flat_tuple():
     assert type(od) is collections.OrderedDict and list(od) == ["a"]
     assert type(dd) is collections.defaultdict and dd.default_factory is list
     torch.testing.assert_close(dd["k"], x + 1)
+
+
+class Holder:
+    pass
+
+
+def shared_containers(x, holder):
+    d = {"a": x + 1}
+    items = [x * 2]
+    seen_set = {1, 2}
+    holder.items = items     # a write the graph replays: the program's object holds it
+    return d, d, [items, items], {"k": items}, seen_set, (seen_set,), Layer(items)
+
+
+@pytest.mark.parametrize("backend", ["eager", listing])
+def test_a_container_returned_twice_is_one_object(backend):
+    # the frame returns one list, dict or set in several places (and stores one on an
+    # object of the program): the call returns one object for each, new on every call
+    seen.clear()
+    f = agspeed.optimize(shared_containers, backend=backend)
+    results = []
+    for _ in range(2):
+        x, holder = torch.randn(3), Holder()
+        got = f(x, holder)
+        want = shared_containers(x, Holder())
+        d, d2, pair, table, s, (s2,), layer = got
+        assert d is d2 and pair[0] is pair[1] is table["k"] is layer.key is holder.items
+        assert s is s2 and type(s) is set and s == {1, 2}
+        assert type(d) is dict and type(pair[0]) is list
+        torch.testing.assert_close(d["a"], want[0]["a"])
+        torch.testing.assert_close(pair[0][0], want[2][0][0])
+        results.append(got)
+    assert results[0][0] is not results[1][0] and results[0][2][0] is not results[1][2][0]
+    if backend is listing:
+        assert seen and all(isinstance(n, torch.fx.Node) for n in seen[0])
