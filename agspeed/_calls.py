@@ -135,6 +135,9 @@ class CallPolicy:
                              f"{type(obj).__name__}.{name}: {value}")
         if how is Attr.MISSING:
             return how, MISSING, None
+        if how is Attr.VALUE and isinstance(value, self._torch.Tensor) and \
+                isinstance(obj, self._torch.nn.Module):
+            self._note_buffer(obj, name, value)
         bound = obj.__self__ if isinstance(obj, super) else obj
         if isinstance(obj, super) and how is Attr.METHOD and \
                 type(value) is types.FunctionType and value.__closure__:
@@ -143,6 +146,13 @@ class CallPolicy:
                 type(_class_lookup(type(bound), name)) is classmethod:
             bound = type(bound)   # a classmethod called on an instance
         return how, value, bound if how is Attr.METHOD else None
+
+    def _note_buffer(self, module: Any, name: str, value: Any) -> None:
+        """A registered buffer read from its module: its placeholder is marked as living
+        beyond the step, as a parameter does (see backends/_aot.static_marked)."""
+        stores = module.__dict__.get("_buffers")
+        if stores is not None and stores.get(name) is value:
+            self.lifetime_static[id(value)] = value   # type: ignore[attr-defined]
 
     def _note_home(self, sup: super, name: str, fn: Any) -> None:
         """A function with a closure found through ``super()`` (a base class's method

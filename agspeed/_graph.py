@@ -147,6 +147,7 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         self.made_modules: dict[int, Any] = {}  # id -> torch.nn layer made in the frame
         self._escaping: set[int] = set()    # objects check_output is inside of
         self._twice: set[int] = set()       # containers the result holds twice
+        self.lifetime_static: dict[int, Any] = {}   # id -> a module's buffer read here
         self._escaped: dict[int, Any] = {}  # id -> the node rebuilding it (escape)
         self._inputs: dict[Any, tuple[Any, Any]] = {}  # source -> (node, real value)
         self._effects_init()
@@ -217,6 +218,8 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         else:
             node.meta["example_value"] = self.fake_mode.from_tensor(value, static_shapes=True)
         node.meta["source"] = source
+        if self.lifetime_static.get(id(value)) is value:
+            node.meta["static_lifetime"] = True   # a module's buffer
         self._inputs[source] = (node, value)
         self._by_id[id(value)] = (node, source)
         return node

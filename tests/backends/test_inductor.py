@@ -343,3 +343,44 @@ def test_a_second_process_reuses_the_compiled_artifacts(tmp_path):
     assert runs[0].stdout.split() == ["hits", "0"]
     assert int(runs[1].stdout.split()[1]) >= 1
     assert any((tmp_path / "kb" / "inductor").iterdir())  # under agspeed's cache dir
+
+
+class Masked(nn.Module):
+    """A registered buffer (a causal mask's source), a plain tensor attribute, and a
+    weight: what AOTAutograd's partitioner may save or recompute.  Each has a shape of
+    its own, by which the test tells them apart."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 6)
+        self.register_buffer("tril", torch.tril(torch.ones(6, 6)))
+        self.scale = torch.full((1, 6), 0.5)   # not a buffer
+
+    def forward(self, x):
+        scores = self.fc(x).unsqueeze(1).masked_fill(self.tril == 0, float("-inf"))
+        return scores.softmax(-1) * self.scale
+
+
+def test_parameters_and_buffers_are_inputs_that_outlive_the_step(monkeypatch):
+    """As Dynamo marks them: AOTAutograd's partitioner then counts saving the weight or
+    buffer itself for the backward as free (it lives on), and recomputes what the
+    forward computed from it (the mask) in the backward, as in torch.compile's graph."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.compile_fx as compile_fx
+    import torch._inductor.config as inductor_config
+
+    seen = []
+    real = compile_fx.min_cut_rematerialization_partition
+
+    def partition(gm, inputs, **kwargs):
+        primals = [tuple(v.shape) for v in inputs[0]]   # (primals, tangents)
+        seen.append(sorted(primals[k] for k in kwargs.get("static_lifetime_input_indices")
+                           or ()))
+        return real(gm, inputs, **kwargs)
+
+    monkeypatch.setattr(compile_fx, "min_cut_rematerialization_partition", partition)
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
+    monkeypatch.setattr(functorch_config, "enable_autograd_cache", False)
+    eager, model = _twins(Masked)
+    _check_training(eager, model, lambda: torch.randn(4, 8, requires_grad=True))
+    assert seen == [[(6,), (6, 6), (6, 8)]]
