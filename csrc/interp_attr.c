@@ -434,6 +434,37 @@ hooked_getattr(ags_interp *it, ags_frame *f, int has, PyObject *hook,
     return rc;
 }
 
+/* hasattr(obj, name) where the builder would not load the attribute
+ * because it is a method of a builtin type (a partial's __call__): a C
+ * method descriptor runs nothing on the way, so it is there, whatever the
+ * object holds; its class's entry is guarded.  Any other refusal keeps its
+ * break. */
+static int
+has_builtin_method(ags_interp *it, const ags_value *obj, PyObject *name,
+                   ags_value *result)
+{
+    PyObject *found = _PyType_Lookup(Py_TYPE(obj->obj), name), *src = NULL;
+    const char *text = PyUnicode_AsUTF8(name);
+    int rc;
+
+    if (found == NULL || text == NULL
+        || !(Py_IS_TYPE(found, &PyMethodDescr_Type)
+             || Py_IS_TYPE(found, &PyWrapperDescr_Type)
+             || Py_IS_TYPE(found, &PyClassMethodDescr_Type))) {
+        PyErr_Clear();
+        return AGS_BREAK;
+    }
+    ags_unbreak(it);
+    Py_INCREF(found);
+    rc = ags_type_attr_source(it, obj, text, found, &src);
+    Py_DECREF(found);
+    Py_XDECREF(src);
+    if (rc == AGS_GO) {
+        rc = ags_value_of(it, Py_True, result) < 0 ? AGS_ERROR : AGS_GO;
+    }
+    return rc;
+}
+
 /* getattr(obj, name[, default]) and hasattr(obj, name) with a constant
  * name: the attribute is loaded as LOAD_ATTR would, under the same guard
  * on its source; a missing one (with a default, or for hasattr) is guarded
@@ -495,6 +526,10 @@ ags_call_getattr(ags_interp *it, ags_frame *f, int mode, ags_value *args,
         return hooked_getattr(it, f, has, hook, args, nargs, result);
     }
     rc = ask_attr(it, args[0].obj, name, &answer, &how);
+    if (rc == AGS_BREAK && has
+        && it->brk_reason == AGS_REASON_UNSUPPORTED_ATTRIBUTE) {
+        return has_builtin_method(it, &args[0], name, result);
+    }
     if (rc != AGS_GO) {
         return rc;
     }

@@ -249,6 +249,25 @@ def test_getattr_and_hasattr_on_modules_capture_and_guard_absence():
     assert len(call_entries_of(code)) == 4
 
 
+def partial_reflection(x, fn):
+    # hasattr of methods of a builtin type (the partial's own, object's, a classmethod)
+    found = [hasattr(fn, name) for name in ("__call__", "__eq__", "__reduce__",
+                                             "__init_subclass__", "__setattr__")]
+    return fn(x) if all(found) and not hasattr(fn, "nothing_here") else x - 1
+
+
+def test_hasattr_of_a_builtin_types_methods_is_answered():
+    import functools
+
+    fn = functools.partial(torch.mul, other=2.0)
+    x = torch.randn(3)
+    assert graphs_of(partial_reflection, x, fn) == (1, 0)
+    fast = agspeed.optimize(partial_reflection)
+    for _ in range(2):
+        x = torch.randn(3)
+        torch.testing.assert_close(fast(x, fn), partial_reflection(x, fn))
+
+
 def call_entries_of(code):
     return [e for e in _C.code_cache(code)["entries"] if e.action == _C.ACTION_CALL]
 
