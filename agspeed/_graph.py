@@ -292,6 +292,11 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
                                         # function the graph's code cannot write
         if isinstance(fn, NumpyCall):
             return self.numpy_call(fn, tuple(args), dict(kwargs or {}))
+        if args and self.is_size(args[0]) and type(fn) is types.FunctionType and \
+                getattr(type(args[0].meta["example_value"]), fn.__name__, None) is fn:
+            # a symbolic number's method taken as a value (tensor_attr): recorded as the
+            # method, which the graph's code calls on the plain number it is given
+            return self.call_method(fn.__name__, tuple(args), kwargs)
         if isinstance(fn, FunctionApply):   # a user's autograd.Function
             if fn.cls is None:
                 fn, args = self.function_target(args[0], args[1:], kwargs or {}), args[1:]
@@ -535,6 +540,14 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
             return self._record("call_function", getattr, (node, name), {})
         if name == "__class__":   # the input's own class (guarded), else a plain Tensor
             return type(self._real_type_view(node))
+        torch = self._torch
+        if isinstance(fake, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            # a number made a symbol: its method taken as a value (``getattr(m, name)``)
+            # is the symbolic type's, recorded when called as ``m.name()`` is
+            method = getattr(type(fake), name, None)
+            if type(method) is types.FunctionType and not name.startswith("_"):
+                return functools.partial(method, node)
+            raise GraphBreak(Reason.UNSUPPORTED_ATTRIBUTE, f"{type(fake).__name__}.{name}")
         method = getattr(self._torch.Tensor, name, None)
         if type(method) in (types.MethodDescriptorType, types.WrapperDescriptorType) and \
                 name not in _UNSUPPORTED_METHODS and not name.startswith("_"):

@@ -88,14 +88,24 @@ def claim(code: Any) -> bool:
     return False
 
 
+def _function_of(obj: Any, is_module: bool) -> Any:
+    """The function ``optimize(obj)`` runs first (a module's forward)."""
+    fn = getattr(type(obj), "forward", None) if is_module else obj
+    fn = inspect.unwrap(fn) if callable(fn) else fn
+    return getattr(fn, "__func__", fn)  # a bound or class method
+
+
+def code_of(obj: Any, is_module: bool) -> Any:
+    """The code object of ``obj`` (a module's forward's), or None where it has none."""
+    return getattr(_function_of(obj, is_module), "__code__", None)
+
+
 def root_code(obj: Any, is_module: bool) -> Any:
     """The code object whose frames ``optimize(obj)`` must capture even in skipped files,
     or None when ``obj``'s code is user code (captured anyway) or is not Python."""
     from agspeed._runtime import is_runtime_code
 
-    fn = getattr(type(obj), "forward", None) if is_module else obj
-    fn = inspect.unwrap(fn) if callable(fn) else fn
-    fn = getattr(fn, "__func__", fn)  # a bound or class method
+    fn = _function_of(obj, is_module)
     code = getattr(fn, "__code__", None)
     if code is None or not is_runtime_code(code.co_filename):
         return None
@@ -105,11 +115,12 @@ def root_code(obj: Any, is_module: bool) -> Any:
     return code
 
 
-def watch_first_call(region: Any, what: str) -> None:
+def watch_first_call(region: Any, obj: Any, is_module: bool) -> None:
     """Make ``region``'s next call report, once, when it ran no compiled graph."""
     from agspeed import _runtime
 
     fn = region.__agspeed_fn__
+    what, code = describe(obj), code_of(obj, is_module)
 
     def first_call(*args: Any, **kwargs: Any) -> Any:
         from agspeed.guards.state import in_transform
@@ -122,18 +133,24 @@ def watch_first_call(region: Any, what: str) -> None:
         result = fn(*args, **kwargs)
         if _C.counters()["graph_calls"] == before and _C.is_enabled():
             with _C.Scope(None):  # the log's handlers are not the program's frames
-                _report(what, _runtime.records_since(mark))
+                _report(what, _runtime.records_since(mark), code)
         return result
 
     region.__agspeed_fn__ = first_call
 
 
-def _report(what: str, records: list) -> None:
+def _report(what: str, records: list, code: Any = None) -> None:
     decisions = [r for r in records if r.decision != "captured"]
     broke = [r for r in decisions if "no tensor work" not in r.decision]
     if not records:
-        why = ("no frame of it reached the runtime: its code runs untouched (skipped as "
-               "library code, or disabled)")
+        entries = _C.code_cache(code)["entries"] if code is not None else []
+        if any(e.action == _C.ACTION_RUN_EAGER for e in entries):
+            why = ("its code runs eager by a decision made earlier in this process: the "
+                   "recompile limit, or an earlier call with these argument types that "
+                   "did no tensor work (AGSPEED_LOG=frames,recompiles says which)")
+        else:
+            why = ("no frame of it reached the runtime: its code runs untouched (skipped "
+                   "as library code, or disabled)")
         _log.warning("agspeed: nothing was captured in the first call of %s: %s", what, why)
         return
     shown = "; ".join(str(r) for r in (broke or decisions)[:4])

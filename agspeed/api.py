@@ -86,12 +86,12 @@ def optimize(obj: Any = None, backend: Any = "auto", **options: Any) -> Any:
         from agspeed._module import _record, optimize_module
 
         view = optimize_module(obj, ctx, {"backend": backend, "options": options})
-        _roots.watch_first_call(_record(view).region, _roots.describe(obj))
+        _roots.watch_first_call(_record(view).region, obj, True)
         return view
     root = _roots.take(obj, False)
     call = obj if root is None else functools.partial(_roots.call_expecting, root, obj)
     region = functools.update_wrapper(_C.Region(call, ctx), obj)
-    _roots.watch_first_call(region, _roots.describe(obj))
+    _roots.watch_first_call(region, obj, False)
     return region
 
 

@@ -119,6 +119,20 @@ def test_ints_returned_and_formatted_keep_their_values_and_types():
     assert agspeed.recompiles()[0].dynamic == ("n",)
 
 
+def test_a_method_of_an_int_made_a_symbol_taken_by_getattr():
+    # getattr(n, name)() is n.name(): the symbolic int's method, called on the plain int
+    # the graph is given (a recorded torch function would be written as torch.<name>)
+    def scaled(x, n, name):
+        return x * getattr(n, name)() + getattr(n, "conjugate")()
+
+    fast = agspeed.optimize(scaled, backend="eager", fullgraph=True)
+    x = torch.randn(2)
+    for name in ("conjugate", "bit_length"):
+        for n in (1, 2, 30, 400, 5000):
+            torch.testing.assert_close(fast(x, n, name), scaled(x, n, name))
+    assert agspeed.recompiles()[0].dynamic == ("n",)
+
+
 def test_an_int_the_code_fixes_is_never_made_a_symbol_again():
     def unrolled(x, n):
         for k in range(n):

@@ -135,6 +135,26 @@ def test_nothing_captured_is_said_once_with_why():
     assert "print" in messages[0]  # why
 
 
+def _grows(x, n):
+    return x + 1 if n else x   # no tensor work for n == 0
+
+
+def test_a_wrapper_served_by_an_earlier_eager_decision_says_so():
+    # the code's first call through a second wrapper reaches no runtime: the decision
+    # cached by the first wrapper's call (no tensor work) runs it eager, and the report
+    # says that, not that the code is skipped
+    agspeed.optimize(_grows, backend="eager")(torch.ones(2), 0)
+    messages, handler = _collect(logging.WARNING)
+    root = logging.getLogger("agspeed")
+    root.addHandler(handler)
+    try:
+        fast = agspeed.optimize(_grows, backend="eager")
+        torch.testing.assert_close(fast(torch.ones(2), 1), torch.ones(2) + 1)
+    finally:
+        root.removeHandler(handler)
+    assert len(messages) == 1 and "decision made earlier" in messages[0], messages
+
+
 def test_a_captured_first_call_says_nothing():
     messages, handler = _collect(logging.INFO)
     root = logging.getLogger("agspeed")
