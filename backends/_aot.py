@@ -153,8 +153,9 @@ def static_marked(gm: Any, inputs: list) -> Any:
     import torch.fx
 
     places = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(places) != len(inputs):
-        return gm
+    if len(places) != len(inputs) or next(gm.parameters(), None) is not None or \
+            next(gm.buffers(), None) is not None:
+        return gm   # AOTAutograd would lift those as Dynamo's, with sources it lacks
     static = [isinstance(v, torch.nn.Parameter) or bool(n.meta.get("static_lifetime"))
               for n, v in zip(places, inputs)]
     if not any(static):
