@@ -466,9 +466,8 @@ class SideEffects:
         store: the write stores that one object, a graph output, not a copy of it.
         Asked before the plan."""
         def own(value: Any) -> bool:   # built here: no shadow, no object of the program
-            known = self.known.get(id(value))  # type: ignore[attr-defined]
             return not self.is_shadow(value) and self._made_for(value) is None and \
-                (known is None or known[0] is not value or self.is_owned(value))  # type: ignore
+                (not self._of_program(value) or self.is_owned(value))  # type: ignore
 
         def returnable(value: Any) -> bool:   # as a graph output, all of it built here
             try:

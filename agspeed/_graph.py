@@ -668,8 +668,7 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         writes an output literal by its repr, and a namedtuple's repr names a class that
         the generated code does not see (torch before 2.12).  A list, dict or set held in
         two places is made once, by a call node of its type, so both hold one object."""
-        if id(value) in self._twice and (type(value) in _MUTABLE_OUTPUTS or
-                                         bare_dict_subclass(type(value))):
+        if id(value) in self._twice:   # (only containers, alive in the result)
             done = self._escaped.get(id(value))
             if done is None:
                 done = self._escaped[id(value)] = self._build_once(value)

@@ -77,6 +77,12 @@ typedef struct {
                          * changes FOR_ITER follows (strong), or NULL */
 } ags_value;
 
+/* A list, dict or set the capture built: the value is that object itself
+ * (never the program's, which is a CONST until shadowed). */
+#define AGS_BUILT_CONTAINER(v) \
+    ((v)->kind == AGS_VK_LIST || (v)->kind == AGS_VK_DICT \
+     || (v)->kind == AGS_VK_SET)
+
 /* For messages: the kind, or the type of a constant. */
 #define AGS_DESCRIBE(v) \
     ((v)->kind == AGS_VK_CONST ? Py_TYPE((v)->obj)->tp_name \

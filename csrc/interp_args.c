@@ -131,8 +131,7 @@ ags_op_arg(ags_interp *it, const ags_value *v)
 PyObject *
 ags_held_arg(ags_interp *it, const ags_value *v)
 {
-    if (v->kind == AGS_VK_LIST || v->kind == AGS_VK_DICT
-        || v->kind == AGS_VK_SET) {
+    if (AGS_BUILT_CONTAINER(v)) {
         return Py_NewRef(v->obj);
     }
     return ags_graph_arg(it, v);

@@ -78,8 +78,7 @@ stores_live(PyObject *fn)
 static PyObject *
 live_arg(ags_interp *it, const ags_value *v)
 {
-    if (v->kind == AGS_VK_LIST || v->kind == AGS_VK_DICT
-        || v->kind == AGS_VK_SET) {
+    if (AGS_BUILT_CONTAINER(v)) {
         return Py_NewRef(v->obj);
     }
     return ags_op_arg(it, v);

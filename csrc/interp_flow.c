@@ -240,13 +240,6 @@ same_tensor(PyObject *a, PyObject *b)
     return same;
 }
 
-static int
-built_container(const ags_value *v)
-{
-    return v->kind == AGS_VK_LIST || v->kind == AGS_VK_DICT
-           || v->kind == AGS_VK_SET;
-}
-
 AGS_HANDLER
 op_is_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
@@ -268,7 +261,7 @@ op_is_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
         same = same_tensor(lhs.obj, rhs.obj);
         rc = same < 0 ? AGS_ERROR : AGS_GO;
     }
-    else if (built_container(&lhs) && built_container(&rhs)) {
+    else if (AGS_BUILT_CONTAINER(&lhs) && AGS_BUILT_CONTAINER(&rhs)) {
         /* the capture's own lists, dicts and sets are their objects */
         same = lhs.obj == rhs.obj;
     }

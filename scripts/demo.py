@@ -42,6 +42,7 @@ from agspeed import _runtime
 from agspeed.backends import autotune
 
 WARM = 3  # the fewest steps whose time is warm-up, not steady state
+TOLERANCE = {"fp32": 2e-3, "amp": 3e-2}
 
 
 def warm_steps(steps: int) -> int:
@@ -51,7 +52,6 @@ def warm_steps(steps: int) -> int:
     the other runtimes' steps between its own, which makes the turns noisier and longer
     than in a real loop)."""
     return max(WARM, steps * 2 // 3)
-TOLERANCE = {"fp32": 2e-3, "amp": 3e-2}
 
 
 # --- the models -----------------------------------------------------------------------
