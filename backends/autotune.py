@@ -23,7 +23,9 @@ it), the autotuner:
 6. for a training graph, checks a compiled choice once more on the program's own steps
    (``_confirm``: the choice and eager in turns, timed from one optimizer step to the
    next), and runs eager from then on where the choice loses there.  The knowledge base
-   keeps that verdict too, so a remembered choice is checked once.  Eager gets the same
+   keeps that verdict too, so a remembered choice is checked once, or, where the verdict
+   was close (within ``_CLOSE`` of even, either way), once in each later process: what
+   else the machine runs can turn a 10% win into a loss.  Eager gets the same
    second look: a compiled candidate whose median beat eager's though its turns did not
    hold it (a win within the noise), and, in a later process, the best candidate
    measured correct for a graph remembered as eager (measured then on a busy machine,
@@ -63,6 +65,10 @@ _warn = logging.getLogger("agspeed")
 # The lower quartile of a candidate's per-turn speedups must exceed 1 + _MARGIN: a win
 # smaller than the noise of alternating turns is no win.
 _MARGIN = 0.01
+# A verdict of the program's steps (``_confirm``) closer than this to even, either way, is
+# taken again once in each later process that tunes the graph from the knowledge base:
+# whether a compiled step beats eager's by 10% can depend on what else the machine runs.
+_CLOSE = 1.25
 # Seconds of alternating turns spent timing each candidate (at least 5 rounds).
 _TIME_PER_CANDIDATE = {"cpu": 1.0, "cuda": 0.5}
 _DEFAULT = {"cpu": ("eager", "inductor", "jit"),
@@ -85,6 +91,9 @@ class Decision(NamedTuple):
 
 _DECISIONS: list[Decision] = []
 _decisions_lock = threading.Lock()
+# The graphs (keys) this process watched on its steps, so a close verdict is taken again
+# once per process (until ``agspeed.reset()``).
+_WATCHED: set = set()
 
 
 def decisions() -> list[Decision]:
@@ -96,6 +105,7 @@ def decisions() -> list[Decision]:
 def clear_decisions() -> None:
     with _decisions_lock:
         _DECISIONS.clear()
+        _WATCHED.clear()
 
 
 def _decided(t: "_Tuning", choice: str, speedup: float, source: str) -> None:
@@ -131,6 +141,21 @@ def _second_look(candidates: dict, names: list, judged: Any, margin: float | Non
     return best
 
 
+def _again(rec: dict, key: str, names: list) -> str | None:
+    """The candidate whose verdict on the program's steps ``rec`` holds, when that
+    verdict was close (a ratio within ``_CLOSE`` of even) and this process has not
+    watched the graph yet: it is watched once more here.  None otherwise."""
+    loop = rec.get("loop")
+    if not isinstance(loop, dict) or loop.get("candidate") not in names or \
+            rec["candidates"].get(loop["candidate"], {}).get("status") != "ok":
+        return None
+    ratio = loop.get("ratio")
+    if not isinstance(ratio, (int, float)) or not 1.0 / _CLOSE < ratio < _CLOSE:
+        return None
+    with _decisions_lock:
+        return None if key in _WATCHED else loop["candidate"]
+
+
 def _watched(t: "_Tuning", choice: str, fn: Callable) -> Callable:
     """``fn``, the callable of ``choice`` for ``t``'s graph, checked on the program's own
     training steps first when it is a compiled choice for a training graph
@@ -140,6 +165,8 @@ def _watched(t: "_Tuning", choice: str, fn: Callable) -> Callable:
     if not t.training or choice == "eager":
         return fn
     key, env, meta = t.key, t.env, t.meta  # not t: it holds the captured call's inputs
+    with _decisions_lock:
+        _WATCHED.add(key)
 
     def report(verdict: dict) -> None:
         _checked(key, choice, verdict)
@@ -455,10 +482,13 @@ def tune(gm: Any, inputs: list, options: dict | None = None) -> Callable[..., An
                       "again (compiled in %.2f s)", t.where, choice, ratio,
                       rec.get("updated", "before"), seconds)
         _decided(t, choice, rec["candidates"][choice]["ratio"], "knowledge base")
+        again = _again(rec, t.key, t.names) if t.training else None
+        if again == choice:     # a close win on another process's steps: once more here
+            return _watched(t, choice, fn)
         if knowledge.confirmed(rec):
             return fn
-        other = _second_look(rec["candidates"], t.names, rec.get("judged", ()), None) \
-            if choice == "eager" and t.training else None
+        other = again or _second_look(rec["candidates"], t.names, rec.get("judged", ()),
+                                      None) if choice == "eager" and t.training else None
         if other is not None:   # remembered as eager: the best other, once, on the steps
             try:
                 return _watched(t, other, t.compile(other)[0])
