@@ -487,19 +487,31 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
                    f"can change it in the passes after the break"
         return None
 
-    def item_slot(item: Any) -> tuple | str:
+    def item_slot(item: Any, source: Any = None) -> tuple | str:
         # an item the loop has left: read through the source the capture read it from,
         # where it has one, so that each call hands on the program's objects of that
-        # call (a list to append to, a block to call), not the first call's; a tuple
-        # (enumerate's, zip's) item by item
+        # call (a list to append to, a block to call, a tensor of a tuple it was
+        # given), not the first call's; a tuple (enumerate's, zip's) item by item, each
+        # part through its item of the tuple's source
         if isinstance(item, builder.node_type):
             return slot("TENSOR", item, None, False)
+        known = builder.known.get(id(item))
+        source = known[1] if known and known[0] is item else source
         if type(item) is tuple and not builder.can_escape(item):
-            parts = tuple(item_slot(v) for v in item)
+            again = reread(source, item)
+            if again is not None:
+                return again
+            parts = tuple(item_slot(v, None if source is None else ("item", source, j))
+                          for j, v in enumerate(item))
             why = next((s for s in parts if isinstance(s, str)), None)
             return why or ("tuple", parts)
-        known = builder.known.get(id(item))
-        return slot("CONST", item, known[1] if known and known[0] is item else None, False)
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(item, torch.Tensor) and \
+                reread(source, item) is None:
+            # the program's tensor, but none of this call's sources reaches it: held,
+            # it would be the first call's data on every call
+            return "a tensor the loop has left that no source reaches again"
+        return slot("CONST", item, source, False)
 
     rows = state["stack"]
     held = collections.Counter(id(payload[0] if kind == "ITER" else payload)

@@ -154,6 +154,27 @@ def test_items_left_that_are_graph_values():
     compare(over_tensors, make)
 
 
+def over_pairs(x, ys):
+    for i, y in enumerate(ys):
+        x = x * y + i
+        _break()
+    return x * 2
+
+
+def test_items_left_are_each_calls_own():
+    # after the first pass the loop goes on over a tuple of (i, y) pairs the resume
+    # function is handed; a pair it has not reached yet holds this call's tensor, which
+    # a later call must not find replaced by the first call's
+    def make():
+        return torch.randn(5, requires_grad=True), [torch.randn(5, requires_grad=True)
+                                                    for _ in range(3)]
+    compare(over_pairs, make, calls=4)
+    fast = agspeed.optimize(over_pairs)
+    for scale in (2.0, 3.0):
+        x, ys = torch.ones(5), [torch.full((5,), scale) for _ in range(3)]
+        torch.testing.assert_close(fast(x, ys), over_pairs(x, ys))
+
+
 def nested(x):
     for i in range(2):
         for j in range(2):
