@@ -185,11 +185,29 @@ def _finish(torch: Any, code: Any, f_locals: dict, builder: GraphBuilder, out: d
                            exc.reason.id, exc.detail, code.co_name)
         return brk, _guard(torch, builder, f_locals, code)
     if not any(n.op in ("call_function", "call_method") for n in builder.graph.nodes):
-        return None, ArgumentTypes(f_locals)
+        return None, _idle_guard(torch, builder, f_locals, code)
     gm = builder.output(result)
     guard = _guard(torch, builder, f_locals, code)
     return Capture(gm, builder.read_sources, guard, builder.example_inputs(),
                    builder.effect_plan(), len(builder.sources))
+
+
+def _idle_guard(torch: Any, builder: GraphBuilder, f_locals: dict, code: Any) -> Any:
+    """The guard of a call that did no tensor work.  Where tensors were passed in, what
+    the call read (the int it branched on, say) decides, as for a graph: another value
+    may do the tensor work, and is captured.  Plain Python (no tensor among the
+    arguments) is guarded on its argument types only, so another value runs it eager at
+    once rather than capturing it again."""
+    def tensor(v: Any) -> bool:
+        return isinstance(v, torch.Tensor) or isinstance(v, (list, tuple)) and \
+            any(isinstance(e, torch.Tensor) for e in v)
+
+    if any(tensor(v) for v in f_locals.values()):
+        try:
+            return _guard(torch, builder, f_locals, code)
+        except (ValueError, _Unguardable):
+            pass
+    return ArgumentTypes(f_locals)
 
 
 def make_entry(cap: Capture, compiled: Any, context: Any, arg_check: Any = None) -> Any:

@@ -146,8 +146,8 @@ def _report(what: str, records: list, code: Any = None) -> None:
         entries = _C.code_cache(code)["entries"] if code is not None else []
         if any(e.action == _C.ACTION_RUN_EAGER for e in entries):
             why = ("its code runs eager by a decision made earlier in this process: the "
-                   "recompile limit, or an earlier call with these argument types that "
-                   "did no tensor work (AGSPEED_LOG=frames,recompiles says which)")
+                   "recompile limit, or an earlier call with these inputs that did no "
+                   "tensor work (AGSPEED_LOG=frames,recompiles says which)")
         else:
             why = ("no frame of it reached the runtime: its code runs untouched (skipped "
                    "as library code, or disabled)")

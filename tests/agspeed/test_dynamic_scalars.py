@@ -105,6 +105,39 @@ def test_a_branch_on_the_int_is_guarded_on_both_sides():
     assert backend.graphs == 4   # 0, 1, then n <= 5 and n > 5
 
 
+def test_a_first_call_that_did_no_tensor_work_leaves_other_values_to_capture():
+    # n == 0 returns x untouched: that call runs eager, and only calls like it do; the
+    # values that do tensor work are captured
+    def scaled(x, n):
+        if n == 0:
+            return x
+        return x * n + 1
+
+    backend = Counting()
+    fast = agspeed.optimize(scaled, backend=backend)
+    x = torch.randn(3)
+    assert fast(x, 0) is x
+    assert backend.graphs == 0
+    for n in (2, 0, 3, 4, 0, 5):
+        out = fast(x, n)
+        torch.testing.assert_close(out, scaled(x, n))
+        assert (out is x) == (n == 0)
+    assert backend.graphs == 2   # n == 2, then one graph for every n != 0
+    counters = agspeed.counters()
+    assert counters["graph_calls"] == 4
+
+
+def test_plain_python_called_with_new_ints_is_not_captured_again():
+    # no tensor among the arguments: another value runs eager at once
+    def arithmetic(a, b):
+        return a * b + 1
+
+    fast = agspeed.optimize(arithmetic)
+    assert [fast(a, 3) for a in range(10)] == [a * 3 + 1 for a in range(10)]
+    assert len(entries(arithmetic)) == 1
+    assert not [r for r in agspeed.recompiles() if r.function.startswith("arithmetic ")]
+
+
 def test_ints_returned_and_formatted_keep_their_values_and_types():
     def report(x, n):
         return x * 2, n + 1, n * 3 // 2, -n, f"step {n}", n / 4
@@ -116,7 +149,8 @@ def test_ints_returned_and_formatted_keep_their_values_and_types():
         torch.testing.assert_close(got[0], want[0])
         assert got[1:] == want[1:]
         assert [type(v) for v in got] == [type(v) for v in want]
-    assert agspeed.recompiles()[0].dynamic == ("n",)
+    (mine,) = [r for r in agspeed.recompiles() if r.function.startswith("report ")]
+    assert mine.dynamic == ("n",)
 
 
 def test_a_method_of_an_int_made_a_symbol_taken_by_getattr():
