@@ -7,8 +7,10 @@
  * same module object is still the one registered (a reload or a
  * replacement in sys.modules makes the entry miss).  A module that is not
  * loaded yet would execute its body: the capture breaks there and the
- * import happens in eager.  Relative imports (level > 0) break too: their
- * name depends on the importing package.
+ * import happens in eager.  A relative import (level > 0) names its module
+ * from the importing module's __package__, as importlib resolves it: that
+ * global is fixed for the code's module, so the resolved name is taken at
+ * capture time and the module it names is guarded as above.
  *
  * `import a.b` binds the top package `a`; `import a.b as c` and
  * `from a import b` take the attribute with IMPORT_FROM, which is an
@@ -50,6 +52,50 @@ load_module(ags_interp *it, PyObject *name, ags_value *out)
     return rc;
 }
 
+/* The absolute name of `from <level dots><name> import ...` in frame f,
+ * as a new reference in *out: AGS_GO, a break (no usable __package__, or
+ * more dots than the package has parents) or AGS_ERROR. */
+static int
+absolute_name(ags_interp *it, ags_frame *f, PyObject *name, long level,
+              PyObject **out)
+{
+    PyObject *package = PyDict_GetItemString(f->globals, "__package__");
+    PyObject *base;
+
+    *out = NULL;
+    if (package == NULL || !PyUnicode_Check(package)
+        || PyUnicode_GET_LENGTH(package) == 0) {
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_INSTRUCTION,
+                         "a relative import of %R outside a package", name);
+    }
+    base = Py_NewRef(package);
+    for (long i = 1; i < level; i++) {
+        Py_ssize_t dot = PyUnicode_FindChar(base, '.', 0,
+                                            PyUnicode_GET_LENGTH(base), -1);
+
+        if (dot < 0) {
+            Py_DECREF(base);
+            return dot == -2
+                       ? AGS_ERROR
+                       : ags_stopf(it, AGS_REASON_UNSUPPORTED_INSTRUCTION,
+                                   "a relative import of %R beyond the top "
+                                   "package", name);
+        }
+        Py_SETREF(base, PyUnicode_Substring(base, 0, dot));
+        if (base == NULL) {
+            return AGS_ERROR;
+        }
+    }
+    if (PyUnicode_GET_LENGTH(name) == 0) {
+        *out = base;
+    }
+    else {
+        *out = PyUnicode_FromFormat("%U.%U", base, name);
+        Py_DECREF(base);
+    }
+    return *out != NULL ? AGS_GO : AGS_ERROR;
+}
+
 /* IMPORT_NAME: pops fromlist and level, pushes the module. */
 AGS_HANDLER
 op_import_name(ags_interp *it, ags_frame *f, const ags_instr *ins)
@@ -59,10 +105,30 @@ op_import_name(ags_interp *it, ags_frame *f, const ags_instr *ins)
     Py_ssize_t dot;
     int rc, plain;
 
-    if (level.kind != AGS_VK_CONST || !PyLong_CheckExact(level.obj)
-        || PyLong_AsLong(level.obj) != 0) {
-        rc = ags_stopf(it, AGS_REASON_UNSUPPORTED_INSTRUCTION,
-                       "a relative import of %R", name);
+    long depth = level.kind == AGS_VK_CONST && PyLong_CheckExact(level.obj)
+                     ? PyLong_AsLong(level.obj)
+                     : -1;
+
+    if (depth < 0) {
+        rc = PyErr_Occurred()
+                 ? AGS_ERROR
+                 : ags_stopf(it, AGS_REASON_UNSUPPORTED_INSTRUCTION,
+                             "an import of %R at a computed level", name);
+        goto done;
+    }
+    if (depth > 0) {
+        /* `from .a import b`: the module .a names, whatever the fromlist */
+        PyObject *full;
+
+        rc = absolute_name(it, f, name, depth, &full);
+        if (rc != AGS_GO) {
+            goto done;
+        }
+        rc = load_module(it, full, &mod);
+        Py_DECREF(full);
+        if (rc == AGS_GO) {
+            rc = ags_push(f, mod);
+        }
         goto done;
     }
     plain = fromlist.kind == AGS_VK_CONST

@@ -1,6 +1,11 @@
 """Imports inside captured code (csrc/interp_import.c): a loaded module is read from
 sys.modules and guarded there; anything else breaks.  Torch-free."""
 
+import email.errors
+import email.mime
+import json
+import json.decoder
+import json.scanner
 import os.path
 import sys
 
@@ -40,9 +45,32 @@ def test_a_module_not_loaded_yet_breaks_and_is_not_imported():
     assert "agspeed_never_loaded_module" not in sys.modules
 
 
-def test_a_relative_import_breaks():
-    code = compile("def rel(x):\n    from . import sibling\n    return x\n", "<rel>", "exec")
-    ns = {"__name__": "pkg.mod", "__package__": "pkg"}
-    exec(code, ns)
-    out, _ = capture(ns["rel"], x=T())
-    assert out["status"] == "break" and out["reason"] == Reason.UNSUPPORTED_INSTRUCTION
+def _in_package(source, package):
+    ns = {"__name__": f"{package}.mod" if package else "mod", "__package__": package}
+    exec(compile(source, "<rel>", "exec"), ns)
+    return ns["rel"]
+
+
+def test_a_relative_import_resolves_against_the_package_and_is_guarded():
+    rel = _in_package("def rel(x):\n"
+                      "    from .decoder import JSONDecoder\n"
+                      "    from . import scanner\n"
+                      "    return JSONDecoder, scanner, x\n", "json")
+    out, b = capture(rel, x=T())
+    assert out["status"] == "graph", out
+    assert out["result"][:2] == (json.decoder.JSONDecoder, json.scanner)
+    guarded = {src[2] for src, _ in b.assumptions if src[:2] == ("item", MODULES)}
+    assert {"json.decoder", "json"} <= guarded
+    up = _in_package("def rel(x):\n    from .. import errors\n    return errors, x\n",
+                     "email.mime")
+    out, b = capture(up, x=T())
+    assert out["status"] == "graph" and out["result"][0] is email.errors, out
+
+
+def test_a_relative_import_with_no_package_to_resolve_against_breaks():
+    for package, dots in (("", "."), ("json", "..")):
+        rel = _in_package(f"def rel(x):\n    from {dots} import decoder\n    return x\n",
+                          package)
+        out, _ = capture(rel, x=T())
+        assert out["status"] == "break" and out["reason"] == Reason.UNSUPPORTED_INSTRUCTION
+        assert "relative import" in out["detail"]
