@@ -174,10 +174,15 @@ def measure(name, precision, args, device, rank):
                         "exposed_s": max(med["synced"] - med["local"], 0.0),
                         "prepare_s": prepare[runtime], "losses": r.losses}
     eager = out["eager"]["losses"]
-    worst = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(out["agspeed"]["losses"], eager))
+
+    def drift(runtime: str) -> float:   # the worst step's relative distance from eager's
+        return max(abs(a - b) / max(abs(b), 1e-6)
+                   for a, b in zip(out[runtime]["losses"], eager))
+
+    worst = drift("agspeed")
     return {"runtimes": out, "splits": splits, "decisions": decisions,
             "loss_rel_diff": worst, "losses_agree": worst <= LOSS_RTOL[precision],
-            "captured_while_timed": recaptured}
+            "compile_loss_rel_diff": drift("compile"), "captured_while_timed": recaptured}
 
 
 def worker(args) -> int:
@@ -213,7 +218,9 @@ def show(case, res):
     line = "  ".join(f"{k} {v['step_s'] * 1e3:7.2f} ms (exposed {v['exposed_s'] * 1e3:5.2f})"
                      for k, v in rt.items())
     cuts = ", ".join(f"{s['pieces']} pieces ({s['source']})" for s in res["splits"]) or "none"
-    print(f"{case:16s} {line}  cut: {cuts}  losses {'ok' if res['losses_agree'] else 'DIFFER'}",
+    print(f"{case:16s} {line}  cut: {cuts}  losses {'ok' if res['losses_agree'] else 'DIFFER'}"
+          f" (agspeed {res['loss_rel_diff']:.1e}, torch.compile "
+          f"{res['compile_loss_rel_diff']:.1e} from eager's)",
           flush=True)
 
 
