@@ -68,6 +68,23 @@ def _type_hint_args(index: Any) -> bool:
         isinstance(index, type) or _type_hint(index)
 
 
+
+# What the structural folds would call on their arguments: dict() a mapping's keys and
+# items, list() and the others an iterable's __iter__ (or the old __getitem__ protocol).
+_PROTOCOL = ("__iter__", "keys", "__getitem__", "__len__")
+
+
+def _python_protocol(value: Any, module_type: type) -> str:
+    """The first of the fold protocol's methods that ``value``'s class defines in Python
+    ("" when none does, or for a module, whose containers are read by their sources)."""
+    kind = type(value)
+    if kind.__module__ == "builtins" or isinstance(value, module_type):
+        return ""
+    for name in _PROTOCOL:
+        if type(_class_lookup(kind, name)) is types.FunctionType:
+            return name
+    return ""
+
 class Folds(StdlibFolds):
     """The part of ``GraphBuilder`` that evaluates known values (the standard library's
     iterators, itertools, functools and container methods in ``_stdlib``)."""
@@ -116,6 +133,14 @@ class Folds(StdlibFolds):
             if fn is len and isinstance(args[0], self.node_type):
                 return self._tensor_len(args[0])
             out = fn(*args, **kwargs) if fn is not len else len(args[0])
+            user = next((a for a in args if _python_protocol(a, self._torch.nn.Module)), None)
+            if user is not None and fn in (dict, list, tuple, set, frozenset) and \
+                    self._holds_real_tensor(out):
+                # dict(mapping) ran the program's keys() and __getitem__, which handed
+                # out its real tensors: held by the graph, they would be this call's
+                raise GraphBreak(Reason.UNSUPPORTED_CALL,
+                                 f"{fn.__name__}() of a {type(user).__name__} holding "
+                                 f"tensors, read through its Python methods")
             if fn is iter and type(out) not in SAFE_ITERATORS:
                 # a real iterator: next() and for share its position (one over a
                 # list, dict or set the capture built reads it as it steps)
@@ -189,6 +214,14 @@ class Folds(StdlibFolds):
         for item in args[0]:
             total = self.call_function(operator.add, (total, item))
         return total
+
+    def _holds_real_tensor(self, out: Any) -> bool:
+        """Whether a container a fold made holds a tensor that is not a graph value (in
+        it or in a tuple in it)."""
+        items = [*out, *out.values()] if isinstance(out, dict) else list(out)
+        items += [v for item in items if type(item) is tuple for v in item]
+        return any(isinstance(v, self._torch.Tensor) and not isinstance(v, self.node_type)
+                   for v in items)
 
     def _materialize(self, obj: Any) -> Any:
         """A module container as a tuple of its members, each loaded from its source

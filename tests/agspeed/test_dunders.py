@@ -153,6 +153,49 @@ def test_mapping_iteration(reg):
     same(opt, f, [(3,)])
 
 
+class TensorStore(collections.abc.MutableMapping):
+    """A mapping of the program whose values are tensors, read by its Python methods."""
+
+    def __init__(self):
+        self._dict = {}
+
+    def __getitem__(self, key):
+        return self._dict[key]
+
+    def __setitem__(self, key, value):
+        self._dict[key] = value
+
+    def __delitem__(self, key):
+        del self._dict[key]
+
+    def __iter__(self):
+        return iter(self._dict)
+
+    def __len__(self):
+        return len(self._dict)
+
+
+STORE = TensorStore()
+
+
+def test_dict_of_a_mapping_holding_tensors_gives_this_calls_tensors():
+    # dict(STORE) reads the program's tensors through STORE's own methods: held by a
+    # graph they would be the first call's; the capture breaks there instead, cleanly
+    def f(x):
+        copied = dict(STORE)
+        return x * copied["a"]
+
+    STORE["a"] = torch.full((3,), 2.0)
+    e = agspeed.explain(f, torch.randn(3))
+    assert ["dict() of a TensorStore holding tensors" in str(b) for b in e.break_reasons] \
+        == [True] + [False] * (len(e.break_reasons) - 1)
+    opt = agspeed.optimize(f)
+    for value in (2.0, 3.0):
+        STORE["a"] = torch.full((3,), value)
+        x = torch.randn(3)
+        torch.testing.assert_close(opt(x), x * value)
+
+
 class Seq:
     """A sequence class: __len__ and __getitem__ in Python, no __iter__."""
 
