@@ -127,6 +127,28 @@ def test_a_first_call_that_did_no_tensor_work_leaves_other_values_to_capture():
     assert counters["graph_calls"] == 4
 
 
+class _Token:
+    """A plain object passed to a call that does no tensor work."""
+
+
+def test_the_eager_entry_of_a_call_without_tensor_work_keeps_no_argument_alive():
+    def idle(x, token, n):
+        if n == 0:
+            return x
+        return x * n
+
+    fast = agspeed.optimize(idle)
+    x, token = torch.randn(3), _Token()
+    before = sys.getrefcount(x)
+    gone = weakref.ref(token)
+    assert fast(x, token, 0) is x
+    assert len(entries(idle)) == 1
+    del token
+    gc.collect()
+    assert gone() is None
+    assert sys.getrefcount(x) == before
+
+
 def test_plain_python_called_with_new_ints_is_not_captured_again():
     # no tensor among the arguments: another value runs eager at once
     def arithmetic(a, b):
