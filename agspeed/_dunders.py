@@ -9,10 +9,13 @@ any method, so a user's mapping or sequence class (transformers' ``GeneralInterf
 it inherits (``Mapping.__contains__``, ``Mapping.get``), run through the interpreter.
 Rich comparisons (``==``, ``<``...) take a Python ``__eq__``, ``__lt__``... of either side,
 in CPython's order (a subclass's reflected method first, ``NotImplemented`` passing on).
+``str(b)`` and ``repr(b)`` take a Python ``__str__`` and ``__repr__`` (object's ``__str__``
+being ``repr``).
 
 This module answers one question, ``dunder(obj, source, name)``: the Python function to
 inline for the special method ``name`` of ``obj``; False when the type has no such method
-at all (or, for ``__ne__``, object's, which is ``not __eq__``), where CPython falls back
+at all (or, for ``__ne__``, object's, which is ``not __eq__``, and for ``__str__``,
+object's, which is ``repr()``), where CPython falls back
 to another one; or None for "take the path you take today" (builtin containers, tensors,
 ``torch.nn`` containers, C types, the objects ``agspeed._objects`` models, a slot that is
 not a plain function).  It is a question of
@@ -38,7 +41,8 @@ __all__ = ["Dunders"]
 
 # The special methods the interpreter may ask about (a name outside it is a bug there).
 DUNDER_NAMES = frozenset({"__getitem__", "__contains__", "__len__", "__iter__", "__bool__",
-                          "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"})
+                          "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__",
+                          "__str__", "__repr__"})
 # Modules whose classes keep the path they take today: the runtime's own, torch's.
 _OWN_PATH_MODULES = ("agspeed", "torch")
 # and builtins, and typing's forms (``Optional[int]`` is folded whole: agspeed._folds)
@@ -71,9 +75,9 @@ class Dunders:
                 self.assumptions.append(  # type: ignore[attr-defined]
                     (("attr", cls_source, name), MISSING))
             return False
-        if found is object.__ne__:
-            # object's != is `not ==`: the interpreter asks for __eq__, so the class
-            # must keep object's __ne__
+        if found is object.__ne__ or found is object.__str__:
+            # object's != is `not ==`, and its str() is repr(): the interpreter asks for
+            # __eq__ (__repr__), so the class must keep object's __ne__ (__str__)
             self._dunder_guard(cls, self._dunder_class_source(obj, source, cls), name, found)
             return False
         if type(found) is not types.FunctionType:

@@ -1,9 +1,10 @@
 /* interp_dunder.c: special methods written in Python, inlined (see
  * interp.h).
  *
- * CPython runs `b[k]`, `a in b`, `len(b)`, `iter(b)` and the truth of `b`
- * through slots of type(b); for a class written in Python those slots call
- * the class's __getitem__, __contains__, __len__, __iter__, __bool__.  The
+ * CPython runs `b[k]`, `a in b`, `len(b)`, `iter(b)`, `str(b)`, `repr(b)`
+ * and the truth of `b` through slots of type(b); for a class written in
+ * Python those slots call the class's __getitem__, __contains__, __len__,
+ * __iter__, __str__, __repr__, __bool__.  The
  * interpreter does the same: an object whose type has such a method as a
  * Python function gets that function inlined, the object as self, through
  * ags_inline, so whatever it calls (a mixin's Mapping.get, a dict read)
@@ -466,13 +467,57 @@ builtin_bool(ags_interp *it, ags_frame *f, const ags_value *v,
     return rc;
 }
 
+/* A text special method's answer: eager raises TypeError for anything
+ * but a str (a subclass of str is left to eager too). */
+static int
+text_result(ags_interp *it, const ags_value *v, const char *name, int rc,
+            ags_value *result)
+{
+    if (rc == AGS_GO
+        && !(result->kind == AGS_VK_CONST && PyUnicode_CheckExact(result->obj))) {
+        rc = ags_stopf(it, AGS_REASON_BAD_CALL, "%s of a %s returned a %s", name,
+                       Py_TYPE(v->obj)->tp_name,
+                       result->kind == AGS_VK_CONST
+                           ? Py_TYPE(result->obj)->tp_name
+                           : ags_kind_names[result->kind]);
+        ags_value_clear(result);
+    }
+    return rc;
+}
+
+static int
+builtin_repr(ags_interp *it, ags_frame *f, const ags_value *v,
+             ags_value *result)
+{
+    int rc = ags_dunder_call(it, f, "__repr__", v, NULL, 0, result);
+
+    return text_result(it, v, "__repr__", rc, result);
+}
+
+/* str(obj): a Python __str__; object's __str__ (the builder answers it
+ * as absent) is repr(obj), so a Python __repr__ then. */
+static int
+builtin_str(ags_interp *it, ags_frame *f, const ags_value *v,
+            ags_value *result)
+{
+    int rc = call_slot(it, f, "__str__", v, NULL, 0, result);
+
+    if (rc == ABSENT) {
+        return builtin_repr(it, f, v, result);
+    }
+    return text_result(it, v, "__str__", rc, result);
+}
+
 /* The builtins of one argument that run a special method of it:
  * X(name in the builtins module, handler, "meaning"). */
 #define AGS_DUNDER_BUILTINS(X) \
     X("len", builtin_len, "len(obj): __len__") \
     X("iter", builtin_iter, "iter(obj): __iter__, which must give an " \
       "iterator") \
-    X("bool", builtin_bool, "bool(obj): __bool__, else __len__ != 0")
+    X("bool", builtin_bool, "bool(obj): __bool__, else __len__ != 0") \
+    X("str", builtin_str, "str(obj): __str__, else __repr__ (object's " \
+      "__str__)") \
+    X("repr", builtin_repr, "repr(obj): __repr__")
 
 static const struct {
     const char *name;
@@ -495,7 +540,8 @@ ags_dunder_builtin(ags_interp *it, ags_frame *f, PyObject *fn,
 
     if (self != NULL || nargs != 1 || kwnames != NULL || builtins == NULL
         || !PyDict_Check(builtins)
-        || !(PyCFunction_Check(fn) || fn == (PyObject *)&PyBool_Type)
+        || !(PyCFunction_Check(fn) || fn == (PyObject *)&PyBool_Type
+             || fn == (PyObject *)&PyUnicode_Type)
         || !candidate(it, &args[0])) {
         return AGS_DUNDER_NOT_MINE;
     }

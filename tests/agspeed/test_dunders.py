@@ -153,6 +153,41 @@ def test_mapping_iteration(reg):
     same(opt, f, [(3,)])
 
 
+class Named:
+    """str() through a Python __str__."""
+
+    def __str__(self):
+        return "named"
+
+
+class Shown:
+    """repr() and, through object's __str__, str() through a Python __repr__."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __repr__(self):
+        return f"Shown({self.n})"
+
+
+def test_str_and_repr_run_the_classes_python_methods():
+    named, shown = Named(), Shown(3)
+
+    def f(x):
+        return x * 2, str(named), str(shown), repr(shown)
+
+    e = agspeed.explain(f, torch.randn(2))
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    opt = agspeed.optimize(f)
+    x = torch.randn(2)
+    assert opt(x)[1:] == f(x)[1:] == ("named", "Shown(3)", "Shown(3)")
+    shown.n = 5                          # what __repr__ reads is guarded
+    assert opt(x)[1:] == ("named", "Shown(5)", "Shown(5)")
+    named, shown = Shown(1), Named()     # other classes: captured again (object's
+    got, want = opt(x), f(x)             # repr of a Named, its address, runs eager)
+    assert got[1:] == want[1:] and got[1:3] == ("Shown(1)", "named")
+
+
 class TensorStore(collections.abc.MutableMapping):
     """A mapping of the program whose values are tensors, read by its Python methods."""
 
