@@ -74,16 +74,13 @@ def _type_hint_args(index: Any) -> bool:
 _PROTOCOL = ("__iter__", "keys", "__getitem__", "__len__")
 
 
-def _python_protocol(value: Any, module_type: type) -> str:
-    """The first of the fold protocol's methods that ``value``'s class defines in Python
-    ("" when none does, or for a module, whose containers are read by their sources)."""
+def _python_protocol(value: Any, module_type: type) -> bool:
+    """Whether ``value``'s class defines one of the fold protocol's methods in Python
+    (never for a module, whose containers are read by their sources)."""
     kind = type(value)
     if kind.__module__ == "builtins" or isinstance(value, module_type):
-        return ""
-    for name in _PROTOCOL:
-        if type(_class_lookup(kind, name)) is types.FunctionType:
-            return name
-    return ""
+        return False
+    return any(type(_class_lookup(kind, name)) is types.FunctionType for name in _PROTOCOL)
 
 class Folds(StdlibFolds):
     """The part of ``GraphBuilder`` that evaluates known values (the standard library's
@@ -133,9 +130,9 @@ class Folds(StdlibFolds):
             if fn is len and isinstance(args[0], self.node_type):
                 return self._tensor_len(args[0])
             out = fn(*args, **kwargs) if fn is not len else len(args[0])
-            user = next((a for a in args if _python_protocol(a, self._torch.nn.Module)), None)
-            if user is not None and fn in (dict, list, tuple, set, frozenset) and \
-                    self._holds_real_tensor(out):
+            user = next((a for a in args if _python_protocol(a, self._torch.nn.Module)),
+                        None) if fn in (dict, list, tuple, set, frozenset) else None
+            if user is not None and self._holds_real_tensor(out):
                 # dict(mapping) ran the program's keys() and __getitem__, which handed
                 # out its real tensors: held by the graph, they would be this call's
                 raise GraphBreak(Reason.UNSUPPORTED_CALL,
