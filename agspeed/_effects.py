@@ -42,7 +42,7 @@ call (and the caller) sees exactly the state eager would have left.
   since replaying through them could do what the capture did not model; on an
   ``nn.Module``, replacing a parameter or a submodule, or storing a module or parameter.
 
-* Lists and dicts of the program (``registry.append(x)``, ``cache[key] = y``,
+* Lists, dicts and sets of the program (``registry.append(x)``, ``cache[key] = y``,
   ``config.get("a")``): the first method call or item assignment on one makes a
   *shadow* (``shadow``, called by csrc/interp_effects.c), an owned copy whose items are
   graph arguments; the capture works on the shadow from then on, and the entry writes
@@ -83,7 +83,8 @@ __all__ = ["SideEffects", "replay"]
 # _RAW_SET: object.__setattr__'s write; _TAIL: what a list of the program was extended by
 _SET, _CALL, _CONTENTS, _RAW_SET, _TAIL, _RESULT = 0, 1, 2, 3, 4, 5
 # the containers a shadow copies (csrc/interp_effects.c: their methods run no user code)
-_SHADOWED = (list, dict, collections.OrderedDict, collections.defaultdict)
+_DICTS = (dict, collections.OrderedDict, collections.defaultdict)
+_SHADOWED = (list, *_DICTS, set)
 
 
 
@@ -312,7 +313,18 @@ class SideEffects:
             return done
         if type(obj) is list:
             made: Any = [self._shadow_item(source, k, v) for k, v in enumerate(obj)]
-            first: tuple = tuple(made)
+            first: Any = tuple(made)
+        elif type(obj) is set:
+            # members are hashed and compared: plain values only, the whole set guarded
+            # equal to what it holds now
+            for member in obj:
+                if not self._is_static(member):  # type: ignore[attr-defined]
+                    raise GraphBreak(Reason.SIDE_EFFECT,
+                                     f"changing a set of the program holding a "
+                                     f"{type(member).__name__}")
+            self.assumptions.append((source, obj))  # type: ignore[attr-defined]
+            made = set(obj)
+            first = frozenset(obj)
         else:
             for key in obj:
                 if type(key) not in (str, int, bool, type(None)):
@@ -449,7 +461,8 @@ class SideEffects:
                 plan.append((kind, owners[source], name, template, _has_slot(template)))
             elif effect[0] in (_CONTENTS, _TAIL):
                 kind, source, _, made = effect
-                contents = self._template(list(made) if type(made) is list else dict(made))
+                contents = set(made) if type(made) is set else \
+                    self._template(list(made) if type(made) is list else dict(made))
                 plan.append((kind, owners[source], None, contents, _has_slot(contents)))
             else:
                 _, fn, args, kwargs = effect
@@ -537,6 +550,8 @@ class SideEffects:
         first = self._shadows[id(made)][2]
         if first is None:
             return len(made) > 0   # a tail
+        if type(made) is set:
+            return made != first
         now = tuple(made) if type(made) is list else tuple(made.items())
         if len(now) != len(first):
             return True
@@ -557,7 +572,7 @@ class SideEffects:
             return _Slot(len(self._effect_nodes) - 1)
         if type(value) in (tuple, list):
             return type(value)(self._template(v) for v in value)
-        if type(value) in _SHADOWED[1:]:
+        if type(value) in _DICTS:
             return type(value)({k: self._template(v) for k, v in value.items()}) \
                 if type(value) is not collections.defaultdict else \
                 collections.defaultdict(value.default_factory,

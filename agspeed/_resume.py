@@ -345,7 +345,7 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
             return ("null",)
         if kind == "UNBOUND" and not in_stack:
             return ("unbound",)
-        if kind in ("LIST", "DICT") and builder.is_shadow(payload):
+        if kind in ("LIST", "DICT", "SET") and builder.is_shadow(payload):
             # the program's own object, its contents written back before the break
             again = reread(builder.shadow_source(payload), builder.shadow_original(payload))
             if again is not None:

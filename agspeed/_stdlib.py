@@ -24,7 +24,7 @@ import os
 import types
 from typing import Any
 
-from agspeed._builder_types import GraphBreak, describe_callable
+from agspeed._builder_types import GraphBreak, describe_callable, holds_node
 from agspeed._sources import MISSING, _class_lookup, compared_by_identity
 from agspeed.protocol import Attr, Plan, Reason
 
@@ -56,16 +56,19 @@ _PURE_METHODS = {
     tuple: frozenset({"index", "count"}),
 }
 _DICT_METHODS = ("get", "items", "keys", "values", "pop", "setdefault", "update", "copy",
-                 "popitem", "clear")
+                 "popitem", "clear", "__ior__")
+#: a set's in-place operators (``seen |= {k}``): their operand's elements join it
+_SET_INPLACE = ("__ior__", "__iand__", "__isub__", "__ixor__")
 _CONTAINER_METHODS = {
     collections.OrderedDict: (*_DICT_METHODS, "move_to_end"),
     collections.defaultdict: _DICT_METHODS,
     list: ("append", "extend", "insert", "pop", "index", "count", "copy", "remove",
-           "reverse", "sort", "clear"),
+           "reverse", "sort", "clear", "__iadd__", "__imul__"),
     dict: _DICT_METHODS,
     set: ("add", "update", "discard", "remove", "copy", "clear", "union", "intersection",
           "difference", "symmetric_difference", "issubset", "issuperset", "isdisjoint",
-          "intersection_update", "difference_update", "symmetric_difference_update"),
+          "intersection_update", "difference_update", "symmetric_difference_update",
+          *_SET_INPLACE),
     tuple: ("index", "count"),
 }
 _SET_OPERATORS = (operator.or_, operator.and_, operator.sub, operator.xor)
@@ -123,6 +126,21 @@ def _marked_constant(fn: Any) -> bool:
         fn = fn.__wrapped__
     return type(fn) is types.FunctionType and \
         fn.__dict__.get("_dynamo_marked_constant") is True
+
+def _keys_in(name: str, args: tuple) -> list:
+    """The keys ``dict.setdefault``, ``update`` or ``__ior__`` would put in with
+    ``args`` (a mapping's, or each pair's first; those of anything else are Python's
+    to refuse)."""
+    if not args:
+        return []
+    if name == "setdefault":
+        return [args[0]]
+    if isinstance(args[0], dict):
+        return list(args[0])
+    if type(args[0]) in (tuple, list):
+        return [pair[0] for pair in args[0] if type(pair) in (tuple, list) and pair]
+    return []
+
 
 class StdlibFolds:
     """The part of ``GraphBuilder`` that folds the standard library (see the module doc)."""
@@ -288,14 +306,15 @@ class StdlibFolds:
         raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"the elements of a {type(value).__name__}")
 
     def _check_hashable(self, items: Any) -> None:
-        """Set members must hash and compare without user code: plain values, nodes
-        (which hash by identity, as the tensors they stand for do) and objects compared
-        by identity."""
+        """Set members must hash and compare without user code: plain values, tensors'
+        nodes (which hash by identity, as the tensors they stand for do) and objects
+        compared by identity."""
         for item in items:
             if type(item) is tuple:
                 self._check_hashable(item)
-            elif not (self._is_static(item) or isinstance(item, self.node_type)
-                      or type(item) is frozenset or compared_by_identity(item)):
+            elif not (self._is_static(item) or type(item) is frozenset
+                      or isinstance(item, self.node_type) and self.is_tensor(item)
+                      or compared_by_identity(item)):
                 raise GraphBreak(Reason.UNSUPPORTED_VALUE,
                                  f"a set member of type {type(item).__name__}")
 
@@ -378,6 +397,10 @@ class StdlibFolds:
         default with the key's absence guarded."""
         name = fn.__name__
         most = 3 if name == "get" else 2
+        if len(args) > 1 and holds_node(args[1], self.node_type):
+            # the node stands for a tensor of this call, which the dict may hold as a
+            # key: a lookup by the node would miss it
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"dict.{name}() of a tensor key")
         if kwargs or not 2 <= len(args) <= most or not (
                 self._is_static(args[1]) or _identity_key(args[1])):
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"dict.{name}() with these arguments")
@@ -495,12 +518,24 @@ class StdlibFolds:
         allowed = _CONTAINER_METHODS.get(type(container), ())
         if name not in allowed:
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{type(container).__name__}.{name}()")
+        if type(container) is set and self._sym_types:  # type: ignore[attr-defined]
+            # a size joins a set as its number, which eager hashes by value
+            args = tuple(self._specialize(a) for a in args)  # type: ignore[attr-defined]
         values = (*args, *kwargs.values())
+        if isinstance(container, dict) and name in ("setdefault", "update", "__ior__") \
+                and any(holds_node(k, self.node_type) for k in _keys_in(name, args)):
+            # a tensor as a key: hashed by the node standing for it, which is no
+            # tensor once the dict leaves the capture (BUILD_MAP refuses it too)
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, "a dict key that is a TENSOR")
         if type(container) is set:
+            if self.is_shadow(container) and holds_node(values, self.node_type):  # type: ignore
+                # the program's set would hold the graph's stand-in, not the tensor
+                raise GraphBreak(Reason.SIDE_EFFECT, "a tensor put in a set of the program")
             for v in values:
-                self._check_hashable(self._elements(v) if name.endswith(
-                    ("update", "union", "intersection", "difference", "subset", "superset",
-                     "disjoint")) else (v,))
+                self._check_hashable(self._elements(v) if name in _SET_INPLACE or
+                                     name.endswith(("update", "union", "intersection",
+                                                    "difference", "subset", "superset",
+                                                    "disjoint")) else (v,))
         elif name in _COMPARING:
             if name == "sort":
                 if kwargs.get("key") is not None or \
@@ -514,7 +549,11 @@ class StdlibFolds:
                 if type(v) in SAFE_ITERATORS:
                     self.consumable(v)
         try:
-            return getattr(container, name)(*args, **kwargs)
+            out = getattr(container, name)(*args, **kwargs)
         except Exception as exc:
             raise GraphBreak(Reason.OP_FAILED, f"{type(container).__name__}.{name}() raised "
                              f"{type(exc).__name__}: {exc}") from exc
+        if out is NotImplemented:   # `s |= [1]`: Python goes on to the plain operator
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{type(container).__name__}.{name}() "
+                             f"of a {type(args[0]).__name__}")
+        return out

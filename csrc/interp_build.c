@@ -5,9 +5,10 @@
  *
  * A set built here is a real set the capture owns (a SET value) whose
  * members are graph arguments.  Members must hash without running user
- * code: constants of the builtin immutable types, graph nodes, which hash
- * by identity exactly as the tensors they stand for do in eager, and
- * objects hashed and compared by identity.
+ * code: constants of the builtin immutable types, graph nodes of tensors,
+ * which hash by identity exactly as the tensors they stand for do in eager
+ * (a size's node does not: its number hashes by value), and objects hashed
+ * and compared by identity.
  *
  * The right operand of a merge is either a dict the capture built (its
  * items are graph arguments already) or a dict of the program reached by a
@@ -16,14 +17,33 @@
  */
 #include "interp.h"
 
-/* Whether `obj` (a graph argument) hashes without running user code. */
+/* Whether the graph node `node` stands for a tensor (hashed by identity, as
+ * its node is), not a size or a test on sizes (hashed by value in eager). */
+static int
+tensor_node(ags_interp *it, PyObject *node)
+{
+    PyObject *meta = PyObject_GetAttrString(node, "meta");
+    PyObject *ev = meta != NULL && PyDict_Check(meta)
+                       ? PyDict_GetItemString(meta, "example_value") : NULL;
+    int yes = ev != NULL
+              && PyObject_TypeCheck(ev, (PyTypeObject *)it->tensor_type);
+
+    if (meta == NULL) {
+        PyErr_Clear();
+    }
+    Py_XDECREF(meta);
+    return yes;
+}
+
+/* Whether `obj` (a graph argument) hashes without running user code, as
+ * it would in eager. */
 static int
 hashable_member(ags_interp *it, PyObject *obj)
 {
     PyTypeObject *t = Py_TYPE(obj);
 
     if (PyObject_TypeCheck(obj, (PyTypeObject *)it->node_type)) {
-        return 1;
+        return tensor_node(it, obj);
     }
     /* hashed and compared by identity, as object is (a module, a plain
      * instance, a function): no user code runs, and eager's set holds the

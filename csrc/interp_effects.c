@@ -40,14 +40,24 @@
  */
 #include "interp.h"
 
-/* Is obj a list or dict whose methods call none of the program's code:
- * an exact list, dict, OrderedDict or defaultdict (whose factory the
- * builder checks)? */
+/* Is obj a container whose methods call none of the program's code: an
+ * exact list, dict, OrderedDict, defaultdict (whose factory the builder
+ * checks) or set (whose members the builder checks are plain values)? */
 static int
 shadowable(PyObject *obj)
 {
     return PyList_CheckExact(obj) || PyDict_CheckExact(obj)
-           || PyODict_CheckExact(obj) || ags_is_defaultdict(obj);
+           || PyODict_CheckExact(obj) || ags_is_defaultdict(obj)
+           || PySet_CheckExact(obj);
+}
+
+/* The value kind of a shadow (or of the container the capture built). */
+static int
+shadow_kind(PyObject *shadow)
+{
+    return PyList_CheckExact(shadow)  ? AGS_VK_LIST
+           : PySet_CheckExact(shadow) ? AGS_VK_SET
+                                      : AGS_VK_DICT;
 }
 
 /* Is `name` a method that only adds at a list's end? */
@@ -184,9 +194,7 @@ ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out)
     if (shadow == NULL) {
         return -1;
     }
-    *out = ags_value_make(PyList_CheckExact(shadow) ? AGS_VK_LIST
-                                                    : AGS_VK_DICT,
-                          Py_NewRef(shadow), NULL);
+    *out = ags_value_make(shadow_kind(shadow), Py_NewRef(shadow), NULL);
     return 1;
 }
 
@@ -297,36 +305,48 @@ ags_tail(ags_interp *it, ags_frame *f, ags_value *v, PyObject *name)
     return AGS_GO;
 }
 
-/* Does calling method `name` of a list or dict change it?  Only those
+/* Does calling method `name` of a list, dict or set change it?  Only those
  * make a shadow: a method that only reads is answered from the original,
  * guarded on what it read (interp_call.c, agspeed/_stdlib.py).  The names
- * are kept as two frozensets, made on first use. */
+ * are kept as frozensets, made on first use.  The in-place operators are
+ * among them: `registry += [x]` calls __iadd__ (interp_ops.c). */
 int
 ags_is_mutator(PyObject *container, PyObject *name)
 {
-    static PyObject *list_mutators, *dict_mutators;
+    static PyObject *list_mutators, *dict_mutators, *set_mutators;
     PyObject *names;
 
     if (list_mutators == NULL) {
         PyObject *l = Py_BuildValue(
-            "(sssssssssss)", "append", "extend", "insert", "pop", "remove",
+            "(ssssssssssss)", "append", "extend", "insert", "pop", "remove",
             "clear", "sort", "reverse", "__setitem__", "__delitem__",
-            "__iadd__");
+            "__iadd__", "__imul__");
         PyObject *d = Py_BuildValue(
             "(ssssssss)", "pop", "popitem", "setdefault", "update", "clear",
             "__setitem__", "__delitem__", "__ior__");
+        PyObject *s = Py_BuildValue(
+            "(sssssssssssss)", "add", "discard", "remove", "pop", "clear",
+            "update", "difference_update", "intersection_update",
+            "symmetric_difference_update", "__ior__", "__iand__", "__isub__",
+            "__ixor__");
 
         list_mutators = l ? PyFrozenSet_New(l) : NULL;
         dict_mutators = d ? PyFrozenSet_New(d) : NULL;
+        set_mutators = s ? PyFrozenSet_New(s) : NULL;
         Py_XDECREF(l);
         Py_XDECREF(d);
-        if (list_mutators == NULL || dict_mutators == NULL) {
+        Py_XDECREF(s);
+        if (list_mutators == NULL || dict_mutators == NULL
+            || set_mutators == NULL) {
             Py_CLEAR(list_mutators);
             Py_CLEAR(dict_mutators);
+            Py_CLEAR(set_mutators);
             return -1;
         }
     }
-    names = PyList_CheckExact(container) ? list_mutators : dict_mutators;
+    names = PyList_CheckExact(container)  ? list_mutators
+            : PySet_CheckExact(container) ? set_mutators
+                                          : dict_mutators;
     return PySet_Contains(names, name);
 }
 
@@ -361,7 +381,7 @@ ags_effect_setattr(ags_interp *it, ags_value *owner, PyObject *name,
     return AGS_GO;
 }
 
-/* Is v a list or dict of the program that a shadow can stand for? */
+/* Is v a list, dict or set of the program that a shadow can stand for? */
 int
 ags_can_shadow(const ags_value *v)
 {
@@ -399,9 +419,7 @@ ags_shadow(ags_interp *it, ags_value *v)
             Py_DECREF(shadow);
             return AGS_ERROR;
         }
-        made = ags_value_make(PyList_CheckExact(shadow) ? AGS_VK_LIST
-                                                        : AGS_VK_DICT,
-                              shadow, NULL);
+        made = ags_value_make(shadow_kind(shadow), shadow, NULL);
     }
     ags_value_clear(v);
     *v = made;

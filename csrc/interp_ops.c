@@ -127,11 +127,66 @@ immutable(const ags_value *v)
                    || PyBytes_CheckExact(o)));
 }
 
+/* `acc += [x]`, `seen |= {k}`, `d |= other`: an in-place operator on a
+ * list, dict or set changes that very object, which every other name for
+ * it sees.  It runs as the container's own in-place method on the
+ * container the capture built, or on the shadow of the program's
+ * (interp_effects.c), never on a copy; the result is the container.
+ * AGS_GO, a break, AGS_ERROR, or 1 where ops[0] is no such container. */
+static int
+inplace_container(ags_interp *it, ags_frame *f, ags_value *ops, uint32_t arg)
+{
+    static const char *const names[] = {
+        "__iadd__", "__iand__", "__ifloordiv__", "__ilshift__", "__imatmul__",
+        "__imul__", "__imod__", "__ior__", "__ipow__", "__irshift__",
+        "__isub__", "__itruediv__", "__ixor__"};
+    PyObject *name, *spec;
+    ags_value result;
+    int rc;
+
+    if (arg < AGS_INPLACE_FIRST
+        || arg - AGS_INPLACE_FIRST >= sizeof(names) / sizeof(names[0])) {
+        return 1;
+    }
+    name = PyUnicode_FromString(names[arg - AGS_INPLACE_FIRST]);
+    if (name == NULL) {
+        return AGS_ERROR;
+    }
+    rc = ags_can_shadow(&ops[0]) ? ags_is_mutator(ops[0].obj, name) : 0;
+    if (rc == 1) {
+        rc = ags_shadow(it, &ops[0]);   /* the program's: changed in its copy */
+        if (rc != AGS_GO) {
+            Py_DECREF(name);
+            return rc;
+        }
+    }
+    else if (rc < 0) {
+        Py_DECREF(name);
+        return AGS_ERROR;
+    }
+    if (!AGS_BUILT_CONTAINER(&ops[0])) {
+        Py_DECREF(name);
+        return 1;
+    }
+    spec = PyTuple_Pack(2, name, ops[0].obj);
+    Py_DECREF(name);
+    if (spec == NULL) {
+        return AGS_ERROR;
+    }
+    rc = ags_builder_call(it, AGS_BOP_CONTAINER_METHOD, spec, NULL, &ops[1], 1,
+                          NULL, &result);
+    Py_DECREF(spec);
+    ags_value_clear(&ops[0]);
+    ags_value_clear(&ops[1]);
+    return rc == AGS_GO ? ags_push(f, result) : rc;
+}
+
 AGS_HANDLER
 op_binary_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     ags_value ops[2];
     PyObject *fn = ags_binary_fn(ins->arg);
+    int rc;
 
     if (fn == NULL) {
         return ags_stopf(it, AGS_REASON_UNSUPPORTED_INSTRUCTION,
@@ -140,6 +195,14 @@ op_binary_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
     }
     ops[1] = ags_pop(f);
     ops[0] = ags_pop(f);
+    rc = inplace_container(it, f, ops, ins->arg);
+    if (rc != 1) {
+        if (rc != AGS_GO) {
+            ags_value_clear(&ops[0]);
+            ags_value_clear(&ops[1]);
+        }
+        return rc;
+    }
     if (ins->arg >= AGS_INPLACE_FIRST && immutable(&ops[0])) {
         /* `n += t`, `tup += (t,)`: an immutable value has no in-place slot,
          * so Python computes the plain operator (and the graph must not

@@ -204,6 +204,13 @@ store_subscript(ags_interp *it, ags_value *container, ags_value *index,
             return rc;
         }
     }
+    if (container->kind == AGS_VK_DICT
+        && (index->kind == AGS_VK_TENSOR || index->kind == AGS_VK_TUPLE)) {
+        /* keyed by a node, the dict would hold no tensor once it leaves the
+         * capture (as BUILD_MAP, interp_data.c) */
+        return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
+                         "a dict key that is a %s", AGS_DESCRIBE(index));
+    }
     if (container->kind != AGS_VK_TENSOR && container->kind != AGS_VK_LIST
         && container->kind != AGS_VK_DICT
         && (owned = owned_store(it, container)) == 0) {

@@ -24,6 +24,8 @@ class T:
 class Node:
     def __init__(self, label, tensor=True):
         self.label, self.tensor = label, tensor
+        # what the interpreter reads of a real node: a tensor's stands for a T
+        self.meta = {"example_value": T() if tensor else 0}
 
     def __repr__(self):
         return self.label

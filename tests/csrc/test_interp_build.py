@@ -2,7 +2,7 @@
 recording builder of test_interp so they run on every version.  Torch-free."""
 
 from agspeed.protocol import Reason
-from test_interp import T, capture, tlib
+from test_interp import Node, Recorder, T, capture, tlib
 
 
 def sets(x, more):
@@ -29,6 +29,26 @@ def test_a_set_of_tensors_holds_their_nodes_once_each():
     assert out["status"] == "graph", out
     n, members = out["result"]
     assert n == 2 and type(members) is set and len(members) == 2
+
+
+def size_member(x):
+    return {x.size(0), 3}
+
+
+class Sizes(Recorder):
+    """Answers x.size(0) with a size's node."""
+
+    def call_method(self, name, args, kwargs):
+        if name == "size":
+            return Node("size", tensor=False)
+        return super().call_method(name, args, kwargs)
+
+
+def test_a_size_is_no_set_member_a_node_could_stand_for():
+    """A size hashes by its value in eager: its node would make {n, 3} two members
+    where eager has one."""
+    out, _ = capture(size_member, x=T(), builder=Sizes(allowed=(tlib.relu,)))
+    assert out["status"] == "break" and out["reason"] == Reason.UNSUPPORTED_VALUE, out
 
 
 def unhashable_member(x):
