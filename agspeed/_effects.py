@@ -231,6 +231,7 @@ class SideEffects:
         self._plan: tuple | None = None  # made once, when the capture ends
         # (path in the result, shadow or None, source or None): note_result
         self._returned_shadows: list = []
+        self._put_back: set[int] = set()   # objects of the program the result holds
         self._owner_sources: list = []
         # id -> the capture's own list, dict or set that an effect stores as itself
         # (the result holds it too, or two writes store it): note_held
@@ -448,8 +449,10 @@ class SideEffects:
         kept = [e for e in self._effects
                 if e[0] not in (_CONTENTS, _TAIL) or self._changed(e[3])]
         returned = []   # (path in the result, source of the program's object there)
-        for path, made, source in self._returned_shadows:
+        for path, made, source, value in self._returned_shadows:
             returned.append((path, source if made is None else self.shadow_source(made)))
+            # the graph returns None there (GraphBuilder._build_namedtuples)
+            self._put_back.add(id(value))
         self._owner_sources = list(dict.fromkeys(
             [e[1] for e in kept if e[0] != _CALL] + [source for _, source in returned]))
         owners = {s: k for k, s in enumerate(self._owner_sources)}
@@ -502,29 +505,34 @@ class SideEffects:
 
     def note_result(self, result: Any) -> None:
         """Where the frame's result holds the capture's copy of a list or dict of the
-        program (``a.append(x); return a``): eager returns that very object, so the
-        replay puts it there, after writing its contents back.  Asked before the plan."""
+        program (``a.append(x); return a``), or another object of the program (``return
+        x, cache``, ``return self``): eager returns that very object, so the replay puts
+        it there, after writing a copy's contents back.  Asked before the plan."""
         self._returned_shadows = list(self._shadow_paths(result, ()))
 
     def _shadow_paths(self, value: Any, path: tuple, seen: set | None = None) -> Any:
-        """(path, shadow, None) for each list or dict of the program that ``value``
+        """(path, shadow, None, it) for each list or dict of the program that ``value``
         holds and this capture copied: the shadow itself or the original (an object
         made in the frame may have taken it before the frame changed it); (path, None,
-        source) for one it never copied but knows the source of; through tuples, lists
-        and dicts, and the attributes and items of objects the frame made."""
+        source, it) for one it never copied but knows the source of, and for any other
+        object of the program (``program_object``); through tuples, lists and dicts,
+        and the attributes and items of objects the frame made."""
         seen = set() if seen is None else seen
         if id(value) in seen:
             return
         if type(value) in _SHADOWED:
             made = value if self.is_shadow(value) else self._made_for(value)
             if made is not None:
-                yield path, made, None
+                yield path, made, None, value
                 return
             known = self.known.get(id(value))  # type: ignore[attr-defined]
             owned = self.is_owned(value)  # type: ignore[attr-defined]
             if known is not None and known[0] is value and not owned:
-                yield path, None, known[1]
+                yield path, None, known[1], value
                 return
+        if self.program_object(value):  # type: ignore[attr-defined]
+            yield path, None, self.known[id(value)][1], value  # type: ignore[attr-defined]
+            return
         if type(value) in (tuple, list):
             seen.add(id(value))
             for k, v in enumerate(value):
@@ -540,6 +548,17 @@ class SideEffects:
                 yield from self._shadow_paths(v, path + (_Attr(name),), seen)
             for key, v in items:
                 yield from self._shadow_paths(v, path + (_Item(key),), seen)
+
+    def put_back_whole(self, value: Any) -> bool:
+        """Whether the entry puts ``value``, where the result holds it, back as the
+        program's own object (``_shadow_paths``): its contents are not the graph's."""
+        if type(value) in _SHADOWED:
+            if self.is_shadow(value) or self._made_for(value) is not None:
+                return True
+            known = self.known.get(id(value))  # type: ignore[attr-defined]
+            return known is not None and known[0] is value and \
+                not self.is_owned(value)  # type: ignore[attr-defined]
+        return self.program_object(value)  # type: ignore[attr-defined]
 
     def _made_for(self, obj: Any) -> Any:
         """The shadow or tail this capture made of the program's ``obj``, or None."""

@@ -95,7 +95,8 @@ class Folds(StdlibFolds):
             joined = self._sequence_op(fn, *args)
             if joined is not None:
                 return joined
-        if self._sym_types and fn not in _KEEPS_SIZES:
+        if self._sym_types and fn not in _KEEPS_SIZES and fn not in _TYPE_FOLDS:
+            # (a size's type is its kind's, whatever its value: _real_type_view)
             args = tuple(self._specialize(a) for a in args)
             kwargs = {k: self._specialize(v) for k, v in kwargs.items()}
         if type(fn) is types.MethodType and fn.__func__ in self._dict_views:
@@ -284,6 +285,11 @@ class Folds(StdlibFolds):
         """For type checks: a placeholder stands for its real input, another node for
         its fake value (a plain Tensor, as eager's result would be)."""
         if isinstance(value, self.node_type):
+            if self.is_size(value):
+                ev = value.meta["example_value"]   # a number of its kind, not its value
+                torch = self._torch
+                return 0 if isinstance(ev, torch.SymInt) else \
+                    0.0 if isinstance(ev, torch.SymFloat) else False
             if self._numpy_nodes and value in self._numpy_nodes:  # type: ignore
                 return self.numpy_type_view(value)  # type: ignore[attr-defined]
             if value.op == "placeholder":

@@ -566,23 +566,31 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
 
     # -- result ---------------------------------------------------------------------
 
-    def check_output(self, result: Any) -> None:
+    def check_output(self, result: Any, placed: bool = True) -> None:
         """Raise GraphBreak unless ``result`` is made of nodes, plain values and
-        tuples/lists/dicts of them (what a graph can return)."""
+        tuples/lists/dicts of them (what a graph can return), or of objects of the
+        program reached by a source where the entry can put them back (``placed``:
+        through exact tuples, lists and dicts and the objects the frame made)."""
         if isinstance(result, self.node_type) or self._is_static(result):
             return
-        if type(result) in (tuple, list, SymShape) or is_namedtuple_type(type(result)):
+        if placed and self.put_back_whole(result):
+            return   # the caller's own object, put in the result after the graph
+        if type(result) in (tuple, list) and not isinstance(result, SymShape):
             for v in result:
-                self.check_output(v)
+                self.check_output(v, placed)
+            return
+        if type(result) is SymShape or is_namedtuple_type(type(result)):
+            for v in result:
+                self.check_output(v, False)
             return
         if (type(result) in (dict, *_REBUILT_DICTS) or bare_dict_subclass(type(result))) and \
                 all(self._is_static(k) for k in result):
             for v in result.values():
-                self.check_output(v)
+                self.check_output(v, placed and type(result) is dict)
             return
         if type(result) in (set, frozenset, collections.deque):
             for v in result:
-                self.check_output(v)
+                self.check_output(v, False)
             return
         if self.can_escape(result):
             if id(result) in self._escaping:
@@ -591,11 +599,23 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
             self._escaping.add(id(result))
             try:
                 for v in self.escape_parts(result):
-                    self.check_output(v)
+                    self.check_output(v, placed and self.is_owned(result))
             finally:
                 self._escaping.discard(id(result))
             return
         raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"returning a {type(result).__name__}")
+
+    def program_object(self, value: Any) -> bool:
+        """Whether ``value`` is an object of the program (an argument, ``self``, a
+        cache object passed in, a submodule) reached by a source: what the frame
+        returns as itself.  The graph holds None in its place and the entry puts the
+        object there, read through that source (``agspeed._effects``: ``_RESULT``)."""
+        if isinstance(value, (self.node_type, self._torch.Tensor)) or \
+                self._is_static(value) or self.is_owned(value) or \
+                type(value) in (tuple, list, dict, set, frozenset, slice):
+            return False
+        known = self.known.get(id(value))
+        return known is not None and known[0] is value
 
     def output(self, result: Any) -> Any:
         """Finish the graph returning ``result`` (nodes, constants, tuples/lists/dicts)."""
@@ -663,11 +683,15 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
             (twice if id(value) in once else once).add(id(value))
         return twice
 
-    def _build_namedtuples(self, value: Any) -> Any:
+    def _build_namedtuples(self, value: Any, placed: bool = True) -> Any:
         """``value`` with each namedtuple in it made by a call node of its class: fx
         writes an output literal by its repr, and a namedtuple's repr names a class that
         the generated code does not see (torch before 2.12).  A list, dict or set held in
-        two places is made once, by a call node of its type, so both hold one object."""
+        two places is made once, by a call node of its type, so both hold one object.
+        Where the entry puts an object of the program (``placed``: reached through
+        tuples, lists, dicts and the objects the frame made), the graph returns None."""
+        if placed and id(value) in self._put_back:
+            return None
         if id(value) in self._twice:   # (only containers, alive in the result)
             done = self._escaped.get(id(value))
             if done is None:
@@ -675,16 +699,17 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
             return done
         if is_namedtuple_type(type(value)):
             return self.graph.call_function(
-                type(value), tuple(self._build_namedtuples(v) for v in value))
+                type(value), tuple(self._build_namedtuples(v, False) for v in value))
         if type(value) in (SymShape, self._torch.Size):
             # fx would write a torch.Size constant as a plain tuple
             return self.graph.call_function(self._torch.Size, (tuple(value),))
         if type(value) in (tuple, list):
-            return type(value)(self._build_namedtuples(v) for v in value)
+            return type(value)(self._build_namedtuples(v, placed) for v in value)
         if type(value) is dict:
-            return {k: self._build_namedtuples(v) for k, v in value.items()}
+            return {k: self._build_namedtuples(v, placed) for k, v in value.items()}
         if not isinstance(value, self.node_type) and self.can_escape(value):
-            return self.escape(value, self._build_namedtuples)
+            inner = placed and self.is_owned(value)
+            return self.escape(value, lambda v: self._build_namedtuples(v, inner))
         return self._build_collection(value)
 
     def _build_once(self, value: Any) -> Any:
@@ -703,13 +728,13 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         of its type (fx has no literal for them)."""
         kind = type(value)
         if kind in (set, frozenset):
-            return self.graph.call_function(kind, ([self._build_namedtuples(v)
+            return self.graph.call_function(kind, ([self._build_namedtuples(v, False)
                                                     for v in value],))
         if kind is collections.deque:
             return self.graph.call_function(
-                kind, ([self._build_namedtuples(v) for v in value],), {"maxlen": value.maxlen})
+                kind, ([self._build_namedtuples(v, False) for v in value],), {"maxlen": value.maxlen})
         if kind in _REBUILT_DICTS or bare_dict_subclass(kind):
-            items = {k: self._build_namedtuples(v) for k, v in value.items()}
+            items = {k: self._build_namedtuples(v, False) for k, v in value.items()}
             if kind is collections.defaultdict:   # fx writes no literal for a type
                 factory = getattr(value.default_factory, "__name__", "None")
                 return self.graph.call_function(_defaultdict, (factory, items))

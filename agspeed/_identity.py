@@ -25,6 +25,10 @@ Identity is kept wherever the capture's result could depend on which object it w
   made, by a replayed effect (a value written to the program or passed to a logging
   call), by a container method's arguments, by an f-string (a default ``repr`` shows
   the address), or as a constant of a resume function's state;
+* but not where the result holds it in a place the entry fills from its source after
+  the graph (``return x, cache``, a ModelOutput made in the frame around the cache
+  passed in: ``agspeed._effects``), nor for making a ModelOutput around it, which is
+  noted where that object goes;
 * reached through two sources (``f(b, b)``, or a batch also kept on ``self``): the
   capture saw one object, and writes through one name were read through the other.
 
@@ -40,6 +44,7 @@ import abc
 import collections
 import dataclasses
 import functools
+import sys
 import types
 from typing import Any
 
@@ -51,9 +56,18 @@ _HEAPTYPE = 1 << 9          # Py_TPFLAGS_HEAPTYPE
 _METACLASSES = (type, abc.ABCMeta)
 _SINGLETONS = (None, True, False, Ellipsis, NotImplemented)
 # functions whose answer depends on an object's class alone
-_TYPE_ONLY = (isinstance, type, callable, dataclasses.fields, dataclasses.is_dataclass)
+# (and len(), whose answer for a container is its length, whatever its items are)
+_TYPE_ONLY = (isinstance, type, callable, dataclasses.fields, dataclasses.is_dataclass, len)
 _EXCLUDED = (BaseException, types.ModuleType, tuple, list, dict, set, frozenset,
              collections.deque)
+
+
+def _makes_model_output(fn: Any) -> bool:
+    """Whether ``fn`` is a transformers ModelOutput class (made as an object of the
+    capture's own, its fields noted where it goes)."""
+    mod = sys.modules.get("transformers.utils.generic")
+    base = getattr(mod, "ModelOutput", None)
+    return base is not None and isinstance(fn, type) and issubclass(fn, base)
 
 
 def plain_instance(value: Any, module_type: Any = None) -> bool:
@@ -84,7 +98,7 @@ class Identities:
         bound methods and the objects the capture made."""
         module_type = self._torch.nn.Module  # type: ignore[attr-defined]
         node_type = self.node_type  # type: ignore[attr-defined]
-        seen: set[int] = set()
+        seen: set[int] = set(self._put_back)  # type: ignore[attr-defined]
         todo = list(values)
         while todo:
             value = todo.pop()
@@ -132,7 +146,7 @@ class Identities:
         return super().compare(op, a, b)  # type: ignore[misc]
 
     def fold(self, fn: Any, args: tuple, kwargs: dict) -> Any:
-        if not any(fn is f for f in _TYPE_ONLY):
+        if not any(fn is f for f in _TYPE_ONLY) and not _makes_model_output(fn):
             self.note_identity(fn, args, kwargs)
         return super().fold(fn, args, kwargs)  # type: ignore[misc]
 
@@ -170,5 +184,6 @@ class Identities:
         return super().enter_with(cm, source)  # type: ignore[misc]
 
     def iterate(self, obj: Any, source: Any) -> tuple:
-        self.note_identity(obj)
+        if source is None or type(obj) not in (list, tuple):
+            self.note_identity(obj)   # (a list's items are each read through its source)
         return super().iterate(obj, source)  # type: ignore[misc]

@@ -359,7 +359,7 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
             return "a NumPy array at the break"
         if kind in ("TENSOR", "TUPLE", "LIST", "DICT"):
             try:
-                builder.check_output(payload)
+                builder.check_output(payload, placed=False)
             except Exception:
                 return f"a {kind.lower()} the graph cannot return"
             if kind != "TENSOR":    # one list or dict in two slots: one object again
@@ -391,7 +391,7 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
                 # an object the capture made (its tensors are graph values): the graph
                 # rebuilds it with real ones, once however many slots hold it
                 try:
-                    builder.check_output(payload)
+                    builder.check_output(payload, placed=False)
                 except Exception:
                     return f"a {type(payload).__name__} made in the frame the graph " \
                            f"cannot return"

@@ -173,6 +173,16 @@ def _is_namedtuple_new(code: Any, f_globals: dict) -> bool:
         name.startswith("namedtuple_")
 
 
+_COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>"})
+
+
+def _is_comprehension(code: Any) -> bool:
+    """The code of a list, dict or set comprehension where Python compiles it as a
+    function of its own (before 3.12): named so, taking the iterator ``.0``."""
+    return code.co_name in _COMPREHENSIONS and code.co_argcount == 1 and \
+        code.co_varnames[:1] == (".0",)
+
+
 _SKIP = _C.ACTION_SKIP
 _RUN_EAGER = _C.ACTION_RUN_EAGER
 _PASS = _C.ACTION_PASS
@@ -241,6 +251,11 @@ class Context:
         if is_runtime_code(code.co_filename) and _roots.is_root(code) \
                 and not _roots.claim(code):
             return _C.CacheEntry(_PASS)  # an optimized root's code, reached elsewhere
+        if _is_comprehension(code):
+            # a comprehension's own frame (Python 3.11) run by code left eager: its one
+            # argument is its caller's iterator, which a capture cannot step (inlined
+            # where the caller is captured, it is followed as part of it)
+            return _C.CacheEntry(_SKIP)
         if (is_runtime_code(code.co_filename) and not _roots.is_root(code)) \
                 or _is_namedtuple_new(code, f_globals) or is_break_code(code):
             if log.enabled("frames"):

@@ -364,3 +364,28 @@ def test_a_tensor_method_taken_as_a_value_is_called_in_the_graph():
         ga = torch.autograd.grad(sum(t.sum() for t in got), x)
         gb = torch.autograd.grad(sum(t.sum() for t in expected), x)
         torch.testing.assert_close(ga[0], gb[0])
+
+
+def _eager_scales(x, factors):
+    try:
+        big = x.sum().item() > 100   # a break under try: this frame runs eager
+    except RuntimeError:
+        big = False
+    # its comprehension (a frame of its own before Python 3.12) then reaches the frame
+    # hook with this frame's iterator as its only argument
+    return [x * f for f in factors] if not big else []
+
+
+def scales_through_eager_code(x):
+    return sum(_eager_scales(x, [1.0, 2.0, 3.0])) + 1
+
+
+def test_a_comprehension_run_by_eager_code_is_not_captured_again_on_each_call():
+    agspeed.reset()
+    fast = agspeed.optimize(scales_through_eager_code, backend="eager")
+    for _ in range(12):
+        x = torch.randn(3)
+        torch.testing.assert_close(fast(x), x * 6 + 1)
+    names = [r.name for r in agspeed._runtime.frame_records()]
+    assert "<listcomp>" not in names
+    assert not [r for r in agspeed.recompiles() if "listcomp" in r.function]
