@@ -95,6 +95,10 @@ class Folds(StdlibFolds):
             joined = self._sequence_op(fn, *args)
             if joined is not None:
                 return joined
+        if self._sym_types and fn in (min, max) and not kwargs:
+            kept = self._size_extreme(fn, args)
+            if kept is not None:
+                return kept
         if self._sym_types and fn not in _KEEPS_SIZES and fn not in _TYPE_FOLDS:
             # (a size's type is its kind's, whatever its value: _real_type_view)
             args = tuple(self._specialize(a) for a in args)
@@ -202,6 +206,24 @@ class Folds(StdlibFolds):
             return out   # a class made from plain values: made once, at capture
         raise GraphBreak(Reason.NON_TENSOR_RESULT, f"{describe_callable(fn)} returned a "
                          f"{type(out).__name__}")
+
+    def _size_extreme(self, fn: Any, args: tuple) -> Any:
+        """``max(n - w + 1, 0)``, ``min(a, b)`` of ints among which are sizes: a size
+        again (``torch.sym_max``/``sym_min`` in the graph), so a dimension or a counter
+        made dynamic stays so; None where the arguments are anything else."""
+        items = tuple(args[0]) if len(args) == 1 and type(args[0]) in (tuple, list) \
+            else args
+        torch = self._torch
+        sizes = [v for v in items if isinstance(v, self.node_type)]
+        if len(items) < 2 or not sizes or not all(
+                type(v) is int or isinstance(v, self.node_type) and
+                isinstance(v.meta.get("example_value"), torch.SymInt) for v in items):
+            return None
+        pick = torch.sym_max if fn is max else torch.sym_min
+        out = items[0]
+        for v in items[1:]:
+            out = self.call_function(pick, (out, v))
+        return out
 
     def _sum_nodes(self, args: tuple, kwargs: dict) -> Any:
         """``sum(items, start)`` over items holding tensors: the additions eager makes, in

@@ -468,3 +468,29 @@ def test_dynamic_true_makes_int_arguments_symbols_from_the_first_capture():
         torch.testing.assert_close(fast(x, pos), window(x, pos))
     assert backend.graphs == 1
     assert "pos" in agspeed.recompiles()[0].dynamic
+
+
+class _Window:
+    def __init__(self):
+        self.seen, self.width = 0, 4
+
+
+def windowed(x, state):
+    state.seen += x.shape[0]
+    offset = max(state.seen - state.width + 1, 0)
+    last = min(state.seen, state.width)
+    return x * last + offset
+
+
+def test_max_and_min_of_a_counter_keep_it_dynamic():
+    """max()/min() of ints among which is a symbol are symbols again (torch.sym_max):
+    taking the counter's value there would capture again on every call."""
+    agspeed.reset()
+    fast = agspeed.optimize(windowed, backend="eager")
+    mine, ref = _Window(), _Window()
+    for step in range(12):
+        x = torch.randn(1 if step else 3)
+        torch.testing.assert_close(fast(x, mine), windowed(x, ref))
+        assert mine.seen == ref.seen
+    (record,) = [r for r in agspeed.recompiles() if r.function.startswith("windowed ")]
+    assert record.dynamic == ("state.seen",) and record.count <= 3

@@ -32,11 +32,20 @@ def _gpt2():
         pad_token_id=0, bos_token_id=1, eos_token_id=2))
 
 
+def _mistral():
+    # a sliding window shorter than the text: the cache keeps a count of the tokens it
+    # has seen, an int read and written back on every step, and takes max() of it
+    return transformers.MistralForCausalLM(transformers.MistralConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+        sliding_window=4, pad_token_id=0, bos_token_id=1, eos_token_id=2))
+
+
 def _captures() -> int:
     return sum(r.count for r in agspeed.recompiles())
 
 
-@pytest.mark.parametrize("make", [_llama, _gpt2], ids=["llama", "gpt2"])
+@pytest.mark.parametrize("make", [_llama, _gpt2, _mistral], ids=["llama", "gpt2", "mistral"])
 def test_greedy_generation_matches_eager_and_a_second_call_captures_nothing(make):
     agspeed.reset()
     torch.manual_seed(0)
