@@ -487,7 +487,7 @@ class SideEffects:
 
         def returnable(value: Any) -> bool:   # as a graph output, all of it built here
             try:
-                self.check_output(value)  # type: ignore[attr-defined]
+                self.check_output(value, placed=False)  # type: ignore[attr-defined]
             except GraphBreak:
                 return False
             return all(own(v) for v in self.containers_in(value))  # type: ignore

@@ -624,12 +624,18 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         self.note_result(result)   # the program's own lists and dicts returned
         if self._plan is None:
             self.note_held(result)     # containers both written and returned: one each
-        if self.has_effects:  # the values the writes store come out of the graph too
+        effects = self.has_effects   # (the plan: where the entry puts the program's
+        # objects in the result, which need no identity)
+        self.note_identity(result, skip=self._put_back)
+        if effects:  # the values the writes store come out of the graph too
             result = (result, tuple(self.effect_values()))
-        self.note_identity(result)
+            self.note_identity(result[1])
         result, template = self.numpy_output(result)
         self._twice = self._returned_twice(result)
-        self.graph.output(self._build_namedtuples(result))
+        # the effects' values are no place the entry puts an object in
+        built = (self._build_namedtuples(result[0]), self._build_namedtuples(result[1], False)) \
+            if effects else self._build_namedtuples(result)
+        self.graph.output(built)
         self._drop_unused_sizes()
         root = self._torch.nn.Module()
         outline(self.graph, root, self.checkpoint_regions)

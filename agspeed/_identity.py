@@ -93,12 +93,13 @@ class Identities:
     def _identity_init(self) -> None:
         self.identity_used: set[int] = set()
 
-    def note_identity(self, *values: Any) -> None:
+    def note_identity(self, *values: Any, skip: Any = ()) -> None:
         """Note every plain instance in ``values``, looking inside containers, partials,
-        bound methods and the objects the capture made."""
+        bound methods and the objects the capture made (not those whose ids are in
+        ``skip``)."""
         module_type = self._torch.nn.Module  # type: ignore[attr-defined]
         node_type = self.node_type  # type: ignore[attr-defined]
-        seen: set[int] = set(self._put_back)  # type: ignore[attr-defined]
+        seen: set[int] = set(skip)
         todo = list(values)
         while todo:
             value = todo.pop()

@@ -128,3 +128,23 @@ def test_an_object_where_it_cannot_be_put_back_breaks_with_eagers_result():
     x = torch.randn(2)
     got = fast(x, p)
     assert type(got) is torch.return_types.max and got[1] is p
+
+
+class _Holder:
+    pass
+
+
+def stores_and_returns(x, holder, cache):
+    items = [cache, x * 2]    # a list made here, holding the program's object,
+    holder.items = items      # stored on the program's object and returned: one list
+    return x + 1, items
+
+
+def test_a_list_stored_and_returned_holds_the_programs_object():
+    fast = agspeed.optimize(stores_and_returns, backend="eager")
+    for _ in range(3):
+        holder, cache, x = _Holder(), Cache(), torch.randn(2)
+        out, items = fast(x, holder, cache)
+        assert items is holder.items and items[0] is cache
+        torch.testing.assert_close(items[1], x * 2)
+        torch.testing.assert_close(out, x + 1)
