@@ -520,18 +520,9 @@ class SideEffects:
         seen = set() if seen is None else seen
         if id(value) in seen:
             return
-        if type(value) in _SHADOWED:
-            made = value if self.is_shadow(value) else self._made_for(value)
-            if made is not None:
-                yield path, made, None, value
-                return
-            known = self.known.get(id(value))  # type: ignore[attr-defined]
-            owned = self.is_owned(value)  # type: ignore[attr-defined]
-            if known is not None and known[0] is value and not owned:
-                yield path, None, known[1], value
-                return
-        if self.program_object(value):  # type: ignore[attr-defined]
-            yield path, None, self.known[id(value)][1], value  # type: ignore[attr-defined]
+        how = self.put_back_as(value)
+        if how is not None:
+            yield (path, *how, value)
             return
         if type(value) in (tuple, list):
             seen.add(id(value))
@@ -549,16 +540,23 @@ class SideEffects:
             for key, v in items:
                 yield from self._shadow_paths(v, path + (_Item(key),), seen)
 
-    def put_back_whole(self, value: Any) -> bool:
-        """Whether the entry puts ``value``, where the result holds it, back as the
-        program's own object (``_shadow_paths``): its contents are not the graph's."""
+    def put_back_as(self, value: Any) -> tuple | None:
+        """How the entry puts ``value``, where the result holds it, back as the
+        program's own object (its contents are then not the graph's): ``(shadow,
+        None)`` for a list, dict or set this capture copied, ``(None, source)`` for one
+        of the program's it never copied, or any other object of the program
+        (``program_object``); None for a value the graph returns itself."""
         if type(value) in _SHADOWED:
-            if self.is_shadow(value) or self._made_for(value) is not None:
-                return True
+            made = value if self.is_shadow(value) else self._made_for(value)
+            if made is not None:
+                return made, None
             known = self.known.get(id(value))  # type: ignore[attr-defined]
-            return known is not None and known[0] is value and \
-                not self.is_owned(value)  # type: ignore[attr-defined]
-        return self.program_object(value)  # type: ignore[attr-defined]
+            if known is not None and known[0] is value and \
+                    not self.is_owned(value):  # type: ignore[attr-defined]
+                return None, known[1]
+        if self.program_object(value):  # type: ignore[attr-defined]
+            return None, self.known[id(value)][1]  # type: ignore[attr-defined]
+        return None
 
     def _made_for(self, obj: Any) -> Any:
         """The shadow or tail this capture made of the program's ``obj``, or None."""

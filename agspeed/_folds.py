@@ -68,7 +68,6 @@ def _type_hint_args(index: Any) -> bool:
         isinstance(index, type) or _type_hint(index)
 
 
-
 # What the structural folds would call on their arguments: dict() a mapping's keys and
 # items, list() and the others an iterable's __iter__ (or the old __getitem__ protocol).
 _PROTOCOL = ("__iter__", "keys", "__getitem__", "__len__")
@@ -81,6 +80,7 @@ def _python_protocol(value: Any, module_type: type) -> bool:
     if kind.__module__ == "builtins" or isinstance(value, module_type):
         return False
     return any(type(_class_lookup(kind, name)) is types.FunctionType for name in _PROTOCOL)
+
 
 class Folds(StdlibFolds):
     """The part of ``GraphBuilder`` that evaluates known values (the standard library's

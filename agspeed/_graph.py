@@ -573,7 +573,7 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         through exact tuples, lists and dicts and the objects the frame made)."""
         if isinstance(result, self.node_type) or self._is_static(result):
             return
-        if placed and self.put_back_whole(result):
+        if placed and self.put_back_as(result) is not None:
             return   # the caller's own object, put in the result after the graph
         if type(result) in (tuple, list) and not isinstance(result, SymShape):
             for v in result:

@@ -44,10 +44,10 @@ import abc
 import collections
 import dataclasses
 import functools
-import sys
 import types
 from typing import Any
 
+from agspeed._objects import _model_output_type
 from agspeed.protocol import Compare
 
 __all__ = ["Identities", "plain_instance"]
@@ -65,8 +65,7 @@ _EXCLUDED = (BaseException, types.ModuleType, tuple, list, dict, set, frozenset,
 def _makes_model_output(fn: Any) -> bool:
     """Whether ``fn`` is a transformers ModelOutput class (made as an object of the
     capture's own, its fields noted where it goes)."""
-    mod = sys.modules.get("transformers.utils.generic")
-    base = getattr(mod, "ModelOutput", None)
+    base = _model_output_type()
     return base is not None and isinstance(fn, type) and issubclass(fn, base)
 
 

@@ -127,6 +127,7 @@ def _marked_constant(fn: Any) -> bool:
     return type(fn) is types.FunctionType and \
         fn.__dict__.get("_dynamo_marked_constant") is True
 
+
 def _keys_in(name: str, args: tuple) -> list:
     """The keys ``dict.setdefault``, ``update`` or ``__ior__`` would put in with
     ``args`` (a mapping's, or each pair's first; those of anything else are Python's

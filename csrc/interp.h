@@ -288,6 +288,7 @@ int ags_plain_dict_store(PyObject *obj);
 int ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out);
 PyObject *ags_live_view(ags_interp *it, PyObject *obj);
 int ags_can_shadow(const ags_value *v);
+int ags_container_kind(PyObject *obj);
 int ags_is_mutator(PyObject *container, PyObject *name);
 int ags_shadow(ags_interp *it, ags_value *v);
 int ags_tail(ags_interp *it, ags_frame *f, ags_value *v, PyObject *name);

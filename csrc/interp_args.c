@@ -240,10 +240,7 @@ ags_value_of(ags_interp *it, PyObject *obj, ags_value *out)
         return -1;
     }
     if (owned) {
-        *out = ags_value_make(PyList_CheckExact(obj) ? AGS_VK_LIST
-                              : PyDict_Check(obj)    ? AGS_VK_DICT
-                                                     : AGS_VK_SET,
-                              Py_NewRef(obj), NULL);
+        *out = ags_value_make(ags_container_kind(obj), Py_NewRef(obj), NULL);
         return 0;
     }
     if (PyTuple_Check(obj) && contains_node(it, obj)) {

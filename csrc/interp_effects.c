@@ -51,13 +51,14 @@ shadowable(PyObject *obj)
            || PySet_CheckExact(obj);
 }
 
-/* The value kind of a shadow (or of the container the capture built). */
-static int
-shadow_kind(PyObject *shadow)
+/* The value kind of a list, dict or set the capture owns: its own or a
+ * shadow (interp.h). */
+int
+ags_container_kind(PyObject *obj)
 {
-    return PyList_CheckExact(shadow)  ? AGS_VK_LIST
-           : PySet_CheckExact(shadow) ? AGS_VK_SET
-                                      : AGS_VK_DICT;
+    return PyList_CheckExact(obj)  ? AGS_VK_LIST
+           : PySet_CheckExact(obj) ? AGS_VK_SET
+                                   : AGS_VK_DICT;
 }
 
 /* Is `name` a method that only adds at a list's end? */
@@ -194,7 +195,7 @@ ags_shadowed(ags_interp *it, PyObject *obj, ags_value *out)
     if (shadow == NULL) {
         return -1;
     }
-    *out = ags_value_make(shadow_kind(shadow), Py_NewRef(shadow), NULL);
+    *out = ags_value_make(ags_container_kind(shadow), Py_NewRef(shadow), NULL);
     return 1;
 }
 
@@ -419,7 +420,7 @@ ags_shadow(ags_interp *it, ags_value *v)
             Py_DECREF(shadow);
             return AGS_ERROR;
         }
-        made = ags_value_make(shadow_kind(shadow), shadow, NULL);
+        made = ags_value_make(ags_container_kind(shadow), shadow, NULL);
     }
     ags_value_clear(v);
     *v = made;

@@ -18,6 +18,15 @@ static PyObject *defaultdict_type;  /* collections.defaultdict */
  * forms follow the plain ones in the same order. */
 #define AGS_INPLACE_FIRST 13u
 
+/* The operator module's functions by NB_* index; an in-place one's name,
+ * in dunders, is also the container method it calls (`__iadd__`). */
+static const char *const binary_names[] = {
+    "add", "and_", "floordiv", "lshift", "matmul", "mul", "mod", "or_",
+    "pow", "rshift", "sub", "truediv", "xor", "iadd", "iand",
+    "ifloordiv", "ilshift", "imatmul", "imul", "imod", "ior", "ipow",
+    "irshift", "isub", "itruediv", "ixor"};
+#define AGS_N_BINARY ((uint32_t)(sizeof(binary_names) / sizeof(binary_names[0])))
+
 PyObject *
 ags_binary_fn(uint32_t op)
 {
@@ -44,11 +53,6 @@ operator_tuple(PyObject *operator_module, const char *const *names, int n)
 int
 ags_ops_init(void)
 {
-    static const char *const binary[] = {
-        "add", "and_", "floordiv", "lshift", "matmul", "mul", "mod", "or_",
-        "pow", "rshift", "sub", "truediv", "xor", "iadd", "iand",
-        "ifloordiv", "ilshift", "imatmul", "imul", "imod", "ior", "ipow",
-        "irshift", "isub", "itruediv", "ixor"};
     static const char *const unary[] = {"neg", "invert", "pos"};
     PyObject *operator_module, *collections;
 
@@ -59,8 +63,7 @@ ags_ops_init(void)
     if (operator_module == NULL) {
         return -1;
     }
-    binary_ops = operator_tuple(operator_module, binary,
-                                (int)(sizeof(binary) / sizeof(binary[0])));
+    binary_ops = operator_tuple(operator_module, binary_names, (int)AGS_N_BINARY);
     unary_ops = operator_tuple(operator_module, unary, 3);
     Py_DECREF(operator_module);
     collections = PyImport_ImportModule("collections");
@@ -132,52 +135,43 @@ immutable(const ags_value *v)
  * it sees.  It runs as the container's own in-place method on the
  * container the capture built, or on the shadow of the program's
  * (interp_effects.c), never on a copy; the result is the container.
- * AGS_GO, a break, AGS_ERROR, or 1 where ops[0] is no such container. */
+ * AGS_GO, a break, AGS_ERROR, or 1 where ops[0] is no such container (the
+ * caller clears ops either way). */
 static int
 inplace_container(ags_interp *it, ags_frame *f, ags_value *ops, uint32_t arg)
 {
-    static const char *const names[] = {
-        "__iadd__", "__iand__", "__ifloordiv__", "__ilshift__", "__imatmul__",
-        "__imul__", "__imod__", "__ior__", "__ipow__", "__irshift__",
-        "__isub__", "__itruediv__", "__ixor__"};
     PyObject *name, *spec;
     ags_value result;
     int rc;
 
-    if (arg < AGS_INPLACE_FIRST
-        || arg - AGS_INPLACE_FIRST >= sizeof(names) / sizeof(names[0])) {
+    if (arg < AGS_INPLACE_FIRST || arg >= AGS_N_BINARY) {
         return 1;
     }
-    name = PyUnicode_FromString(names[arg - AGS_INPLACE_FIRST]);
+    name = PyUnicode_FromFormat("__%s__", binary_names[arg]);
     if (name == NULL) {
         return AGS_ERROR;
     }
     rc = ags_can_shadow(&ops[0]) ? ags_is_mutator(ops[0].obj, name) : 0;
     if (rc == 1) {
         rc = ags_shadow(it, &ops[0]);   /* the program's: changed in its copy */
-        if (rc != AGS_GO) {
-            Py_DECREF(name);
-            return rc;
-        }
     }
-    else if (rc < 0) {
-        Py_DECREF(name);
-        return AGS_ERROR;
+    else if (rc == 0) {
+        rc = AGS_BUILT_CONTAINER(&ops[0]) ? AGS_GO : 1;
     }
-    if (!AGS_BUILT_CONTAINER(&ops[0])) {
-        Py_DECREF(name);
-        return 1;
+    else {
+        rc = AGS_ERROR;
     }
-    spec = PyTuple_Pack(2, name, ops[0].obj);
+    spec = rc == AGS_GO ? PyTuple_Pack(2, name, ops[0].obj) : NULL;
     Py_DECREF(name);
+    if (rc != AGS_GO) {
+        return rc;
+    }
     if (spec == NULL) {
         return AGS_ERROR;
     }
     rc = ags_builder_call(it, AGS_BOP_CONTAINER_METHOD, spec, NULL, &ops[1], 1,
                           NULL, &result);
     Py_DECREF(spec);
-    ags_value_clear(&ops[0]);
-    ags_value_clear(&ops[1]);
     return rc == AGS_GO ? ags_push(f, result) : rc;
 }
 
@@ -197,10 +191,8 @@ op_binary_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
     ops[0] = ags_pop(f);
     rc = inplace_container(it, f, ops, ins->arg);
     if (rc != 1) {
-        if (rc != AGS_GO) {
-            ags_value_clear(&ops[0]);
-            ags_value_clear(&ops[1]);
-        }
+        ags_value_clear(&ops[0]);
+        ags_value_clear(&ops[1]);
         return rc;
     }
     if (ins->arg >= AGS_INPLACE_FIRST && immutable(&ops[0])) {
