@@ -132,13 +132,15 @@ def from_locals(source: tuple) -> bool:
 
 class ShapeHistory:
     """The sizes each data input of one function showed at its captures (in one context):
-    source -> one set of sizes per dimension; and the values each plain int or float the
-    captures read showed (source -> set of values)."""
+    source -> one set of sizes per dimension; the dimensions a capture made dynamic
+    (``(source, ndim)`` -> dims), which stay dynamic in the later captures; and the values
+    each plain int or float the captures read showed (source -> set of values)."""
 
-    __slots__ = ("sizes", "scalars", "pinned")
+    __slots__ = ("sizes", "dynamic", "scalars", "pinned")
 
     def __init__(self) -> None:
         self.sizes: dict[tuple, list[set[int]]] = {}
+        self.dynamic: dict[tuple, set[int]] = {}
         self.scalars: dict[tuple, set] = {}
         self.pinned: set[tuple] = set()   # scalars a capture fixed to one value anyway
 
@@ -158,13 +160,20 @@ class ShapeHistory:
         return got if got is not None and len(got) == ndim else None
 
     def record(self, source: tuple, shape: tuple) -> None:
-        """Add the sizes of ``shape``; symbolic ones (already dynamic) are skipped."""
+        """Add the sizes of ``shape``; a symbolic one notes its dimension as dynamic."""
         got = self.seen(source, len(shape))
         if got is None:
             got = self.sizes[source] = [set() for _ in shape]
         for d, size in enumerate(shape):
-            if isinstance(size, int) and len(got[d]) < 64:   # bounded memory
+            if not isinstance(size, int):
+                self.dynamic.setdefault((source, len(shape)), set()).add(d)
+            elif len(got[d]) < 64:   # bounded memory
                 got[d].add(size)
+
+    def went_dynamic(self, source: tuple, ndim: int) -> set[int]:
+        """The dimensions of the input at ``source`` (of ``ndim`` dimensions) that an
+        earlier capture made dynamic."""
+        return self.dynamic.get((source, ndim), set())
 
 
 class DimPolicy:
@@ -252,8 +261,14 @@ class DimPolicy:
                         if d not in static and d not in out})
         elif self.mode is None and data and self.history is not None:
             seen = self.history.seen(source, len(shape)) or [set() for _ in shape]
+            before = self.history.went_dynamic(source, len(shape))
             for d in range(len(shape)):
                 if d in static or d in out:
+                    continue
+                if d in before:
+                    # a dimension dynamic once stays so: the sizes that made it so were
+                    # seen before its graph served every other size unrecorded
+                    out[d] = "dynamic since an earlier capture"
                     continue
                 sizes = seen[d] | {shape[d]}
                 if len(sizes) >= self.after:
@@ -478,6 +493,28 @@ class SymbolicGuards:
         import sympy
 
         return int(expr.xreplace({s: sympy.Integer(v) for s, v in values.items()}))
+
+    @staticmethod
+    def substitute(expr: Any, values: dict) -> Any:
+        """``expr`` with this guard's symbols replaced at once by ``values``: ints, or
+        expressions in another guard's symbols (whose names may be the same as these)."""
+        import sympy
+
+        return expr.xreplace({s: sympy.Integer(v) if isinstance(v, int) else v
+                              for s, v in values.items()})
+
+    def implied(self, expr: Any, values: dict, other: Any) -> bool:
+        """Whether the guard ``expr`` holds for every frame that ``other`` (another
+        capture's SymbolicGuards, or None) lets through, where ``values`` bind this
+        guard's symbols to ints and to expressions in ``other``'s symbols: true outright,
+        or, still symbolic, one of ``other``'s own guards (no reasoning beyond that)."""
+        import sympy
+
+        got = self.substitute(expr, values)
+        if not getattr(got, "free_symbols", None):   # a number: evaluated as ``holds`` does
+            return bool(got) if got in (sympy.true, sympy.false) or isinstance(got, bool) \
+                else bool(got != 0)
+        return other is not None and got in set(other.guards)
 
     def ordered_guards(self) -> list[tuple[int, Any]]:
         """The guards as the C program numbers them (``why``): those it evaluates in

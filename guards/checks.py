@@ -307,7 +307,7 @@ class DynTensorCheck(CheckKind):
                 if want != got:
                     return False
             elif not set(want.free_symbols) <= set(bound) or \
-                    sym.value(want, bound) != got:
+                    not _same(sym.substitute(want, bound), got):
                 return False
         return True
 
@@ -327,9 +327,9 @@ class DynTensorCheck(CheckKind):
         return KINDS[Check.TENSOR].got(value)
 
     def covers(self, expected, other_kind, other_expected, sym, bound) -> bool:
-        if other_kind == Check.DYNTENSOR:
-            return other_expected == expected
-        if other_kind == Check.TENSOR:
+        # another capture's dynamic check: its symbols are bound as they stand (this
+        # check's symbol may stand for one of them, or for a size it fixed)
+        if other_kind in (Check.DYNTENSOR, Check.TENSOR):
             return self.binds(expected, other_expected, sym, bound)
         return False
 
@@ -353,11 +353,22 @@ class DynIntCheck(CheckKind):
         return f"an int ({sym.readable(expected) if sym is not None else expected})"
 
     def covers(self, expected, other_kind, other_expected, sym, bound) -> bool:
-        if other_kind == Check.DYNINT:
-            return other_expected == expected
+        if other_kind == Check.DYNINT:   # another capture's symbol, bound as it stands
+            return bound.setdefault(expected, other_expected) == other_expected
         if other_kind == Check.EQ and other_expected[0] is int:
             return self.passes(expected, other_expected[1], sym, bound)
         return False
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two sizes, ints or sympy expressions, are equal for every value of their
+    symbols."""
+    a, b = (int(v) if getattr(v, "is_Integer", False) else v for v in (a, b))
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    import sympy
+
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
 
 
 def _table(*classes: type) -> dict:

@@ -185,7 +185,7 @@ class Guard(_C.GuardProgram):
         if self.sym is None:
             return True
         return len(bound) == len(self.sym.symbols) and \
-            all(self.sym.holds(g, bound) for g in self.sym.guards)
+            all(self.sym.implied(g, bound, other.sym) for g in self.sym.guards)
 
     def _walk(self, f_locals: dict, f_globals: dict, f_builtins: dict) -> list[tuple]:
         """Every failing part, as (part, index, text), parts and indices as the C program

@@ -405,6 +405,59 @@ def test_promotion_replaces_static_entries_outside_the_recompile_limit():
     assert row.evictions == 0 and row.dynamic == ("x.size(0)",)
 
 
+def _captured(name):
+    return [r.decision for r in agspeed._runtime.frame_records()
+            if r.name == name and r.decision == "captured"]
+
+
+def test_a_dimension_made_dynamic_stays_dynamic_in_later_captures():
+    # the dynamic graph served sizes 7 and 8 unrecorded; a later capture of the function
+    # (the flag's other value) sees a size seen before and still makes it dynamic
+    def flagged(x, up):
+        return x * 2 if up else x - 1
+
+    fast = agspeed.optimize(flagged, backend="eager")
+    for up in (True, False):
+        for n in (5, 6, 7, 8, 9, 10):
+            x = torch.randn(n, 3)
+            torch.testing.assert_close(fast(x, up), flagged(x, up))
+    # True: 5, 6, then dynamic at 7; False: dynamic at once
+    assert len(_captured("flagged")) == 4
+    assert len(entries(flagged)) == 2
+
+
+def test_a_graph_dynamic_in_more_dimensions_replaces_one_dynamic_in_fewer():
+    # the batch goes dynamic after the length did: the new graph serves what the
+    # length-dynamic graphs of batch 2 and 3 served (their symbols renamed to its own)
+    def rows(ids, pos):
+        return (ids * 3 + pos).sum(-1)
+
+    fast = agspeed.optimize(rows, backend="eager")
+    for b, n in [(2, 5), (2, 6), (2, 7), (3, 5), (3, 6), (4, 9), (3, 11), (2, 12), (5, 4)]:
+        ids, pos = torch.randn(b, n), torch.randn(b, n)
+        torch.testing.assert_close(fast(ids, pos), rows(ids, pos))
+    assert len(entries(rows)) == 1, [e.guard.lines()[:2] for e in entries(rows)]
+    (row,) = [r for r in agspeed.recompiles() if r.function.startswith("rows")]
+    assert row.evictions == 0
+    assert set(row.dynamic) == {"ids.size(0)", "ids.size(1)", "pos.size(0)", "pos.size(1)"}
+
+
+def test_a_graph_that_ties_two_sizes_does_not_replace_one_that_keeps_them_apart():
+    def pair(x, y):
+        if x.shape[0] == y.shape[0]:
+            return x.sum() + y.sum()
+        return x.sum() - y.sum()
+
+    fast = agspeed.optimize(pair, backend="eager")
+    for a, b in [(2, 3), (4, 5), (6, 7), (3, 3), (5, 5), (8, 8), (7, 2)]:
+        x, y = torch.randn(a, 2), torch.randn(b, 2)
+        torch.testing.assert_close(fast(x, y), pair(x, y))
+    for a, b in [(9, 10), (10, 10), (11, 4), (12, 12)]:
+        x, y = torch.randn(a, 2), torch.randn(b, 2)
+        torch.testing.assert_close(fast(x, y), pair(x, y))
+    assert len(_captured("pair")) <= 6
+
+
 def test_recompile_and_guard_logs_name_the_dimension_and_why():
     fast = agspeed.optimize(scale_shift, backend="eager")
     w = torch.randn(8, 4)

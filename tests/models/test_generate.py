@@ -61,3 +61,24 @@ def test_greedy_generation_matches_eager_and_a_second_call_captures_nothing(make
         counts.append(_captures())
     assert counts[2] == counts[1], agspeed.recompiles()
     assert not [r for r in agspeed.recompiles() if r.count >= 8], agspeed.recompiles()
+
+
+def test_prompts_of_new_batch_sizes_and_lengths_stop_capturing_once_dynamic():
+    # an inference service: each call a new batch size and prompt length.  The batch and
+    # the length go dynamic, the graphs dynamic in both replace those dynamic in one, and
+    # later shapes capture nothing; the model's outer forward never reaches the
+    # recompile limit (after which its inner forward would be captured on its own)
+    agspeed.reset()
+    torch.manual_seed(0)
+    model = _llama().eval()
+    fast = agspeed.optimize(model, backend="eager")
+    settings = dict(max_new_tokens=6, do_sample=False, min_new_tokens=6)
+    counts = []
+    for b, n in [(2, 5), (2, 9), (3, 13), (1, 7), (4, 6), (2, 11), (5, 8), (3, 4), (6, 10)]:
+        ids = torch.randint(3, VOCAB, (b, n))
+        torch.testing.assert_close(fast.generate(ids, **settings),
+                                   model.generate(ids, **settings), rtol=0, atol=0)
+        counts.append(_captures())
+    assert counts[-1] == counts[-4], counts
+    (row,) = agspeed.recompiles()   # the outer forward's, none of the inner one's
+    assert row.function.startswith("wrapper") and row.evictions == 0, row
