@@ -42,7 +42,7 @@ from agspeed._sources import MISSING
 from agspeed._sources import _class_lookup as _class_attr
 from agspeed.protocol import Attr, Plan, Reason
 
-__all__ = ["ContextPolicy", "restoring_modes"]
+__all__ = ["ContextPolicy", "restoring_modes", "runtime_work"]
 
 _AUTOCAST_FIELDS = ("device_type", "dtype", "enabled", "cache_enabled")
 
@@ -314,6 +314,24 @@ class ContextPolicy:
             raise GraphBreak(Reason.BAD_CALL, f"{fn.__qualname__}(): {exc}") from exc
         bound.apply_defaults()
         return dict(bound.arguments)
+
+
+@contextlib.contextmanager
+def runtime_work() -> Iterator[None]:
+    """The runtime's own work in the program's thread (capturing, compiling, tuning): a
+    saved-tensors hook of the program's (activation checkpointing, offloading) does not
+    see the tensors it saves, since they are not the program's."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    set_tracing = getattr(getattr(getattr(torch, "_C", None), "_autograd", None),
+                          "_saved_tensors_hooks_set_tracing", None)
+    prior = set_tracing(True) if set_tracing is not None else None
+    try:
+        yield
+    finally:
+        if set_tracing is not None:
+            set_tracing(prior)
 
 
 def restoring_modes(gm: Any, compiled: Any) -> Any:

@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 
 from agspeed import _C, _roots, log
 from agspeed._compile import compiled_entry
+from agspeed._ctx import runtime_work
 from agspeed._policy import EntryPolicy, RecompileRecord, recompiles, widened
 from agspeed._policy import clear as _clear_policy
 from agspeed._resume import LOOP_ITEMS as _LOOP_PASSES
@@ -224,15 +225,9 @@ class Context:
         return f"<agspeed context backend={self.backend_name}{opts}>"
 
     def __call__(self, code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
-        # Capturing, compiling and tuning run operations that the program does not: a
-        # saved-tensors hook of the program's (activation checkpointing, offloading)
-        # must not see the tensors they save.
-        torch = sys.modules.get("torch")
-        set_tracing = getattr(getattr(getattr(torch, "_C", None), "_autograd", None),
-                              "_saved_tensors_hooks_set_tracing", None)
-        prior = set_tracing(True) if set_tracing is not None else None
         try:
-            return self._decide(code, f_locals, f_globals, f_builtins)
+            with runtime_work():   # capturing, compiling and tuning are not the program's
+                return self._decide(code, f_locals, f_globals, f_builtins)
         except GraphBreakError as exc:  # optimize(..., fullgraph=True) asked for it
             raise exc.with_traceback(None)  # the user's frames, not the runtime's
         except Exception:  # an agspeed bug must not change the user's program
@@ -241,9 +236,6 @@ class Context:
                 code.co_name, code.co_filename, code.co_firstlineno, exc_info=True,
             )
             return _C.CacheEntry(_SKIP)
-        finally:
-            if set_tracing is not None:
-                set_tracing(prior)
 
     def _decide(self, code: Any, f_locals: dict, f_globals: dict, f_builtins: dict) -> Any:
         if is_disable_wrapper(code):

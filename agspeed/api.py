@@ -20,6 +20,7 @@ _OPTIONS: dict[str, tuple] = {
     "disable": (bool,),         # return the object unchanged
     "tune_budget": (int, float),  # seconds the autotuner may spend per graph
     "candidates": (tuple, list),  # backends the autotuner tries (names)
+    "tune_after": (int,),       # the call of a graph on which the autotuner tunes it
 }
 
 
@@ -39,6 +40,9 @@ def _check_options(options: dict[str, Any]) -> dict[str, Any]:
     if "tune_budget" in options and not options["tune_budget"] > 0:
         raise ValueError(f"optimize() option 'tune_budget' must be a positive number of "
                          f"seconds, not {options['tune_budget']!r}")
+    if "tune_after" in options and not options["tune_after"] > 0:
+        raise ValueError(f"optimize() option 'tune_after' must be a positive number of "
+                         f"calls, not {options['tune_after']!r}")
     if "candidates" in options:
         from agspeed.backends import candidate_names
 
@@ -65,7 +69,8 @@ def optimize(obj: Any = None, backend: Any = "auto", **options: Any) -> Any:
     ``backend`` is a name from ``agspeed.backends.list_backends()`` or a callable
     ``(gm, example_inputs) -> callable``; ``AGSPEED_BACKEND`` overrides it.
     Options: ``fullgraph``, ``dynamic``, ``disable``; for ``backend="auto"``:
-    ``tune_budget`` (seconds per graph) and ``candidates`` (backend names to try).
+    ``tune_budget`` (seconds per graph), ``candidates`` (backend names to try) and
+    ``tune_after`` (the call of a graph on which it is tuned).
     With ``fullgraph=True`` a frame whose capture stops at a graph break does not run
     eager: the call raises ``agspeed.GraphBreakError``, saying where and why, and so does
     every later call that breaks.

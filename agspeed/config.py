@@ -217,6 +217,11 @@ KNOBS: dict[str, Knob] = {
              (int, float), _check_seconds,
              "seconds the autotuner may spend on one graph; a candidate whose compile "
              "raises or runs past it is skipped and logged"),
+        Knob("tune_after", "AGSPEED_TUNE_AFTER", lambda: 2, _parse_positive_int,
+             (int,), _check_positive_int,
+             "the call of a graph on which the autotuner tunes it (the calls before run "
+             "it as captured): 2 leaves a graph called once uncompiled; 1 tunes on the "
+             "call that captured it"),
         Knob("retune", "AGSPEED_RETUNE", lambda: False, _parse_bool, (bool,), _same,
              "tune every graph again, ignoring (and then overwriting) the knowledge "
              "base's choices"),

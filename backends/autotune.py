@@ -1,7 +1,8 @@
 """The autotuner: the backend ``"auto"``, which picks the fastest correct backend per graph.
 
-For each new graph it is handed (with the graph's real inputs, on the call that captured
-it), the autotuner:
+A graph it is handed runs as captured until its ``tune_after``-th call (``_Deferred``;
+the second by default, so a graph called once is never compiled).  On that call, with
+that call's real inputs, the autotuner:
 
 1. looks the graph up in the knowledge base (``knowledge.py``); a graph tuned before, in
    this process or an earlier one, is compiled with the remembered backend only, and
@@ -35,7 +36,7 @@ it), the autotuner:
 Tuning never changes what the program computes.  Every run starts from the state eager
 started from (``_measure.State``: mutated inputs and random generators put back), no
 gradient is accumulated into ``.grad`` (``torch.autograd.grad``), and the state is put
-back once more at the end, so the call that triggered the capture then runs the chosen
+back once more at the end, so the call that triggered the tuning then runs the chosen
 backend exactly once, as if nothing had been tried.  A compile runs in a worker thread
 that carries the caller's grad mode and autocast state; one that exceeds the budget is
 abandoned there.  While tuning takes more than a second, a progress bar (tqdm, on stderr,
@@ -460,12 +461,79 @@ def _tune(t: _Tuning, done: dict) -> tuple[str, dict, list]:
 
 
 def tune(gm: Any, inputs: list, options: dict | None = None) -> Callable[..., Any]:
-    """The autotuner's answer for one graph: the chosen backend's compiled callable."""
+    """The autotuner's answer for one graph: the chosen backend's compiled callable, or,
+    where the graph is to be tuned on a later call (``tune_after``), a callable that
+    runs it as captured until then."""
     from agspeed import config
+    from agspeed.backends import _confirm
 
     options = options or {}
     if _names(options, graph_devices(inputs)) == ["eager"]:
         return gm.forward  # nothing to choose between
+    after = int(options.get("tune_after") or config.tune_after)
+    if after > 1 and not _confirm.distributed():
+        return _Deferred(gm, options, after)
+    return _tune_now(gm, inputs, options)
+
+
+class _Deferred:
+    """A graph before its ``after``-th call: it runs as captured (its own forward), and
+    that call tunes it on its own inputs, in the program's thread as a capture would
+    (``_tune_now``), then runs the answer; from then on the answer runs.  A graph called
+    once (a first call's one-off graphs, a batch shape seen once) is never compiled.
+
+    Calls that come while another thread tunes run as captured.  A failure to tune
+    leaves the graph as captured, with a warning, unless it is the program's own error
+    on these inputs (the graph raises as captured too): that is raised as eager raises
+    it, and the next call tunes."""
+
+    __slots__ = ("fn", "gm", "options", "left", "lock")
+
+    def __init__(self, gm: Any, options: dict, after: int) -> None:
+        self.fn, self.gm, self.options = gm.forward, gm, options
+        self.left = after
+        self.lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> Any:
+        self.left -= 1
+        if self.left > 0 or not self.lock.acquire(blocking=False):
+            return self.fn(*args)
+        try:
+            if self.gm is None:   # tuned by another thread meanwhile
+                return self.fn(*args)
+            from agspeed._ctx import runtime_work
+
+            with runtime_work():
+                try:
+                    fn = _tune_now(self.gm, list(args), self.options)
+                except Exception as exc:  # noqa: BLE001 - the program must not stop
+                    if _raises_eagerly(self.gm, list(args)):
+                        self.left = 1
+                        return self.fn(*args)
+                    _warn.warning("agspeed: %s: tuning failed (%s: %s); its graph runs "
+                                  "eagerly", self.gm.meta.get("agspeed_where", "graph"),
+                                  type(exc).__name__, exc)
+                    fn = self.gm.forward
+            self.fn, self.gm, self.options = fn, None, None
+            self.__class__ = _Tuned
+        finally:
+            self.lock.release()
+        return self.fn(*args)
+
+
+class _Tuned(_Deferred):
+    """A ``_Deferred`` after its tuning: its answer, at the cost of one call."""
+
+    __slots__ = ()
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+def _tune_now(gm: Any, inputs: list, options: dict) -> Callable[..., Any]:
+    """The chosen backend's compiled callable for ``gm``, on ``inputs``."""
+    from agspeed import config
+
     t = _Tuning(gm, inputs, options)
     rec = None if config.retune else knowledge.load(t.key, t.env)
     if rec is not None and rec.get("choice"):

@@ -105,7 +105,8 @@ _CANDIDATES = {"t_fast": _one_mul, "t_wrong": _one_mul_off, "t_slow": _slowed,
 def candidates(tmp_path):
     for name, fn in _CANDIDATES.items():
         agspeed.register_backend(name, fn, override=True)
-    with agspeed.config.override(cache_dir=str(tmp_path / "kb"), progress=False):
+    with agspeed.config.override(cache_dir=str(tmp_path / "kb"), progress=False,
+                                 tune_after=1):   # tuned on the capturing call
         yield
     for name in _CANDIDATES:
         backends._registered.pop(name, None)

@@ -71,7 +71,8 @@ def kb(tmp_path):
     agspeed.register_backend("c_late", _slow_in_the_loop, override=True)
     agspeed.register_backend("c_early", _slow_while_tuned, override=True)
     _LOOP.update(slow=False, tuning=False)
-    with agspeed.config.override(cache_dir=str(tmp_path / "kb"), progress=False):
+    with agspeed.config.override(cache_dir=str(tmp_path / "kb"), progress=False,
+                                 tune_after=1):   # tuned on the capturing call
         yield
     _LOOP.update(slow=False, tuning=False)
     for name in ("c_fast", "c_late", "c_early"):
