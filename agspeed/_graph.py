@@ -66,6 +66,8 @@ from agspeed._identity import Identities
 from agspeed._numpy import NumpyCall, NumpyPolicy
 from agspeed._objects import Objects, bare_dict_subclass, is_structseq_type
 from agspeed._sources import is_namedtuple_type, name_of
+from agspeed._tensor_scalars import NOT_HANDLED
+from agspeed._tensor_scalars import rewrite as rewrite_scalar_tensor
 from agspeed.protocol import Reason, check_builder
 
 __all__ = ["GraphBreak", "GraphBuilder", "SymShape"]
@@ -369,6 +371,9 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
                 else:
                     out = target(*fake_args, **fake_kwargs)
         except self._data_dependent as exc:
+            done = rewrite_scalar_tensor(self, kind, target, args, kwargs)
+            if done is not NOT_HANDLED:   # a 0-dim tensor where a number is taken
+                return done
             raise GraphBreak(Reason.DATA_DEPENDENT,
                              f"{_target_name(kind, target)} ({type(exc).__name__})") from exc
         except GraphBreak:
