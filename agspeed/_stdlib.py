@@ -205,13 +205,39 @@ class StdlibFolds:
         return None
 
     def _plan_partial(self, fn: functools.partial, source: Any) -> tuple:
-        args, keywords = fn.args, dict(fn.keywords)
-        if source is not None and not all(
-                self._is_static(a) for a in (*args, *keywords.values())):
-            # a partial of the program holding tensors would need a source per argument
-            raise GraphBreak(Reason.UNSUPPORTED_VALUE,
-                             "a functools.partial of the program that holds tensors")
-        return (Plan.PARTIAL, fn.func, args, keywords)
+        """``(PARTIAL, func, args, keywords, func's source)``.  A partial of the program
+        (one with a source) is read part by part, each guarded: its function by
+        identity, its bound arguments by value, a tensor among them as a graph input
+        (so another partial of the same function does not run this one's graph, and the
+        tensors it holds are read on every call)."""
+        if source is None:   # made in the frame: its parts are the capture's own values
+            return (Plan.PARTIAL, fn.func, fn.args, dict(fn.keywords), None)
+        func = ("attr", source, "func")
+        self.assumptions.append((func, fn.func))  # type: ignore[attr-defined]
+        args = tuple(self._partial_part(("attr", source, "args"), fn.args, range(len(fn.args))))
+        keywords = dict(zip(fn.keywords, self._partial_part(
+            ("attr", source, "keywords"), fn.keywords, fn.keywords)))
+        return (Plan.PARTIAL, fn.func, args, keywords, func)
+
+    def _partial_part(self, source: Any, part: Any, keys: Any) -> list:
+        """The items of a partial's ``args`` tuple or ``keywords`` dict (``part``, reached
+        by ``source``) at ``keys``, guarded: its length, and each item by value, a tensor
+        as a graph input."""
+        assumptions = self.assumptions  # type: ignore[attr-defined]
+        assumptions.append((source, part))   # (a tuple or dict: its type and length)
+        out = []
+        for k in keys:
+            value, item = part[k], ("item", source, k)
+            if isinstance(value, self._torch.Tensor):  # type: ignore[attr-defined]
+                out.append(self.input(item, value))  # type: ignore[attr-defined]
+            elif self._is_static(value):  # type: ignore[attr-defined]
+                assumptions.append((item, value))
+                out.append(value)
+            else:
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE,
+                                 f"a functools.partial of the program holding a "
+                                 f"{type(value).__name__}")
+        return out
 
     def pure_method(self, obj: Any, name: str) -> tuple | None:
         """``(Attr.METHOD, descriptor, obj)`` for a pure method of a plain value or a folded

@@ -258,8 +258,9 @@ call_reduce(ags_interp *it, ags_frame *f, ags_value *args, int nargs,
     return rc;
 }
 
-/* A call through functools.partial: plan (PARTIAL, func, args, keywords)
- * with graph arguments; the call's own keywords win over the partial's. */
+/* A call through functools.partial: plan (PARTIAL, func, args, keywords,
+ * func's source or None) with graph arguments; the call's own keywords win
+ * over the partial's. */
 static int
 call_partial(ags_interp *it, ags_frame *f, PyObject *plan, ags_value *args,
              int nargs, PyObject *kwnames, ags_value *result)
@@ -318,6 +319,10 @@ call_partial(ags_interp *it, ags_frame *f, PyObject *plan, ags_value *args,
             rc = AGS_ERROR;
         }
         else {
+            PyObject *src = PyTuple_GET_ITEM(plan, 4);
+            if (fn.source == NULL && src != Py_None) {
+                fn.source = Py_NewRef(src);   /* read through the partial */
+            }
             rc = ags_call_value(it, f, &fn, NULL, all, total,
                                 PyTuple_GET_SIZE(kwtuple) ? kwtuple : NULL,
                                 result);
@@ -341,7 +346,7 @@ ags_call_iter_plan(ags_interp *it, ags_frame *f, int kind, PyObject *plan,
                    ags_value *result)
 {
     if (kind == AGS_PLAN_PARTIAL) {
-        if (PyTuple_GET_SIZE(plan) != 4 || !PyTuple_Check(PyTuple_GET_ITEM(
+        if (PyTuple_GET_SIZE(plan) != 5 || !PyTuple_Check(PyTuple_GET_ITEM(
                                                plan, 2))
             || !PyDict_Check(PyTuple_GET_ITEM(plan, 3))) {
             PyErr_SetString(PyExc_TypeError, "plan_call: bad PARTIAL plan");

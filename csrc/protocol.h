@@ -185,8 +185,9 @@
            "(interp_iter.c)") \
     X(FILTER, "(FILTER,): filter(fn or None, iterable)") \
     X(REDUCE, "(REDUCE,): functools.reduce(fn, iterable[, initial])") \
-    X(PARTIAL, "(PARTIAL, func, args, keywords): a call through a " \
-               "functools.partial, its arguments graph arguments") \
+    X(PARTIAL, "(PARTIAL, func, args, keywords, func's source or None): " \
+               "a call through a functools.partial, its arguments graph " \
+               "arguments") \
     X(NEW, "(NEW, cls, __init__ or None, its source or None): an instance " \
            "made by new_object, its __init__ inlined on it")
 

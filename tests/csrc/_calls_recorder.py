@@ -20,7 +20,7 @@ class CallsRecorder(Recorder):
         if fn is functools.reduce:
             return (Plan.REDUCE,)
         if type(fn) is functools.partial:
-            return (Plan.PARTIAL, fn.func, fn.args, dict(fn.keywords))
+            return (Plan.PARTIAL, fn.func, fn.args, dict(fn.keywords), None)
         if fn is functools.partial:
             return (Plan.FOLD, fn)
         return super().plan_call(fn, source)
