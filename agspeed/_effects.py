@@ -94,6 +94,13 @@ class _Slot(NamedTuple):
     index: int
 
 
+class _Input(NamedTuple):
+    """In an effect's template, as a dict key: the graph input that goes here (the
+    program's own tensor, the same object)."""
+
+    index: int
+
+
 def _logging_calls() -> frozenset:
     """The logging functions whose calls are replayed rather than traced."""
     names = ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal",
@@ -327,12 +334,21 @@ class SideEffects:
             made = set(obj)
             first = frozenset(obj)
         else:
+            tensor = self._torch.Tensor  # type: ignore[attr-defined]
             for key in obj:
-                if type(key) not in (str, int, bool, type(None)):
+                if type(key) not in (str, int, bool, type(None)) and \
+                        not isinstance(key, tensor):
                     raise GraphBreak(Reason.SIDE_EFFECT,
                                      f"changing a dict of the program keyed by "
                                      f"{type(key).__name__}")
-            items = [(k, self._shadow_item(source, k, v)) for k, v in obj.items()]
+            # a tensor key (hashed by identity) is a graph input read at its place
+            # among the keys, its value at the same place among the values: the
+            # shadow is keyed by its node, and the entry writes the tensor back
+            items = [(self.input(("item", ("keys", source), k), key),  # type: ignore
+                      self._shadow_value(("item", ("values", source), k), value))
+                     if isinstance(key, tensor) else
+                     (key, self._shadow_value(("item", source, key), value))
+                     for k, (key, value) in enumerate(obj.items())]
             if type(obj) is collections.defaultdict:
                 if obj.default_factory not in _FACTORIES:
                     raise GraphBreak(Reason.SIDE_EFFECT,
@@ -348,6 +364,20 @@ class SideEffects:
         self._shadow_for[id(obj)] = (obj, made)
         self._effects.append((_CONTENTS, source, obj, made))
         return made
+
+    def dict_key(self, container: Any, node: Any) -> None:
+        """Store under the tensor ``node`` as a key of ``container``: taken for a shadow
+        of a dict of the program and a tensor the graph is given (the entry writes the
+        very tensor back, hashed by identity as in eager); a tensor the graph computes,
+        a size, or a dict the capture built (which leaves it keyed by a node) breaks."""
+        if not self.is_shadow(container):
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, "a tensor key of a dict the capture "
+                                                       "built")
+        if node.op != "placeholder" or "source" not in node.meta or \
+                not isinstance(node.meta.get("example_value"),
+                               self._torch.Tensor):  # type: ignore[attr-defined]
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, "a dict key that is a tensor the "
+                                                       "graph computes")
 
     def tail(self, obj: Any, source: Any) -> list:
         """An empty list standing for what the frame appends to ``obj`` (an exact list
@@ -377,7 +407,12 @@ class SideEffects:
         return made
 
     def _shadow_item(self, source: Any, key: Any, value: Any) -> Any:
-        item = ("item", source, key)
+        return self._shadow_value(("item", source, key), value)
+
+    def _shadow_value(self, item: Any, value: Any) -> Any:
+        """The shadow's item for ``value``, reached by ``item``: a tensor as a graph
+        input, a container this capture shadows already as its shadow, anything else
+        guarded."""
         if isinstance(value, self._torch.Tensor):  # type: ignore[attr-defined]
             return self.input(item, value)  # type: ignore[attr-defined]
         if type(value) in _SHADOWED:
@@ -590,11 +625,20 @@ class SideEffects:
         if type(value) in (tuple, list):
             return type(value)(self._template(v) for v in value)
         if type(value) in _DICTS:
-            return type(value)({k: self._template(v) for k, v in value.items()}) \
-                if type(value) is not collections.defaultdict else \
-                collections.defaultdict(value.default_factory,
-                                        {k: self._template(v) for k, v in value.items()})
+            items = {self._key_template(k): self._template(v) for k, v in value.items()}
+            return type(value)(items) if type(value) is not collections.defaultdict else \
+                collections.defaultdict(value.default_factory, items)
         return value
+
+    def _key_template(self, key: Any) -> Any:
+        """A dict key in a template: a graph input's node (``dict_key``) as its place
+        among the graph's inputs, anything else as it is."""
+        if not isinstance(key, self.node_type):  # type: ignore[attr-defined]
+            return key
+        for k, (node, _) in enumerate(self._inputs.values()):  # type: ignore[attr-defined]
+            if node is key:
+                return _Input(k)
+        raise AssertionError("a dict key node that is no graph input")
 
     # -- what may be written ----------------------------------------------------------
 
@@ -643,17 +687,19 @@ def _has_slot(template: Any) -> bool:
     if type(template) in (tuple, list):
         return any(_has_slot(v) for v in template)
     if type(template) is dict:
-        return any(_has_slot(v) for v in template.values())
+        return any(type(k) is _Input for k in template) or \
+            any(_has_slot(v) for v in template.values())
     return False
 
 
-def _fill(template: Any, outputs: tuple) -> Any:
+def _fill(template: Any, outputs: tuple, inputs: tuple = ()) -> Any:
     if type(template) is _Slot:
         return outputs[template.index]
     if type(template) in (tuple, list):
-        return type(template)(_fill(v, outputs) for v in template)
+        return type(template)(_fill(v, outputs, inputs) for v in template)
     if type(template) is dict:
-        return {k: _fill(v, outputs) for k, v in template.items()}
+        return {inputs[k.index] if type(k) is _Input else k: _fill(v, outputs, inputs)
+                for k, v in template.items()}
     return template
 
 
@@ -719,7 +765,7 @@ def replay(plan: tuple, n_inputs: int, compiled: Callable) -> Callable:
             elif kind == _RAW_SET:
                 object.__setattr__(owners[target], a, _fill(b, outputs) if slots else b)
             elif kind == _CONTENTS:
-                _write_back(owners[target], _fill(b, outputs) if slots else b)
+                _write_back(owners[target], _fill(b, outputs, inputs) if slots else b)
             elif kind == _TAIL:
                 owners[target].extend(_fill(b, outputs) if slots else b)
             elif kind == _RESULT:

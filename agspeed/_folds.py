@@ -82,6 +82,13 @@ def _python_protocol(value: Any, module_type: type) -> bool:
     return any(type(_class_lookup(kind, name)) is types.FunctionType for name in _PROTOCOL)
 
 
+def _tensor_keyed(builder: Any, d: dict) -> bool:
+    """Whether ``d`` is keyed by real tensors (a dict of the program), not by the
+    capture's nodes."""
+    return any(isinstance(k, builder._torch.Tensor) for k in d) or \
+        builder.known.get(id(d), (None,))[0] is d
+
+
 class Folds(StdlibFolds):
     """The part of ``GraphBuilder`` that evaluates known values (the standard library's
     iterators, itertools, functools and container methods in ``_stdlib``)."""
@@ -362,6 +369,16 @@ class Folds(StdlibFolds):
             if type(index) is slice:
                 index = slice(*(self._specialize(v) for v in (index.start, index.stop,
                                                               index.step)))
+        if isinstance(index, self.node_type) and isinstance(container, dict) and \
+                index.meta.get("constant") is None:
+            # a tensor as a key: the capture's own dict is keyed by nodes; one of the
+            # program's (reached by ``source``) by the tensors themselves
+            if source is not None or _tensor_keyed(self, container):
+                return self._tensor_key_get("__getitem__", (container, index), {}, 2,
+                                            source), None
+            if index not in container:
+                raise GraphBreak(Reason.OP_FAILED, "dict[tensor] raised KeyError")
+            return container[index], None
         if isinstance(index, self.node_type):
             known = index.meta.get("constant")   # torch.as_tensor(2): known at capture
             if known is None or known.dim() != 0 or known.is_floating_point() or \
@@ -486,6 +503,13 @@ class Folds(StdlibFolds):
                 isinstance(a, self.node_type):
             # a tensor hashes by identity: membership in a set of nodes is identity
             return (a in b) is (op is Compare.IN)
+        if nodes and op in (Compare.IN, Compare.NOT_IN) and isinstance(a, self.node_type) \
+                and isinstance(b, dict):
+            # a tensor as a dict key: the capture's own dict is keyed by nodes; one of
+            # the program's by the tensors themselves (``_tensor_key_get``)
+            found = self._tensor_key_get("__contains__", (b, a), {}, 2) \
+                if _tensor_keyed(self, b) else a in b
+            return found is (op is Compare.IN)
         if nodes:
             raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"`{op.op}` with a tensor")
         if op in (Compare.IN, Compare.NOT_IN) and isinstance(b, self._torch.nn.ModuleDict) \

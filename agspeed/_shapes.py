@@ -125,7 +125,7 @@ def is_data_source(source: tuple, f_locals: dict) -> bool:
 def from_locals(source: tuple) -> bool:
     """Whether ``source`` reaches its value from a local through attributes and items
     (``n``, ``self.steps``, ``batch["pos"]``): the plain ints that may become symbols."""
-    while source[0] in ("attr", "item"):
+    while source[0] in ("attr", "item", "values"):   # (a dict's values, by place)
         source = source[1]
     return source[0] == "local"
 

@@ -14,6 +14,7 @@ The interpreter (csrc/interp*.c) gives every value it loads a *source*, a nested
 * ``("cvar", base)``: the value of a ``contextvars.ContextVar`` (``var.get()``);
 * ``("numpy", base)``: the tensor sharing the memory of the NumPy array ``base``;
 * ``("keys", base)``: the keys of the dict ``base`` as a tuple, in their order;
+* ``("values", base)``: its values as a tuple, in the same order;
 * ``("storage", base)``: the size in bytes of the storage under the tensor ``base``;
 * ``("state", base)``: a snapshot of the plain data ``base`` holds, deeply
   (``agspeed._copies.plain_state``: what a folded ``copy.deepcopy`` of it read).
@@ -309,6 +310,10 @@ def resolve_step(kind: str, base: Any, key: Any) -> Any:
         if type(base) is collections.OrderedDict:   # its own order (move_to_end)
             return tuple(base)
         return tuple(dict.keys(base)) if isinstance(base, dict) else MISSING
+    if kind == "values":   # in the order of "keys"
+        if type(base) is collections.OrderedDict:
+            return tuple(collections.OrderedDict.values(base))
+        return tuple(dict.values(base)) if isinstance(base, dict) else MISSING
     if kind == "storage":
         return storage_bytes(base)
     if kind == "state":
@@ -376,7 +381,8 @@ def describe(source: tuple) -> str:
 
 # how the sources of one base and no key read, as Python
 _DESCRIBED = {"fget": "{}.fget", "cvar": "{}.get()", "numpy": "torch.from_numpy({})",
-              "keys": "tuple({})", "storage": "{}.untyped_storage().nbytes()",
+              "keys": "tuple({})", "values": "tuple({}.values())",
+              "storage": "{}.untyped_storage().nbytes()",
               "type": "type({})", "state": "copy.deepcopy({})"}
 
 

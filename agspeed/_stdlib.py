@@ -426,8 +426,8 @@ class StdlibFolds:
         most = 3 if name == "get" else 2
         if len(args) > 1 and holds_node(args[1], self.node_type):
             # the node stands for a tensor of this call, which the dict may hold as a
-            # key: a lookup by the node would miss it
-            raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"dict.{name}() of a tensor key")
+            # key: looked up by the tensor itself
+            return self._tensor_key_get(name, args, kwargs, most)
         if kwargs or not 2 <= len(args) <= most or not (
                 self._is_static(args[1]) or _identity_key(args[1])):
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"dict.{name}() with these arguments")
@@ -450,6 +450,43 @@ class StdlibFolds:
             return self.input(src, value)
         self.assumptions.append((src, value))
         self.known.setdefault(id(value), (value, src))
+        return value
+
+    def _tensor_key_get(self, name: str, args: tuple, kwargs: dict, most: int,
+                        source: Any = None) -> Any:
+        """``d.get(t, default)``, ``d[t]``, ``t in d`` on a dict of the program, for ``t``
+        a tensor the graph is given (a parameter, an argument): looked up by the tensor
+        itself (hashed by identity).  Found at place ``k`` among the keys, the key there
+        is guarded to be that tensor and the value there is read; absent from a dict with
+        no tensor key, its keys are guarded equal; otherwise a break."""
+        d, key = args[0], args[1]
+        real = None
+        if isinstance(key, self.node_type) and key.op == "placeholder" and \
+                isinstance(key.meta.get("example_value"), self._torch.Tensor):
+            real = self._inputs.get(key.meta.get("source"), (None, None))[1]
+        known = self.known.get(id(d), (None, None))
+        src = source if source is not None else known[1] if known[0] is d else None
+        if real is None or kwargs or not 2 <= len(args) <= most or src is None or \
+                type(d) not in (dict, collections.OrderedDict, collections.defaultdict):
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"dict.{name}() of a tensor key")
+        keys = tuple(d)
+        at = next((k for k, each in enumerate(keys) if each is real), None)
+        if at is None:
+            if any(isinstance(k, self._torch.Tensor) for k in keys):
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"dict.{name}() of a tensor key "
+                                 f"absent from a dict keyed by other tensors")
+            self.assumptions.append((("keys", src), keys))
+            if name == "__getitem__":
+                raise GraphBreak(Reason.OP_FAILED, "dict[tensor] raised KeyError")
+            return False if name == "__contains__" else args[2] if len(args) == 3 else None
+        self.input(("item", ("keys", src), at), real)   # the same node: guarded the same
+        if name == "__contains__":
+            return True
+        value, item = dict.__getitem__(d, real), ("item", ("values", src), at)
+        if isinstance(value, self._torch.Tensor):
+            return self.input(item, value)
+        self.assumptions.append((item, value))
+        self.known.setdefault(id(value), (value, item))
         return value
 
     def _holds_nodes(self, value: Any) -> bool:

@@ -204,9 +204,18 @@ store_subscript(ags_interp *it, ags_value *container, ags_value *index,
             return rc;
         }
     }
-    if (container->kind == AGS_VK_DICT
-        && (index->kind == AGS_VK_TENSOR || index->kind == AGS_VK_TUPLE)) {
-        /* keyed by a node, the dict would hold no tensor once it leaves the
+    if (container->kind == AGS_VK_DICT && index->kind == AGS_VK_TENSOR) {
+        /* keyed by a node: only where the entry writes the tensor itself
+         * back (a dict of the program keyed by one of its tensors) */
+        PyObject *ok = ags_call_builder(it, AGS_BOP_DICT_KEY, "(OO)",
+                                        container->obj, index->obj);
+        if (ok == NULL) {
+            return ags_take_break(it);
+        }
+        Py_DECREF(ok);
+    }
+    else if (container->kind == AGS_VK_DICT && index->kind == AGS_VK_TUPLE) {
+        /* keyed by nodes, the dict would hold no tensor once it leaves the
          * capture (as BUILD_MAP, interp_data.c) */
         return ags_stopf(it, AGS_REASON_UNSUPPORTED_VALUE,
                          "a dict key that is a %s", AGS_DESCRIBE(index));

@@ -138,6 +138,9 @@
               "contents are written back after the graph; for a list " \
               "with a tail, that tail with the list's items put in " \
               "front") \
+    X(DICT_KEY, "dict_key(dict, node) -> None: a tensor stored as a key of " \
+                "dict (a shadow), taken where the entry can write that " \
+                "very tensor back (a graph input), else a GraphBreak") \
     X(TAIL, "tail(obj, source) -> list: a new empty list standing for " \
             "what the frame appends to the list of the program obj; " \
             "extended onto it after the graph") \
@@ -239,6 +242,8 @@
              "an array torch can share") \
     X(KEYS, "(keys, base): the keys of the dict base as a tuple, in order, " \
             "or missing when base is not a dict") \
+    X(VALUES, "(values, base): the values of the dict base as a tuple, in " \
+              "order, or missing when base is not a dict") \
     X(STORAGE, "(storage, base): the size in bytes of the storage under " \
                "the tensor base, or missing when base is not a tensor") \
     X(STATE, "(state, base): a snapshot of the plain data base holds, " \

@@ -16,6 +16,7 @@
  *   CVAR    the value of a ContextVar (the Python step)
  *   NUMPY   the tensor sharing a NumPy array's memory (the Python step)
  *   KEYS    a dict's keys as a tuple, in order (the Python step)
+ *   VALUES  a dict's values as a tuple, in order (the Python step)
  *   STORAGE the size in bytes of a tensor's storage (the Python step)
  *   STATE   a snapshot of the plain data an object holds (the Python step)
  *
@@ -461,7 +462,7 @@ depends_TYPE(const g_values *t, Py_ssize_t i, PyObject *base)
     return VIA_CLASS_OR_DICT;
 }
 
-/* FGET, CVAR, NUMPY, KEYS, STORAGE, STATE: the Python step answers, from the
+/* FGET, CVAR, NUMPY, KEYS, VALUES, STORAGE, STATE: the Python step answers, from the
  * parent's value. */
 
 #define PYTHON_STEP_LOAD(NAME)                          \
@@ -492,6 +493,9 @@ PYTHON_STEP_LOAD(NUMPY)
 PYTHON_STEP_LOAD(KEYS)
 /* A new tuple on every read, of a dict the memo does not watch. */
 #define depends_KEYS depends_nothing
+
+PYTHON_STEP_LOAD(VALUES)
+#define depends_VALUES depends_nothing
 
 PYTHON_STEP_LOAD(STORAGE)
 /* A tensor's storage can be resized in place: read on every call. */

@@ -127,6 +127,7 @@ SOURCES = [
     ("cvar", ("local", "plain")),
     ("numpy", ("local", "plain")), ("numpy", ("local", "lst")),
     ("keys", ("local", "plain")), ("storage", ("local", "plain")),
+    ("values", ("local", "plain")),
     ("state", ("attr", ("local", "plain"), "x")), ("state", ("local", "sup")),
 ]
 
