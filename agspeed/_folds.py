@@ -377,7 +377,10 @@ class Folds(StdlibFolds):
                 return self._tensor_key_get("__getitem__", (container, index), {}, 2,
                                             source), None
             if index not in container:
-                raise GraphBreak(Reason.OP_FAILED, "dict[tensor] raised KeyError")
+                if type(container) is not collections.defaultdict:
+                    raise GraphBreak(Reason.OP_FAILED, "dict[tensor] raised KeyError")
+                if self.is_shadow(container):   # the factory's value joins it: a key
+                    self.dict_key(container, index)   # the entry can write back
             return container[index], None
         if isinstance(index, self.node_type):
             known = index.meta.get("constant")   # torch.as_tensor(2): known at capture

@@ -472,9 +472,10 @@ class StdlibFolds:
         keys = tuple(d)
         at = next((k for k, each in enumerate(keys) if each is real), None)
         if at is None:
-            if any(isinstance(k, self._torch.Tensor) for k in keys):
+            if not self._is_static(keys):
+                # (its keys guarded equal only where they are plain values)
                 raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"dict.{name}() of a tensor key "
-                                 f"absent from a dict keyed by other tensors")
+                                 f"absent from a dict keyed by other objects")
             self.assumptions.append((("keys", src), keys))
             if name == "__getitem__":
                 raise GraphBreak(Reason.OP_FAILED, "dict[tensor] raised KeyError")

@@ -140,3 +140,32 @@ def test_the_entry_keeps_neither_the_dict_nor_its_keys_alive():
     del d, k
     gc.collect()
     assert gone() is None
+
+
+def test_a_computed_key_read_from_a_defaultdict_of_the_program_breaks_cleanly():
+    def read(dd, k, x):
+        dd["seen"] = 1            # the capture's copy of the dict, from here on
+        dd[x * 2].append(1)       # a missing key the factory fills: a computed tensor
+        return k in dd
+
+    dd = collections.defaultdict(list)
+    k = torch.ones(1)
+    x = torch.randn(1)
+    assert agspeed.optimize(read, backend="eager")(dd, k, x) is False
+    assert len(dd) == 2 and dd["seen"] == 1
+    assert [v for key, v in dd.items() if key != "seen"] == [[1]]
+
+
+def test_an_absent_tensor_key_of_a_dict_keyed_by_objects_is_not_assumed_absent():
+    class Tag:
+        pass
+
+    def has(d, k, x):
+        return x + 1 if k in d else x - 1
+
+    fast = agspeed.optimize(has, backend="eager")
+    k, x = torch.ones(1), torch.zeros(1)
+    d = {Tag: 1}
+    torch.testing.assert_close(fast(d, k, x), has(d, k, x))
+    d = {k: 1}   # the same length, the tensor now a key
+    torch.testing.assert_close(fast(d, k, x), has(d, k, x))
