@@ -164,15 +164,62 @@ enum { check_TENSOR_signed = 1 };
 
 /* EQ ---------------------------------------------------------------- */
 
+/* Whether v has the types of the plain value b all the way down through
+ * tuples and lists: only then are they compared, so that an element of
+ * another type (a tensor that became a dict key, a user object) is never
+ * asked to compare itself. */
+static int
+same_types(PyObject *v, PyObject *b)
+{
+    Py_ssize_t n;
+
+    if (Py_TYPE(v) != Py_TYPE(b)) {
+        return 0;
+    }
+    if (PyTuple_CheckExact(v)) {
+        n = PyTuple_GET_SIZE(v);
+        if (n != PyTuple_GET_SIZE(b)) {
+            return 0;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (!same_types(PyTuple_GET_ITEM(v, i), PyTuple_GET_ITEM(b, i))) {
+                return 0;
+            }
+        }
+    }
+    else if (PyList_CheckExact(v)) {
+        n = PyList_GET_SIZE(v);
+        if (n != PyList_GET_SIZE(b)) {
+            return 0;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (!same_types(PyList_GET_ITEM(v, i), PyList_GET_ITEM(b, i))) {
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
 static inline int
 check_EQ_fast(G_FAST_ARGS)
 {
+    int eq;
+
     (void)p;
     (void)sv;
     /* plain types only (ints, strings, dtypes, tuples of them): their
      * equality runs no user code */
-    return v != G_MISSING && (PyObject *)Py_TYPE(v) == c->a
-           && PyObject_RichCompareBool(v, c->b, Py_EQ);
+    if (v == G_MISSING || (PyObject *)Py_TYPE(v) != c->a
+        || !same_types(v, c->b)) {
+        return 0;
+    }
+    eq = PyObject_RichCompareBool(v, c->b, Py_EQ);
+    if (eq < 0) {   /* not the plain value it was: the check fails */
+        PyErr_Clear();
+        return 0;
+    }
+    return eq;
 }
 
 /* 1 if v is or holds a list: a value that changes in place, without any

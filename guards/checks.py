@@ -183,10 +183,22 @@ class EqCheck(CheckKind):
         return expected
 
     def passes(self, expected, value, sym=None, bound=None) -> bool:
-        return type(value) is expected[0] and value == expected[1]
+        return type(value) is expected[0] and _same_types(value, expected[1]) and \
+            value == expected[1]
 
     def shown(self, expected, sym=None) -> str:
         return repr(expected[1])
+
+
+def _same_types(value: Any, plain: Any) -> bool:
+    """Whether ``value`` has the types of ``plain`` all the way down through tuples and
+    lists (as guards/check.c asks before comparing: no element of another type, a
+    tensor, is asked to compare itself)."""
+    if type(value) is not type(plain):
+        return False
+    if type(value) in (tuple, list):
+        return len(value) == len(plain) and all(map(_same_types, value, plain))
+    return True
 
 
 class LenCheck(CheckKind):

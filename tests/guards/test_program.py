@@ -155,6 +155,33 @@ def test_a_state_load_is_the_snapshot_resolve_makes(name):
     assert got[0] == type(OBJECTS[name]).__name__
 
 
+class _Loud:
+    """Compares as a tensor of several values would: by raising (and counts the asks)."""
+
+    asked = 0
+
+    def __eq__(self, other):
+        type(self).asked += 1
+        raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
+
+    __hash__ = object.__hash__
+
+
+@pytest.mark.parametrize("value,expected", [
+    ((_Loud(), 2), (1, 2)), ([1, _Loud()], [1, 2]), ((1, (2, _Loud())), (1, (2, 3))),
+    ((True, 2), (1, 2)),
+], ids=["tuple", "list", "nested", "bool-for-int"])
+def test_an_equality_check_never_asks_an_element_of_another_type(value, expected):
+    """A tuple (the keys of a dict) expected to hold plain values, now holding an object
+    of another type (a tensor key): the check fails, asks nothing of it, and leaves no
+    error behind (a raising comparison once passed the check with an error set)."""
+    _Loud.asked = 0
+    p = program([], [(("local", "v"), EQ, type(expected), expected)])
+    assert p({"v": value}, {}, {}) is False
+    assert _Loud.asked == 0
+    assert p({"v": expected}, {}, {}) is True
+
+
 def test_checks_pass_and_fail_like_their_kind():
     f_locals, f_globals, f_builtins = frame()
     plain = ("local", "plain")
