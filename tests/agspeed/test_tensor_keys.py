@@ -153,7 +153,7 @@ def test_a_computed_key_read_from_a_defaultdict_of_the_program_breaks_cleanly():
     x = torch.randn(1)
     assert agspeed.optimize(read, backend="eager")(dd, k, x) is False
     assert len(dd) == 2 and dd["seen"] == 1
-    assert [v for key, v in dd.items() if key != "seen"] == [[1]]
+    assert [v for key, v in dd.items() if not isinstance(key, str)] == [[1]]
 
 
 def test_an_absent_tensor_key_of_a_dict_keyed_by_objects_is_not_assumed_absent():
