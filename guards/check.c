@@ -172,30 +172,23 @@ static int
 same_types(PyObject *v, PyObject *b)
 {
     Py_ssize_t n;
+    PyObject **vs, **bs;
 
     if (Py_TYPE(v) != Py_TYPE(b)) {
         return 0;
     }
-    if (PyTuple_CheckExact(v)) {
-        n = PyTuple_GET_SIZE(v);
-        if (n != PyTuple_GET_SIZE(b)) {
-            return 0;
-        }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (!same_types(PyTuple_GET_ITEM(v, i), PyTuple_GET_ITEM(b, i))) {
-                return 0;
-            }
-        }
+    if (!PyTuple_CheckExact(v) && !PyList_CheckExact(v)) {
+        return 1;
     }
-    else if (PyList_CheckExact(v)) {
-        n = PyList_GET_SIZE(v);
-        if (n != PyList_GET_SIZE(b)) {
+    n = PySequence_Fast_GET_SIZE(v);
+    if (n != PySequence_Fast_GET_SIZE(b)) {
+        return 0;
+    }
+    vs = PySequence_Fast_ITEMS(v);
+    bs = PySequence_Fast_ITEMS(b);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!same_types(vs[i], bs[i])) {
             return 0;
-        }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (!same_types(PyList_GET_ITEM(v, i), PyList_GET_ITEM(b, i))) {
-                return 0;
-            }
         }
     }
     return 1;
