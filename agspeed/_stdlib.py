@@ -445,11 +445,15 @@ class StdlibFolds:
         if name == "__contains__":
             self.assumptions.append((src, dict.__getitem__(d, key)))
             return True
-        value = dict.__getitem__(d, key)
+        return self._dict_value(src, dict.__getitem__(d, key))
+
+    def _dict_value(self, item: Any, value: Any) -> Any:
+        """A value read from a dict of the program at source ``item``: a tensor as a
+        graph input, anything else guarded and known by that source."""
         if isinstance(value, self._torch.Tensor):
-            return self.input(src, value)
-        self.assumptions.append((src, value))
-        self.known.setdefault(id(value), (value, src))
+            return self.input(item, value)
+        self.assumptions.append((item, value))
+        self.known.setdefault(id(value), (value, item))
         return value
 
     def _tensor_key_get(self, name: str, args: tuple, kwargs: dict, most: int,
@@ -483,12 +487,7 @@ class StdlibFolds:
         self.input(("item", ("keys", src), at), real)   # the same node: guarded the same
         if name == "__contains__":
             return True
-        value, item = dict.__getitem__(d, real), ("item", ("values", src), at)
-        if isinstance(value, self._torch.Tensor):
-            return self.input(item, value)
-        self.assumptions.append((item, value))
-        self.known.setdefault(id(value), (value, item))
-        return value
+        return self._dict_value(("item", ("values", src), at), dict.__getitem__(d, real))
 
     def _holds_nodes(self, value: Any) -> bool:
         if type(value) in (tuple, list) or type(value) in _VIEWS:
