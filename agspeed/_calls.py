@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 import types
 from typing import Any
@@ -72,9 +73,20 @@ class FunctionApply:
         return self.cls.apply(*args, **kwargs)
 
 
+_OPTIM_DIR = f"{os.sep}torch{os.sep}optim{os.sep}"
+
+
 def _dynamo_init(fn: Any) -> Any:
-    """The ``nn.Module.__init__`` that torch._dynamo wraps ``fn`` around once it has run
-    (the wrapper also tags the module for torch._dynamo's own use), else None."""
+    """The function torch._dynamo wrapped ``fn`` around for its own use, else None: the
+    ``nn.Module.__init__`` it patches once it has run (tagging the module), and an
+    optimizer's ``_init_group``, which it disables for itself (it models that call in its
+    own way) once any torch.compile has run in the process."""
+    if type(fn) is types.FunctionType and "_torchdynamo_disable" in fn.__dict__:
+        orig = fn.__dict__.get("_torchdynamo_orig_callable")
+        if type(orig) is types.FunctionType and orig.__name__ == "_init_group" and \
+                _OPTIM_DIR in orig.__code__.co_filename:
+            return orig
+        return None
     if getattr(fn, "__module__", None) != "torch._dynamo.mutation_guard" or \
             getattr(fn, "__name__", None) != "patched_init" or not fn.__closure__:
         return None
@@ -192,9 +204,11 @@ class CallPolicy:
                              f"calling a {type(fn).__name__} that is not hashable") from None
         if fn in self.replayed_calls:  # type: ignore[attr-defined]
             return (Plan.GRAPH, fn)  # recorded by call_function, replayed after the graph
-        if fn is logging.getLogger or fn is torch._C._log_api_usage_once:
+        if fn is logging.getLogger or fn is torch._C._log_api_usage_once or \
+                fn is torch._C._group_tensors_by_device_and_dtype:
             # the same logger for the same name, made at most once; torch's usage log,
-            # once per process (nn.Module.__init__ calls it): both done at capture
+            # once per process (nn.Module.__init__ calls it): both done at capture; the
+            # foreach paths' grouping of tensors by device and dtype (_foreach_groups)
             return (Plan.FOLD, fn)
         if fn is super:
             return (Plan.SUPER,)

@@ -197,10 +197,14 @@ class Copies:
             out = self._shallow(value, atoms, made)
         for obj in made:
             self._own(obj)  # type: ignore[attr-defined]
-        inner = [c for c in containers if c is not out]   # the answer itself: by C
-        self.fresh_containers.extend(inner)
-        self._copied.extend(inner)
+        self.keep_fresh([c for c in containers if c is not out])  # the answer: by C
         return out
+
+    def keep_fresh(self, containers: list) -> None:
+        """Lists and dicts inside a fold's answer, which the interpreter owns once the
+        fold answers; held until the capture ends."""
+        self.fresh_containers.extend(containers)
+        self._copied.extend(containers)
 
     def _shallow(self, value: Any, atoms: tuple, made: list) -> Any:
         kind = type(value)

@@ -19,6 +19,9 @@ The interpreter meets a ``with`` at BEFORE_WITH (csrc/interp_exc.c) and asks the
 * ``torch.inference_mode(mode)`` records ``_enter_inference_mode`` / ``_exit_inference_mode``
   (the same pair eager runs) and runs the block's fake operations in that mode, grad off.
 * ``contextlib.nullcontext(value)`` enters to ``value`` and records nothing.
+* ``torch.autograd.profiler.record_function(name)`` (an optimizer's ``step`` opens one)
+  records nothing either, as under torch.compile: a profile of a graph shows the graph's
+  own call, not the ranges inside it.  ``as`` binds the manager, made and never entered.
 * Such a manager made before the call (``self.amp = torch.autocast(...)`` in
   ``__init__``) is modelled from the fields its ``__enter__`` reads, each guarded.
 * Any other manager is a Python object whose ``__enter__`` and ``__exit__`` are found on
@@ -135,7 +138,7 @@ class ContextPolicy:
         self._autocast_classes = {id(cls): device for cls, device in autocast.items()}
         self._ctx_classes = {id(cls): cls for cls in (
             grad.no_grad, grad.enable_grad, torch.set_grad_enabled, contextlib.nullcontext,
-            grad.inference_mode, *autocast)}
+            grad.inference_mode, torch.autograd.profiler.record_function, *autocast)}
 
     def _modelled(self, cls: Any) -> bool:
         return self._ctx_classes.get(id(cls)) is cls
@@ -173,6 +176,9 @@ class ContextPolicy:
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{name}() of a value the graph computes")
         if fn is contextlib.nullcontext:
             return _Ctx(self, name, result=self._bound(fn, args, kwargs)["enter_result"])
+        if fn is torch.autograd.profiler.record_function:
+            self._bound(fn, args, kwargs)
+            return _Ctx(self, name, result=fn(*args, **kwargs))
         if id(fn) in self._grad_classes:
             self._bound(fn, args, kwargs)
             return _Ctx(self, name, grad=self._grad_classes[id(fn)])
@@ -266,6 +272,8 @@ class ContextPolicy:
             return _Ctx(self, name, grad=self._grad_classes[id(cls)])
         if cls is contextlib.nullcontext:
             return _Ctx(self, name, result=fields["enter_result"])
+        if cls is self._torch.autograd.profiler.record_function:
+            return _Ctx(self, name, result=cm)
         if inference and type(fields["mode"]) is bool:
             return _Ctx(self, name, inference=fields["mode"])
         if id(cls) in self._autocast_classes:

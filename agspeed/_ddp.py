@@ -281,7 +281,7 @@ def _build(name: str, backend: Any, flat: Any, inputs: list, pieces: dict,
     split = _split.cut(flat, pieces)
     where = flat.meta.get("agspeed_where", "graph")
     total = _split.count(pieces)
-    state = _measure.State(inputs)
+    state = _measure.State(inputs, flat)
 
     class Compiling(torch.fx.Interpreter):
         def call_module(self, target: str, args: tuple, kwargs: dict) -> Any:

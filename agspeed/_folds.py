@@ -21,6 +21,7 @@ from typing import Any
 
 from agspeed import _C
 from agspeed._builder_types import GraphBreak, SymShape, concrete, describe_callable
+from agspeed._foreach_groups import group_by_device_and_dtype
 from agspeed._sources import (MISSING, _class_lookup, compared_by_identity, is_namedtuple_type,
                               static_attr)
 from agspeed._stdlib import _VIEWS, SAFE_ITERATORS, StdlibFolds
@@ -120,6 +121,8 @@ class Folds(StdlibFolds):
         if type(fn) is types.MethodType and type(fn.__func__) in (
                 types.MethodDescriptorType, types.ClassMethodDescriptorType):
             fn, args = fn.__func__, (fn.__self__, *args)
+        if fn is self._torch._C._group_tensors_by_device_and_dtype:
+            return group_by_device_and_dtype(self, args, kwargs)
         handled, out = self.stdlib_fold(fn, args, kwargs)
         if not handled:
             handled, out = self.numpy_fold(fn, args, kwargs)  # type: ignore[attr-defined]

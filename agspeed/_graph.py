@@ -65,10 +65,10 @@ from agspeed._folds import Folds
 from agspeed._identity import Identities
 from agspeed._numpy import NumpyCall, NumpyPolicy
 from agspeed._objects import Objects, bare_dict_subclass, is_structseq_type
-from agspeed._sources import is_namedtuple_type, name_of
+from agspeed._sources import is_namedtuple_type, name_of, static_attr
 from agspeed._tensor_scalars import NOT_HANDLED
 from agspeed._tensor_scalars import rewrite as rewrite_scalar_tensor
-from agspeed.protocol import Reason, check_builder
+from agspeed.protocol import Attr, Reason, check_builder
 
 __all__ = ["GraphBreak", "GraphBuilder", "SymShape"]
 
@@ -543,6 +543,8 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
             return getattr(fake, name)
         if name in _TENSOR_VIEWS:
             return self._record("call_function", getattr, (node, name), {})
+        if name == "grad":
+            return self._grad_of(node)
         if name == "__class__":   # the input's own class (guarded), else a plain Tensor
             return type(self._real_type_view(node))
         torch = self._torch
@@ -560,6 +562,22 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
             # node, and called through the interpreter's partial plan as Tensor.view(x, ...)
             return functools.partial(method, node)
         raise GraphBreak(Reason.UNSUPPORTED_ATTRIBUTE, f"Tensor.{name}")
+
+    def _grad_of(self, node: Any) -> Any:
+        """``p.grad`` of a tensor the frame was given (a parameter, an argument): the
+        gradient the program holds is an input of its own, reached from the tensor's
+        source, or None, guarded so. A computed tensor's gradient is the backward's."""
+        source = node.meta.get("source") if node.op == "placeholder" else None
+        if source is None or source[0] == "numpy":
+            raise GraphBreak(Reason.UNSUPPORTED_ATTRIBUTE, "Tensor.grad of a computed tensor")
+        how, grad = static_attr(self._real_type_view(node), "grad")
+        if how is not Attr.VALUE:
+            raise GraphBreak(Reason.UNSUPPORTED_ATTRIBUTE, f"Tensor.grad ({grad})")
+        source = ("attr", source, "grad")
+        if grad is None:
+            self.assumptions.append((source, None))
+            return None
+        return self.input(source, grad)
 
     def setitem(self, container: Any, index: Any, value: Any) -> None:
         """``container[index] = value`` on a tensor: recorded in the graph; on another

@@ -143,25 +143,35 @@ def _runtime_prefixes() -> tuple[str, ...]:
     return tuple(dict.fromkeys([own, *(f for f in found if f)]))
 
 
+def _captured_torch_prefixes() -> tuple[str, ...]:
+    """Parts of torch that are a training program's own work rather than the runtime's:
+    an optimizer's ``step`` run eager by a frame that broke at the call (as torch.compile
+    compiles it too)."""
+    torch = _package_dir("torch")   # (a submodule's spec would import torch)
+    return (os.path.join(torch, "optim") + os.sep,) if torch else ()
+
+
 def _stdlib_prefixes() -> tuple[str, ...]:
     paths = (sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib"))
     return tuple(dict.fromkeys(os.path.realpath(p) + os.sep for p in paths if p))
 
 
 _RUNTIME_PREFIXES = _runtime_prefixes()
+_CAPTURED_TORCH_PREFIXES = _captured_torch_prefixes()
 _STDLIB_PREFIXES = _stdlib_prefixes()
 _THIRD_PARTY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 
 def is_runtime_code(filename: str) -> bool:
-    """True for code agspeed never captures: its own, torch's, the standard library's."""
+    """True for code agspeed never captures: its own, torch's (but torch.optim's), the
+    standard library's."""
     if filename.startswith("<frozen"):
         return True
     if not os.path.isabs(filename):
         return False  # <string>, <stdin>, notebook cells: user code
     path = os.path.realpath(filename)
     if path.startswith(_RUNTIME_PREFIXES):
-        return True
+        return not path.startswith(_CAPTURED_TORCH_PREFIXES)
     # A plain install keeps site-packages inside the standard library's directory.
     return path.startswith(_STDLIB_PREFIXES) and not any(m in path for m in _THIRD_PARTY_MARKERS)
 

@@ -109,6 +109,22 @@ def _module_type() -> Any:
     return torch.nn.Module if torch is not None else None
 
 
+def _tensor_grad(obj: Any, cls: type, found: Any) -> tuple[Attr, Any] | None:
+    """``tensor.grad`` of a tensor whose type neither redefines ``grad`` nor has a
+    ``__torch_function__`` of its own (torch.Tensor, Parameter, Buffer): torch's C getter,
+    which runs no user code. A non-leaf tensor that keeps no gradient is refused: eager
+    warns on that read, and a guard must not."""
+    torch = sys.modules.get("torch")
+    if torch is None or found is not torch._C.TensorBase.__dict__["grad"]:
+        return None
+    if cls is not torch.Tensor and \
+            _class_lookup(cls, "__torch_function__") is not torch._C._disabled_torch_function_impl:
+        return None
+    if not obj.is_leaf and not obj.retains_grad:
+        return Attr.UNSUPPORTED, "the gradient of a non-leaf tensor"
+    return Attr.VALUE, found.__get__(obj, cls)
+
+
 def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
     """``(how, value)`` for ``obj.name`` found without running user code.
 
@@ -131,6 +147,10 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
         # torch.backends.cuda.matmul's flags: its __getattr__ reads torch's own state
         return Attr.VALUE, getattr(obj, name)
     found = _class_lookup(cls, name)
+    if name == "grad" and type(found) is types.GetSetDescriptorType:
+        grad = _tensor_grad(obj, cls, found)
+        if grad is not None:
+            return grad
     if cls is contextvars.ContextVar and name == "get":
         return Attr.METHOD, found   # a read the capture models (its value is guarded)
     if found is _OBJECT_CLASS:

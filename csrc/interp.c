@@ -601,6 +601,7 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
     it.assumptions = PyObject_GetAttrString(builder, "assumptions");
     it.known = PyObject_GetAttrString(builder, "known");
     it.owned = PySet_New(NULL);
+    it.gen_boxes = PyDict_New();
     /* optional: the builder's own map, where it shadows stores itself (an
      * object's __dict__ read after its attributes were set) */
     it.shadows = PyObject_GetAttrString(builder, "shadow_map");
@@ -627,7 +628,7 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
         goto done;
     }
     if (it.node_type == NULL || it.assumptions == NULL || it.known == NULL
-        || it.owned == NULL || it.shadows == NULL) {
+        || it.owned == NULL || it.gen_boxes == NULL || it.shadows == NULL) {
         goto done;
     }
     if (!PyType_Check(it.node_type) || !PyList_Check(it.assumptions)
@@ -717,6 +718,7 @@ done:
     Py_XDECREF(it.array_type);
     Py_XDECREF(it.symbolic_scalars);
     Py_XDECREF(it.owned);
+    Py_XDECREF(it.gen_boxes);
     Py_XDECREF(it.shadows);
     Py_XDECREF(it.fresh);
     Py_XDECREF(it.brk_detail);

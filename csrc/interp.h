@@ -135,6 +135,9 @@ typedef struct {
     PyObject *assumptions;      /* list of (source, value) */
     PyObject *known;            /* dict: id -> (object, source) */
     PyObject *owned;            /* set of ids of containers built here */
+    PyObject *gen_boxes;        /* dict: id -> the *args tuple or **kwargs
+                                   dict a call packed a generator into
+                                   (interp_func.c), held alive here */
     PyObject *shadows;          /* dict: id of a list or dict of the program
                                    -> its shadow, or (tail, source) for a
                                    list only appended to (interp_effects.c) */
@@ -190,6 +193,8 @@ int ags_load_object(ags_interp *it, PyObject *source, PyObject *value,
                     ags_value *out);
 int ags_own(ags_interp *it, PyObject *container);
 int ags_is_owned(ags_interp *it, PyObject *container);
+/* 1 if obj is a tuple or dict a call packed a generator into. */
+int ags_is_gen_box(ags_interp *it, PyObject *obj);
 
 /* interp.c */
 void ags_value_clear(ags_value *v);
@@ -347,6 +352,8 @@ int ags_gen_ctx_new(ags_interp *it, ags_frame *f, PyObject *plan,
                     ags_value *args, int nargs, PyObject *kwnames,
                     ags_value *result);
 int ags_gen_is_ctx(const ags_value *v);
+/* 1 if obj is the capsule a GENERATOR value holds. */
+int ags_gen_is_capsule(PyObject *obj);
 int ags_gen_ctx_step(ags_interp *it, ags_frame *f, const ags_value *gen,
                      int enter, ags_value *result);
 /* any()/all() of a GENERATOR, stepped only to the first decisive value:

@@ -40,6 +40,11 @@ frozen_copy(PyObject *obj)
 PyObject *
 ags_graph_arg(ags_interp *it, const ags_value *v)
 {
+    if (v->obj != NULL && ags_is_gen_box(it, v->obj)) {
+        ags_stopf(it, AGS_REASON_GENERATOR, "a generator passed on in *args "
+                  "or **kwargs that goes further than a call");
+        return NULL;
+    }
     switch (v->kind) {
     case AGS_VK_CONST:
     case AGS_VK_TENSOR:
@@ -131,7 +136,7 @@ ags_op_arg(ags_interp *it, const ags_value *v)
 PyObject *
 ags_held_arg(ags_interp *it, const ags_value *v)
 {
-    if (AGS_BUILT_CONTAINER(v)) {
+    if (AGS_BUILT_CONTAINER(v) && !ags_is_gen_box(it, v->obj)) {
         return Py_NewRef(v->obj);
     }
     return ags_graph_arg(it, v);
@@ -190,6 +195,24 @@ ags_is_owned(ags_interp *it, PyObject *container)
     return rc;
 }
 
+int
+ags_is_gen_box(ags_interp *it, PyObject *obj)
+{
+    PyObject *id, *box;
+
+    if (PyDict_GET_SIZE(it->gen_boxes) == 0) {
+        return 0;
+    }
+    id = id_of(obj);
+    if (id == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    box = PyDict_GetItem(it->gen_boxes, id);   /* borrowed */
+    Py_DECREF(id);
+    return box == obj;
+}
+
 /* New reference or NULL (no error): the source an object was loaded
  * from during this capture. */
 static PyObject *
@@ -231,6 +254,14 @@ ags_value_of(ags_interp *it, PyObject *obj, ags_value *out)
 
     if (PyObject_TypeCheck(obj, (PyTypeObject *)it->node_type)) {
         *out = ags_value_make(AGS_VK_TENSOR, Py_NewRef(obj), NULL);
+        return 0;
+    }
+    if (ags_gen_is_capsule(obj)) {   /* out of a call's *args or **kwargs */
+        *out = ags_value_make(AGS_VK_GENERATOR, Py_NewRef(obj), NULL);
+        return 0;
+    }
+    if (PyTuple_CheckExact(obj) && ags_is_gen_box(it, obj)) {
+        *out = ags_value_make(AGS_VK_TUPLE, Py_NewRef(obj), NULL);
         return 0;
     }
     owned = (PyList_CheckExact(obj) || PyDict_Check(obj)

@@ -60,6 +60,30 @@ default_tensor(ags_interp *it, ags_frame *f, PyObject *value, ags_value *dst)
     return rc;
 }
 
+/* An argument packed into a callee's *args tuple or **kwargs dict: its
+ * graph argument, or a generator's capsule (*boxed set: the box must be
+ * marked, see interp_gen.c).  New reference, or NULL with a break. */
+static PyObject *
+packed_arg(ags_interp *it, const ags_value *v, int *boxed)
+{
+    if (v->kind == AGS_VK_GENERATOR) {
+        *boxed = 1;
+        return Py_NewRef(v->obj);
+    }
+    return ags_graph_arg(it, v);
+}
+
+/* Marks a box holding a generator's capsule: 0, or -1 with an error. */
+static int
+mark_gen_box(ags_interp *it, PyObject *box)
+{
+    PyObject *id = PyLong_FromVoidPtr(box);
+    int rc = id != NULL ? PyDict_SetItem(it->gen_boxes, id, box) : -1;
+
+    Py_XDECREF(id);
+    return rc;
+}
+
 /* Binds the callee's parameters from the caller's abstract arguments
  * (borrowed) by the builder's plan: one item per parameter slot, an int
  * (take that argument) or a pair (AGS_BIND_*, payload) (protocol.h). */
@@ -98,13 +122,14 @@ ags_bind_params(ags_interp *it, ags_frame *f, PyObject *plan, ags_value *args)
         PyObject *box = tag == AGS_BIND_STAR
                             ? PyTuple_New(PyTuple_GET_SIZE(what))
                             : PyDict_New();
+        int boxed = 0;
         if (box == NULL) {
             return AGS_ERROR;
         }
         if (PyTuple_Check(box)) {
             for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(what); i++) {
                 long k = PyLong_AsLong(PyTuple_GET_ITEM(what, i));
-                PyObject *a = ags_graph_arg(it, &args[k]);
+                PyObject *a = packed_arg(it, &args[k], &boxed);
                 if (a == NULL) {
                     Py_DECREF(box);
                     return AGS_BREAK;
@@ -116,7 +141,8 @@ ags_bind_params(ags_interp *it, ags_frame *f, PyObject *plan, ags_value *args)
             Py_ssize_t pos = 0;
             PyObject *name, *index;
             while (PyDict_Next(what, &pos, &name, &index)) {
-                PyObject *a = ags_graph_arg(it, &args[PyLong_AsLong(index)]);
+                PyObject *a = packed_arg(it, &args[PyLong_AsLong(index)],
+                                         &boxed);
                 int bad = a == NULL || PyDict_SetItem(box, name, a) < 0;
                 Py_XDECREF(a);
                 if (bad) {
@@ -129,7 +155,8 @@ ags_bind_params(ags_interp *it, ags_frame *f, PyObject *plan, ags_value *args)
                 return AGS_ERROR;
             }
         }
-        if (ags_value_of(it, box, dst) < 0) {
+        if ((boxed && mark_gen_box(it, box) < 0)
+            || ags_value_of(it, box, dst) < 0) {
             Py_DECREF(box);
             return AGS_ERROR;
         }

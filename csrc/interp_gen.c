@@ -19,9 +19,14 @@
  *                                 (sum, min, max, sorted, dict, ...);
  *   any() and all()               only to the first decisive value.
  *
- * A generator never becomes a graph argument (interp.c breaks with reason
- * GENERATOR): one returned from the captured code, stored in a container
- * or on an object, or passed to a torch function, ends the capture.  One
+ * A generator never becomes a graph argument (interp_args.c breaks with
+ * reason GENERATOR): one returned from the captured code, stored in a
+ * container or on an object, or passed to a torch function, ends the
+ * capture.  One passed to an inlined function's *args or **kwargs (a
+ * decorator's wrapper passing its arguments on) rides in the tuple or
+ * dict the call packs, as its capsule; that box is marked, spreads again
+ * into a call (f(*args, **kwargs)) and breaks wherever else it would go as
+ * a graph argument, so the capsule never leaves the capture.  One
  * left suspended (any() stopped early, a loop left by `break`) is dropped
  * with its frame: the capture runs no handler (code under try breaks), so
  * closing it does nothing CPython would do differently.
@@ -120,6 +125,13 @@ ags_gen_new(ags_interp *it, ags_frame *f, PyObject *func, PyObject *fsource,
     }
     *result = ags_value_make(AGS_VK_GENERATOR, capsule, NULL);
     return AGS_GO;
+}
+
+int
+ags_gen_is_capsule(PyObject *obj)
+{
+    return PyCapsule_CheckExact(obj)
+           && PyCapsule_IsValid(obj, gen_capsule_name);
 }
 
 static ags_gen *
@@ -300,6 +312,61 @@ consumed_args(ags_frame *f, PyObject *fn)
     return 0;
 }
 
+/* 1 if asking cls about subclasses runs no code of the program: a class
+ * whose metaclass checks as type does (torch.Tensor's included). */
+static int
+plain_class_check(PyObject *cls)
+{
+    static PyObject *name;
+    PyObject *own, *types;
+
+    if (!PyType_Check(cls)) {
+        return 0;
+    }
+    if (Py_IS_TYPE(cls, &PyType_Type)) {
+        return 1;
+    }
+    if (name == NULL && (name = PyUnicode_InternFromString(
+                             "__subclasscheck__")) == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    own = _PyType_Lookup(Py_TYPE(cls), name);
+    types = _PyType_Lookup(&PyType_Type, name);
+    return own != NULL && own == types;
+}
+
+/* isinstance(gen, cls): a generator's type is types.GeneratorType, asked
+ * of classes (or a tuple of them) that check subclasses as type does,
+ * which runs no code of the program.  AGS_DONE with *result, or a break. */
+static int
+gen_isinstance(ags_interp *it, const ags_value *cls, ags_value *result)
+{
+    PyObject *c = cls->obj;
+    Py_ssize_t n = PyTuple_CheckExact(c) ? PyTuple_GET_SIZE(c) : 1;
+    int yes;
+
+    for (Py_ssize_t i = 0; cls->kind == AGS_VK_CONST && i < n; i++) {
+        PyObject *one = PyTuple_CheckExact(c) ? PyTuple_GET_ITEM(c, i) : c;
+        if (!plain_class_check(one)) {
+            n = -1;
+            break;
+        }
+    }
+    if (cls->kind != AGS_VK_CONST || n < 0) {
+        return ags_stopf(it, AGS_REASON_GENERATOR,
+                         "isinstance() of a generator against a class with a "
+                         "metaclass of its own");
+    }
+    yes = PyObject_IsSubclass((PyObject *)&PyGen_Type, c);
+    if (yes < 0) {
+        return AGS_ERROR;
+    }
+    *result = ags_value_make(AGS_VK_CONST, Py_NewRef(yes ? Py_True : Py_False),
+                             NULL);
+    return AGS_DONE;
+}
+
 int
 ags_gen_fold(ags_interp *it, ags_frame *f, PyObject *fn, ags_value *args,
              int nargs, ags_value *result)
@@ -318,6 +385,10 @@ ags_gen_fold(ags_interp *it, ags_frame *f, PyObject *fn, ags_value *args,
         && fn == PyDict_GetItemString(f->builtins, "iter")) {
         *result = ags_value_copy(&args[0]);     /* iter(gen) is gen */
         return AGS_DONE;
+    }
+    if (nargs == 2 && args[0].kind == AGS_VK_GENERATOR
+        && fn == PyDict_GetItemString(f->builtins, "isinstance")) {
+        return gen_isinstance(it, &args[1], result);
     }
     which = consumed_args(f, fn);
     for (int i = 0; i < nargs; i++) {

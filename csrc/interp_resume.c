@@ -36,8 +36,13 @@ export_value(ags_interp *it, const ags_value *v)
     if (payload == NULL) {
         return NULL;
     }
-    return Py_BuildValue("(sNO)", ags_kind_names[v->kind], payload,
-                         v->source ? v->source : Py_None);
+    /* a box holding a generator's capsule goes no further (interp_gen.c) */
+    return Py_BuildValue("(sNO)",
+                         ags_kind_names[v->obj != NULL
+                                                && ags_is_gen_box(it, v->obj)
+                                            ? AGS_VK_GENERATOR
+                                            : v->kind],
+                         payload, v->source ? v->source : Py_None);
 }
 
 static PyObject *
