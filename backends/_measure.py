@@ -8,7 +8,9 @@
   was before the tuning call.  A tensor counts as mutated when its version counter moved
   or its values differ from the copy (kernels such as batch norm's update the running
   statistics without moving the counter): only those are copied back, so tensors an
-  outer autograd graph saved are not touched.
+  outer autograd graph saved are not touched.  Inputs that require grad are copied only
+  where the graph writes into them in place (an optimizer's step updating parameters
+  under ``no_grad``: ``written_inputs``).
 * ``run`` calls a compiled graph the way a training step uses it: the forward, then,
   when the graph needs gradients, the backward of its outputs for fixed output gradients.
   The backward goes through ``torch.autograd.grad``, which returns the gradients of the
@@ -89,12 +91,75 @@ def _same(a: Any, b: Any) -> bool:
     return torch.equal(a, b)
 
 
+_INPLACE_OPERATORS = ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow",
+                      "iand", "ior", "ixor", "ilshift", "irshift", "imatmul", "setitem")
+
+
+def _writes_first_argument(node: Any) -> bool:
+    """Whether an FX node changes its first argument in place."""
+    import operator
+
+    target = node.target
+    if node.kwargs.get("inplace") is True or "out" in node.kwargs:
+        return True
+    if node.op == "call_method":
+        return isinstance(target, str) and (target.endswith("_") and not
+                                            target.startswith("_") or target == "__setitem__")
+    if node.op != "call_function":
+        return False
+    schema = getattr(target, "_schema", None)
+    if schema is not None:   # an operator of torch's dispatcher
+        return bool(schema.is_mutable)
+    if any(target is getattr(operator, name) for name in _INPLACE_OPERATORS):
+        return True
+    name = getattr(target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
+
+
+def written_inputs(gm: Any) -> set[int] | None:
+    """The positions of ``gm``'s placeholders whose memory a node writes into in place
+    (found by the storage of its first argument's example value, lists included); None
+    when an example value is missing and it cannot be told."""
+    import torch
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    storages: dict = {}
+    for k, node in enumerate(placeholders):
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(value, torch.Tensor):
+            storages.setdefault(_storage_key(value), []).append(k)
+    found: set[int] = set()
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method") or not node.args or \
+                not _writes_first_argument(node):
+            continue
+        first = node.args[0]
+        for arg in first if isinstance(first, (list, tuple)) else (first,):
+            if not isinstance(arg, torch.fx.Node):
+                continue
+            value = arg.meta.get("example_value", arg.meta.get("val"))
+            if not isinstance(value, torch.Tensor):
+                return None
+            found.update(storages.get(_storage_key(value), ()))
+    return found
+
+
+def _storage_key(value: Any) -> Any:
+    try:
+        return value.untyped_storage()._cdata
+    except Exception:  # noqa: BLE001 - a tensor without storage: its own identity
+        return ("tensor", id(value))
+
+
 class State:
     """The in-place-mutable inputs and the RNG states of one graph call."""
 
-    def __init__(self, inputs: list) -> None:
+    def __init__(self, inputs: list, gm: Any = None) -> None:
         import torch
 
+        written = written_inputs(gm) if gm is not None else set()
+        if written is None:   # not known: every input that requires grad is copied
+            written = set(range(len(inputs)))
         self._inputs = _tensors(inputs)
         self._versions = [_version(t) for t in self._inputs]
         self._saved: dict[int, Any] = {}
@@ -104,9 +169,10 @@ class State:
         self._cuda_rng = [torch.cuda.get_rng_state(d) for d in self._cuda]
         # A copy of every input not requiring grad (what a graph may mutate): taken now,
         # before any run, since which of them a graph mutates is known only after one.
+        at = [k for k, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
         with torch.no_grad():
             for k, t in enumerate(self._inputs):
-                if not t.requires_grad:
+                if not t.requires_grad or at[k] in written:
                     self._saved[k] = t.detach().clone()
 
     def mutated(self) -> list[int]:

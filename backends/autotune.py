@@ -392,7 +392,7 @@ def _tune(t: _Tuning, done: dict) -> tuple[str, dict, list]:
     """Measure the candidates not in ``done``; returns (choice, measurements, tuned)."""
     measured = dict(done)
     todo = [n for n in t.names if n != "eager" and n not in done]
-    state = _measure.State(t.inputs)
+    state = _measure.State(t.inputs, t.gm)
     bar = _progress(2 * len(todo) + 1, t.where) if todo else None
     eager_s: list[float] = []
     try:
@@ -622,7 +622,7 @@ def compile_graph(name: str, backend: Any, gm: Any, inputs: list) -> tuple[Any, 
     from agspeed.backends import eager
 
     runs_nothing = backend is autotuner or backend is eager.backend
-    state = None if runs_nothing else _measure.State(inputs)
+    state = None if runs_nothing else _measure.State(inputs, gm)
     try:
         if runs_nothing:
             return backend(gm, inputs), None
@@ -644,12 +644,15 @@ def _raises_eagerly(gm: Any, inputs: list) -> bool:
     back)."""
     import torch
 
-    state = _measure.State(inputs)
+    state = _measure.State(inputs, gm)
     try:
         with torch.no_grad():
             gm.forward(*inputs)
     except Exception:  # noqa: BLE001 - any error is the program's here
         return True
     finally:
-        state.restore()
+        try:
+            state.restore()
+        except RuntimeError as exc:   # an input it cannot put back: said, not raised
+            _warn.warning("agspeed: %s: %s", gm.meta.get("agspeed_where", "graph"), exc)
     return False

@@ -167,3 +167,57 @@ def test_the_programs_saved_tensors_hooks_see_none_of_the_tuning(counting):
         counts.append(n[0])
     assert len(_COMPILED) == 1            # the fourth call tuned
     assert counts[0] == counts[1] == counts[2] == counts[3] > 0, counts
+
+
+def _sgd(params, lr):
+    with torch.no_grad():
+        for p in params:
+            p.add_(p.grad, alpha=-lr)
+    return params[0].detach() * 1
+
+
+@pytest.mark.parametrize("after", [1, 2])
+def test_a_graph_updating_parameters_in_place_is_tuned_updating_them_once(counting, after):
+    """An optimizer-like graph writes into inputs that require grad: the tuning call
+    copies them first and puts them back after each measured run, so the step it returns
+    is taken once, as eager takes it."""
+    agspeed.reset()
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    fast = agspeed.optimize(_sgd, candidates=("t_count",), tune_after=after)
+    for step in range(3):
+        for ps in (params, twins):
+            for p in ps:
+                p.grad = torch.full_like(p, float(step + 1))
+        ref = _sgd(params, 0.1)
+        torch.testing.assert_close(fast(twins, 0.1), ref, rtol=0, atol=0)
+        for p, q in zip(params, twins):
+            torch.testing.assert_close(q, p, rtol=0, atol=0)
+    assert len(_COMPILED) == 1
+
+
+def test_written_inputs_finds_in_place_writes_into_placeholders_and_their_views():
+    from agspeed.backends._measure import written_inputs
+
+    def writes(a, b, c):
+        a.view(-1).add_(1)              # a view of the first input
+        d = b * 2
+        d.mul_(3)                       # a computed tensor: not an input
+        torch._foreach_add_([c], 1.0)   # a list argument
+        return d
+
+    def reads(a, b, c):
+        return (a + b).relu() * c
+
+    for fn, expected in ((writes, {0, 2}), (reads, set())):
+        agspeed.reset()
+        seen = []
+        agspeed.register_backend("t_seen", lambda gm, ex: seen.append(gm) or gm.forward,
+                                 override=True)
+        try:
+            args = (torch.randn(2, 3), torch.randn(2, 3), torch.randn(2, 3))
+            agspeed.optimize(fn, backend="t_seen", fullgraph=True)(*args)
+        finally:
+            backends._registered.pop("t_seen", None)
+        assert [written_inputs(gm) for gm in seen] == [expected]
