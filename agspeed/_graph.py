@@ -52,6 +52,7 @@ import sys
 import types
 from typing import Any, Callable
 
+from agspeed import _torch_state as torch_state
 from agspeed._binding import Binding
 from agspeed._builder_types import (GraphBreak, StorageSize, SymShape, concrete,
                                    describe_callable, holds_node)
@@ -143,6 +144,7 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         self._size_nodes: dict[tuple, Any] = {}  # (node, dim) -> its size node
         self.node_type = torch.fx.Node
         self.assumptions: list[tuple[tuple, Any]] = []
+        self.state_reads: list[tuple] = []   # (query, args, answer): agspeed._torch_state
         self.aliases: list[tuple[tuple, tuple]] = []  # (source, first source of the tensor)
         self.known: dict[int, tuple[Any, Any]] = {}  # id -> (object, source), shared with C
         self.objects: dict[int, Any] = {}  # id -> object the capture made (_objects.py)
@@ -304,6 +306,9 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
                 fn, args = self.function_target(args[0], args[1:], kwargs or {}), args[1:]
             else:
                 fn = self.function_target(fn.cls, args, kwargs or {})
+        handled, value = torch_state.answer(self, fn, tuple(args), dict(kwargs or {}))
+        if handled:   # a query of torch's state, answered now and probed by the guard
+            return value
         return self._record("call_function", fn, tuple(args), dict(kwargs or {}))
 
     def call_method(self, name: str, args: tuple, kwargs: dict | None = None) -> Any:

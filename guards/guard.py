@@ -54,8 +54,8 @@ class Guard(_C.GuardProgram):
     symbolic part of a capture with dynamic dimensions (a ``SymbolicGuards``), or None.
     """
 
-    __slots__ = ("checks", "aliases", "different", "state", "torch", "break_at", "inputs",
-                 "sym", "args", "floats")
+    __slots__ = ("checks", "aliases", "different", "state", "reads", "torch", "break_at",
+                 "inputs", "sym", "args", "floats")
 
     def __init__(self, torch: Any, builder: Any, f_locals: dict, code: Any = None):
         """``builder``: the capture's ``agspeed._graph.GraphBuilder``."""
@@ -108,6 +108,9 @@ class Guard(_C.GuardProgram):
                               if isinstance(v, torch.Tensor) and s[0] != "numpy")
         self.torch = torch
         self.state = global_state(torch)
+        # the queries of torch's other state the frame branched on (agspeed._torch_state):
+        # (function, args, answer), probed after the global state
+        self.reads = tuple(getattr(builder, "state_reads", ()))
         self.break_at: tuple | None = None  # (file, line, instruction, reason) of a break
         # what read() returns: the graph's inputs, then the objects the frame writes to
         self.inputs = tuple(getattr(builder, "read_sources", builder.sources))
@@ -144,7 +147,8 @@ class Guard(_C.GuardProgram):
         distinct = [slot(s) for s in self.different]
         outputs = [slot(s) for s in self.inputs]
         flags = GuardFlag.CHECK_KNOWN_TENSORS if _config.guard_parameters else GuardFlag(0)
-        self._set_program(loads, checks, aliases, state_probes(self.torch, self.state),
+        self._set_program(loads, checks, aliases,
+                          state_probes(self.torch, self.state) + self.reads,
                           resolve_step, MISSING, self.torch.nn.Module, outputs, int(flags),
                           symbolic, distinct)
 
@@ -162,6 +166,7 @@ class Guard(_C.GuardProgram):
                            if not KINDS[c[1]].widenable
                            or theirs.get((c[0], c[1]), c[2]) == c[2])
         out.aliases, out.state, out.torch = self.aliases, self.state, self.torch
+        out.reads = self.reads
         out.different = self.different
         out.break_at, out.inputs, out.sym = self.break_at, self.inputs, self.sym
         out.args, out.floats = self.args, self.floats
@@ -173,6 +178,7 @@ class Guard(_C.GuardProgram):
         far as ``other``'s checks tell: a dynamic entry then replaces ``other``'s
         static one.  Read from the expectations alone; nothing of the frame is needed."""
         if not isinstance(other, Guard) or other.state != self.state or \
+                any(r not in other.reads for r in self.reads) or \
                 set(other.aliases) != set(self.aliases) or \
                 not set(self.different) <= set(other.different):
             return False
@@ -219,6 +225,11 @@ class Guard(_C.GuardProgram):
         if state != self.state:
             out.append((Part.PROBE.id, -1, f"global state: expected "
                         f"{state_text(self.state)}, got {state_text(state)}"))
+        for fn, args, expected in self.reads:
+            got = fn(*args)
+            if got != expected:
+                out.append((Part.PROBE.id, -1, f"{_call_text(fn, args)}: expected "
+                            f"{expected!r}, got {got!r}"))
         return out
 
     def _repeats(self, values: list) -> list[tuple]:
@@ -277,7 +288,14 @@ class Guard(_C.GuardProgram):
         if self.sym is not None:
             out += [f"size: {self.sym.readable(g)}" for g in self.sym.guards]
         out.append(f"global state == {state_text(self.state)}")
+        out += [f"{_call_text(fn, args)} == {expected!r}" for fn, args, expected in self.reads]
         return out
+
+
+def _call_text(fn: Any, args: tuple) -> str:
+    module = getattr(fn, "__module__", None)
+    name = f"{module}.{fn.__name__}" if module and hasattr(fn, "__name__") else repr(fn)
+    return f"{name}({', '.join(map(repr, args))})"
 
 
 class ArgumentTypes:
