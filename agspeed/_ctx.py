@@ -15,7 +15,10 @@ The interpreter meets a ``with`` at BEFORE_WITH (csrc/interp_exc.c) and asks the
   one computed under autocast the autocast dtype, as in eager.  The modes at the start of
   the capture are the real ones, which the guard checks (``agspeed.guards.state``).
   ``torch.set_grad_enabled(b)`` switches the mode when it is called, as in eager, and its
-  exit switches back.
+  exit switches back; so does a bare ``torch._C._set_grad_enabled(b)`` (a user's own
+  manager's ``__enter__``), without an exit.  As decorators, ``torch.no_grad(f)`` (no
+  parentheses) and ``set_grad_enabled(b)(f)`` (which switches back first, as torch's
+  does) wrap ``f`` as ``no_grad()(f)`` does.
 * ``torch.inference_mode(mode)`` records ``_enter_inference_mode`` / ``_exit_inference_mode``
   (the same pair eager runs) and runs the block's fake operations in that mode, grad off.
 * ``contextlib.nullcontext(value)`` enters to ``value`` and records nothing.
@@ -138,7 +141,8 @@ class ContextPolicy:
         self._autocast_classes = {id(cls): device for cls, device in autocast.items()}
         self._ctx_classes = {id(cls): cls for cls in (
             grad.no_grad, grad.enable_grad, torch.set_grad_enabled, contextlib.nullcontext,
-            grad.inference_mode, torch.autograd.profiler.record_function, *autocast)}
+            grad.inference_mode, torch.autograd.profiler.record_function, *autocast,
+            torch._C._set_grad_enabled)}
 
     def _modelled(self, cls: Any) -> bool:
         return self._ctx_classes.get(id(cls)) is cls
@@ -176,6 +180,14 @@ class ContextPolicy:
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{name}() of a value the graph computes")
         if fn is contextlib.nullcontext:
             return _Ctx(self, name, result=self._bound(fn, args, kwargs)["enter_result"])
+        if fn is torch._C._set_grad_enabled:   # the bare switch: no manager, no exit
+            if len(args) != 1 or kwargs or type(args[0]) is not bool:
+                raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{name} with these arguments")
+            self._switch_grad(args[0])
+            return None
+        if id(fn) in self._grad_classes and len(args) == 1 and not kwargs and \
+                type(args[0]) is types.FunctionType:   # @torch.no_grad, no parentheses
+            return self._decorate(_Ctx(self, name, grad=self._grad_classes[id(fn)]), args, {})
         if fn is torch.autograd.profiler.record_function:
             self._bound(fn, args, kwargs)
             return _Ctx(self, name, result=fn(*args, **kwargs))
@@ -213,8 +225,14 @@ class ContextPolicy:
         torch = self._torch
         grad = torch.autograd.grad_mode
         if len(args) != 1 or kwargs or type(args[0]) is not types.FunctionType or \
-                made.entered or made.autocast is not None or made.prev_grad is not None:
+                made.entered or made.autocast is not None:
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{made.name}() called on these")
+        if made.prev_grad is not None:
+            # set_grad_enabled(b)(f): made, it switched; as a decorator it switches back
+            # and wraps f with a manager of mode b, as torch's __call__ does
+            self._switch_grad(made.prev_grad)
+            made.prev_grad = None
+            return (grad.no_grad() if made.mode is False else grad.enable_grad())(args[0])
         if made.inference is not None:
             real = grad.inference_mode(made.inference)
         elif made.grad is not None:

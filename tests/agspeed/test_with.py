@@ -478,3 +478,56 @@ def test_a_manager_made_in_the_frame_decorates_a_function():
     got[3].sum().backward()
     torch.testing.assert_close(x.grad, torch.full((4,), 3.0))
     assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+
+
+class _GradSwitch:
+    """A user's manager switching grad mode with torch's bare C switch."""
+
+    def __init__(self, mode):
+        self.prev, self.mode = torch.is_grad_enabled(), mode
+
+    def __enter__(self):
+        torch._C._set_grad_enabled(self.mode)
+
+    def __exit__(self, *exc):
+        torch._C._set_grad_enabled(self.prev)
+
+
+def _switched(x):
+    with _GradSwitch(False):
+        y = x * 2
+        inside = torch.is_grad_enabled()
+    return y + x, inside
+
+
+def _bare_decorator(x):
+    @torch.no_grad
+    def inner(v):
+        return v.sin()
+    return inner(x) + x
+
+
+def _set_grad_enabled_decorator(x):
+    @torch.set_grad_enabled(False)
+    def inner(v):
+        return v.cos()
+    return inner(x) * x, torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("fn", [_switched, _bare_decorator, _set_grad_enabled_decorator])
+@pytest.mark.parametrize("grad", [True, False])
+def test_grad_mode_switched_by_torchs_c_switch_and_decorators_without_a_with(fn, grad):
+    agspeed.reset()
+    fast = agspeed.optimize(fn, backend="eager", fullgraph=True)
+    with torch.set_grad_enabled(grad):
+        for _ in range(2):
+            x = torch.randn(3, requires_grad=True)
+            ref, got = fn(x), fast(x)
+            assert torch.is_grad_enabled() is grad
+            ref, got = (ref, got) if type(ref) is tuple else ((ref,), (got,))
+            for a, b in zip(ref, got):
+                if isinstance(a, torch.Tensor):
+                    torch.testing.assert_close(b, a)
+                    assert b.requires_grad == a.requires_grad
+                else:
+                    assert a == b
