@@ -145,6 +145,7 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         self.node_type = torch.fx.Node
         self.assumptions: list[tuple[tuple, Any]] = []
         self.state_reads: list[tuple] = []   # (query, args, answer): agspeed._torch_state
+        self.owned_ids: set[int] = set()   # ids of what the interpreter made (shared with C)
         self.aliases: list[tuple[tuple, tuple]] = []  # (source, first source of the tensor)
         self.known: dict[int, tuple[Any, Any]] = {}  # id -> (object, source), shared with C
         self.objects: dict[int, Any] = {}  # id -> object the capture made (_objects.py)

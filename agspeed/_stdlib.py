@@ -184,8 +184,8 @@ class StdlibFolds:
         if fn in _DICT_READS or fn in _DICT_VIEWS:
             # on a dict of the program (pure_method, super())
             return (Plan.FOLD, fn)
-        if fn is inspect.signature:   # of a function or method the capture holds
-            return (Plan.FOLD, fn)
+        if fn is inspect.signature or fn is functools.update_wrapper:
+            return (Plan.FOLD, fn)   # (of functions the capture holds / made)
         if fn is collections.namedtuple:   # a class made in the frame, from plain values
             return (Plan.FOLD, fn)
         if self.copy_plan(fn):  # type: ignore[attr-defined]
@@ -285,6 +285,8 @@ class StdlibFolds:
             return True, self._program_dict_get(fn, args, kwargs)
         if fn is inspect.signature:
             return True, self._signature(args, kwargs)
+        if fn is functools.update_wrapper:
+            return True, self._update_wrapper(args, kwargs)
         if self.copy_plan(fn):  # type: ignore[attr-defined]
             return True, self.copy_fold(fn, args, kwargs)  # type: ignore[attr-defined]
         if fn is functools.partial:
@@ -402,6 +404,22 @@ class StdlibFolds:
             raise GraphBreak(Reason.UNSUPPORTED_CALL, "inspect.signature() of a "
                              f"{type(target).__name__}")
         return inspect.signature(target)
+
+    def _update_wrapper(self, args: tuple, kwargs: dict) -> Any:
+        """``functools.update_wrapper(wrapper, wrapped)`` (``@functools.wraps``, and so
+        ``@contextlib.contextmanager``, applied in the frame): done now, on a function
+        the frame made, copying from a Python function; its names, its dict and
+        ``__wrapped__`` are set as eager sets them."""
+        try:
+            bound = inspect.signature(functools.update_wrapper).bind(*args, **kwargs)
+        except TypeError as exc:
+            raise GraphBreak(Reason.BAD_CALL, f"functools.update_wrapper(): {exc}") from exc
+        wrapper, wrapped = bound.arguments["wrapper"], bound.arguments["wrapped"]
+        if type(wrapper) is not types.FunctionType or id(wrapper) not in self.owned_ids or \
+                type(wrapped) is not types.FunctionType:
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, "functools.update_wrapper() of a "
+                             f"{type(wrapper).__name__} the frame did not make")
+        return functools.update_wrapper(*args, **kwargs)
 
     def _program_dict_view(self, fn: Any, d: dict) -> Any:
         """``d.items()``, ``keys()`` or ``values()`` of a dict of the program: a view of

@@ -600,7 +600,18 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
     it.node_type = PyObject_GetAttrString(builder, "node_type");
     it.assumptions = PyObject_GetAttrString(builder, "assumptions");
     it.known = PyObject_GetAttrString(builder, "known");
-    it.owned = PySet_New(NULL);
+    /* optional: the builder's own set, so that it can tell what the capture
+     * made (a function a decorator inside the frame updates) */
+    it.owned = PyObject_GetAttrString(builder, "owned_ids");
+    if (it.owned == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        it.owned = PySet_New(NULL);
+    }
+    else if (it.owned != NULL && !PySet_CheckExact(it.owned)) {
+        Py_CLEAR(it.owned);
+        PyErr_SetString(PyExc_TypeError,
+                        "capture: builder.owned_ids must be a set");
+    }
     it.gen_boxes = PyDict_New();
     /* optional: the builder's own map, where it shadows stores itself (an
      * object's __dict__ read after its attributes were set) */

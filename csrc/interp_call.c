@@ -180,6 +180,33 @@ fresh_container(ags_interp *it, int op, PyObject *out)
     return 0;
 }
 
+/* A per-element plan's call with a first argument the call protocol gave
+ * apart (3.11's decorator call, `@functools.wraps(f)` applied to a def):
+ * that argument first, then the rest. */
+static int
+iter_plan_with_self(ags_interp *it, ags_frame *f, int kind, PyObject *plan,
+                    const ags_value *self, ags_value *args, int nargs,
+                    PyObject *kwnames, ags_value *result)
+{
+    ags_value *all = PyMem_Calloc((size_t)nargs + 1, sizeof(ags_value));
+    int rc;
+
+    if (all == NULL) {
+        PyErr_NoMemory();
+        return AGS_ERROR;
+    }
+    all[0] = ags_value_copy(self);
+    for (int i = 0; i < nargs; i++) {
+        all[i + 1] = ags_value_copy(&args[i]);
+    }
+    rc = ags_call_iter_plan(it, f, kind, plan, all, nargs + 1, kwnames, result);
+    for (int i = 0; i <= nargs; i++) {
+        ags_value_clear(&all[i]);
+    }
+    PyMem_Free(all);
+    return rc;
+}
+
 /* Calls the builder's operation `op` (an AGS_BOP_*) as op(extra, args,
  * kwargs) and sets *result. */
 int
@@ -513,11 +540,10 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
     case AGS_PLAN_FILTER:
     case AGS_PLAN_REDUCE:
     case AGS_PLAN_PARTIAL:
-        rc = self != NULL
-                 ? ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "calling %R",
-                             callable->obj)
-                 : ags_call_iter_plan(it, f, kind, plan, args, nargs,
-                                      kwnames, result);
+        rc = self == NULL ? ags_call_iter_plan(it, f, kind, plan, args, nargs,
+                                               kwnames, result)
+                          : iter_plan_with_self(it, f, kind, plan, self, args,
+                                                nargs, kwnames, result);
         break;
     default:
         Py_UNREACHABLE();

@@ -5,6 +5,7 @@ types and its gradients equal eager's on fresh random inputs."""
 
 import collections
 import collections.abc
+import contextlib
 import functools
 import itertools
 import operator
@@ -674,3 +675,57 @@ def test_odd_values_break_or_fold_without_an_internal_error(caplog):
         assert got[0] is True
         torch.testing.assert_close(got[1], x + 1)
     assert not [r for r in caplog.records if "internal error" in r.getMessage()]
+
+
+def _wraps_inside(x):
+    def inner(t):
+        """inner's doc"""
+        return t + 1
+
+    @functools.wraps(inner)
+    def wrapper(t):
+        return inner(t) * 2
+
+    return wrapper(x), wrapper.__name__, wrapper.__doc__, wrapper.__wrapped__ is inner
+
+
+def _contextmanager_inside(x):
+    @contextlib.contextmanager
+    def scaled(v):
+        try:
+            yield v.sin()
+        finally:
+            pass
+
+    with scaled(x) as y:
+        return y.cos()
+
+
+@pytest.mark.parametrize("fn", [_wraps_inside, _contextmanager_inside])
+def test_decorators_applied_inside_the_frame_are_captured(fn):
+    agspeed.reset()
+    x = torch.randn(3)
+    ref, got = fn(x), agspeed.optimize(fn, backend="eager", fullgraph=True)(x)
+    ref, got = (ref, got) if type(ref) is tuple else ((ref,), (got,))
+    assert len(ref) == len(got)
+    for a, b in zip(ref, got):
+        if isinstance(a, torch.Tensor):
+            torch.testing.assert_close(b, a)
+        else:
+            assert a == b
+
+
+def _program_function(t):
+    return t * 3
+
+
+def test_update_wrapper_of_a_function_of_the_program_breaks_and_leaves_it():
+    def fn(x):
+        functools.update_wrapper(_program_function, _wraps_inside)
+        return x + 1
+
+    agspeed.reset()
+    with pytest.raises(agspeed.GraphBreakError, match="update_wrapper"):
+        agspeed.optimize(fn, backend="eager", fullgraph=True)(torch.ones(2))
+    assert _program_function.__name__ == "_program_function"
+    assert not hasattr(_program_function, "__wrapped__")
