@@ -169,3 +169,22 @@ def test_nvrtc_benchmarks_compile_part_runs_without_a_gpu(tmp_path):
         assert r["nvrtc_compile_s_summed"] > 0
     # the CNN's blocks repeat their groups: one source serves several of them
     assert rows["resnet"]["sources"] < rows["resnet"]["kernels"]
+
+
+def test_optim_step_benchmark_quick_run(tmp_path):
+    out = tmp_path / "optim.json"
+    env = dict(os.environ, AGSPEED_AUTOTUNE_CANDIDATES="eager",
+               AGSPEED_CACHE_DIR=str(tmp_path / "kb"))
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "optim_step.py"), "--model", "mlp", "--size", "quick",
+         "--optimizers", "SGD,Adam", "--warmup", "2", "--steps", "1", "--rounds", "2",
+         "--compile-backend", "eager", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(out.read_text())
+    for name in ("SGD", "Adam"):
+        runs = data["results"][name]
+        assert set(runs) == {"eager", "agspeed", "torch.compile"}
+        assert runs["eager"]["max_param_diff"] == 0.0
+        assert runs["agspeed"]["max_param_diff"] < 1e-4
+        assert all(r["median_ms"] > 0 for r in runs.values())
