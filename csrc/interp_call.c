@@ -180,33 +180,6 @@ fresh_container(ags_interp *it, int op, PyObject *out)
     return 0;
 }
 
-/* A per-element plan's call with a first argument the call protocol gave
- * apart (3.11's decorator call, `@functools.wraps(f)` applied to a def):
- * that argument first, then the rest. */
-static int
-iter_plan_with_self(ags_interp *it, ags_frame *f, int kind, PyObject *plan,
-                    const ags_value *self, ags_value *args, int nargs,
-                    PyObject *kwnames, ags_value *result)
-{
-    ags_value *all = PyMem_Calloc((size_t)nargs + 1, sizeof(ags_value));
-    int rc;
-
-    if (all == NULL) {
-        PyErr_NoMemory();
-        return AGS_ERROR;
-    }
-    all[0] = ags_value_copy(self);
-    for (int i = 0; i < nargs; i++) {
-        all[i + 1] = ags_value_copy(&args[i]);
-    }
-    rc = ags_call_iter_plan(it, f, kind, plan, all, nargs + 1, kwnames, result);
-    for (int i = 0; i <= nargs; i++) {
-        ags_value_clear(&all[i]);
-    }
-    PyMem_Free(all);
-    return rc;
-}
-
 /* Calls the builder's operation `op` (an AGS_BOP_*) as op(extra, args,
  * kwargs) and sets *result. */
 int
@@ -354,6 +327,25 @@ call_setattr(ags_interp *it, ags_frame *f, const ags_value *self,
     if (rc == AGS_GO) {
         *result = ags_value_make(AGS_VK_CONST, Py_NewRef(Py_None), NULL);
     }
+    return rc;
+}
+
+/* A per-element plan's call with a first argument the call protocol gave
+ * apart (3.11's decorator call, `@functools.wraps(f)` applied to a def):
+ * that argument first, then the rest (which the plans only read). */
+static int
+iter_plan_with_self(ags_interp *it, ags_frame *f, int kind, PyObject *plan,
+                    const ags_value *self, ags_value *args, int nargs,
+                    PyObject *kwnames, ags_value *result)
+{
+    ags_value *all = self_first(self, args, nargs);
+    int rc;
+
+    if (all == NULL) {
+        return AGS_ERROR;
+    }
+    rc = ags_call_iter_plan(it, f, kind, plan, all, nargs + 1, kwnames, result);
+    PyMem_Free(all);
     return rc;
 }
 
