@@ -321,6 +321,10 @@ class CallPolicy:
             raise GraphBreak(Reason.HOOKS, f"{cls.__name__} has "
                              f"{', '.join(hooked + globally) or 'a compiled call'}")
         how, forward = static_attr(module, "forward")
+        found = forward   # what the instance holds: a forward bound to it there
+        if how is Attr.VALUE and type(forward) is types.MethodType and \
+                forward.__self__ is module:   # (m.forward = MethodType(f, m))
+            how, forward = Attr.METHOD, forward.__func__
         if how not in (Attr.METHOD, Attr.VALUE) or type(forward) is not types.FunctionType:
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{cls.__name__}.forward is not a function")
         if source is None and self._made_in_frame(module):
@@ -341,5 +345,7 @@ class CallPolicy:
         if inline_hooks:    # Module.__call__'s hook loop, inlined (agspeed._hooks)
             return (Plan.INLINE, hooked_call, module, None)
         fsource = ("attr", source, "forward")
-        self.assumptions.append((fsource, forward))
+        self.assumptions.append((fsource, found))
+        if found is not forward:   # the bound method, by identity; its function by its own
+            fsource = ("attr", fsource, "__func__")
         return (Plan.MODULE, forward, module if how is Attr.METHOD else None, fsource)

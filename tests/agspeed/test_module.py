@@ -1022,3 +1022,32 @@ def test_a_module_whose_parameter_store_is_a_mapping_of_its_own_reads_it():
         model[0].weight.mul_(2)           # changed in place: read, not held
     x = torch.randn(3, 4)
     torch.testing.assert_close(fast(x), model(x))
+
+
+class _Plain(torch.nn.Module):
+    pass
+
+
+class _Minus(torch.nn.Module):
+    def forward(self, x):
+        return x - 1
+
+
+class _Times(torch.nn.Module):
+    def forward(self, x):
+        return x * 3
+
+
+def test_a_forward_bound_on_the_instance_is_captured_and_guarded():
+    """``m.forward = types.MethodType(f, m)``: the bound method the instance holds is
+    called (one graph); another one put there later is seen."""
+    import types
+
+    agspeed.reset()
+    mod = _Plain()
+    mod.forward = types.MethodType(_Minus.forward, mod)
+    fast = agspeed.optimize(lambda x: mod(x) * 2, backend="eager", fullgraph=True)
+    x = torch.randn(4)
+    torch.testing.assert_close(fast(x), (x - 1) * 2)
+    mod.forward = types.MethodType(_Times.forward, mod)
+    torch.testing.assert_close(fast(x), x * 6)
