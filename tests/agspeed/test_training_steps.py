@@ -243,8 +243,12 @@ _OPTIMIZERS = [
 ]
 
 
-@pytest.mark.parametrize("name,options,exact", _OPTIMIZERS,
-                         ids=[f"{n}-{'-'.join(o) or 'default'}" for n, o, _ in _OPTIMIZERS])
+# (the step-count corrections go through torch's tensor-scalar path, which raises in
+# torch's C++ while capturing: cxx_exceptions, off under AddressSanitizer)
+@pytest.mark.parametrize("name,options,exact", [
+    pytest.param(n, o, e, id=f"{n}-{'-'.join(o) or 'default'}",
+                 marks=() if e else pytest.mark.cxx_exceptions)
+    for n, o, e in _OPTIMIZERS])
 def test_an_optimizer_step_is_one_graph_with_eagers_parameters_and_state(name, options,
                                                                          exact):
     agspeed.reset()
@@ -363,6 +367,7 @@ def test_record_function_records_nothing_and_binds_the_manager():
     torch.testing.assert_close(out, x * 2 + 1)
 
 
+@pytest.mark.cxx_exceptions
 def test_an_optimizer_step_is_captured_after_torch_compile_ran_in_the_process():
     """torch.compile's first use wraps every optimizer's ``_init_group`` in its own
     disable wrapper (it models that call itself): the capture calls the original."""
