@@ -493,6 +493,9 @@ class StdlibFolds:
             raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"dict.{name}() of a tensor key")
         keys = tuple(d)
         at = next((k for k, each in enumerate(keys) if each is real), None)
+        if at is None and name == "__getitem__" and type(d) is collections.defaultdict \
+                and d.default_factory in _FACTORIES:
+            return self._missing_tensor_key(d, src, key)
         if at is None:
             if not self._is_static(keys):
                 # (its keys guarded equal only where they are plain values)
@@ -506,6 +509,20 @@ class StdlibFolds:
         if name == "__contains__":
             return True
         return self._dict_value(("item", ("values", src), at), dict.__getitem__(d, real))
+
+    def _missing_tensor_key(self, d: Any, source: Any, key: Any) -> Any:
+        """``d[t]`` of a defaultdict of the program without the key ``t`` (an optimizer's
+        ``self.state[p]`` on its first step): the factory's value is added to the dict's
+        shadow (which the interpreter then reads for ``d``, and whose contents are
+        written back), and the capture owns it.  A present key is read from the dict
+        itself: no shadow, nothing written back on later calls."""
+        shadow = self.shadow(d, source)  # type: ignore[attr-defined]  # agspeed._effects
+        self.shadow_map[id(d)] = shadow  # type: ignore[attr-defined]
+        self.owned_ids.add(id(shadow))  # type: ignore[attr-defined]
+        self.dict_key(shadow, key)  # type: ignore[attr-defined]
+        value = shadow[key]
+        self.owned_ids.add(id(value))  # type: ignore[attr-defined]
+        return value
 
     def _holds_nodes(self, value: Any) -> bool:
         if type(value) in (tuple, list) or type(value) in _VIEWS:

@@ -66,13 +66,7 @@ subscript(ags_interp *it, ags_frame *f, ags_value *container, ags_value *index)
             return rc;
         }
     }
-    else if (ags_can_shadow(container) && ags_is_defaultdict(container->obj)
-             && index->kind == AGS_VK_TENSOR
-             && (rc = ags_shadow(it, container)) != AGS_GO) {
-        /* a tensor key (an optimizer's state[p]): the shadow, keyed by the
-         * graph's inputs, answers present keys and takes missing ones */
-        return rc;
-    }
+
     /* a built dict is read in place: a defaultdict's missing key is added
      * to it, not to a copy */
     c = container->kind == AGS_VK_DICT ? Py_NewRef(container->obj)
