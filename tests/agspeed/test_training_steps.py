@@ -245,6 +245,19 @@ _OPTIMIZERS = [
 
 # (the step-count corrections go through torch's tensor-scalar path, which raises in
 # torch's C++ while capturing: cxx_exceptions, off under AddressSanitizer)
+def _steps_side_by_side(model, opt, twin, opt2, steps):
+    """``steps`` training steps of ``model`` with ``opt`` eager and of ``twin`` with
+    ``opt2.step`` optimized (its wrapper breaks at torch's own ``graph_break()`` and runs
+    eager; the step itself is one graph), on the same batches."""
+    step = agspeed.optimize(opt2.step, backend="eager")
+    for _ in range(steps):
+        x = torch.randn(4, 6)
+        _backward(model, x)
+        _backward(twin, x)
+        opt.step()
+        step()
+
+
 @pytest.mark.parametrize("name,options,exact", [
     pytest.param(n, o, e, id=f"{n}-{'-'.join(o) or 'default'}",
                  marks=() if e else pytest.mark.cxx_exceptions)
@@ -256,15 +269,7 @@ def test_an_optimizer_step_is_one_graph_with_eagers_parameters_and_state(name, o
     twin = copy.deepcopy(model)
     opt = getattr(torch.optim, name)(model.parameters(), lr=0.01, **options)
     opt2 = getattr(torch.optim, name)(twin.parameters(), lr=0.01, **options)
-    # (its wrapper breaks at torch's own graph_break() and runs eager; the step is one
-    # graph)
-    step = agspeed.optimize(opt2.step, backend="eager")
-    for i in range(4):
-        x = torch.randn(4, 6)
-        _backward(model, x)
-        _backward(twin, x)
-        opt.step()
-        step()
+    _steps_side_by_side(model, opt, twin, opt2, 4)
     for a, b in zip(model.parameters(), twin.parameters()):
         if exact:
             assert torch.equal(a, b)
@@ -376,13 +381,7 @@ def test_an_optimizer_step_is_captured_after_torch_compile_ran_in_the_process():
     agspeed.reset()
     model, twin = _model(), _model()
     opt, opt2 = torch.optim.Adam(model.parameters()), torch.optim.Adam(twin.parameters())
-    step = agspeed.optimize(opt2.step, backend="eager")
-    for _ in range(3):
-        x = torch.randn(4, 6)
-        _backward(model, x)
-        _backward(twin, x)
-        opt.step()
-        step()
+    _steps_side_by_side(model, opt, twin, opt2, 3)
     for a, b in zip(model.parameters(), twin.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     steps = [r.decision for r in agspeed._runtime.frame_records() if r.name == "step"]

@@ -423,15 +423,20 @@ def test_contextmanager_generators_enter_and_leave_in_the_graph():
         assert report.graph_count <= max(1, dynamo_graph_count(fn, make()))
         fast = agspeed.optimize(fn, backend="eager")
         x = make()
-        got, want = fast(x), fn(x)
-        got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
-        for a, b in zip(got, want):
-            if isinstance(b, torch.Tensor):
-                torch.testing.assert_close(a, b)
-                assert a.requires_grad == b.requires_grad
-            else:
-                assert a == b
+        _assert_same_results(fast(x), fn(x))
         assert torch.is_grad_enabled()
+
+
+def _assert_same_results(got, want):
+    """Equal values (tensors: and requires_grad), a tuple compared item by item."""
+    got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        if isinstance(b, torch.Tensor):
+            torch.testing.assert_close(a, b)
+            assert a.requires_grad == b.requires_grad
+        else:
+            assert a == b
 
 
 @contextlib.contextmanager
@@ -524,10 +529,4 @@ def test_grad_mode_switched_by_torchs_c_switch_and_decorators_without_a_with(fn,
             x = torch.randn(3, requires_grad=True)
             ref, got = fn(x), fast(x)
             assert torch.is_grad_enabled() is grad
-            ref, got = (ref, got) if type(ref) is tuple else ((ref,), (got,))
-            for a, b in zip(ref, got):
-                if isinstance(a, torch.Tensor):
-                    torch.testing.assert_close(b, a)
-                    assert b.requires_grad == a.requires_grad
-                else:
-                    assert a == b
+            _assert_same_results(got, ref)
