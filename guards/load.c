@@ -55,6 +55,43 @@ step(g_program *p, int op, PyObject *base, PyObject *key)
     return out;
 }
 
+/* torch.nn.Parameter and torch's own `grad` getter (TensorBase's), found
+ * once torch is loaded (never importing it); NULL before. */
+static PyObject *param_type, *grad_getter;
+
+static int
+find_parameter(void)
+{
+    PyObject *mod, *base;
+
+    if (param_type != NULL) {
+        return 1;
+    }
+    mod = PyImport_GetModule(ags_gp_names.torch_parameter);
+    if (mod == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    param_type = PyObject_GetAttrString(mod, "Parameter");
+    Py_DECREF(mod);
+    base = param_type != NULL && PyType_Check(param_type)
+               ? PyObject_GetAttrString(param_type, "__base__") : NULL;
+    /* Parameter(Tensor(TensorBase)): TensorBase's own getter, as static_attr
+     * reads it (Parameter's __torch_function__ is disabled) */
+    grad_getter = base != NULL
+                      ? _PyType_Lookup((PyTypeObject *)base, ags_gp_names.grad)
+                      : NULL;
+    Py_XDECREF(base);
+    if (grad_getter == NULL || !Py_IS_TYPE(grad_getter, &PyGetSetDescr_Type)) {
+        PyErr_Clear();
+        Py_CLEAR(param_type);
+        grad_getter = NULL;
+        return 0;
+    }
+    Py_INCREF(grad_getter);
+    return 1;
+}
+
 /* New reference to base.<name> as static_attr finds it, or G_MISSING.
  * *via says where the answer came from (VIA_PYTHON when Python found it). */
 static PyObject *
@@ -78,6 +115,18 @@ load_attr(g_program *p, PyObject *base, PyObject *name, int *via)
         return step(p, AGS_LOAD_ATTR, base, name);
     }
     found = _PyType_Lookup(cls, name);     /* borrowed */
+    if (found != NULL && Py_IS_TYPE(found, &PyGetSetDescr_Type)
+        && name == ags_gp_names.grad && find_parameter()
+        && (PyObject *)cls == param_type && found == grad_getter) {
+        /* a parameter's gradient (an optimizer's guard reads one per
+         * parameter): torch's getter, which runs no Python; not memoized */
+        value = Py_TYPE(found)->tp_descr_get(found, base, (PyObject *)cls);
+        if (value != NULL) {
+            return value;
+        }
+        PyErr_Clear();
+        return step(p, AGS_LOAD_ATTR, base, name);
+    }
     if (found != NULL) {
         if (Py_IS_TYPE(found, &PyProperty_Type)) {
             *via = VIA_CLASS_OR_DICT;

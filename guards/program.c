@@ -685,6 +685,11 @@ ags_guard_init(void)
     if (ags_memo_init() < 0) {
         return -1;
     }
+    s->grad = PyUnicode_InternFromString("grad");
+    s->torch_parameter = PyUnicode_InternFromString("torch.nn.parameter");
+    if (s->grad == NULL || s->torch_parameter == NULL) {
+        return -1;
+    }
     /* last: it marks the names complete */
     s->getattr = PyUnicode_InternFromString("__getattr__");
     return s->getattr != NULL ? 0 : -1;

@@ -118,6 +118,8 @@ typedef struct g_program_ {
 /* Interned names, made by ags_guard_init (program.c). */
 typedef struct {
     PyObject *getattr;                  /* "__getattr__" */
+    PyObject *grad;                     /* "grad" */
+    PyObject *torch_parameter;          /* "torch.nn.parameter" */
     PyObject *stores[3];                /* nn.Module's stores, in order */
     PyObject *loads[AGS_LOAD_COUNT];    /* the load names step() receives */
     PyObject *parts[AGS_PART_COUNT];    /* the part names why() returns */
