@@ -1024,24 +1024,21 @@ def test_a_module_whose_parameter_store_is_a_mapping_of_its_own_reads_it():
     torch.testing.assert_close(fast(x), model(x))
 
 
-class _Plain(torch.nn.Module):
-    pass
-
-
-class _Minus(torch.nn.Module):
-    def forward(self, x):
-        return x - 1
-
-
-class _Times(torch.nn.Module):
-    def forward(self, x):
-        return x * 3
-
-
 def test_a_forward_bound_on_the_instance_is_captured_and_guarded():
     """``m.forward = types.MethodType(f, m)``: the bound method the instance holds is
     called (one graph); another one put there later is seen."""
     import types
+
+    class _Plain(torch.nn.Module):
+        pass
+
+    class _Minus(torch.nn.Module):
+        def forward(self, x):
+            return x - 1
+
+    class _Times(torch.nn.Module):
+        def forward(self, x):
+            return x * 3
 
     agspeed.reset()
     mod = _Plain()
