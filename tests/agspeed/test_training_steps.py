@@ -386,3 +386,42 @@ def test_an_optimizer_step_is_captured_after_torch_compile_ran_in_the_process():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     steps = [r.decision for r in agspeed._runtime.frame_records() if r.name == "step"]
     assert steps and set(steps) == {"captured"}
+
+
+_SCHEDULERS = {
+    "step": lambda o: torch.optim.lr_scheduler.StepLR(o, 2, 0.5),
+    "lambda": lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda e: 0.9 ** e),
+    "onecycle": lambda o: torch.optim.lr_scheduler.OneCycleLR(o, 0.1, total_steps=20),
+    "plateau": lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o, patience=1),
+}
+
+
+@pytest.mark.parametrize("tensor_lr", [False, True])
+@pytest.mark.parametrize("kind", sorted(_SCHEDULERS))
+def test_a_training_function_with_an_lr_scheduler_steps_as_eager(kind, tensor_lr):
+    """The scheduler's step (torch.optim's code too) after the optimizer's: the same
+    learning rates, of the same type, and the same parameters as eager's."""
+    agspeed.reset()
+    model, twin = _model(), _model()
+    made = []
+    for m in (model, twin):
+        lr = torch.tensor(0.05) if tensor_lr else 0.05
+        opt = torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9)
+        made.append((opt, _SCHEDULERS[kind](opt)))
+
+    def train(m, opt, sched, x):
+        opt.zero_grad()
+        loss = m(x).square().mean()
+        loss.backward()
+        opt.step()
+        sched.step(loss) if kind == "plateau" else sched.step()
+        return loss
+
+    fast = agspeed.optimize(train, backend="eager")
+    for _ in range(6):
+        x = torch.randn(4, 6)
+        assert torch.equal(train(model, *made[0], x), fast(twin, *made[1], x))
+        lrs = [o.param_groups[0]["lr"] for o, _ in made]
+        assert type(lrs[0]) is type(lrs[1]) and float(lrs[0]) == float(lrs[1])
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
