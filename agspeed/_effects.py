@@ -628,7 +628,16 @@ class SideEffects:
             items = {self._key_template(k): self._template(v) for k, v in value.items()}
             return type(value)(items) if type(value) is not collections.defaultdict else \
                 collections.defaultdict(value.default_factory, items)
+        self._check_closure(value)   # (each write checks it when made; this, the rest)
         return value
+
+    def _check_closure(self, value: Any) -> None:
+        """A function made in the frame that closes over variables cannot leave it: its
+        cells are the capture's (graph values, copies of the program's cells)."""
+        if type(value) is types.FunctionType and value.__closure__ and \
+                id(value) in self.owned_ids:  # type: ignore[attr-defined]
+            raise GraphBreak(Reason.SIDE_EFFECT, "storing a function made in the frame "
+                             "that closes over variables")
 
     def _key_template(self, key: Any) -> Any:
         """A dict key in a template: a graph input's node (``dict_key``) as its place
@@ -643,6 +652,7 @@ class SideEffects:
     # -- what may be written ----------------------------------------------------------
 
     def _check_writable(self, obj: Any, name: str, value: Any, raw: bool = False) -> None:
+        self._check_closure(value)
         torch = self._torch  # type: ignore[attr-defined]
         kind = type(obj)
         setattr_fn = _own_setattr(kind)

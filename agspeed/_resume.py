@@ -258,6 +258,11 @@ def _not_the_programs(value: Any, builder: Any) -> str:
                                      holds_node(value.__self__, builder.node_type)):
         # the capture's object, its tensors graph values: not the one eager would bind
         return "a method of an object made in the frame at the break"
+    if kind is types.FunctionType and value.__closure__ and \
+            id(value) in getattr(builder, "owned_ids", ()):
+        # its cells are the capture's: graph values, and copies of the program's cells
+        # (a nonlocal it sets would not reach the program's variable)
+        return "a function made in the frame that closes over variables, at the break"
     return ""
 
 

@@ -729,3 +729,76 @@ def test_a_list_the_result_holds_is_not_kept_alive_by_the_entry():
     del held
     gc.collect()
     assert sys.getrefcount(mine) == before and len(mine) == 24
+
+
+class _Bag:
+    pass
+
+
+def test_a_closure_made_in_the_frame_stored_on_an_object_breaks_with_eagers_result():
+    """Its cells are the capture's (here a graph value): stored on the program's object,
+    eager's function must be what the object holds."""
+    agspeed.reset()
+    held = _Bag()
+
+    def fn(x):
+        y = x * 2
+        held.later = lambda: y + 1
+        return x + 1
+
+    x = torch.ones(2)
+    torch.testing.assert_close(agspeed.optimize(fn, backend="eager")(x), x + 1)
+    torch.testing.assert_close(held.later(), x * 2 + 1)
+
+
+def test_a_closure_over_the_programs_variable_crossing_a_break_sets_it():
+    """A function made (in an inlined call) over a variable of an enclosing function of
+    the program, held across a break and called after it: its ``nonlocal`` write reaches
+    the program's variable, as in eager."""
+    agspeed.reset()
+    k = 0
+
+    def make():
+        def setk():
+            nonlocal k
+            k = 100
+        return setk
+
+    def fn(x):
+        s = make()
+        y = x + 1
+        torch._dynamo.graph_break()
+        s()
+        return y
+
+    torch.testing.assert_close(agspeed.optimize(fn, backend="eager")(torch.ones(1)),
+                               torch.full((1,), 2.0))
+    assert k == 100
+
+
+def test_a_contextmanager_made_in_an_inlined_call_sets_the_programs_nonlocals():
+    import contextlib
+
+    agspeed.reset()
+    z = k = 0
+
+    def create():
+        @contextlib.contextmanager
+        def ctx(x):
+            nonlocal k
+            k = 100
+            yield x.sin()
+        return ctx
+
+    def run(ctx, x):
+        nonlocal z
+        with ctx(x) as y:
+            z = k
+            return y.cos()
+
+    def fn(x):
+        return run(create(), x)
+
+    x = torch.tensor([1.0])
+    torch.testing.assert_close(agspeed.optimize(fn, backend="eager")(x), x.sin().cos())
+    assert (z, k) == (100, 100)
