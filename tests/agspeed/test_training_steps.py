@@ -396,7 +396,8 @@ _SCHEDULERS = {
 }
 
 
-@pytest.mark.parametrize("tensor_lr", [False, True])
+@pytest.mark.parametrize("tensor_lr", [
+    False, pytest.param(True, marks=pytest.mark.cxx_exceptions)])   # (as Adam's, above)
 @pytest.mark.parametrize("kind", sorted(_SCHEDULERS))
 def test_a_training_function_with_an_lr_scheduler_steps_as_eager(kind, tensor_lr):
     """The scheduler's step (torch.optim's code too) after the optimizer's: the same
