@@ -287,25 +287,11 @@ def resolve(source: tuple, f_locals: dict, f_globals: dict, f_builtins: dict,
     return value
 
 
-_PARAMETER: list = []   # torch.nn.Parameter, once torch is loaded
-
-
-def _is_parameter(value: Any) -> bool:
-    if not _PARAMETER:
-        torch = sys.modules.get("torch")
-        if torch is None:
-            return False
-        _PARAMETER.append(torch.nn.Parameter)
-    return type(value) is _PARAMETER[0]
-
-
 def resolve_step(kind: str, base: Any, key: Any) -> Any:
     """What the source ``(kind, <base's source>, key)`` reaches from ``base`` (``MISSING``
     if nothing).  Also the guard programs' way for what they do not do in C
     (guards/program.c), so that both read sources alike."""
     if kind == "attr":
-        if key == "grad" and _is_parameter(base):   # an optimizer's guard reads many:
-            return base.grad                        # static_attr's answer, directly
         how, found = static_attr(base, key)
         return found if how in (Attr.VALUE, Attr.METHOD, Attr.PROPERTY) else MISSING
     if kind == "item":

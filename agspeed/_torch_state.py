@@ -22,6 +22,7 @@ import types
 from typing import Any
 
 from agspeed._builder_types import GraphBreak, describe_callable, holds_node
+from agspeed.guards.state import state_functions
 from agspeed.protocol import Reason
 
 __all__ = ["answer"]
@@ -44,16 +45,8 @@ def _is_state_function(torch: Any, fn: Any) -> bool:
     return module.startswith("torch._C") and module not in _OPERATOR_MODULES
 
 
-@functools.cache
-def _guarded_already(torch: Any) -> frozenset:
-    """The queries of the global state every guard probes (agspeed.guards.state)."""
-    names = ("is_grad_enabled", "is_inference_mode_enabled", "is_autocast_cache_enabled",
-             "is_autocast_enabled", "get_autocast_dtype", "get_default_dtype",
-             "is_autocast_cpu_enabled", "get_autocast_cpu_dtype", "get_autocast_gpu_dtype",
-             "is_deterministic_algorithms_warn_only_enabled")
-    found = [getattr(torch, n, None) for n in names]
-    found.append(getattr(torch._C, "_is_any_autocast_enabled", None))
-    return frozenset(id(f) for f in found if f is not None)
+# the queries of the global state every guard probes already (agspeed.guards.state)
+_guarded_already = functools.cache(state_functions)
 
 
 def answer(builder: Any, fn: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["AUTOCAST_DEVICES", "global_state", "state_probes", "state_text", "transform_level",
-           "in_transform"]
+__all__ = ["AUTOCAST_DEVICES", "global_state", "state_probes", "state_functions",
+           "state_text", "transform_level", "in_transform"]
 
 AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -107,6 +107,19 @@ def state_probes(torch: Any, state: tuple) -> tuple:
     if level_fn is not None:
         probes.append((level_fn, (), level))
     return tuple(probes)
+
+
+def state_functions(torch: Any) -> frozenset:
+    """The ids of every function of torch ``global_state`` and ``state_probes`` read the
+    state through (on this torch): a query of one of them needs no probe of its own."""
+    names = ("is_grad_enabled", "is_inference_mode_enabled", "is_autocast_cache_enabled",
+             "is_autocast_enabled", "get_autocast_dtype", "is_autocast_cpu_enabled",
+             "get_autocast_cpu_dtype", "get_autocast_gpu_dtype", "get_default_dtype",
+             "are_deterministic_algorithms_enabled",
+             "is_deterministic_algorithms_warn_only_enabled")
+    found = [getattr(torch, n, None) for n in names]
+    found += [_any_autocast(torch), _transform_level(torch)]
+    return frozenset(id(f) for f in found if f is not None)
 
 
 def state_text(state: tuple) -> str:
