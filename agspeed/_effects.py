@@ -75,7 +75,7 @@ from typing import Any, Callable, NamedTuple
 from agspeed import _C
 from agspeed._builder_types import GraphBreak
 from agspeed._objects import _dict_base, _state
-from agspeed._stdlib import _FACTORIES   # a defaultdict's factories that run no user code
+from agspeed._stdlib import _runs_as_missing   # a defaultdict's factories captured
 from agspeed.protocol import Reason
 
 __all__ = ["SideEffects", "replay"]
@@ -90,6 +90,14 @@ _SHADOWED = (list, *_DICTS, set)
 
 class _Slot(NamedTuple):
     """In an effect's template: the graph output that goes here."""
+
+    index: int
+
+
+class _Owner(NamedTuple):
+    """In an effect's template: a list, dict or set of the program, read from its source
+    when the entry is called (owner ``index``), so that a write puts that very object
+    back, not the one the capture saw."""
 
     index: int
 
@@ -240,6 +248,7 @@ class SideEffects:
         self._returned_shadows: list = []
         self._put_back: set[int] = set()   # objects of the program the result holds
         self._owner_sources: list = []
+        self._owners: dict = {}   # source -> its place in _owner_sources
         # id -> the capture's own list, dict or set that an effect stores as itself
         # (the result holds it too, or two writes store it): note_held
         self._held: dict[int, Any] = {}
@@ -350,10 +359,10 @@ class SideEffects:
                      (key, self._shadow_value(("item", source, key), value))
                      for k, (key, value) in enumerate(obj.items())]
             if type(obj) is collections.defaultdict:
-                if obj.default_factory not in _FACTORIES:
+                if not _runs_as_missing(obj.default_factory):
                     raise GraphBreak(Reason.SIDE_EFFECT,
                                      "changing a defaultdict of the program whose factory "
-                                     "is not a builtin type")
+                                     "is neither a builtin type nor a Python function")
                 self.assumptions.append(  # type: ignore[attr-defined]
                     (("attr", source, "default_factory"), obj.default_factory))
                 made = collections.defaultdict(obj.default_factory, items)
@@ -488,9 +497,12 @@ class SideEffects:
             returned.append((path, source if made is None else self.shadow_source(made)))
             # the graph returns None there (GraphBuilder._build_namedtuples)
             self._put_back.add(id(value))
-        self._owner_sources = list(dict.fromkeys(
-            [e[1] for e in kept if e[0] != _CALL] + [source for _, source in returned]))
-        owners = {s: k for k, s in enumerate(self._owner_sources)}
+        for effect in kept:
+            if effect[0] != _CALL:
+                self._owner_index(effect[1])
+        for _, source in returned:
+            self._owner_index(source)
+        owners = self._owners
         plan = []
         for effect in kept:
             if effect[0] in (_SET, _RAW_SET):
@@ -530,9 +542,14 @@ class SideEffects:
         in_result = {id(v) for v in self.containers_in(result)}  # type: ignore
         stored: set[int] = set()
         for effect in self._effects:
-            if effect[0] not in (_SET, _RAW_SET):
+            if effect[0] in (_SET, _RAW_SET):
+                written = effect[4]
+            elif effect[0] in (_CONTENTS, _TAIL) and type(effect[3]) is not set:
+                made = effect[3]   # the items a shadow writes back
+                written = tuple(made.values() if isinstance(made, dict) else made)
+            else:
                 continue
-            for value in self.containers_in(effect[4]):  # type: ignore[attr-defined]
+            for value in self.containers_in(written):  # type: ignore[attr-defined]
                 if own(value) and (id(value) in in_result or
                                    id(value) in stored and returnable(value)):
                     self._held[id(value)] = value
@@ -611,13 +628,25 @@ class SideEffects:
             return any(a is not b for a, b in zip(now, first))
         return any(a[0] != b[0] or a[1] is not b[1] for a, b in zip(now, first))
 
+    def _owner_index(self, source: Any) -> int:
+        """The place of ``source`` among the owners the entry reads (added once)."""
+        if source not in self._owners:
+            self._owners[source] = len(self._owner_sources)
+            self._owner_sources.append(source)
+        return self._owners[source]
+
     def _template(self, value: Any) -> Any:
-        """``value`` with each graph node replaced by a ``_Slot``, and each shadow by
-        the list or dict of the program it stands for."""
+        """``value`` with each graph node replaced by a ``_Slot``, and each shadow, or
+        list, dict or set of the program the capture holds, by the program's object
+        (an ``_Owner``, read on each call: guarded by value, it need not be the object
+        the capture saw)."""
         if type(value) in _SHADOWED:
-            known = self._shadows.get(id(value))
-            if known is not None and known[0] is value:
-                return known[1]
+            if self.is_shadow(value):
+                return _Owner(self._owner_index(self.shadow_source(value)))
+            known = self.known.get(id(value))  # type: ignore[attr-defined]
+            if known is not None and known[0] is value and \
+                    not self.is_owned(value):  # type: ignore[attr-defined]
+                return _Owner(self._owner_index(known[1]))
         held = self._held.get(id(value))
         if isinstance(value, self.node_type) or held is value:  # type: ignore[attr-defined]
             self._effect_nodes.append(value)
@@ -626,8 +655,7 @@ class SideEffects:
             return type(value)(self._template(v) for v in value)
         if type(value) in _DICTS:
             items = {self._key_template(k): self._template(v) for k, v in value.items()}
-            return type(value)(items) if type(value) is not collections.defaultdict else \
-                collections.defaultdict(value.default_factory, items)
+            return _same_dict(value, items)
         self._check_closure(value)   # (each write checks it when made; this, the rest)
         return value
 
@@ -691,25 +719,36 @@ def _own_setattr(kind: type) -> Any:
                 if "__setattr__" in k.__dict__ and "__agspeed_view__" not in k.__dict__)
 
 
+def _same_dict(like: Any, items: dict) -> Any:
+    """A dict of ``like``'s type (and default factory) holding ``items``."""
+    return type(like)(items) if type(like) is not collections.defaultdict else \
+        collections.defaultdict(like.default_factory, items)
+
+
 def _has_slot(template: Any) -> bool:
-    if type(template) is _Slot:
+    """Whether ``template`` is filled in on each call (graph outputs, inputs as keys,
+    the program's objects)."""
+    if type(template) in (_Slot, _Owner):
         return True
     if type(template) in (tuple, list):
         return any(_has_slot(v) for v in template)
-    if type(template) is dict:
+    if type(template) in _DICTS:
         return any(type(k) is _Input for k in template) or \
             any(_has_slot(v) for v in template.values())
     return False
 
 
-def _fill(template: Any, outputs: tuple, inputs: tuple = ()) -> Any:
+def _fill(template: Any, outputs: tuple, inputs: tuple = (), owners: tuple = ()) -> Any:
     if type(template) is _Slot:
         return outputs[template.index]
+    if type(template) is _Owner:
+        return owners[template.index]
     if type(template) in (tuple, list):
-        return type(template)(_fill(v, outputs, inputs) for v in template)
-    if type(template) is dict:
-        return {inputs[k.index] if type(k) is _Input else k: _fill(v, outputs, inputs)
-                for k, v in template.items()}
+        return type(template)(_fill(v, outputs, inputs, owners) for v in template)
+    if type(template) in _DICTS:
+        return _same_dict(template, {inputs[k.index] if type(k) is _Input else k:
+                                     _fill(v, outputs, inputs, owners)
+                                     for k, v in template.items()})
     return template
 
 
@@ -771,17 +810,18 @@ def replay(plan: tuple, n_inputs: int, compiled: Callable) -> Callable:
         owners = inputs[n_inputs:]
         for kind, target, a, b, slots in plan:
             if kind == _SET:
-                setattr(owners[target], a, _fill(b, outputs) if slots else b)
+                setattr(owners[target], a, _fill(b, outputs, inputs, owners) if slots else b)
             elif kind == _RAW_SET:
-                object.__setattr__(owners[target], a, _fill(b, outputs) if slots else b)
+                object.__setattr__(owners[target], a,
+                                   _fill(b, outputs, inputs, owners) if slots else b)
             elif kind == _CONTENTS:
-                _write_back(owners[target], _fill(b, outputs, inputs) if slots else b)
+                _write_back(owners[target], _fill(b, outputs, inputs, owners) if slots else b)
             elif kind == _TAIL:
-                owners[target].extend(_fill(b, outputs) if slots else b)
+                owners[target].extend(_fill(b, outputs, inputs, owners) if slots else b)
             elif kind == _RESULT:
                 result = _put(result, a, owners[target])
             elif slots:
-                target(*_fill(a, outputs), **_fill(b, outputs))
+                target(*_fill(a, outputs, inputs, owners), **_fill(b, outputs, inputs, owners))
             else:
                 target(*a, **b)
         return result

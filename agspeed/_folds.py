@@ -24,7 +24,7 @@ from agspeed._builder_types import GraphBreak, SymShape, concrete, describe_call
 from agspeed._foreach_groups import group_by_device_and_dtype
 from agspeed._sources import (MISSING, _class_lookup, compared_by_identity, is_namedtuple_type,
                               static_attr)
-from agspeed._stdlib import _VIEWS, SAFE_ITERATORS, StdlibFolds
+from agspeed._stdlib import _FACTORIES, _VIEWS, SAFE_ITERATORS, StdlibFolds
 from agspeed.protocol import Attr, Compare, Reason
 
 _STRUCTURAL_FOLDS = (enumerate, zip, reversed, list, tuple, len, iter, dict, set, frozenset)
@@ -382,6 +382,9 @@ class Folds(StdlibFolds):
             if index not in container:
                 if type(container) is not collections.defaultdict:
                     raise GraphBreak(Reason.OP_FAILED, "dict[tensor] raised KeyError")
+                if container.default_factory not in _FACTORIES:
+                    raise GraphBreak(Reason.UNSUPPORTED_VALUE, "a tensor key missing from "
+                                     "a defaultdict whose factory is Python code")
                 if self.is_shadow(container):   # the factory's value joins it: a key
                     self.dict_key(container, index)   # the entry can write back
             return container[index], None

@@ -95,6 +95,15 @@ _MUTABLE = (list, dict, set, collections.OrderedDict, collections.defaultdict,
             collections.deque)
 #: default factories a defaultdict may call while capturing (C, no user code)
 _FACTORIES = (list, dict, set, int, float, str, tuple, None)
+
+
+def _runs_as_missing(factory: Any) -> bool:
+    """Whether a defaultdict's missing keys can be captured with ``factory``: a builtin
+    type the builder calls, or a Python function the interpreter inlines where a
+    subscript misses (interp_subscr.c), as ``__missing__`` calls it."""
+    return factory in _FACTORIES or type(factory) is types.FunctionType
+
+
 #: methods that compare or hash their arguments: plain values only (a tensor compares
 #: by value in eager, which would need its data)
 _COMPARING = frozenset({"index", "count", "remove", "sort"})
@@ -143,6 +152,20 @@ def _keys_in(name: str, args: tuple) -> list:
     return []
 
 
+_RECREATE_CM = contextlib._GeneratorContextManager._recreate_cm
+
+
+def _fresh_cm(self: Any) -> Any:
+    """What ``_GeneratorContextManager._recreate_cm`` answers (the fresh manager a
+    ``@contextmanager`` object used as a decorator enters on each call), inlined in its
+    place: made as ``with cm_function(...)`` makes one, through the decorated
+    function's helper, whose generator the interpreter steps (the original stores the
+    generator on a new object, which the capture cannot follow)."""
+    if type(self) is not contextlib._GeneratorContextManager:
+        return self.__class__(self.func, self.args, self.kwds)
+    return contextlib.contextmanager(self.func)(*self.args, **self.kwds)
+
+
 class StdlibFolds:
     """The part of ``GraphBuilder`` that folds the standard library (see the module doc)."""
 
@@ -164,6 +187,10 @@ class StdlibFolds:
                 return (Plan.GEN_CTX, wrapped, None)
             self.assumptions.append((("cell", source, 0), wrapped))  # type: ignore
             return (Plan.GEN_CTX, wrapped, ("cell", source, 0))
+        if fn is _RECREATE_CM:   # a @contextmanager object used as a decorator
+            return (Plan.INLINE, _fresh_cm, None, None)
+        if kind is types.MethodType and fn.__func__ is _RECREATE_CM:
+            return (Plan.INLINE, _fresh_cm, fn.__self__, None)
         if kind is functools.partial:
             return self._plan_partial(fn, source)
         if _marked_constant(fn):
@@ -366,9 +393,10 @@ class StdlibFolds:
         """OrderedDict, defaultdict and deque made in the frame: real objects of graph
         arguments the interpreter owns (a deque is stepped and mutated in place)."""
         if fn is collections.defaultdict:
-            if not args or args[0] not in _FACTORIES:
+            if not args or not _runs_as_missing(args[0]):
                 raise GraphBreak(Reason.UNSUPPORTED_CALL,
-                                 "a defaultdict whose factory is not a builtin type")
+                                 "a defaultdict whose factory is neither a builtin type "
+                                 "nor a Python function")
         rest = args[1:] if fn is collections.defaultdict else args
         for a in (*rest, *kwargs.values()):
             if type(a) in SAFE_ITERATORS:

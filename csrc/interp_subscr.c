@@ -38,6 +38,60 @@ op_build_slice(ags_interp *it, ags_frame *f, const ags_instr *ins)
     return ags_push(f, ags_value_make(AGS_VK_CONST, slice, NULL));
 }
 
+static int store_subscript(ags_interp *it, ags_value *container,
+                           ags_value *index, ags_value *value);
+
+/* d[key] of a defaultdict without the key whose factory is a Python
+ * function (a lambda, a closure), as defaultdict.__missing__ does it:
+ * the factory inlined with no arguments, its result stored under the key
+ * and pushed.  A dict of the program is changed through its shadow, the
+ * factory reached by its default_factory (which the shadow guards).
+ * AGS_DUNDER_NOT_MINE when the key is there or the factory is no Python
+ * function (a builtin type: the builder's read adds its value). */
+static int
+missing_by_factory(ags_interp *it, ags_frame *f, ags_value *container,
+                   ags_value *index)
+{
+    PyObject *factory, *fsource = NULL;
+    ags_value made;
+    int rc, has = PyDict_Contains(container->obj, index->obj);
+
+    if (has != 0) {
+        PyErr_Clear();   /* unhashable: the builder's lookup decides */
+        return AGS_DUNDER_NOT_MINE;
+    }
+    factory = PyObject_GetAttrString(container->obj, "default_factory");
+    if (factory == NULL) {
+        return AGS_ERROR;
+    }
+    if (!PyFunction_Check(factory)) {
+        Py_DECREF(factory);
+        return AGS_DUNDER_NOT_MINE;
+    }
+    if (container->kind == AGS_VK_CONST) {
+        fsource = Py_BuildValue("(sOs)", ags_load_names[AGS_LOAD_ATTR],
+                                container->source, "default_factory");
+        rc = fsource == NULL ? AGS_ERROR : ags_shadow(it, container);
+        if (rc != AGS_GO) {
+            Py_DECREF(factory);
+            Py_XDECREF(fsource);
+            return rc;
+        }
+    }
+    rc = ags_inline(it, f, factory, fsource, NULL, 0, NULL, &made);
+    Py_DECREF(factory);
+    Py_XDECREF(fsource);
+    if (rc != AGS_GO) {
+        return rc;
+    }
+    rc = store_subscript(it, container, index, &made);
+    if (rc != AGS_GO) {
+        ags_value_clear(&made);
+        return rc;
+    }
+    return ags_push(f, made);
+}
+
 /* container[index] for values: a graph node when the container is a
  * tensor, else evaluated by the builder on known values. */
 static int
@@ -52,6 +106,12 @@ subscript(ags_interp *it, ags_frame *f, ags_value *container, ags_value *index)
 
     if (rc != AGS_DUNDER_NOT_MINE) {
         return rc == AGS_GO ? ags_push(f, v) : rc;
+    }
+    if ((container->kind == AGS_VK_DICT || ags_can_shadow(container))
+        && ags_is_defaultdict(container->obj) && index->kind == AGS_VK_CONST
+        && (rc = missing_by_factory(it, f, container, index))
+               != AGS_DUNDER_NOT_MINE) {
+        return rc;
     }
     if (ags_can_shadow(container) && ags_is_defaultdict(container->obj)
         && index->kind == AGS_VK_CONST) {

@@ -802,3 +802,91 @@ def test_a_contextmanager_made_in_an_inlined_call_sets_the_programs_nonlocals():
     x = torch.tensor([1.0])
     torch.testing.assert_close(agspeed.optimize(fn, backend="eager")(x), x.sin().cos())
     assert (z, k) == (100, 100)
+
+
+SUMS = collections.defaultdict(lambda: [])
+
+
+def notes_sums(x, scale):
+    SUMS["sums"].append(x.sum())         # missing on the first call: the lambda runs
+    made = collections.defaultdict(lambda: torch.zeros(3))
+    made["sum"] += x                     # the frame's own: a tensor the graph makes
+    made["twice"] = made["sum"] * 2
+    nested = collections.defaultdict(lambda: [scale])   # a closure over the frame
+    nested["k"].append(x)
+    return made["sum"] + made["twice"] + made["none"], len(nested["k"]), nested["k"][0]
+
+
+def test_a_defaultdict_whose_factory_is_a_python_function_fills_missing_keys_as_eager():
+    report = agspeed.explain(notes_sums, torch.randn(3), 2.0)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
+    SUMS.clear()
+    fast = agspeed.optimize(notes_sums, backend="eager", fullgraph=True)
+    xs, misses = [], 0
+    for n in (1, 2, 3):
+        xs.append(torch.randn(3))
+        misses = agspeed.counters()["cache_misses"] if n == 2 else misses
+        got = fast(xs[-1], 2.0)
+        torch.testing.assert_close(got[0], 3 * xs[-1])
+        assert got[1:] == (2, 2.0)
+        assert list(SUMS) == ["sums"] and len(SUMS["sums"]) == n
+    torch.testing.assert_close(torch.stack(SUMS["sums"]), torch.stack(xs).sum(1))
+    # the key missing, then present: captured again once; the factory guarded, not
+    # what it made
+    assert agspeed.counters()["cache_misses"] == misses + 1
+    SUMS.clear()
+
+
+def test_a_defaultdict_of_the_program_with_a_python_factory_is_changed_through_a_shadow():
+    def fill(d, x):
+        d["a"] = x + 1
+        return d["b"], d          # "b" is missing: the factory's dict is stored
+
+    x = torch.randn(2, 2)
+    d, ref = collections.defaultdict(lambda: {}), collections.defaultdict(lambda: {})
+    fast = agspeed.optimize(fill, backend="eager", fullgraph=True)
+    (got, back), (want, _) = fast(d, x), fill(ref, x)
+    assert back is d and got == want == {} and got is d["b"]
+    assert list(d) == list(ref) == ["a", "b"]
+    torch.testing.assert_close(d["a"], x + 1)
+    factory = d.default_factory
+    d.default_factory = lambda: {"other": 1}      # a new factory: captured again
+    d.pop("b")
+    got, _ = fast(d, x)
+    assert got == {"other": 1} and d.default_factory is not factory
+
+
+def test_a_python_factory_with_a_tensor_key_missing_breaks_and_runs_eager():
+    params = [torch.nn.Parameter(torch.randn(2))]
+    state = collections.defaultdict(lambda: {"n": 0})
+
+    def step(x):
+        for p in params:
+            state[p]["n"] += 1
+        return x * 2
+
+    fast = agspeed.optimize(step, backend="eager")
+    for n in (1, 2):
+        torch.testing.assert_close(fast(torch.ones(2)), torch.full((2,), 2.0))
+        assert state[params[0]] == {"n": n}
+
+
+def test_the_programs_containers_inside_a_changed_dict_keep_their_identity():
+    """Writing a dict back after the frame changed it puts the program's own lists and
+    dicts back in it (and returns them) as eager leaves them, on every call, not the
+    objects the capture saw nor copies."""
+    def change(d, x):
+        d["history"]["last"] = x * 2      # a dict inside, changed too
+        d["step"] = x + 1
+        return d["items"], d["history"]
+
+    fast = agspeed.optimize(change, backend="eager", fullgraph=True)
+    for _ in range(3):
+        items, history = [1, 2], {}
+        d = {"items": items, "history": history}
+        x = torch.randn(2)
+        got_items, got_history = fast(d, x)
+        assert d["items"] is items and got_items is items
+        assert d["history"] is history and got_history is history
+        torch.testing.assert_close(history["last"], 2 * x)
+        torch.testing.assert_close(d["step"], x + 1)

@@ -530,3 +530,64 @@ def test_grad_mode_switched_by_torchs_c_switch_and_decorators_without_a_with(fn,
             ref, got = fn(x), fast(x)
             assert torch.is_grad_enabled() is grad
             _assert_same_results(got, ref)
+
+
+_EVENTS = []
+
+
+@contextlib.contextmanager
+def _traced(tag, scale=1):
+    _EVENTS.append(("enter", tag))
+    with torch.no_grad() if tag == "frozen" else contextlib.nullcontext():
+        yield scale
+    _EVENTS.append(("exit", tag))
+
+
+@_traced("inner", scale=3)
+def _decorated(x):
+    return x.sin() + 1
+
+
+@_traced("frozen")
+def _decorated_no_grad(x):
+    return x * 2, torch.is_grad_enabled()
+
+
+class _DecoratedForward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    @_traced("forward")
+    def forward(self, x):
+        return _decorated(self.fc(x)) * 2
+
+
+def test_a_contextmanager_object_used_as_a_decorator_enters_and_exits_in_the_graph():
+    """``@cm(...)`` on a function (contextlib.ContextDecorator): each call enters a
+    fresh manager; the manager's own effects (a list appended to, grad mode) are eager's."""
+    model = _DecoratedForward()
+
+    def step(x):
+        y, grad_inside = _decorated_no_grad(x)
+        return model(x) + y, grad_inside
+
+    x = torch.randn(2, 4, requires_grad=True)
+    report = agspeed.explain(step, x)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
+    fast = agspeed.optimize(step, backend="eager", fullgraph=True)
+    for _ in range(2):
+        x = torch.randn(2, 4, requires_grad=True)
+        _EVENTS.clear()
+        want = step(x)
+        want_events = list(_EVENTS)
+        _EVENTS.clear()
+        got = fast(x)
+        assert _EVENTS == want_events == [
+            ("enter", "frozen"), ("exit", "frozen"), ("enter", "forward"),
+            ("enter", "inner"), ("exit", "inner"), ("exit", "forward")]
+        _assert_same_results(got, want)
+        (g,) = torch.autograd.grad(got[0].sum(), x)
+        (w,) = torch.autograd.grad(want[0].sum(), x)
+        torch.testing.assert_close(g, w)
+    assert torch.is_grad_enabled()
