@@ -40,7 +40,7 @@ import threading
 from typing import Any, NamedTuple
 
 from agspeed import _C
-from agspeed._effects import replay
+from agspeed._replay import replay
 from agspeed._graph import GraphBreak, GraphBuilder
 from agspeed._shapes import NeedsSymbolic, ScalarDecided
 from agspeed.protocol import Reason

@@ -70,43 +70,20 @@ import logging
 import sys
 import types
 import warnings
-from typing import Any, Callable, NamedTuple
+from typing import Any
 
 from agspeed import _C
 from agspeed._builder_types import GraphBreak
-from agspeed._objects import _dict_base, _state
+from agspeed._objects import _state
+from agspeed._replay import (_CALL, _CONTENTS, _DICTS, _RAW_SET, _RESULT, _SET, _TAIL, _Attr,
+                             _Input, _Item, _Owner, _has_slot, _same_dict, _Slot)
 from agspeed._stdlib import _runs_as_missing   # a defaultdict's factories captured
 from agspeed.protocol import Reason
 
-__all__ = ["SideEffects", "replay"]
+__all__ = ["SideEffects"]
 
-# _RAW_SET: object.__setattr__'s write; _TAIL: what a list of the program was extended by
-_SET, _CALL, _CONTENTS, _RAW_SET, _TAIL, _RESULT = 0, 1, 2, 3, 4, 5
 # the containers a shadow copies (csrc/interp_effects.c: their methods run no user code)
-_DICTS = (dict, collections.OrderedDict, collections.defaultdict)
 _SHADOWED = (list, *_DICTS, set)
-
-
-
-class _Slot(NamedTuple):
-    """In an effect's template: the graph output that goes here."""
-
-    index: int
-
-
-class _Owner(NamedTuple):
-    """In an effect's template: a list, dict or set of the program, read from its source
-    when the entry is called (owner ``index``), so that a write puts that very object
-    back, not the one the capture saw."""
-
-    index: int
-
-
-class _Input(NamedTuple):
-    """In an effect's template, as a dict key: the graph input that goes here (the
-    program's own tensor, the same object)."""
-
-    index: int
 
 
 def _logging_calls() -> frozenset:
@@ -719,80 +696,6 @@ def _own_setattr(kind: type) -> Any:
                 if "__setattr__" in k.__dict__ and "__agspeed_view__" not in k.__dict__)
 
 
-def _same_dict(like: Any, items: dict) -> Any:
-    """A dict of ``like``'s type (and default factory) holding ``items``."""
-    return type(like)(items) if type(like) is not collections.defaultdict else \
-        collections.defaultdict(like.default_factory, items)
-
-
-def _has_slot(template: Any) -> bool:
-    """Whether ``template`` is filled in on each call (graph outputs, inputs as keys,
-    the program's objects)."""
-    if type(template) in (_Slot, _Owner):
-        return True
-    if type(template) in (tuple, list):
-        return any(_has_slot(v) for v in template)
-    if type(template) in _DICTS:
-        return any(type(k) is _Input for k in template) or \
-            any(_has_slot(v) for v in template.values())
-    return False
-
-
-def _fill(template: Any, outputs: tuple, inputs: tuple = (), owners: tuple = ()) -> Any:
-    if type(template) is _Slot:
-        return outputs[template.index]
-    if type(template) is _Owner:
-        return owners[template.index]
-    if type(template) in (tuple, list):
-        return type(template)(_fill(v, outputs, inputs, owners) for v in template)
-    if type(template) in _DICTS:
-        return _same_dict(template, {inputs[k.index] if type(k) is _Input else k:
-                                     _fill(v, outputs, inputs, owners)
-                                     for k, v in template.items()})
-    return template
-
-
-def _write_back(container: Any, contents: Any) -> None:
-    if type(container) is list:
-        container[:] = contents
-    else:
-        container.clear()
-        container.update(contents)
-
-
-class _Attr(NamedTuple):
-    """A step of a path in a result: an attribute of an object the frame made."""
-
-    name: str
-
-
-class _Item(NamedTuple):
-    """A step of a path in a result: an item of a dict subclass the frame made."""
-
-    key: Any
-
-
-def _put(result: Any, path: tuple, obj: Any) -> Any:
-    """``result`` with ``obj`` at ``path`` (indices and keys through the tuples, lists
-    and dicts the graph returned, attributes and items of the objects it rebuilt: all
-    its own)."""
-    if not path:
-        return obj
-    head, rest = path[0], path[1:]
-    if type(head) is _Attr:
-        object.__setattr__(result, head.name,
-                           _put(object.__getattribute__(result, head.name), rest, obj))
-        return result
-    if type(head) is _Item:
-        base = _dict_base(type(result))
-        base.__setitem__(result, head.key, _put(base.__getitem__(result, head.key), rest, obj))
-        return result
-    if type(result) is tuple:
-        return result[:head] + (_put(result[head], rest, obj),) + result[head + 1:]
-    result[head] = _put(result[head], rest, obj)
-    return result
-
-
 def _object_dict(obj: Any) -> Any:
     """``obj``'s own ``__dict__`` (None where it has none), read without its class's
     code."""
@@ -800,30 +703,3 @@ def _object_dict(obj: Any) -> Any:
         return object.__getattribute__(obj, "__dict__")
     except AttributeError:
         return None
-
-
-def replay(plan: tuple, n_inputs: int, compiled: Callable) -> Callable:
-    """A callable over the graph's inputs then the owners: runs ``compiled`` (whose
-    output is ``(result, tensors)``), replays ``plan`` in order and returns the result."""
-    def run(*inputs: Any) -> Any:
-        result, outputs = compiled(*inputs[:n_inputs])
-        owners = inputs[n_inputs:]
-        for kind, target, a, b, slots in plan:
-            if kind == _SET:
-                setattr(owners[target], a, _fill(b, outputs, inputs, owners) if slots else b)
-            elif kind == _RAW_SET:
-                object.__setattr__(owners[target], a,
-                                   _fill(b, outputs, inputs, owners) if slots else b)
-            elif kind == _CONTENTS:
-                _write_back(owners[target], _fill(b, outputs, inputs, owners) if slots else b)
-            elif kind == _TAIL:
-                owners[target].extend(_fill(b, outputs, inputs, owners) if slots else b)
-            elif kind == _RESULT:
-                result = _put(result, a, owners[target])
-            elif slots:
-                target(*_fill(a, outputs, inputs, owners), **_fill(b, outputs, inputs, owners))
-            else:
-                target(*a, **b)
-        return result
-
-    return run

@@ -380,7 +380,7 @@ class Context:
         from agspeed._capture import Capture, Stopped, _guard, capture
         from agspeed._compile import compile_capture
         from agspeed._ctx import restoring_modes
-        from agspeed._effects import replay
+        from agspeed._replay import replay
         from agspeed._sources import resolve
         from agspeed._tensor_check import arg_check
 
