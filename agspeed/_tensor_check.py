@@ -15,6 +15,10 @@ dtype, rank, sizes, strides, requires_grad (with grad mode on and off) or type. 
 cannot be built or fails any of that, lookups compute the signature as before;
 ``set_enabled(False)`` forces that path (tests run both).
 
+``batch_checker(tensors)`` is the same checker for the tensors a guard program reaches
+other than the frame's arguments (parameters, gradients, an optimizer's state), made
+for one list of its checks after they passed one by one (guards/batch.c).
+
 ``arg_check(code, f_locals)`` is what a signed CacheEntry carries (csrc/codecache.c, "The
 steady state"): the types of the frame's argument slots (their addresses, as in the
 signature: no reference is kept), the positions of its tensor arguments, and a checker
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["available", "arg_check", "set_enabled"]
+__all__ = ["available", "arg_check", "batch_checker", "set_enabled"]
 
 _state: dict[str, Any] = {"checked": False, "ok": False, "enabled": True, "why": ""}
 
@@ -113,6 +117,23 @@ def arg_check(code: Any, f_locals: dict) -> Any:
     except Exception:   # a tensor it cannot describe (sparse, nested): none
         return None
     return tuple(types), tuple(where), checker
+
+
+def batch_checker(tensors: tuple) -> Any:
+    """``check(*tensors)`` for tensors of the same types and metadata as ``tensors``
+    (exact ``torch.Tensor`` and ``nn.Parameter`` only), or None where the checker is not
+    used."""
+    if not available():
+        return None
+    import torch
+
+    exact = (torch.Tensor, torch.nn.Parameter)
+    if any(type(t) not in exact for t in tensors):
+        return None
+    try:
+        return _make(list(tensors)).check
+    except Exception:   # a tensor it cannot describe (sparse, nested): none
+        return None
 
 
 def _no_tensors() -> bool:

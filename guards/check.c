@@ -465,12 +465,39 @@ check_one(g_program *p, ags_symvals *sv, const g_check *c, PyObject *v)
     }
 }
 
+/* The deferred TENSOR checks (batch.c): their tensors, all of exactly the
+ * expected type, confirmed by one checker, else one by one in order. */
+static int
+run_deferred(g_program *p, ags_symvals *sv, const int *index,
+             PyObject *const *tensors, Py_ssize_t n, Py_ssize_t *failed)
+{
+    int refused;
+
+    if (ags_batch_run(p, index, tensors, n, &refused)) {
+        return 1;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int ok = check_TENSOR_fast(p, sv, &p->checks[index[k]], tensors[k]);
+        if (ok != 1) {
+            if (ok == 0) {
+                *failed = index[k];
+            }
+            return ok;
+        }
+    }
+    ags_batch_learn(p, index, tensors, n, refused);
+    return 1;
+}
+
 int
 ags_check_run(g_program *p, g_values *t, ags_symvals *sv, ags_gframe *frame,
               int fast, int signed_frame, Py_ssize_t *failed)
 {
     const g_memo *m = &p->memo;
-    Py_ssize_t n = fast ? m->n_live : p->n_checks;
+    Py_ssize_t n = fast ? m->n_live : p->n_checks, n_deferred = 0;
+    int deferred[G_BATCH_MAX];
+    PyObject *tensors[G_BATCH_MAX];   /* borrowed from the table */
+    int batch = p->batch_make != NULL && !p->batch_off;
 
     for (Py_ssize_t k = 0; k < n; k++) {
         Py_ssize_t index = fast ? m->live[k] : k;
@@ -485,6 +512,13 @@ ags_check_run(g_program *p, g_values *t, ags_symvals *sv, ags_gframe *frame,
         if (v == NULL) {
             return -1;
         }
+        if (batch && c->kind == AGS_CHECK_TENSOR && n_deferred < G_BATCH_MAX
+            && (PyObject *)Py_TYPE(v) == c->a) {
+            /* its type here, the rest after the loop (batch.c) */
+            deferred[n_deferred] = (int)index;
+            tensors[n_deferred++] = v;
+            continue;
+        }
         ok = check_one(p, sv, c, v);
         if (ok != 1) {
             if (ok == 0) {
@@ -493,7 +527,8 @@ ags_check_run(g_program *p, g_values *t, ags_symvals *sv, ags_gframe *frame,
             return ok;
         }
     }
-    return 1;
+    return n_deferred == 0 ? 1 : run_deferred(p, sv, deferred, tensors,
+                                              n_deferred, failed);
 }
 
 g_memo_rule

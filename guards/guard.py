@@ -21,6 +21,7 @@ from agspeed import _C
 from agspeed import config as _config
 from agspeed._shapes import SymbolicGuards
 from agspeed._sources import MISSING, describe, resolve, resolve_step
+from agspeed._tensor_check import batch_checker
 from agspeed.guards.checks import KINDS, NO_SYMBOLS, Symbols, check_for, tensor_spec
 from agspeed.guards.state import global_state, state_probes, state_text
 from agspeed.protocol import Check, GuardFlag, Load, Part
@@ -150,7 +151,7 @@ class Guard(_C.GuardProgram):
         self._set_program(loads, checks, aliases,
                           state_probes(self.torch, self.state) + self.reads,
                           resolve_step, MISSING, self.torch.nn.Module, outputs, int(flags),
-                          symbolic, distinct)
+                          symbolic, distinct, batch_checker)
 
     def widened(self, other: "Guard") -> "Guard":
         """This guard less the plain-value checks ``other`` expects differently.

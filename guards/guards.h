@@ -9,6 +9,8 @@
  *   program.c    the GuardProgram type, its evaluation and its parser
  *   load.c       how a program reaches a value from the frame
  *   check.c      what a program checks of a value: one row per check kind
+ *   batch.c      the tensor checks of a program confirmed by one call of
+ *                torch's C++ checker
  *   memo.c       the structure memo and the dict and type watchers
  *   symbolic.c   symbolic sizes (dynamic shapes): expressions and guards
  *   program.h    what program.c, load.c, check.c and memo.c share (private

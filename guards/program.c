@@ -89,6 +89,7 @@ program_release(g_program *p)
     Py_CLEAR(p->missing);
     Py_CLEAR(p->module_type);
     Py_CLEAR(p->module_getattr);
+    ags_batch_release(p);
     ags_symtab_release(&p->sym);
 }
 
@@ -406,13 +407,19 @@ program_set(PyObject *self, PyObject *args)
     g_program *p = (g_program *)self;
     PyObject *loads, *checks, *aliases, *probes, *step, *missing, *mtype;
     PyObject *outputs, *symbolic = Py_None, *distinct = Py_None;
+    PyObject *batch_make = Py_None;
     int flags = 0;
 
-    if (!PyArg_ParseTuple(args, "O!O!O!O!OOOO!|iOO:_set_program",
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OOOO!|iOOO:_set_program",
                           &PyList_Type, &loads, &PyList_Type, &checks,
                           &PyList_Type, &aliases, &PyTuple_Type, &probes,
                           &step, &missing, &mtype, &PyList_Type, &outputs,
-                          &flags, &symbolic, &distinct)) {
+                          &flags, &symbolic, &distinct, &batch_make)) {
+        return NULL;
+    }
+    if (batch_make != Py_None && !PyCallable_Check(batch_make)) {
+        PyErr_SetString(PyExc_TypeError, "_set_program: tensor_batch must be "
+                        "callable or None");
         return NULL;
     }
     if (distinct != Py_None && !PyList_Check(distinct)) {
@@ -485,6 +492,7 @@ program_set(PyObject *self, PyObject *args)
     p->probes = Py_NewRef(probes);   /* last: it marks the program compiled */
     p->step = Py_NewRef(step);
     p->missing = Py_NewRef(missing);
+    p->batch_make = batch_make == Py_None ? NULL : Py_NewRef(batch_make);
     Py_RETURN_NONE;
 bad:
     program_release(p);
@@ -529,6 +537,13 @@ program_size(PyObject *self, PyObject *unused)
                          "symbolic_guards", p->sym.n_guards);
 }
 
+static PyObject *
+program_batches(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    return ags_batch_report((g_program *)self);
+}
+
 static int
 program_traverse(PyObject *self, visitproc visit, void *arg)
 {
@@ -549,7 +564,7 @@ program_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(p->module_type);
     Py_VISIT(p->module_getattr);
     Py_VISIT(p->sym.fallback);
-    return 0;
+    return ags_batch_traverse(p, visit, arg);
 }
 
 static int
@@ -576,8 +591,9 @@ program_dealloc(PyObject *self)
 static PyMethodDef program_methods[] = {
     {"_set_program", program_set, METH_VARARGS,
      "_set_program(loads, checks, aliases, probes, step, missing, "
-     "module_type, outputs, flags=0, symbolic=None): compile the program "
-     "(see guards/program.c)."},
+     "module_type, outputs, flags=0, symbolic=None, distinct=None, "
+     "tensor_batch=None): compile the program (see guards/program.c; "
+     "tensor_batch: guards/batch.c)."},
     {"read", (PyCFunction)(void (*)(void))program_read, METH_FASTCALL,
      "read(f_locals, f_globals, f_builtins) -> tuple: the values of the "
      "output loads (the graph's inputs), MISSING where none."},
@@ -593,6 +609,10 @@ static PyMethodDef program_methods[] = {
     {"_memo", program_memo, METH_NOARGS,
      "_memo() -> dict: the structure memo (valid, remembered loads, skipped "
      "checks, witnesses, watched, and evaluations with and without it)."},
+    {"_batches", program_batches, METH_NOARGS,
+     "_batches() -> dict: the checkers of deferred tensor checks (tensors "
+     "each, and whether one was made), refusals, and whether batching was "
+     "given up (guards/batch.c)."},
     {"_program_size", program_size, METH_NOARGS,
      "_program_size() -> dict: how many loads, checks, aliases and probes."},
     {NULL, NULL, 0, NULL},

@@ -87,6 +87,18 @@ typedef struct {
     uint64_t builds;
 } g_memo;
 
+/* A checker of the tensors of a list of TENSOR checks (batch.c). */
+typedef struct {
+    int *index;          /* the checks, in order */
+    Py_ssize_t n;
+    PyObject *check;     /* owned: check(*tensors) -> bool; None: these
+                            places have none; NULL: an empty slot */
+} g_batch;
+
+#define G_BATCH_SLOTS 4
+#define G_BATCH_MIN 4    /* fewer deferred tensors: checked one by one */
+#define G_BATCH_MAX 256  /* more: the rest checked one by one in the loop */
+
 typedef struct g_program_ {
     PyObject_HEAD
     g_load *loads;
@@ -111,6 +123,9 @@ typedef struct g_program_ {
     Py_ssize_t *ttouched;
     int tbusy;           /* an evaluation is using it */
     g_memo memo;
+    PyObject *batch_make;      /* owned: tensors -> checker or None; or NULL */
+    g_batch batches[G_BATCH_SLOTS];
+    int batch_next, batch_stale, batch_off;
     PyObject *weakreflist;
     vectorcallfunc vectorcall;
 } g_program;
@@ -288,6 +303,22 @@ int ags_check_run(g_program *p, g_values *t, ags_symvals *sv,
 
 g_memo_rule ags_check_memo_rule(const g_program *p, const g_check *c,
                                  PyObject *v);
+
+/* ------------------------------------------------------------------ */
+/* Tensor checks confirmed by one call (batch.c) */
+
+/* 1 if a checker for the TENSOR checks `index` (n of them) accepts their
+ * tensors, else 0 (*refused: one was asked and said no); never an error. */
+int ags_batch_run(g_program *p, const int *index, PyObject *const *tensors,
+                  Py_ssize_t n, int *refused);
+/* After those checks passed one by one: makes their checker (refused: a
+ * checker had said no).  Never an error. */
+void ags_batch_learn(g_program *p, const int *index,
+                     PyObject *const *tensors, Py_ssize_t n, int refused);
+void ags_batch_release(g_program *p);
+/* New reference: {"checkers": [(tensors, made)], "stale": n, "off": bool}. */
+PyObject *ags_batch_report(g_program *p);
+int ags_batch_traverse(g_program *p, visitproc visit, void *arg);
 
 /* ------------------------------------------------------------------ */
 /* The structure memo (memo.c) */

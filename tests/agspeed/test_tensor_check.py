@@ -177,3 +177,86 @@ def test_the_check_rests_while_shapes_cycle_and_comes_back():
         steady = agspeed.counters()["arg_check_hits"] - start
     assert cycling == 0
     assert 100 - 64 - 1 <= steady < 100
+
+
+# -- tensors the guard reaches through objects: one checker for all (guards/batch.c) -----
+
+
+class Held:
+    """Tensors a frame reaches through an object of the program, not its arguments."""
+
+    def __init__(self, n):
+        self.ts = [torch.randn(3) for _ in range(n)]
+
+
+HELD = Held(6)
+
+
+def total(x):
+    out = x
+    for t in HELD.ts:
+        out = out + t
+    return out
+
+
+HELD_CHANGES = [
+    ("dtype", lambda t: t.double()),
+    ("shape", lambda t: torch.randn(1)),
+    ("strides", lambda t: torch.randn(6)[::2]),
+    ("requires_grad", lambda t: t.clone().requires_grad_()),
+    ("parameter", lambda t: nn.Parameter(t.clone())),
+    ("subclass", lambda t: t.clone().as_subclass(type("Sub", (torch.Tensor,), {}))),
+]
+
+
+def _entries():
+    return _C.code_cache(total.__code__)["entries"]
+
+
+@pytest.mark.parametrize("name,change", HELD_CHANGES, ids=[n for n, _ in HELD_CHANGES])
+def test_tensors_reached_through_objects_are_confirmed_by_one_checker(name, change):
+    agspeed.reset()
+    HELD.ts = [torch.randn(3) for _ in range(6)]
+    fast = agspeed.optimize(total, backend="eager", dynamic=False)
+    x = torch.randn(3)
+    for _ in range(3):
+        torch.testing.assert_close(fast(x), total(x))
+    (entry,) = _entries()
+    assert entry.guard._batches()["checkers"] == [(6, True)]
+    hits = entry.hits
+    for _ in range(5):            # new tensors of the same metadata: the checker passes
+        HELD.ts = [torch.randn(3) for _ in range(6)]
+        torch.testing.assert_close(fast(x), total(x))
+    assert entry.hits == hits + 5
+    kept = HELD.ts[3]
+    with agspeed.config.override(recompile_limit=32):
+        HELD.ts[3] = change(kept)                 # refused by the checker, then by the
+        got, want = fast(x), total(x)             # one-by-one check: captured again
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+        assert len(_entries()) == 2
+        HELD.ts[3] = kept
+        torch.testing.assert_close(fast(x), total(x))
+    assert entry.hits == hits + 6 and entry.guard._batches()["stale"] == 0
+    agspeed.reset()
+
+
+def test_the_batch_checker_keeps_no_tensor_alive_and_few_tensors_go_one_by_one():
+    agspeed.reset()
+    HELD.ts = [torch.randn(3) for _ in range(6)]
+    fast = agspeed.optimize(total, backend="eager", dynamic=False)
+    x = torch.randn(3)
+    for _ in range(2):
+        fast(x)
+    refs = [weakref.ref(t) for t in HELD.ts]
+    HELD.ts = [torch.randn(3) for _ in range(6)]
+    fast(x)
+    gc.collect()
+    assert [r() for r in refs] == [None] * 6
+    agspeed.reset()
+    HELD.ts = [torch.randn(3) for _ in range(2)]   # below the batch's minimum
+    for _ in range(3):
+        torch.testing.assert_close(fast(x), total(x))
+    (entry,) = _entries()
+    assert entry.guard._batches()["checkers"] == []
+    agspeed.reset()

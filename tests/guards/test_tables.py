@@ -309,10 +309,10 @@ def test_a_compiled_guard_names_loads_checks_and_flags_by_their_enums():
 
     class Spy(Guard):
         def _set_program(self, loads, checks, aliases, probes, step, missing, mtype,
-                         outputs, flags, symbolic, distinct):
+                         outputs, flags, symbolic, distinct, tensor_batch):
             self.seen = loads, checks, flags
             super()._set_program(loads, checks, aliases, probes, step, missing, mtype,
-                                 outputs, flags, symbolic, distinct)
+                                 outputs, flags, symbolic, distinct, tensor_batch)
 
     lin = torch.nn.Linear(3, 3)
 
