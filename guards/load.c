@@ -92,8 +92,51 @@ find_parameter(void)
     return 1;
 }
 
+/* A class's own name, qualified name or MRO, as type's descriptors give
+ * them (static_attr's _TYPE_NAMES), when its metaclass finds type's own
+ * descriptor for `name`: a new reference, or NULL without an exception
+ * (not one of those: the Python step). */
+static PyObject *
+type_name(PyObject *cls, PyObject *name)
+{
+    PyObject *found;
+
+    if (!PyUnicode_Check(name)
+        || (PyUnicode_CompareWithASCIIString(name, "__name__") != 0
+            && PyUnicode_CompareWithASCIIString(name, "__qualname__") != 0
+            && PyUnicode_CompareWithASCIIString(name, "__mro__") != 0)) {
+        return NULL;
+    }
+    found = _PyType_Lookup(Py_TYPE(cls), name);   /* borrowed */
+    if (found == NULL || found != _PyType_Lookup(&PyType_Type, name)
+        || Py_TYPE(found)->tp_descr_get == NULL) {
+        return NULL;
+    }
+    return Py_TYPE(found)->tp_descr_get(found, cls, (PyObject *)Py_TYPE(cls));
+}
+
+/* collections.defaultdict, found once (collections is always loaded); NULL
+ * before or where it cannot be had. */
+static PyTypeObject *
+defaultdict_type(void)
+{
+    static PyObject *found;
+
+    if (found == NULL) {
+        PyObject *mod = PyImport_ImportModule("collections");
+        found = mod != NULL ? PyObject_GetAttrString(mod, "defaultdict") : NULL;
+        Py_XDECREF(mod);
+        if (found == NULL || !PyType_Check(found)) {
+            PyErr_Clear();
+            Py_CLEAR(found);
+        }
+    }
+    return (PyTypeObject *)found;
+}
+
 /* New reference to base.<name> as static_attr finds it, or G_MISSING.
- * *via says where the answer came from (VIA_PYTHON when Python found it). */
+ * *via says where the answer came from (VIA_PYTHON when Python found it,
+ * or C found it where the memo does not watch). */
 static PyObject *
 load_attr(g_program *p, PyObject *base, PyObject *name, int *via)
 {
@@ -110,11 +153,21 @@ load_attr(g_program *p, PyObject *base, PyObject *name, int *via)
         }
         return Py_NewRef(value);
     }
+    if (PyType_Check(base) && (value = type_name(base, name)) != NULL) {
+        return value;
+    }
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
     if (PyType_Check(base) || PyObject_TypeCheck(base, &PySuper_Type)
         || !(cls->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
         return step(p, AGS_LOAD_ATTR, base, name);
     }
     found = _PyType_Lookup(cls, name);     /* borrowed */
+    if (found != NULL
+        && found == _PyType_Lookup(&PyBaseObject_Type, ags_gp_names.class_)) {
+        return Py_NewRef((PyObject *)cls);   /* object's own __class__ */
+    }
     if (found != NULL && Py_IS_TYPE(found, &PyGetSetDescr_Type)
         && name == ags_gp_names.grad && find_parameter()
         && (PyObject *)cls == param_type && found == grad_getter) {
@@ -196,6 +249,12 @@ load_attr(g_program *p, PyObject *base, PyObject *name, int *via)
             *via = VIA_NOWHERE;
             return G_MISSING;
         }
+    }
+    if ((dict == NULL || PyDict_CheckExact(dict))
+        && _PyType_Lookup(cls, ags_gp_names.getattr) == NULL) {
+        /* on no class and in no store, with no __getattr__: nowhere */
+        Py_XDECREF(dict);
+        return G_MISSING;
     }
     Py_XDECREF(dict);
     return step(p, AGS_LOAD_ATTR, base, name);
@@ -354,7 +413,21 @@ load_GMOD(G_LOAD_ARGS)
         return PyErr_Occurred() ? NULL : G_MISSING;
     }
     if (PyModule_Check(mod)) {  /* the module's own global, in C */
-        hit = PyDict_GetItemWithError(PyModule_GetDict(mod), name);
+        PyObject *globals = PyModule_GetDict(mod), *b;
+
+        hit = PyDict_GetItemWithError(globals, name);
+        if (hit == NULL && !PyErr_Occurred()) {
+            /* else its builtins, as _sources._lookup_global reads them */
+            b = PyDict_GetItemWithError(globals, ags_gp_names.builtins);
+            b = b != NULL && PyModule_Check(b) ? PyModule_GetDict(b) : b;
+            if (b != NULL && PyDict_CheckExact(b)) {
+                hit = PyDict_GetItemWithError(b, name);
+                if (hit == NULL && !PyErr_Occurred()) {
+                    Py_DECREF(mod);
+                    return G_MISSING;
+                }
+            }
+        }
     }
     out = hit ? Py_NewRef(hit) : PyErr_Occurred() ? NULL
                                : step(p, AGS_LOAD_GMOD, mod, name);
@@ -539,11 +612,62 @@ PYTHON_STEP_LOAD(NUMPY)
 /* A new tensor on every read: nothing to remember. */
 #define depends_NUMPY depends_nothing
 
-PYTHON_STEP_LOAD(KEYS)
+/* KEYS, VALUES: an exact dict's or defaultdict's in C, an OrderedDict's
+ * keys in its own order (iterating it is C); the rest the Python step. */
+
+static inline int
+plain_dict(PyObject *base)
+{
+    return PyDict_CheckExact(base) || Py_TYPE(base) == defaultdict_type();
+}
+
+static inline PyObject *
+as_tuple(PyObject *list)
+{
+    PyObject *out = list != NULL ? PyList_AsTuple(list) : NULL;
+
+    Py_XDECREF(list);
+    return out;
+}
+
+static inline PyObject *
+load_KEYS(G_LOAD_ARGS)
+{
+    G_UNUSED_LOAD_ARGS;
+    if (plain_dict(base)) {
+        return as_tuple(PyDict_Keys(base));
+    }
+    if (PyODict_CheckExact(base)) {
+        return PySequence_Tuple(base);
+    }
+    return step(p, AGS_LOAD_KEYS, base, ld->key);
+}
+
+static const char *
+parse_KEYS(const g_load *ld)
+{
+    return child(ld);
+}
+
 /* A new tuple on every read, of a dict the memo does not watch. */
 #define depends_KEYS depends_nothing
 
-PYTHON_STEP_LOAD(VALUES)
+static inline PyObject *
+load_VALUES(G_LOAD_ARGS)
+{
+    G_UNUSED_LOAD_ARGS;
+    if (plain_dict(base)) {
+        return as_tuple(PyDict_Values(base));
+    }
+    return step(p, AGS_LOAD_VALUES, base, ld->key);
+}
+
+static const char *
+parse_VALUES(const g_load *ld)
+{
+    return child(ld);
+}
+
 #define depends_VALUES depends_nothing
 
 PYTHON_STEP_LOAD(STORAGE)

@@ -707,7 +707,10 @@ ags_guard_init(void)
     }
     s->grad = PyUnicode_InternFromString("grad");
     s->torch_parameter = PyUnicode_InternFromString("torch.nn.parameter");
-    if (s->grad == NULL || s->torch_parameter == NULL) {
+    s->class_ = PyUnicode_InternFromString("__class__");
+    s->builtins = PyUnicode_InternFromString("__builtins__");
+    if (s->grad == NULL || s->torch_parameter == NULL || s->class_ == NULL
+        || s->builtins == NULL) {
         return -1;
     }
     /* last: it marks the names complete */

@@ -133,6 +133,8 @@ typedef struct g_program_ {
 /* Interned names, made by ags_guard_init (program.c). */
 typedef struct {
     PyObject *getattr;                  /* "__getattr__" */
+    PyObject *class_;                   /* "__class__" */
+    PyObject *builtins;                 /* "__builtins__" */
     PyObject *grad;                     /* "grad" */
     PyObject *torch_parameter;          /* "torch.nn.parameter" */
     PyObject *stores[3];                /* nn.Module's stores, in order */

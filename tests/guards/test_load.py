@@ -120,6 +120,17 @@ class CustomGetattribute:
         return object.__getattribute__(self, name)
 
 
+class Naming(type):
+    @property
+    def __name__(cls):
+        RAN.append("__name__")
+        return "renamed"
+
+
+class Named(metaclass=Naming):
+    pass
+
+
 Point = collections.namedtuple("Point", "x y")
 
 # (rule, object, attribute, who answers)
@@ -137,9 +148,16 @@ RULES = [
     ("class data descriptor", Plain(), "data_descriptor", PY),
     ("instance dict", Plain(), "x", C),
     ("instance dict over a class function", Shadow(), "method", C),
-    ("missing on a plain object", Plain(), "nothing", PY),
+    ("missing on a plain object", Plain(), "nothing", C),
+    ("an object's own __class__", Plain(), "__class__", C),
     ("__slots__ member", Slotted(), "s", PY),
     ("__slots__ member never set", Slotted(), "unset", PY),
+    ("missing on a slotted object", Slotted(), "nothing", C),
+    ("class: its name", Plain, "__name__", C),
+    ("class: its qualified name", Shadow, "__qualname__", C),
+    ("class: its MRO", Shadow, "__mro__", C),
+    ("class: its module", Plain, "__module__", PY),
+    ("class with a metaclass naming itself", Named, "__name__", PY),
     ("class: its attribute", Plain, "constant", PY),
     ("class: its function", Plain, "method", PY),
     ("class: its staticmethod", Plain, "static", PY),
@@ -149,7 +167,7 @@ RULES = [
     ("custom __getattr__, instance dict", CustomGetattr(), "x", C),
     ("custom __getattr__, missing", CustomGetattr(), "anything", PY),
     ("custom __getattribute__, instance dict", CustomGetattribute(), "x", C),
-    ("custom __getattribute__, missing", CustomGetattribute(), "anything", PY),
+    ("custom __getattribute__, missing", CustomGetattribute(), "anything", C),
     ("namedtuple field", Point(3, 4), "y", PY),
     ("builtin type's instance", 3, "real", PY),
     ("builtin type's instance, missing", 3, "nothing", PY),
@@ -217,3 +235,54 @@ def test_an_optimized_modules_view_reads_what_static_attr_finds():
         got, answered = read_attr(view, name, torch.nn.Module)
         assert got is static(view, name), name
         assert answered == where, name
+
+
+# -- module globals past the module, and a dict's keys and values ------------------------
+
+
+def read_load(base, load, key=None):
+    """(value, who answered) for a load of ``base`` (LOCAL "obj") by ``load``."""
+    step = Recorder()
+    p = _C.GuardProgram()
+    p._set_program([(Load.LOCAL, -1, "obj"), (load, 0, key)], [], [], (), step,
+                   MISSING, None, [1])
+    (got,) = p.read({"obj": base}, {}, {})
+    return got, (PY if step.calls else C)
+
+
+def read_gmod(module, name):
+    step = Recorder()
+    p = _C.GuardProgram()
+    p._set_program([(Load.GMOD, -1, (module, name))], [], [], (), step, MISSING, None, [0])
+    (got,) = p.read({}, {}, {})
+    return got, (PY if step.calls else C)
+
+
+def test_a_modules_global_falls_back_to_its_builtins_in_c():
+    assert read_gmod("collections", "OrderedDict") == (collections.OrderedDict, C)
+    assert read_gmod("collections", "isinstance") == (isinstance, C)
+    assert read_gmod("collections", "no_such_name") == (MISSING, C)
+    assert read_gmod("collections", "isinstance")[0] is \
+        resolve_step("gmod", collections, "isinstance")
+
+
+def test_keys_and_values_of_dicts_read_in_c_as_in_python():
+    od = collections.OrderedDict(a=1, b=2, c=3)
+    od.move_to_end("a")                       # its own order, not its dict's
+    dd = collections.defaultdict(list, x=[1], y=[2])
+
+    class Sub(dict):
+        def keys(self):
+            RAN.append("keys")
+            return []
+
+    cases = [({"p": 1, "q": 2}, C, C), (dd, C, C), (od, C, PY), (Sub(k=1), PY, PY)]
+    for base, keys_by, values_by in cases:
+        RAN.clear()
+        for load, kind, by in ((Load.KEYS, "keys", keys_by),
+                               (Load.VALUES, "values", values_by)):
+            got, answered = read_load(base, load)
+            assert got == resolve_step(kind, base, None) and type(got) is tuple
+            assert answered == by, (type(base).__name__, kind)
+        assert RAN == []
+    assert read_load(od, Load.KEYS)[0] == ("b", "c", "a")
