@@ -74,6 +74,7 @@ from typing import Any
 
 from agspeed import _C
 from agspeed._builder_types import GraphBreak
+from agspeed._folds import holds_container
 from agspeed._objects import _state
 from agspeed._replay import (_CALL, _CONTENTS, _DICTS, _RAW_SET, _RESULT, _SET, _TAIL, _Attr,
                              _Input, _Item, _Owner, _has_slot, _same_dict, _Slot)
@@ -509,6 +510,9 @@ class SideEffects:
             return not self.is_shadow(value) and self._made_for(value) is None and \
                 (not self._of_program(value) or self.is_owned(value))  # type: ignore
 
+        def built(value: Any) -> bool:   # by the interpreter, in this capture
+            return id(value) in self.owned_ids  # type: ignore[attr-defined]
+
         def returnable(value: Any) -> bool:   # as a graph output, all of it built here
             try:
                 self.check_output(value, placed=False)  # type: ignore[attr-defined]
@@ -520,14 +524,15 @@ class SideEffects:
         stored: set[int] = set()
         for effect in self._effects:
             if effect[0] in (_SET, _RAW_SET):
-                written = effect[4]
+                written, made_here = effect[4], own
             elif effect[0] in (_CONTENTS, _TAIL) and type(effect[3]) is not set:
-                made = effect[3]   # the items a shadow writes back
+                made = effect[3]   # the items a shadow writes back: only those the
                 written = tuple(made.values() if isinstance(made, dict) else made)
+                made_here = built  # capture built (not the program's, inside its tuples)
             else:
                 continue
             for value in self.containers_in(written):  # type: ignore[attr-defined]
-                if own(value) and (id(value) in in_result or
+                if made_here(value) and own(value) and (id(value) in in_result or
                                    id(value) in stored and returnable(value)):
                     self._held[id(value)] = value
                 stored.add(id(value))
@@ -617,7 +622,7 @@ class SideEffects:
         list, dict or set of the program the capture holds, by the program's object
         (an ``_Owner``, read on each call: guarded by value, it need not be the object
         the capture saw)."""
-        if type(value) in _SHADOWED:
+        if type(value) in _SHADOWED or holds_container(value):
             if self.is_shadow(value):
                 return _Owner(self._owner_index(self.shadow_source(value)))
             known = self.known.get(id(value))  # type: ignore[attr-defined]

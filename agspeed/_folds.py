@@ -90,6 +90,14 @@ def _tensor_keyed(builder: Any, d: dict) -> bool:
         builder.known.get(id(d), (None,))[0] is d
 
 
+
+def holds_container(value: Any) -> bool:
+    """Whether ``value`` is a tuple holding a list, dict or set (at any depth through
+    tuples): one of the program's is returned as itself, so that those are the
+    program's own objects, not copies (``GraphBuilder.program_object``)."""
+    return type(value) is tuple and any(
+        type(v) in (list, dict, set) or holds_container(v) for v in value)
+
 class Folds(StdlibFolds):
     """The part of ``GraphBuilder`` that evaluates known values (the standard library's
     iterators, itertools, functools and container methods in ``_stdlib``)."""
@@ -421,7 +429,8 @@ class Folds(StdlibFolds):
             # (a list keeps its source even when it holds plain values: the program may
             # change it in place, through that source)
             keep = source is not None and not isinstance(index, slice) and \
-                (type(out) is list or not self._is_static(out)) and \
+                (type(out) is list or holds_container(out) or
+                 not self._is_static(out)) and \
                 not isinstance(out, self.node_type)
             return out, (("item", source, index) if keep else None)
         if _type_hint(container) and _type_hint_args(index):

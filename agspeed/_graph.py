@@ -62,7 +62,7 @@ from agspeed._copies import Copies
 from agspeed._effects import SideEffects
 from agspeed._ctx import ContextPolicy
 from agspeed._dunders import Dunders
-from agspeed._folds import Folds
+from agspeed._folds import Folds, holds_container
 from agspeed._identity import Identities
 from agspeed._numpy import NumpyCall, NumpyPolicy
 from agspeed._objects import Objects, bare_dict_subclass, is_structseq_type
@@ -639,6 +639,12 @@ class GraphBuilder(Identities, Objects, CallPolicy, Folds, Binding, SideEffects,
         cache object passed in, a submodule) reached by a source: what the frame
         returns as itself.  The graph holds None in its place and the entry puts the
         object there, read through that source (``agspeed._effects``: ``_RESULT``)."""
+        if type(value) is tuple and (holds_container(value) or not self._is_static(value)):
+            # one holding the program's lists, dicts or objects: eager returns the
+            # tuple itself, so those in it are the program's, not copies
+            known = self.known.get(id(value))
+            return known is not None and known[0] is value and \
+                not any(isinstance(v, self.node_type) for v in value)
         if isinstance(value, (self.node_type, self._torch.Tensor)) or \
                 self._is_static(value) or self.is_owned(value) or \
                 type(value) in (tuple, list, dict, set, frozenset, slice):

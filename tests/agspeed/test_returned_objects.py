@@ -143,3 +143,29 @@ def test_a_list_stored_and_returned_holds_the_programs_object():
         assert items is holder.items and items[0] is cache
         torch.testing.assert_close(items[1], x * 2)
         torch.testing.assert_close(out, x + 1)
+
+
+def _returns_an_entry(d, x):
+    return d["pair"], x + 1
+
+
+def _changes_and_returns_an_entry(d, x):
+    d["step"] = x * 2
+    return d["pair"]
+
+
+@pytest.mark.parametrize("fn", [_returns_an_entry, _changes_and_returns_an_entry])
+def test_a_tuple_of_the_program_holding_a_list_is_returned_as_itself(fn):
+    """A tuple read from the program's dict holds the program's list: eager returns
+    that tuple, so the list the caller gets is the one in the dict (a later append
+    through either reaches both), on every call, not a copy or the first call's."""
+    fast = agspeed.optimize(fn, backend="eager", fullgraph=True)
+    for _ in range(3):
+        items = [1, 2]
+        d = {"pair": ("tag", items)}
+        x = torch.randn(2)
+        got = fast(d, x)
+        pair = got[0] if fn is _returns_an_entry else got
+        assert pair is d["pair"] and pair[1] is items
+        if fn is _changes_and_returns_an_entry:
+            torch.testing.assert_close(d["step"], 2 * x)
