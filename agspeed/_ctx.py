@@ -21,6 +21,9 @@ The interpreter meets a ``with`` at BEFORE_WITH (csrc/interp_exc.c) and asks the
   does) wrap ``f`` as ``no_grad()(f)`` does.
 * ``torch.inference_mode(mode)`` records ``_enter_inference_mode`` / ``_exit_inference_mode``
   (the same pair eager runs) and runs the block's fake operations in that mode, grad off.
+* ``torch.nn.attention.sdpa_kernel(backends, set_priority)`` records the graph's own
+  switches of the attention backends (agspeed/_sdpa.py) and runs the block's fake
+  operations with those backends selected.
 * ``contextlib.nullcontext(value)`` enters to ``value`` and records nothing.
 * ``torch.autograd.profiler.record_function(name)`` (an optimizer's ``step`` opens one)
   records nothing either, as under torch.compile: a profile of a graph shows the graph's
@@ -61,9 +64,11 @@ class _Ctx:
 
     def __init__(self, builder: Any, name: str, grad: bool | None = None,
                  autocast: tuple | None = None, result: Any = None,
-                 inference: bool | None = None) -> None:
+                 inference: bool | None = None, sdpa: tuple | None = None) -> None:
         self.builder, self.name = builder, name
         self.grad, self.autocast, self.result = grad, autocast, result
+        self.sdpa = sdpa    # (backend names, set_priority): sdpa_kernel's
+        self.sdpa_node: Any = None
         self.mode = grad    # the grad mode inside the block (set_grad_enabled's too)
         self.inference = inference
         self.inference_node: Any = None
@@ -88,6 +93,9 @@ class _Ctx:
                                               (self.inference,))
             b.inference_stack.append((self.inference, b.grad_mode))
             b.grad_mode = b.grad_mode and not self.inference   # the mode turns grad off
+        if self.sdpa is not None:
+            self.sdpa_node = b._ctx_node(b._sdpa.enter_sdpa_kernel, self.sdpa)
+            b.sdpa_stack.append(self.sdpa)
         return self.result
 
     def exit(self, *exc: Any) -> None:
@@ -95,6 +103,11 @@ class _Ctx:
             raise GraphBreak(Reason.UNSUPPORTED_CALL, f"leaving {self.name} by hand")
         self.entered = False
         b = self.builder
+        if self.sdpa is not None:
+            if not b.sdpa_stack or b.sdpa_stack[-1] is not self.sdpa:
+                raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{self.name} left out of order")
+            b.sdpa_stack.pop()
+            b._ctx_node(b._sdpa.exit_sdpa_kernel, (self.sdpa_node, self.sdpa[1]))
         if self.autocast is not None:
             if not b.autocast_stack or b.autocast_stack[-1] is not self.autocast:
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{self.name} left out of order")
@@ -130,6 +143,8 @@ class ContextPolicy:
         self._initial_grad = self.grad_mode
         self.autocast_stack: list[tuple] = []
         self.inference_stack: list[tuple] = []   # (mode, grad mode before), innermost last
+        self.sdpa_stack: list[tuple] = []   # sdpa_kernel's (names, set_priority), innermost last
+        self._sdpa = _attention_switches()
         grad = torch.autograd.grad_mode
         # by id, so that asking never hashes or compares a user's object
         self._grad_classes = {id(grad.no_grad): False, id(grad.enable_grad): True}
@@ -143,6 +158,9 @@ class ContextPolicy:
             grad.no_grad, grad.enable_grad, torch.set_grad_enabled, contextlib.nullcontext,
             grad.inference_mode, torch.autograd.profiler.record_function, *autocast,
             torch._C._set_grad_enabled)}
+        if self._sdpa is not None:
+            self._ctx_classes[id(torch.nn.attention.sdpa_kernel)] = \
+                torch.nn.attention.sdpa_kernel
 
     def _modelled(self, cls: Any) -> bool:
         return self._ctx_classes.get(id(cls)) is cls
@@ -191,6 +209,12 @@ class ContextPolicy:
         if fn is torch.autograd.profiler.record_function:
             self._bound(fn, args, kwargs)
             return _Ctx(self, name, result=fn(*args, **kwargs))
+        if self._sdpa is not None and fn is torch.nn.attention.sdpa_kernel:
+            values = self._bound(fn, args, kwargs)
+            names = self._sdpa.backend_names(values["backends"])
+            if names is None or type(values["set_priority"]) is not bool:
+                raise GraphBreak(Reason.BAD_CALL, f"{name}() of these backends")
+            return _Ctx(self, name, result={}, sdpa=(names, values["set_priority"]))
         if id(fn) in self._grad_classes:
             self._bound(fn, args, kwargs)
             return _Ctx(self, name, grad=self._grad_classes[id(fn)])
@@ -305,7 +329,7 @@ class ContextPolicy:
     def mode_scope(self) -> Any:
         """A context applying the capture's grad mode and autocast to fake operations."""
         if self.grad_mode == self._initial_grad and not self.autocast_stack and \
-                not self.inference_stack:
+                not self.inference_stack and not self.sdpa_stack:
             return contextlib.nullcontext()
         return self._modes()
 
@@ -318,6 +342,10 @@ class ContextPolicy:
             stack.enter_context(torch.set_grad_enabled(self.grad_mode))
             for device, dtype, enabled, cache in self.autocast_stack:
                 stack.enter_context(torch.autocast(device, dtype, enabled, cache))
+            if self.sdpa_stack:
+                names, priority = self.sdpa_stack[-1]
+                previous = self._sdpa.enter_sdpa_kernel(names, priority)
+                stack.callback(self._sdpa.exit_sdpa_kernel, previous, priority)
             yield
 
     # -- helpers --------------------------------------------------------------------
@@ -340,6 +368,16 @@ class ContextPolicy:
             raise GraphBreak(Reason.BAD_CALL, f"{fn.__qualname__}(): {exc}") from exc
         bound.apply_defaults()
         return dict(bound.arguments)
+
+
+def _attention_switches() -> Any:
+    """agspeed._sdpa, where this torch has ``sdpa_kernel`` (else None: the manager is
+    inlined as any other, and breaks)."""
+    try:
+        from agspeed import _sdpa
+    except ImportError:
+        return None
+    return _sdpa
 
 
 @contextlib.contextmanager
@@ -369,7 +407,11 @@ def restoring_modes(gm: Any, compiled: Any) -> Any:
 
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     devices = sorted({n.args[0] for n in nodes if n.target is torch.amp._enter_autocast})
-    if not devices and not any(n.target is torch._C._set_grad_enabled for n in nodes):
+    switches = _attention_switches()
+    attention = switches is not None and \
+        any(n.target is switches.enter_sdpa_kernel for n in nodes)
+    if not devices and not attention and \
+            not any(n.target is torch._C._set_grad_enabled for n in nodes):
         return compiled
     get_dtype = getattr(torch, "get_autocast_dtype", None)
 
@@ -380,6 +422,7 @@ def restoring_modes(gm: Any, compiled: Any) -> Any:
 
     def run(*inputs: Any) -> Any:
         grad = torch.is_grad_enabled()
+        attention_state = switches.snapshot() if attention else None
         if devices:
             level, cache = nesting(), torch.is_autocast_cache_enabled()
             autocast = [(d, torch.is_autocast_enabled(d),
@@ -396,6 +439,8 @@ def restoring_modes(gm: Any, compiled: Any) -> Any:
                     if dtype is not None:
                         torch.set_autocast_dtype(device, dtype)
                 torch.set_autocast_cache_enabled(cache)
+            if attention_state is not None:
+                switches.restore(attention_state)
             raise
 
     return run

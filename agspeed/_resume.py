@@ -278,12 +278,17 @@ def _modelled_exit(value: Any) -> Any:
 
 def _maker(model: Any) -> tuple:
     """``(cls, args)``: ``cls(*args)`` is a real manager entering what ``model``
-    entered: its grad mode, its autocast state, inference mode, or nothing
-    (``nullcontext``, whose value was bound already)."""
+    entered: its grad mode, its autocast state, inference mode, the attention backends
+    it selects, or nothing (``nullcontext``, whose value was bound already)."""
     import contextlib
 
     import torch
 
+    if model.sdpa is not None:
+        from agspeed._sdpa import sdpa_kernel_of
+
+        names, priority = model.sdpa
+        return sdpa_kernel_of, (priority, *names)
     if model.autocast is not None:
         device, dtype, enabled, cache = model.autocast
         return torch.autocast, (device, dtype, enabled, cache)

@@ -57,6 +57,10 @@ def answer(builder: Any, fn: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]
     if not _is_state_function(torch, fn) or holds_node((args, kwargs), builder.node_type):
         return False, None
     name = fn.__name__
+    if "_sdp" in name and getattr(builder, "sdpa_stack", None):
+        # inside a modelled sdpa_kernel block: the guard would probe it outside
+        raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{describe_callable(fn)} inside "
+                         f"sdpa_kernel")
     if not _QUERY.search(name):
         raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{describe_callable(fn)}, which changes "
                          f"torch's state (eager calls it)")

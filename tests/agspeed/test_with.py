@@ -591,3 +591,73 @@ def test_a_contextmanager_object_used_as_a_decorator_enters_and_exits_in_the_gra
         (w,) = torch.autograd.grad(want[0].sum(), x)
         torch.testing.assert_close(g, w)
     assert torch.is_grad_enabled()
+
+
+def _attention_flags():
+    return (tuple(torch._C._get_sdp_priority_order()), torch._C._get_math_sdp_enabled(),
+            torch._C._get_flash_sdp_enabled(), torch._C._get_mem_efficient_sdp_enabled())
+
+
+def _selects_attention(q):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = q * 2
+    with sdpa_kernel([SDPBackend.MATH, SDPBackend.FLASH_ATTENTION], set_priority=True):
+        y = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    with sdpa_kernel(SDPBackend.MATH):
+        z = torch.nn.functional.scaled_dot_product_attention(y, q, q)
+    return z.sin()
+
+
+def _asks_inside_attention_block(q):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        inside = torch.backends.cuda.flash_sdp_enabled()
+        y = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    return y + 1, inside
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_sdpa_kernel_blocks_are_captured_with_the_graphs_own_switches(backend):
+    """``sdpa_kernel`` inside the graph: one graph, eager's values and gradients, the
+    process's attention flags (and priority order) as they were after each call."""
+    q = torch.randn(1, 2, 8, 16, requires_grad=True)
+    report = agspeed.explain(_selects_attention, q)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
+    code = report.graphs[0].code
+    assert code.count("enter_sdpa_kernel(") == 2 and code.count("exit_sdpa_kernel(") == 2
+    before = _attention_flags()
+    fast = agspeed.optimize(_selects_attention, backend=backend)
+    for _ in range(2):
+        q = torch.randn(1, 2, 8, 16, requires_grad=True)
+        got, want = fast(q), _selects_attention(q)
+        torch.testing.assert_close(got, want)
+        (g,) = torch.autograd.grad(got.sum(), q)
+        (w,) = torch.autograd.grad(want.sum(), q)
+        torch.testing.assert_close(g, w)
+        assert _attention_flags() == before
+
+
+def test_a_query_of_the_attention_flags_inside_sdpa_kernel_sees_the_block():
+    """Read inside the block, a flag is the block's (the capture breaks there and the
+    resume function enters the same backends again around the eager call)."""
+    fast = agspeed.optimize(_asks_inside_attention_block, backend="eager")
+    before = _attention_flags()
+    for _ in range(2):
+        q = torch.randn(1, 2, 4, 8)
+        (got, inside), (want, eager_inside) = fast(q), _asks_inside_attention_block(q)
+        torch.testing.assert_close(got, want)
+        assert inside is eager_inside is False
+        assert _attention_flags() == before
+
+
+def test_sdpa_kernel_with_bad_backends_raises_eagers_error():
+    from torch.nn.attention import sdpa_kernel
+
+    def bad(x):
+        with sdpa_kernel("math"):
+            return x + 1
+
+    with pytest.raises(AssertionError, match="Backend must be an instance of SDPBackend"):
+        agspeed.optimize(bad, backend="eager")(torch.randn(2))
