@@ -193,6 +193,9 @@ class Folds(StdlibFolds):
                 (type(args[0]) in (*_VIEWS, dict, set, frozenset, *_COLLECTIONS) or
                  type(args[0]) in SAFE_ITERATORS):
             args = (tuple(args[0]), *args[1:])
+        if type(fn) is types.MethodDescriptorType and fn.__objclass__ in (set, frozenset) \
+                and not kwargs and all(self._plain_set(a) for a in args):
+            return fn(*args)   # set.difference(a, b): members hashed as Python does
         if not all(self._is_static(a) or isinstance(a, (range, slice))
                    for a in (*args, *kwargs.values())):
             if fn in (min, max, sum, any, all, sorted) and len(args) == 1 and \
@@ -336,8 +339,25 @@ class Folds(StdlibFolds):
                 for node, real in self._inputs.values():
                     if node is value:
                         return real
-            return value.meta["example_value"]
+            fake = value.meta["example_value"]
+            if type(fake) is self._fake_tensor_type():
+                # eager's result of an operator is a plain Tensor: so is its type
+                return self._plain_tensor()
+            return fake
         return value
+
+    def _fake_tensor_type(self) -> type:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return FakeTensor
+
+    def _plain_tensor(self) -> Any:
+        """A plain ``torch.Tensor`` of no data: what type checks see for a tensor the
+        graph computes."""
+        plain = getattr(self, "_plain", None)
+        if plain is None:
+            plain = self._plain = self._torch.empty(0, device="meta")
+        return plain
 
     def _sequence_op(self, fn: Any, a: Any, b: Any) -> Any:
         """``a + b`` or ``a * n`` of shapes, tuples or lists that hold size nodes, with the
@@ -442,6 +462,12 @@ class Folds(StdlibFolds):
                 raise GraphBreak(Reason.OP_FAILED, f"{container!r}[{index!r}] raised "
                                  f"{type(exc).__name__}: {exc}") from exc
         raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"indexing a {type(container).__name__}")
+
+    def _plain_set(self, value: Any) -> bool:
+        """A set or frozenset whose members hash and compare without program code
+        (plain values, objects compared by identity), so set algebra on it runs none."""
+        return type(value) in (set, frozenset) and all(
+            self._is_static(m) or compared_by_identity(m) for m in value)
 
     def _guard_read(self, container: Any, index: Any, source: Any, out: Any) -> None:
         """Plain values read out of a container of the program whose own guard holds

@@ -48,13 +48,22 @@ _PURE_METHODS = {
                     "endswith", "replace", "lower", "upper", "strip", "lstrip", "rstrip",
                     "find", "rfind", "index", "rindex", "count", "partition", "rpartition",
                     "isdigit", "isalpha", "isalnum", "isidentifier", "isupper", "islower",
-                    "isspace", "title", "capitalize", "casefold", "zfill", "center",
-                    "ljust", "rjust", "removeprefix", "removesuffix", "swapcase", "encode"}),
+                    "isspace", "isdecimal", "isnumeric", "isascii", "isprintable",
+                    "istitle", "title", "capitalize", "casefold", "zfill", "center",
+                    "ljust", "rjust", "removeprefix", "removesuffix", "swapcase", "encode",
+                    "expandtabs", "translate"}),
     bytes: frozenset({"decode", "startswith", "endswith", "split", "join", "replace"}),
     int: frozenset({"bit_length", "to_bytes", "conjugate", "bit_count", "as_integer_ratio"}),
     float: frozenset({"is_integer", "hex", "as_integer_ratio", "conjugate"}),
-    tuple: frozenset({"index", "count"}),
+    tuple: frozenset({"index", "count", "__contains__"}),
+    frozenset: frozenset({"__contains__", "issubset", "issuperset", "isdisjoint", "union",
+                          "intersection", "difference", "symmetric_difference"}),
+    # (the set-making ones, called unbound: ``set.difference(a, b)``)
+    set: frozenset({"issubset", "issuperset", "isdisjoint", "union", "intersection",
+                    "difference", "symmetric_difference"}),
 }
+#: the types of values a method bound to them folds as its arguments allow
+_IMMUTABLE_SELVES = (str, bytes, int, float, tuple, frozenset)
 _DICT_METHODS = ("get", "items", "keys", "values", "pop", "setdefault", "update", "copy",
                  "popitem", "clear", "__ior__")
 #: a set's in-place operators (``seen |= {k}``): their operand's elements join it
@@ -207,6 +216,11 @@ class StdlibFolds:
             return (Plan.FOLD, fn)
         if kind is types.MethodDescriptorType and fn.__objclass__ is collections.deque and \
                 fn.__name__ in _DEQUE_METHODS:
+            return (Plan.FOLD, fn)
+        if kind is types.BuiltinMethodType and type(fn.__self__) in _IMMUTABLE_SELVES and \
+                fn.__name__ in _PURE_METHODS.get(type(fn.__self__), ()):
+            # a pure method bound to an immutable value (keyword.iskeyword is a
+            # frozenset's __contains__): its answer depends on its arguments only
             return (Plan.FOLD, fn)
         if fn in _DICT_READS or fn in _DICT_VIEWS:
             # on a dict of the program (pure_method, super())

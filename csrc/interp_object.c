@@ -132,8 +132,10 @@ ags_store_attr(ags_interp *it, ags_frame *f, ags_value *owner,
                          AGS_DESCRIBE(owner));
     }
     /* A list or dict built here is stored itself, not a frozen copy: the
-     * object and the code share it, as in Python. */
+     * object and the code share it, as in Python; so is a set, on an object
+     * the capture made (one of the program's gets its members' copy). */
     arg = value->kind == AGS_VK_LIST || value->kind == AGS_VK_DICT
+              || (value->kind == AGS_VK_SET && owner->source == NULL)
               ? Py_NewRef(value->obj) : ags_graph_arg(it, value);
     if (arg == NULL) {
         return PyErr_Occurred() ? AGS_ERROR : AGS_BREAK;

@@ -397,6 +397,42 @@ def f_a_function_marked_constant_is_called_once(x):
     return x * 2 if _probe_installed() else x
 
 
+TYPE_TABLE = {torch.Tensor: 2.0}
+
+
+def f_type_of_a_computed_tensor(x):
+    # eager's result of an operator is a plain Tensor: its type looks up as one
+    y = x * 2
+    same = type(y) is torch.Tensor and type(y).__name__ == "Tensor"
+    return y * TYPE_TABLE.get(type(y), 100.0) + (1 if same else -1)
+
+
+class _Parsed:
+    """A parser made in the frame keeping names in a set (einops' ParsedExpression)."""
+
+    def __init__(self, text):
+        self.names = set()
+        self.order = []
+        for part in text.split():
+            if str.isdecimal(part) or keyword_check(part):
+                continue
+            self.names.add(part)
+            self.order.append(part)
+
+
+def keyword_check(name):
+    import keyword
+
+    return keyword.iskeyword(name)
+
+
+def f_set_algebra_and_str_tests_of_a_pattern(x):
+    left, right = _Parsed("b n 2 d"), _Parsed("b d n if")
+    gone = set.symmetric_difference(left.names, right.names)
+    kept = set.intersection(left.names, right.names)
+    return x * (len(gone) + 10 * len(kept)), sorted(kept), str.isidentifier("a_1")
+
+
 FUNCTIONS = {name: fn for name, fn in globals().items() if name.startswith("f_")}
 
 
