@@ -195,7 +195,11 @@ class Folds(StdlibFolds):
             args = (tuple(args[0]), *args[1:])
         if type(fn) is types.MethodDescriptorType and fn.__objclass__ in (set, frozenset) \
                 and not kwargs and all(self._plain_set(a) for a in args):
-            return fn(*args)   # set.difference(a, b): members hashed as Python does
+            try:   # set.difference(a, b): members hashed as Python does
+                return fn(*args)
+            except Exception as exc:   # eager raises it: the frame runs eager
+                raise GraphBreak(Reason.OP_FAILED, f"{describe_callable(fn)} raised "
+                                 f"{type(exc).__name__}: {exc}") from exc
         if not all(self._is_static(a) or isinstance(a, (range, slice))
                    for a in (*args, *kwargs.values())):
             if fn in (min, max, sum, any, all, sorted) and len(args) == 1 and \

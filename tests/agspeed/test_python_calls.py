@@ -765,3 +765,13 @@ def test_update_wrapper_of_a_function_of_the_program_breaks_and_leaves_it():
         agspeed.optimize(fn, backend="eager", fullgraph=True)(torch.ones(2))
     assert _program_function.__name__ == "_program_function"
     assert not hasattr(_program_function, "__wrapped__")
+
+
+def _set_method_on_the_wrong_type(x):
+    return x + len(set.difference(frozenset({1}), {2}))
+
+
+def test_set_algebra_that_raises_raises_eagers_error_and_nothing_else(capfd):
+    with pytest.raises(TypeError, match="doesn't apply to a 'frozenset'"):
+        agspeed.optimize(_set_method_on_the_wrong_type, backend="eager")(torch.zeros(1))
+    assert "internal error" not in capfd.readouterr().err
