@@ -218,7 +218,8 @@ class StdlibFolds:
                 fn.__name__ in _DEQUE_METHODS:
             return (Plan.FOLD, fn)
         if kind is types.BuiltinMethodType and type(fn.__self__) in _IMMUTABLE_SELVES and \
-                fn.__name__ in _PURE_METHODS.get(type(fn.__self__), ()):
+                fn.__name__ in _PURE_METHODS.get(type(fn.__self__), ()) and \
+                self._plain_value(fn.__self__):
             # a pure method bound to an immutable value (keyword.iskeyword is a
             # frozenset's __contains__): its answer depends on its arguments only
             return (Plan.FOLD, fn)
@@ -402,6 +403,12 @@ class StdlibFolds:
     def _of_program(self, obj: Any) -> bool:
         known = self.known.get(id(obj))
         return known is not None and known[0] is obj
+
+    def _plain_value(self, value: Any) -> bool:
+        """A plain value, or a frozenset of them: comparing with it runs no program code."""
+        if type(value) is frozenset:
+            return all(self._is_static(m) for m in value)
+        return self._is_static(value)
 
     def _collection(self, fn: Any, args: tuple, kwargs: dict) -> Any:
         """OrderedDict, defaultdict and deque made in the frame: real objects of graph
