@@ -344,16 +344,11 @@ class Folds(StdlibFolds):
                     if node is value:
                         return real
             fake = value.meta["example_value"]
-            if type(fake) is self._fake_tensor_type():
+            if type(fake) is self._torch._subclasses.FakeTensor:
                 # eager's result of an operator is a plain Tensor: so is its type
                 return self._plain_tensor()
             return fake
         return value
-
-    def _fake_tensor_type(self) -> type:
-        from torch._subclasses.fake_tensor import FakeTensor
-
-        return FakeTensor
 
     def _plain_tensor(self) -> Any:
         """A plain ``torch.Tensor`` of no data: what type checks see for a tensor the

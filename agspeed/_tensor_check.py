@@ -99,7 +99,6 @@ def arg_check(code: Any, f_locals: dict) -> Any:
 
     from agspeed.guards import arg_names
 
-    exact = (torch.Tensor, torch.nn.Parameter)
     types, where, tensors = [], [], []
     missing = object()
     for i, name in enumerate(arg_names(code)):
@@ -108,15 +107,10 @@ def arg_check(code: Any, f_locals: dict) -> Any:
         # user class alive (an optimized module's view class holds its model)
         types.append(0 if value is missing else id(type(value)))
         if isinstance(value, torch.Tensor):
-            if type(value) not in exact:
-                return None
             where.append(i)
             tensors.append(value)
-    try:
-        checker = _make(tensors).check if tensors else _no_tensors
-    except Exception:   # a tensor it cannot describe (sparse, nested): none
-        return None
-    return tuple(types), tuple(where), checker
+    checker = batch_checker(tuple(tensors)) if tensors else _no_tensors
+    return None if checker is None else (tuple(types), tuple(where), checker)
 
 
 def batch_checker(tensors: tuple) -> Any:

@@ -8,13 +8,13 @@
  *                the words it hashes
  *   program.c    the GuardProgram type, its evaluation and its parser
  *   load.c       how a program reaches a value from the frame
+ *   attr.c       its attribute loads, as static_attr finds attributes
  *   check.c      what a program checks of a value: one row per check kind
  *   batch.c      the tensor checks of a program confirmed by one call of
  *                torch's C++ checker
  *   memo.c       the structure memo and the dict and type watchers
  *   symbolic.c   symbolic sizes (dynamic shapes): expressions and guards
- *   program.h    what program.c, load.c, check.c and memo.c share (private
- *                to guards/)
+ *   program.h    what the files above share (private to guards/)
  *
  * The Python side (installed as agspeed.guards): guard.py compiles a
  * capture's assumptions into a program, checks.py has one class per check

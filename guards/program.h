@@ -1,7 +1,7 @@
 /* program.h: what the files of a guard program share (guards/ only).
  *
- * csrc/ sees guards.h; this header is for program.c, load.c, check.c and
- * memo.c, which together make agspeed._C.GuardProgram:
+ * csrc/ sees guards.h; this header is for program.c, load.c, attr.c,
+ * check.c, batch.c and memo.c, which together make agspeed._C.GuardProgram:
  *
  *   g_program  the compiled program: loads, checks, aliases, probes, the
  *              symbolic table, the structure memo (program.c owns it)
@@ -151,7 +151,15 @@ int ags_gp_refuse(const char *what, Py_ssize_t index);
 /* ------------------------------------------------------------------ */
 /* Loads (load.c) */
 
-/* Where load_attr found an attribute, when the structure memo can watch
+/* The Python step, resolve_step(kind, base, key), for what C does not
+ * answer: a new reference, G_MISSING, or NULL (load.c). */
+PyObject *ags_load_step(g_program *p, int op, PyObject *base, PyObject *key);
+/* New reference to base.<name> as static_attr finds it, or G_MISSING;
+ * *via says where the answer came from, for the memo (attr.c). */
+PyObject *ags_load_attr_value(g_program *p, PyObject *base, PyObject *name,
+                              int *via);
+
+/* Where ags_load_attr_value found an attribute, when the structure memo can watch
  * that place: the class (a function, a constant or a property) or the
  * instance dict; an nn.Module store (VIA_STORE + 0, 1, 2: _parameters,
  * _buffers, _modules, searched in that order); or nowhere, having searched
