@@ -40,6 +40,7 @@ import threading
 from typing import Any, NamedTuple
 
 from agspeed import _C
+from agspeed._assume import AssumedUnsafe
 from agspeed._replay import replay
 from agspeed._graph import GraphBreak, GraphBuilder
 from agspeed._shapes import NeedsSymbolic, ScalarDecided
@@ -108,10 +109,12 @@ def capture(code: Any, f_locals: dict, f_globals: dict, f_builtins: dict,
     import torch
 
     symbolic = bool(getattr(shapes, "scalars", None))   # scalar symbols need a ShapeEnv
+    assume = True
     with _quiet_fake_tensors():
         while True:
             builder = GraphBuilder(shapes, symbolic)
             builder.stop_at = stop_at
+            builder.assume_branches = assume
             try:
                 out = _C.capture(code, f_locals, f_globals, f_builtins, builder, torch.Tensor)
                 return _finish(torch, code, f_locals, builder, out)
@@ -119,6 +122,8 @@ def capture(code: Any, f_locals: dict, f_globals: dict, f_builtins: dict,
                 symbolic = True
             except ScalarDecided as exc:   # floats the guard cannot check: constants
                 shapes.keep_constant(exc.sources)
+            except AssumedUnsafe:   # a branch assumed, then an input changed: no assuming
+                assume = False
             except _Unguardable:    # a size fact the guard cannot check: capture static
                 if shapes is None:
                     raise

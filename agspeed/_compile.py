@@ -31,6 +31,7 @@ def compile_capture(ctx: Any, result: Any, where: str) -> Any:
     """The graph of ``result`` (a ``_capture.Capture``) compiled by ``ctx``'s backend;
     its own forward, with a warning saying why, when the backend could not take it."""
     from agspeed import _ddp
+    from agspeed._assume import checked
     from agspeed._numpy import numpy_outputs
     from agspeed.backends.autotune import compile_graph
 
@@ -47,7 +48,8 @@ def compile_capture(ctx: Any, result: Any, where: str) -> Any:
             compiled = _ddp.later(ctx.backend_name, ctx.backend, gm, inputs, compiled)
     if failed:
         _internal_log.warning("agspeed: %s: %s; its graph runs eagerly", where, failed)
-    return numpy_outputs(gm.meta.get("agspeed_numpy"), compiled)
+    # branches assumed are checked first: their tested tensors follow the result
+    return numpy_outputs(gm.meta.get("agspeed_numpy"), checked(gm, compiled))
 
 
 def compiled_entry(ctx: Any, code: Any, where: str, result: Any, f_locals: dict) -> Any:

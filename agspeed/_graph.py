@@ -51,6 +51,7 @@ import types
 from typing import Any, Callable
 
 from agspeed import _torch_state as torch_state
+from agspeed._assume import Assumptions
 from agspeed._binding import Binding
 from agspeed._builder_types import (GraphBreak, StorageSize, SymShape, concrete,
                                    describe_callable, holds_node)
@@ -93,7 +94,7 @@ def _target_name(kind: str, target: Any) -> str:
 
 
 class GraphBuilder(Outputs, Identities, Objects, CallPolicy, Folds, Binding, SideEffects, ContextPolicy,
-                   Dunders, NumpyPolicy, CheckpointPolicy, Copies):
+                   Dunders, NumpyPolicy, CheckpointPolicy, Copies, Assumptions):
     """One graph being captured: inputs by source, nodes with fake example values.
 
     The recording of nodes lives here; planning calls (``CallPolicy``), evaluating known
@@ -164,6 +165,7 @@ class GraphBuilder(Outputs, Identities, Objects, CallPolicy, Folds, Binding, Sid
         self._numpy_init()  # arrays of NumPy code on tensors (agspeed/_numpy.py)
         self._copies_init()  # copies of plain data (agspeed/_copies.py)
         self._identity_init()  # objects needed by identity (agspeed/_identity.py)
+        self._assume_init()  # branches assumed where the other way raises (_assume.py)
         # sources of the plain ints and floats this capture makes symbols (the
         # interpreter asks input() for them instead of holding their value)
         self.symbolic_scalars = frozenset(shapes.scalars) if shapes is not None and \
@@ -384,6 +386,7 @@ class GraphBuilder(Outputs, Identities, Objects, CallPolicy, Folds, Binding, Sid
             raise GraphBreak(Reason.OP_FAILED,
                              f"{_target_name(kind, target)} raised {type(exc).__name__}: {exc}"
                              ) from exc
+        self._check_assumable(kind, target, args, kwargs)
         node = self.graph.create_node(kind, target, args, kwargs)
         if type(target) is types.BuiltinFunctionType and target in self._constant_makers \
                 and args and type(args[0]) in (int, bool) and \

@@ -106,7 +106,7 @@ class Outputs:
         # the effects' values are no place the entry puts an object in
         built = (self._build_namedtuples(result[0]), self._build_namedtuples(result[1], False)) \
             if effects else self._build_namedtuples(result)
-        self.graph.output(built)
+        self.graph.output(self.assumed_output(built))   # the tested tensors after it
         self._drop_unused_sizes()
         root = self._torch.nn.Module()
         outline(self.graph, root, self.checkpoint_regions)
@@ -114,6 +114,8 @@ class Outputs:
         gm = torch.fx.GraphModule(root, self.graph)
         if template is not None:   # arrays leave the graph as tensors (agspeed._numpy)
             gm.meta["agspeed_numpy"] = template
+        if self.assumed:   # the truths assumed, checked after the graph (agspeed._assume)
+            gm.meta["agspeed_assumed"] = tuple(truth for _, truth in self.assumed)
         return gm
 
 

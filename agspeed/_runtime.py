@@ -377,6 +377,7 @@ class Context:
         (``agspeed._resume``), with its guard; where it cannot resume, why not (the
         frame then runs eager as before)."""
         from agspeed import _resume, _resume_code
+        from agspeed._assume import checked
         from agspeed._capture import Capture, Stopped, _guard, capture
         from agspeed._compile import compile_capture
         from agspeed._ctx import restoring_modes
@@ -427,7 +428,7 @@ class Context:
             graph = compile_capture(self, cap, where)
             self._observe("graph", code, cap)
         else:
-            graph = gm
+            graph = checked(gm, gm)
         graph = restoring_modes(gm, graph)   # with blocks left if the graph raises
         if effects:
             graph = replay(effects, cap.n_inputs, graph)

@@ -257,6 +257,12 @@ KNOBS: dict[str, Knob] = {
              "distinct sizes a data input's dimension shows across one function's "
              "captures before it becomes dynamic (one graph with a symbolic size serves "
              "every later size); optimize(dynamic=False) turns this off"),
+        Knob("assume_branches", "AGSPEED_ASSUME_BRANCHES", lambda: True, _parse_bool,
+             (bool,), _same,
+             "where one way of a branch on a tensor's value only raises (`if not "
+             "valid.all(): raise ...`), capture the other way and check the tensor "
+             "after the graph (the frame runs eager where it fails); off: such a "
+             "branch is a graph break"),
         Knob("guard_parameters", "AGSPEED_GUARD_PARAMETERS", lambda: False, _parse_bool,
              (bool,), _same,
              "check parameters' and buffers' dtype, device, shape, strides and "

@@ -49,6 +49,8 @@
     X(graph_calls, "frames answered by running a compiled entry") \
     X(callback_errors, "decisions that raised: the error propagated out of " \
                        "the frame, which did not run") \
+    X(assumption_fallbacks, "frames whose graph found a branch it assumed " \
+                            "did not go its way: run by their own bytecode") \
     X(hook_installs, "times the evaluation hook was installed") \
     X(hook_displaced, "times the hook was found replaced by another " \
                       "evaluation function when agspeed went to remove it")
@@ -215,6 +217,10 @@ typedef struct ags_code_state {
 #define AGS_CODE_DISABLE 0x2u        /* run it, and its callees, unhooked */
 
 extern PyTypeObject *ags_entry_type;     /* strong, set by module init */
+/* agspeed._C.AssumptionFailed: what a compiled callable raises when a
+ * branch its capture assumed (agspeed/_assume.py) went the other way; the
+ * hook then runs the frame's own bytecode.  Strong, set by module init. */
+extern PyObject *ags_assumption_failed;
 extern PyType_Spec ags_entry_spec;
 
 int ags_cache_init(void);

@@ -237,8 +237,9 @@ error:
 /* Runs a CALL entry: the frame returns graph(*inputs) when the guard
  * program gathered the inputs, else compiled(f_locals, f_globals,
  * f_builtins), without running its bytecode.  Returns 0 with the frame set
- * up to return the value, 1 if the frame cannot be made to return (it then
- * runs its own bytecode), or -1 with an exception set.  Steals `inputs`. */
+ * up to return the value, 1 if the frame cannot be made to return or the
+ * callable raised AssumptionFailed (it then runs its own bytecode), or -1
+ * with an exception set.  Steals `inputs`. */
 static int
 call_compiled(ags_entry *entry, PyCodeObject *code,
               struct _PyInterpreterFrame *frame, PyObject *inputs)
@@ -273,6 +274,13 @@ call_compiled(ags_entry *entry, PyCodeObject *code,
         Py_DECREF(f_locals);
     }
     if (result == NULL) {
+        if (ags_assumption_failed != NULL
+            && PyErr_ExceptionMatches(ags_assumption_failed)) {
+            /* nothing of the graph's work was kept: eager runs the frame */
+            PyErr_Clear();
+            ags_stats.assumption_fallbacks++;
+            return 1;
+        }
         return -1;
     }
     ags_frame_return(frame, retcode, result);

@@ -5,7 +5,9 @@
  * a constant (shapes, `self.training`, `is None`), or the truth of a
  * container the capture built.  The truth of a tensor depends on its data:
  * the capture breaks there (reason data_dependent) and the frame runs
- * eager.  Loops run as often as their known sequence is long, which
+ * eager; but where one way of the branch only raises (`if not
+ * valid.all(): raise ValueError(...)`, `assert (x > 0).all()`), the builder
+ * may assume the other way, checked after the graph (assume_truth).  Loops run as often as their known sequence is long, which
  * unrolls them into the graph; GET_ITER turns any iterable the builder can
  * list without running user code (tuples, ranges, ModuleList, Sequential,
  * dict keys) into an ITER value over a tuple.
@@ -291,12 +293,99 @@ op_is_op(ags_interp *it, ags_frame *f, const ags_instr *ins)
                                       NULL));
 }
 
+/* Whether the code from instruction `i` on only raises: straight-line
+ * code (no jump, return or yield) ending in a `raise` of an exception. */
+static int
+only_raises(const ags_frame *f, Py_ssize_t i)
+{
+    for (int n = 0; i >= 0 && i < f->bc.n && n < 64; i++, n++) {
+        const ags_instr *ins = &f->bc.instrs[i];
+
+        if (ins->opcode == RAISE_VARARGS) {
+            return ins->arg >= 1;
+        }
+        if (ins->target >= 0 || ins->opcode == RETURN_VALUE
+            || ins->opcode == YIELD_VALUE || ins->opcode == RERAISE
+#ifdef RETURN_CONST
+            || ins->opcode == RETURN_CONST
+#endif
+            ) {
+            return 0;
+        }
+    }
+    return 0;
+}
+
+/* For the conditional jump at instruction `at`, taken on truth
+ * `jump_when`: the truth that goes the way that does not only raise, when
+ * the other way only raises; else -1. */
+static int
+truth_not_raising(const ags_frame *f, Py_ssize_t at, int jump_when)
+{
+    const ags_instr *ins = &f->bc.instrs[at];
+    int falls, jumps;
+
+    if (ins->target < 0) {
+        return -1;
+    }
+    falls = only_raises(f, at + 1);
+    jumps = only_raises(f, f->bc.index[ins->target / 2]);
+    if (falls == jumps) {
+        return -1;
+    }
+    return falls ? jump_when : !jump_when;
+}
+
+/* The truth of `v` for the conditional jump at instruction `at` (taken on
+ * truth `jump_when`): a tensor's, where one way only raises, as the
+ * builder assumes it (assume_truth); else as ags_truth. */
+static int
+branch_truth(ags_interp *it, const ags_frame *f, const ags_value *v,
+             Py_ssize_t at, int jump_when, int *truth)
+{
+    PyObject *out;
+    int want;
+
+    if (v->kind != AGS_VK_TENSOR
+        || (want = truth_not_raising(f, at, jump_when)) < 0) {
+        return ags_truth(it, v, truth);
+    }
+    out = ags_call_builder(it, AGS_BOP_ASSUME_TRUTH, "(OO)", v->obj,
+                           want ? Py_True : Py_False);
+    if (out == NULL) {
+        return ags_take_break(it);
+    }
+    *truth = out == Py_True;
+    Py_DECREF(out);
+    return AGS_GO;
+}
+
+/* The truth TO_BOOL (3.13) takes of `v`: for the conditional jump right
+ * after it, as branch_truth; else as ags_truth. */
+static int
+to_bool_truth(ags_interp *it, const ags_frame *f, const ags_value *v,
+              int *truth)
+{
+#ifdef TO_BOOL
+    if (f->pc + 1 < f->bc.n) {
+        uint8_t next = f->bc.instrs[f->pc + 1].opcode;
+        if (next == POP_JUMP_IF_TRUE || next == POP_JUMP_IF_FALSE) {
+            return branch_truth(it, f, v, f->pc + 1, next == POP_JUMP_IF_TRUE,
+                                truth);
+        }
+    }
+#endif
+    (void)f;
+    return ags_truth(it, v, truth);
+}
+
 /* UNARY_NOT and TO_BOOL: a known truth. */
 static int
 push_truth(ags_interp *it, ags_frame *f, int negate)
 {
     ags_value v = ags_pop(f);
-    int truth = 0, rc = ags_truth(it, &v, &truth);
+    int truth = 0, rc = negate ? ags_truth(it, &v, &truth)
+                               : to_bool_truth(it, f, &v, &truth);
 
     ags_value_clear(&v);
     if (rc != AGS_GO) {
@@ -344,7 +433,7 @@ static int
 pop_jump_if(ags_interp *it, ags_frame *f, const ags_instr *ins, int when)
 {
     ags_value v = ags_pop(f);
-    int truth = 0, rc = ags_truth(it, &v, &truth);
+    int truth = 0, rc = branch_truth(it, f, &v, f->pc, when, &truth);
 
     ags_value_clear(&v);
     if (rc == AGS_GO && truth == when) {

@@ -440,6 +440,29 @@ done:
     return rc;
 }
 
+PyObject *ags_assumption_failed = NULL;
+
+static int
+add_assumption_failed(PyObject *module)
+{
+    PyObject *exc = PyErr_NewExceptionWithDoc(
+        "agspeed._C.AssumptionFailed",
+        "A branch the capture assumed (one whose other way only raises) went "
+        "the other way: the frame runs its own bytecode instead of the graph.",
+        PyExc_RuntimeError, NULL);
+
+    if (exc == NULL) {
+        return -1;
+    }
+    if (PyModule_AddObjectRef(module, "AssumptionFailed", exc) < 0) {
+        Py_DECREF(exc);
+        return -1;
+    }
+    /* the hook matches the class of the module loaded last */
+    Py_XSETREF(ags_assumption_failed, exc);
+    return 0;
+}
+
 static int
 module_exec(PyObject *module)
 {
@@ -455,7 +478,8 @@ module_exec(PyObject *module)
     owner_interp = interp;
     ags_protocol_init();
     ags_opcodes_init();
-    if (ags_cache_init() < 0 || ags_interp_init() < 0
+    if (add_assumption_failed(module) < 0
+        || ags_cache_init() < 0 || ags_interp_init() < 0
         || add_type(module, &ags_region_spec, &st->region_type) < 0
         || add_type(module, &ags_scope_spec, &st->scope_type) < 0
         || add_type(module, &ags_entry_spec, &st->entry_type) < 0

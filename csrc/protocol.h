@@ -126,6 +126,11 @@
     X(IDENTITY, "identity(a, b) -> None: `a is b` of two known objects, " \
                 "decided by the interpreter; their identity is assumed") \
     X(TRUTH, "truth(obj) -> bool, decided without running user code") \
+    X(ASSUME_TRUTH, "assume_truth(obj, truth) -> bool: the truth of a " \
+                    "value a branch depends on whose other way only " \
+                    "raises: a tensor's is assumed to be truth and checked " \
+                    "after the graph (agspeed/_assume.py); anything else's " \
+                    "as truth(obj) answers") \
     X(ITERATE, "iterate(obj, source) -> ((element, source or None), ...)") \
     X(FORMAT, "format(value, conversion, spec) -> str: an f-string part") \
     X(EFFECT_SETATTR, "effect_setattr(obj, source, name, value): " \

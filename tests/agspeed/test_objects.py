@@ -939,7 +939,8 @@ def test_checkpoint_probe_and_cublas_flag_are_read_and_guarded():
 def test_distributions_made_in_the_frame():
     """torch.distributions objects are made like the program's own objects; with argument
     validation off they capture whole, with it on (the default) the check reads tensor
-    data, so the graph breaks around it, and the results are eager's either way."""
+    data and is assumed to pass (agspeed/_assume.py), and the results are eager's either
+    way, eager's error where the check fails."""
     def quiet(x):
         normal = torch.distributions.Normal(x, torch.tensor(1.0), validate_args=False)
         independent = torch.distributions.Independent(normal, 1, validate_args=False)

@@ -1,0 +1,174 @@
+"""Branches assumed: the truth of a tensor where one way of the branch only raises.
+
+``if not valid.all(): raise ValueError(...)`` (torch.distributions' argument checks),
+``assert (x >= 0).all()``, range checks before an embedding: the branch depends on the
+tensor's data, which capture does not know, and would be a graph break.  But the way
+that does not raise is the one the program means to take, so capture assumes it (the
+interpreter finds which way only raises: csrc/interp_flow.c).  The tested tensor becomes
+an extra output of the graph, and the entry checks each such output after the graph
+ran (``checked``); where one went the other way, nothing the graph computed is kept:
+the callable raises ``_C.AssumptionFailed`` and the hook runs the frame's own bytecode,
+which raises eager's error with eager's message.  An error the graph itself raises on
+such an input (an index the check guarded, out of range) is taken the same way.
+
+Dropping the graph's work is sound while the graph leaves no trace but its outputs: a
+capture assumes a branch only where the graph changes none of its inputs in place and
+draws no random numbers; a graph that does either after an assumption is captured
+again without assuming (the branch is then a break).  ``config.assume_branches=False``
+turns assuming off.  The ``with`` blocks the graph entered are left as on any raise
+(``agspeed._ctx.restoring_modes`` wraps this callable).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+from agspeed import _C
+from agspeed._builder_types import concrete
+
+__all__ = ["Assumptions", "AssumedUnsafe", "checked"]
+
+# operators that write into their left operand (x += y on a tensor)
+_IN_PLACE_OPERATORS = frozenset({
+    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+    operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
+    operator.ilshift, operator.irshift, operator.imatmul, operator.setitem,
+    operator.delitem,
+})
+# calls that draw from a random number generator whatever their arguments
+_RANDOM = frozenset({
+    "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like",
+    "bernoulli", "multinomial", "normal", "poisson", "binomial", "_standard_gamma",
+    "_sample_dirichlet", "native_dropout", "gumbel_softmax", "fractional_max_pool2d",
+    "fractional_max_pool3d", "fractional_max_pool2d_with_indices",
+    "fractional_max_pool3d_with_indices", "uniform_", "normal_", "random_", "exponential_",
+    "geometric_", "cauchy_", "log_normal_", "bernoulli_",
+})
+# random only in training with p > 0: (position of p, position of training)
+_DROPOUTS = {
+    "dropout": (1, 2), "dropout1d": (1, 2), "dropout2d": (1, 2), "dropout3d": (1, 2),
+    "alpha_dropout": (1, 2), "feature_alpha_dropout": (1, 2), "feature_dropout": (1, 2),
+    "rrelu": (None, 3), "rrelu_": (None, 3),
+}
+
+
+class AssumedUnsafe(Exception):
+    """A graph that assumed a branch then changed an input in place or drew random
+    numbers: its capture is done again without assuming."""
+
+
+def _name(kind: str, target: Any) -> str:
+    return str(target) if kind == "call_method" else getattr(target, "__name__", "")
+
+
+def _arg(args: tuple, kwargs: dict, at: int | None, name: str, default: Any) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    if at is not None and len(args) > at:
+        return args[at]
+    return default
+
+
+class Assumptions:
+    """The builder's part: branches assumed, and what keeps assuming them sound."""
+
+    # whether this capture may assume branches (agspeed._capture turns it off for a
+    # capture done again after AssumedUnsafe)
+    assume_branches: bool = True
+
+    def _assume_init(self) -> None:
+        self.assumed: list[tuple[Any, bool]] = []   # (node tested, truth assumed)
+
+    def assume_truth(self, obj: Any, truth: bool) -> bool:
+        """The truth of ``obj`` where a branch's other way only raises: a one-element
+        tensor's assumed to be ``truth`` (checked after the graph); else ``truth()``."""
+        from agspeed import config
+
+        torch = self._torch
+        if not isinstance(obj, self.node_type) or self.is_size(obj) or \
+                not (self.assume_branches and config.assume_branches):
+            return self.truth(obj)
+        fake = obj.meta.get("example_value")
+        if not isinstance(fake, torch.Tensor) or concrete(fake.numel()) != 1 or \
+                any(self._leaves_trace(n.op, n.target, n.args, n.kwargs)
+                    for n in self.graph.nodes if n.op in ("call_function", "call_method")):
+            return self.truth(obj)   # the data-dependent break, as without assuming
+        self.assumed.append((obj, bool(truth)))
+        return bool(truth)
+
+    def _check_assumable(self, kind: str, target: Any, args: tuple, kwargs: dict) -> None:
+        """Called for each node recorded: one that leaves a trace, after a branch was
+        assumed, makes the capture start again without assuming."""
+        if self.assumed and self._leaves_trace(kind, target, args, kwargs):
+            raise AssumedUnsafe(_name(kind, target))
+
+    def _leaves_trace(self, kind: str, target: Any, args: tuple, kwargs: dict) -> bool:
+        """Whether a call changes one of the graph's inputs in place or draws random
+        numbers (what running the graph and then the frame eagerly would do twice)."""
+        name = _name(kind, target)
+        if name in _RANDOM:
+            return True
+        if name in _DROPOUTS:
+            p_at, training_at = _DROPOUTS[name]
+            p = _arg(args, kwargs, p_at, "p", 0.5) if p_at is not None else 1
+            training = _arg(args, kwargs, training_at, "training",
+                            name.startswith("rrelu") is False)
+            if training is not False and p != 0:
+                return True
+        if name == "scaled_dot_product_attention" and \
+                _arg(args, kwargs, 4, "dropout_p", 0.0) != 0:
+            return True
+        writes = (kind == "call_method" and name.endswith("_")) or \
+            (kind == "call_function" and (name.endswith("_") or target in _IN_PLACE_OPERATORS)) \
+            or kwargs.get("inplace") is True or kwargs.get("out") is not None
+        return writes and self._touches_input((*args, *kwargs.values()))
+
+    def _touches_input(self, values: Any) -> bool:
+        """Whether any of ``values`` (nodes, or tuples and lists of them) is a graph
+        input or a view of one."""
+        torch = self._torch
+        inputs = {id(node.meta.get("example_value")) for node, _ in self._inputs.values()}
+        todo = list(values)
+        while todo:
+            value = todo.pop()
+            if type(value) in (tuple, list):
+                todo.extend(value)
+                continue
+            if not isinstance(value, self.node_type):
+                continue
+            fake = value.meta.get("example_value")
+            while isinstance(fake, torch.Tensor):
+                if id(fake) in inputs:
+                    return True
+                fake = fake._base
+        return False
+
+    def assumed_output(self, built: Any) -> Any:
+        """The graph's output with the tested tensors after it, when it assumed any."""
+        if not self.assumed:
+            return built
+        return built, tuple(node for node, _ in self.assumed)
+
+
+def checked(gm: Any, compiled: Callable) -> Callable:
+    """``compiled`` (the graph of ``gm``, or what a backend made of it) answering its
+    result only where every assumed branch went the assumed way: else, or where the
+    graph raised, ``_C.AssumptionFailed`` (the frame then runs its own bytecode)."""
+    wants = gm.meta.get("agspeed_assumed")
+    if not wants:
+        return compiled
+    failed = _C.AssumptionFailed
+
+    def run(*inputs: Any) -> Any:
+        try:
+            result, tested = compiled(*inputs)
+        except Exception as exc:   # the graph's own error where a check would have failed
+            raise failed(f"the graph raised {type(exc).__name__}") from exc
+        for value, want in zip(tested, wants):
+            if bool(value) is not want:
+                raise failed("an assumed branch went the other way")
+        return result
+
+    run.agspeed_checks = wants
+    return run

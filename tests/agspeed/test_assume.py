@@ -1,0 +1,280 @@
+"""Branches assumed where the other way only raises (agspeed/_assume.py).
+
+A value check (`if not valid.all(): raise ValueError(...)`, `assert (x >= 0).all()`,
+torch.distributions' argument validation) is captured into the graph instead of breaking
+it; on inputs that pass, results and gradients are eager's, on fresh random inputs; on an
+input that fails, the frame runs eager and raises eager's error, with eager's message,
+once; the program's objects and the RNG see one run, not two.  Graphs that change their
+inputs in place or draw random numbers after the check are not assumed (the check is a
+break, as before).
+"""
+
+import gc
+import sys
+import weakref
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import agspeed  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def _error(fn, *args):
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001 (the error itself is compared)
+        return type(exc), str(exc)
+    return None
+
+
+def _fallbacks():
+    return agspeed.counters()["assumption_fallbacks"]
+
+
+def checked_scale(x, w):
+    if not torch.isfinite(x).all():
+        raise ValueError(f"expected finite values, got a tensor of shape {tuple(x.shape)}")
+    y = (x @ w).tanh()
+    if (y.abs() > 1).any():
+        raise RuntimeError("tanh out of range")
+    return y * 2 + 1
+
+
+def test_a_value_check_is_one_graph_with_eager_results_and_errors():
+    explained = agspeed.explain(checked_scale, torch.randn(4, 3), torch.randn(3, 5))
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    opt = agspeed.optimize(checked_scale)
+    for _ in range(3):
+        x = torch.randn(4, 3, requires_grad=True)
+        w = torch.randn(3, 5, requires_grad=True)
+        want, got = checked_scale(x, w), opt(x, w)
+        assert type(got) is torch.Tensor and torch.allclose(want, got)
+        gw = torch.autograd.grad(want.sum(), (x, w))
+        gg = torch.autograd.grad(got.sum(), (x, w))
+        assert all(torch.allclose(a, b) for a, b in zip(gw, gg))
+    bad = torch.randn(4, 3)
+    bad[1, 2] = float("inf")
+    w = torch.randn(3, 5)
+    before = _fallbacks()
+    want = _error(checked_scale, bad, w)
+    assert want is not None and want[0] is ValueError
+    assert _error(opt, bad, w) == want
+    assert _fallbacks() == before + 1
+    x = torch.randn(4, 3)   # the entry still serves passing inputs
+    assert torch.allclose(opt(x, w), checked_scale(x, w))
+    assert _fallbacks() == before + 1
+
+
+def test_an_assert_fails_with_eagers_assertion_error():
+    # compiled here: pytest rewrites the assert statements of test modules
+    scope = {}
+    exec(compile("def positive_log(x):\n"
+                 "    assert (x > 0).all(), 'log of a non-positive value'\n"
+                 "    return x.log()\n", __file__, "exec"), scope)
+    positive_log = scope["positive_log"]
+    opt = agspeed.optimize(positive_log)
+    x = torch.rand(6) + 0.5
+    assert torch.allclose(opt(x), x.log())
+    assert _error(opt, -x) == _error(positive_log, -x)
+    assert _error(opt, -x)[0] is AssertionError
+
+
+def test_torch_distributions_with_validation_is_one_graph():
+    def nll(x, mu, scale):
+        d = torch.distributions.Normal(mu, scale.abs() + 0.1, validate_args=True)
+        return -d.log_prob(x).sum()
+
+    args = (torch.randn(8), torch.randn(8), torch.randn(8))
+    explained = agspeed.explain(nll, *args)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    opt = agspeed.optimize(nll)
+    for _ in range(3):
+        x, mu, scale = (torch.randn(8, requires_grad=True) for _ in range(3))
+        want, got = nll(x, mu, scale), opt(x, mu, scale)
+        assert torch.allclose(want, got)
+        gw = torch.autograd.grad(want, (x, mu, scale))
+        gg = torch.autograd.grad(got, (x, mu, scale))
+        assert all(torch.allclose(a, b) for a, b in zip(gw, gg))
+    nan = torch.full((8,), float("nan"))
+    want = _error(nll, torch.randn(8), nan, torch.randn(8))
+    assert want[0] is ValueError and "loc" in want[1]
+    assert _error(opt, torch.randn(8), nan, torch.randn(8)) == want
+
+
+@pytest.mark.cxx_exceptions   # the graph's index op raises in libtorch on the bad input
+def test_an_error_of_the_graph_on_a_failing_input_is_eagers_check_error():
+    def lookup(table, idx):
+        if (idx >= table.shape[0]).any():
+            raise IndexError(f"index beyond the {table.shape[0]} rows")
+        return table[idx] * 2
+
+    opt = agspeed.optimize(lookup)
+    table, idx = torch.randn(5, 3), torch.tensor([0, 4, 2])
+    assert torch.equal(opt(table, idx), lookup(table, idx))
+    bad = torch.tensor([0, 7])
+    assert _error(opt, table, bad) == _error(lookup, table, bad)
+    assert _error(opt, table, bad)[0] is IndexError
+
+
+def test_a_check_caught_in_the_frame_gives_eagers_other_result():
+    def safe_log(x):
+        try:
+            if not (x > 0).all():
+                raise ValueError("non-positive")
+            return x.log()
+        except ValueError:
+            return x.abs().add(1).log()
+
+    opt = agspeed.optimize(safe_log)
+    for x in (torch.rand(5) + 0.1, torch.randn(5) - 3, torch.rand(5) + 0.1):
+        got = opt(x)
+        assert torch.allclose(got, safe_log(x))
+
+
+class Counted(torch.nn.Module):
+    """Writes to itself and changes its buffer: each must happen once per call."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, x):
+        if not torch.isfinite(x).all():
+            raise ValueError("non-finite input")
+        self.calls += 1
+        return self.lin(x).relu()
+
+
+def test_the_programs_objects_see_one_run_when_a_check_fails():
+    torch.manual_seed(0)
+    eager = Counted()
+    model = Counted()
+    model.load_state_dict(eager.state_dict())
+    opt = agspeed.optimize(model)
+    bad = torch.randn(2, 4)
+    bad[0, 0] = float("nan")
+    for x in (torch.randn(2, 4), bad, torch.randn(2, 4), bad):
+        if torch.isfinite(x).all():
+            assert torch.allclose(opt(x), eager(x))
+        else:
+            assert _error(opt, x) == _error(eager, x)
+    assert model.calls == eager.calls == 2
+
+
+def test_in_place_changes_to_inputs_after_a_check_keep_the_break():
+    def bump(x, counter):
+        if not (x > -10).all():
+            raise ValueError("too small")
+        counter.add_(1)      # the program's tensor, changed once per call
+        return x * counter
+
+    opt = agspeed.optimize(bump)
+    explained = agspeed.explain(bump, torch.randn(3), torch.zeros(1))
+    assert explained.graph_break_count == 1
+    assert explained.break_reasons[0].reason == "data_dependent"
+    c1, c2 = torch.zeros(1), torch.zeros(1)
+    for x in (torch.randn(3), torch.randn(3) - 20, torch.randn(3)):
+        assert _error(opt, x, c1) == _error(bump, x, c2)
+        assert torch.equal(c1, c2)
+
+
+def test_in_place_changes_before_a_check_keep_the_break():
+    def norm_then_check(x, running):
+        running.mul_(0.9).add_(x.mean() * 0.1)
+        if not torch.isfinite(running).all():
+            raise ValueError("diverged")
+        return x - running
+
+    explained = agspeed.explain(norm_then_check, torch.randn(3), torch.zeros(1))
+    assert explained.graph_break_count == 1
+    opt = agspeed.optimize(norm_then_check)
+    r1, r2 = torch.zeros(1), torch.zeros(1)
+    for _ in range(3):
+        x = torch.randn(3)
+        assert torch.allclose(opt(x, r1), norm_then_check(x, r2)) and torch.equal(r1, r2)
+
+
+def test_in_place_changes_of_the_graphs_own_values_are_assumed():
+    def fill(x):
+        if not (x.abs() < 100).all():
+            raise ValueError("too large")
+        y = x * 2
+        y.clamp_(min=0)
+        return y
+
+    explained = agspeed.explain(fill, torch.randn(5))
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+
+
+def test_random_numbers_after_a_check_keep_the_break_only_in_training():
+    def noisy(x, training):
+        if not torch.isfinite(x).all():
+            raise ValueError("non-finite")
+        return torch.nn.functional.dropout(x, 0.5, training)
+
+    assert agspeed.explain(noisy, torch.randn(4), True).graph_break_count == 1
+    assert agspeed.explain(noisy, torch.randn(4), False).graph_break_count == 0
+    opt = agspeed.optimize(noisy)
+    torch.manual_seed(3)
+    want = noisy(torch.ones(64), True)
+    torch.manual_seed(3)
+    got = opt(torch.ones(64), True)
+    assert torch.equal(want, got)   # the same numbers drawn, once
+
+
+def test_checks_with_a_graph_break_after_them_fall_back_whole():
+    def with_break(x):
+        if not (x > -100).all():
+            raise ValueError("out of range")
+        y = x * 2
+        flag = y.sum().item() > 0     # a break: .item() of a computed value
+        return y + 1 if flag else y - 1
+
+    opt = agspeed.optimize(with_break)
+    for _ in range(3):
+        x = torch.randn(6)
+        assert torch.allclose(opt(x), with_break(x))
+    bad = torch.full((6,), -1000.0)
+    assert _error(opt, bad) == _error(with_break, bad)
+
+
+def test_assuming_can_be_turned_off():
+    with agspeed.config.override(assume_branches=False):
+        explained = agspeed.explain(checked_scale, torch.randn(4, 3), torch.randn(3, 5))
+    assert explained.graph_break_count >= 1
+    assert all(r.reason == "data_dependent" for r in explained.break_reasons)
+
+
+def test_fullgraph_takes_an_assumed_check():
+    opt = agspeed.optimize(checked_scale, fullgraph=True)
+    x, w = torch.randn(4, 3), torch.randn(3, 5)
+    assert torch.allclose(opt(x, w), checked_scale(x, w))
+
+
+def test_failing_checks_keep_no_reference_to_inputs_or_results():
+    opt = agspeed.optimize(checked_scale)
+    w = torch.randn(3, 5)
+    opt(torch.randn(4, 3), w)
+    bad = torch.full((4, 3), float("nan"))
+    base = sys.getrefcount(bad), sys.getrefcount(w)
+    for _ in range(5):
+        assert _error(opt, bad, w)[0] is ValueError
+    gc.collect()
+    assert (sys.getrefcount(bad), sys.getrefcount(w)) == base
+    out = opt(torch.randn(4, 3), w)
+    ref = weakref.ref(out)
+    del out
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_compiled_backend_checks_too():
+    opt = agspeed.optimize(checked_scale, backend="inductor")
+    x, w = torch.randn(4, 3), torch.randn(3, 5)
+    assert torch.allclose(opt(x, w), checked_scale(x, w), atol=1e-6)
+    bad = torch.full((4, 3), float("inf"))
+    assert _error(opt, bad, w) == _error(checked_scale, bad, w)
