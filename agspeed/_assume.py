@@ -53,6 +53,20 @@ _DROPOUTS = {
 }
 
 
+# calls that read memory at indices their tensor arguments hold: on a GPU, an index out
+# of range is a device-side assert that ends the process's CUDA context, not an error the
+# entry could take back (a check before them is not assumed where a tested tensor is on
+# a GPU)
+_INDEXING = frozenset({
+    "embedding", "embedding_bag", "gather", "scatter", "scatter_", "scatter_add",
+    "scatter_add_", "scatter_reduce", "scatter_reduce_", "index_select", "index_add",
+    "index_add_", "index_copy", "index_copy_", "index_fill", "index_fill_", "index_put",
+    "index_put_", "index_reduce", "take", "take_along_dim", "one_hot", "nll_loss",
+    "cross_entropy", "multi_margin_loss", "multilabel_margin_loss", "bincount",
+    "getitem", "setitem", "__getitem__", "__setitem__",
+})
+
+
 class AssumedUnsafe(Exception):
     """A graph that assumed a branch then changed an input in place or drew random
     numbers: its capture is done again without assuming."""
@@ -79,6 +93,7 @@ class Assumptions:
 
     def _assume_init(self) -> None:
         self.assumed: list[tuple[Any, bool]] = []   # (node tested, truth assumed)
+        self.assumed_on_device = False   # a tested tensor is on a GPU: no indexing
 
     def assume_truth(self, obj: Any, truth: bool) -> bool:
         """The truth of ``obj`` where a branch's other way only raises: a one-element
@@ -90,10 +105,14 @@ class Assumptions:
                 not (self.assume_branches and config.assume_branches):
             return self.truth(obj)
         fake = obj.meta.get("example_value")
-        if not isinstance(fake, torch.Tensor) or concrete(fake.numel()) != 1 or \
-                any(self._leaves_trace(n.op, n.target, n.args, n.kwargs)
-                    for n in self.graph.nodes if n.op in ("call_function", "call_method")):
+        if not isinstance(fake, torch.Tensor) or concrete(fake.numel()) != 1:
             return self.truth(obj)   # the data-dependent break, as without assuming
+        prior = self.assumed_on_device
+        self.assumed_on_device = prior or fake.device.type != "cpu"
+        if any(self._leaves_trace(n.op, n.target, n.args, n.kwargs)
+               for n in self.graph.nodes if n.op in ("call_function", "call_method")):
+            self.assumed_on_device = prior
+            return self.truth(obj)
         self.assumed.append((obj, bool(truth)))
         return bool(truth)
 
@@ -105,9 +124,10 @@ class Assumptions:
 
     def _leaves_trace(self, kind: str, target: Any, args: tuple, kwargs: dict) -> bool:
         """Whether a call changes one of the graph's inputs in place or draws random
-        numbers (what running the graph and then the frame eagerly would do twice)."""
+        numbers (what running the graph and then the frame eagerly would do twice), or,
+        where a tested tensor is on a GPU, reads at indices a tensor holds."""
         name = _name(kind, target)
-        if name in _RANDOM:
+        if name in _RANDOM or self.assumed_on_device and self._indexes(name, args):
             return True
         if name in _DROPOUTS:
             p_at, training_at = _DROPOUTS[name]
@@ -123,6 +143,25 @@ class Assumptions:
             (kind == "call_function" and (name.endswith("_") or target in _IN_PLACE_OPERATORS)) \
             or kwargs.get("inplace") is True or kwargs.get("out") is not None
         return writes and self._touches_input((*args, *kwargs.values()))
+
+    def _indexes(self, name: str, args: tuple) -> bool:
+        """Whether a call reads or writes at indices a tensor holds (an item access
+        only where its index holds an integer tensor)."""
+        if name not in _INDEXING:
+            return False
+        if name not in ("getitem", "setitem", "__getitem__", "__setitem__"):
+            return True
+        torch = self._torch
+        todo = list(args[1:2])
+        while todo:
+            value = todo.pop()
+            if type(value) in (tuple, list):
+                todo.extend(value)
+            elif isinstance(value, self.node_type):
+                fake = value.meta.get("example_value")
+                if isinstance(fake, torch.Tensor) and fake.dtype is not torch.bool:
+                    return True
+        return False
 
     def _touches_input(self, values: Any) -> bool:
         """Whether any of ``values`` (nodes, or tuples and lists of them) is a graph

@@ -10,6 +10,7 @@ break, as before).
 """
 
 import gc
+import operator
 import sys
 import weakref
 
@@ -278,3 +279,25 @@ def test_a_compiled_backend_checks_too():
     assert torch.allclose(opt(x, w), checked_scale(x, w), atol=1e-6)
     bad = torch.full((4, 3), float("inf"))
     assert _error(opt, bad, w) == _error(checked_scale, bad, w)
+
+
+def test_on_a_gpu_no_check_is_assumed_before_indexing_by_a_tensor():
+    """An index out of range on a GPU ends the CUDA context: with a tested tensor there,
+    a graph that indexes by a tensor's values does not assume (the rule, on the builder:
+    the GPU's own tests run on a lent machine)."""
+    from agspeed._graph import GraphBuilder
+
+    builder = GraphBuilder()
+    table = builder.input(("local", "table"), torch.randn(5, 3))
+    idx = builder.input(("local", "idx"), torch.tensor([1, 2]))
+    mask = builder.input(("local", "mask"), torch.tensor([True, False, True, True, False]))
+    emb = torch.nn.functional.embedding
+    calls = [("call_function", emb, (idx, table), {}, True),
+             ("call_function", operator.getitem, (table, idx), {}, True),
+             ("call_function", operator.getitem, (table, (slice(None), 0)), {}, False),
+             ("call_function", operator.getitem, (table, mask), {}, False),
+             ("call_method", "relu", (table,), {}, False)]
+    for on_device in (False, True):
+        builder.assumed_on_device = on_device
+        for kind, target, args, kwargs, indexes in calls:
+            assert builder._leaves_trace(kind, target, args, kwargs) is (on_device and indexes)
