@@ -13,8 +13,11 @@ such an input (an index the check guarded, out of range) is taken the same way.
 
 Dropping the graph's work is sound while the graph leaves no trace but its outputs: a
 capture assumes a branch only where the graph changes none of its inputs in place and
-draws no random numbers; a graph that does either after an assumption is captured
-again without assuming (the branch is then a break).  ``config.assume_branches=False``
+draws random numbers from the CPU's default generator at most (whose state the entry
+saves before the graph and puts back where a check fails); a graph that does otherwise
+after an assumption is captured again without assuming (the branch is then a break).
+Where a tested tensor is on a GPU, a graph that indexes by a tensor's values does not
+assume either: an index out of range there is a device-side assert.  ``config.assume_branches=False``
 turns assuming off.  The ``with`` blocks the graph entered are left as on any raise
 (``agspeed._ctx.restoring_modes`` wraps this callable).
 """
@@ -94,6 +97,7 @@ class Assumptions:
     def _assume_init(self) -> None:
         self.assumed: list[tuple[Any, bool]] = []   # (node tested, truth assumed)
         self.assumed_on_device = False   # a tested tensor is on a GPU: no indexing
+        self.draws_random = False   # the graph draws from the CPU's default generator
 
     def assume_truth(self, obj: Any, truth: bool) -> bool:
         """The truth of ``obj`` where a branch's other way only raises: a one-element
@@ -109,40 +113,63 @@ class Assumptions:
             return self.truth(obj)   # the data-dependent break, as without assuming
         prior = self.assumed_on_device
         self.assumed_on_device = prior or fake.device.type != "cpu"
-        if any(self._leaves_trace(n.op, n.target, n.args, n.kwargs)
+        if any(self._leaves_trace(n.op, n.target, n.args, n.kwargs, n.meta.get("example_value"))
                for n in self.graph.nodes if n.op in ("call_function", "call_method")):
             self.assumed_on_device = prior
             return self.truth(obj)
         self.assumed.append((obj, bool(truth)))
         return bool(truth)
 
-    def _check_assumable(self, kind: str, target: Any, args: tuple, kwargs: dict) -> None:
-        """Called for each node recorded: one that leaves a trace, after a branch was
-        assumed, makes the capture start again without assuming."""
-        if self.assumed and self._leaves_trace(kind, target, args, kwargs):
+    def _check_assumable(self, kind: str, target: Any, args: tuple, kwargs: dict,
+                         out: Any) -> None:
+        """Called for each node recorded (``out``: its fake result): one that leaves a
+        trace, after a branch was assumed, makes the capture start again without
+        assuming."""
+        if self.assumed and self._leaves_trace(kind, target, args, kwargs, out):
             raise AssumedUnsafe(_name(kind, target))
 
-    def _leaves_trace(self, kind: str, target: Any, args: tuple, kwargs: dict) -> bool:
-        """Whether a call changes one of the graph's inputs in place or draws random
-        numbers (what running the graph and then the frame eagerly would do twice), or,
+    def _leaves_trace(self, kind: str, target: Any, args: tuple, kwargs: dict,
+                      out: Any = None) -> bool:
+        """Whether a call changes one of the graph's inputs in place, draws random
+        numbers other than from the CPU's default generator (what running the graph and
+        then the frame eagerly would do twice: the entry restores that generator), or,
         where a tested tensor is on a GPU, reads at indices a tensor holds."""
         name = _name(kind, target)
-        if name in _RANDOM or self.assumed_on_device and self._indexes(name, args):
+        if self.assumed_on_device and self._indexes(name, args):
+            return True
+        if self._draws(name, args, kwargs):
+            if "generator" in kwargs or not self._all_on_cpu(out):
+                return True
+            self.draws_random = True
+        writes = (kind == "call_method" and name.endswith("_")) or \
+            (kind == "call_function" and (name.endswith("_") or target in _IN_PLACE_OPERATORS)) \
+            or kwargs.get("inplace") is True or kwargs.get("out") is not None
+        return writes and self._touches_input((*args, *kwargs.values()))
+
+    def _draws(self, name: str, args: tuple, kwargs: dict) -> bool:
+        """Whether a call draws random numbers."""
+        if name in _RANDOM:
             return True
         if name in _DROPOUTS:
             p_at, training_at = _DROPOUTS[name]
             p = _arg(args, kwargs, p_at, "p", 0.5) if p_at is not None else 1
             training = _arg(args, kwargs, training_at, "training",
                             name.startswith("rrelu") is False)
-            if training is not False and p != 0:
-                return True
-        if name == "scaled_dot_product_attention" and \
-                _arg(args, kwargs, 4, "dropout_p", 0.0) != 0:
-            return True
-        writes = (kind == "call_method" and name.endswith("_")) or \
-            (kind == "call_function" and (name.endswith("_") or target in _IN_PLACE_OPERATORS)) \
-            or kwargs.get("inplace") is True or kwargs.get("out") is not None
-        return writes and self._touches_input((*args, *kwargs.values()))
+            return training is not False and p != 0
+        return name == "scaled_dot_product_attention" and \
+            _arg(args, kwargs, 4, "dropout_p", 0.0) != 0
+
+    def _all_on_cpu(self, out: Any) -> bool:
+        """Whether every tensor of a fake result is on the CPU."""
+        torch = self._torch
+        values = [out]
+        while values:
+            value = values.pop()
+            if isinstance(value, (tuple, list)):
+                values.extend(value)
+            elif isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                return False
+        return True
 
     def _indexes(self, name: str, args: tuple) -> bool:
         """Whether a call reads or writes at indices a tensor holds (an item access
@@ -193,20 +220,31 @@ class Assumptions:
 def checked(gm: Any, compiled: Callable) -> Callable:
     """``compiled`` (the graph of ``gm``, or what a backend made of it) answering its
     result only where every assumed branch went the assumed way: else, or where the
-    graph raised, ``_C.AssumptionFailed`` (the frame then runs its own bytecode)."""
+    graph raised, ``_C.AssumptionFailed`` (the frame then runs its own bytecode), with
+    the CPU's default generator put back where the graph drew from it."""
     wants = gm.meta.get("agspeed_assumed")
     if not wants:
         return compiled
     failed = _C.AssumptionFailed
+    generator = None
+    if gm.meta.get("agspeed_assumed_rng"):
+        import torch
+
+        generator = torch.default_generator
 
     def run(*inputs: Any) -> Any:
+        state = generator.get_state() if generator is not None else None
         try:
             result, tested = compiled(*inputs)
+            ok = all(bool(value) is want for value, want in zip(tested, wants))
         except Exception as exc:   # the graph's own error where a check would have failed
+            if state is not None:
+                generator.set_state(state)
             raise failed(f"the graph raised {type(exc).__name__}") from exc
-        for value, want in zip(tested, wants):
-            if bool(value) is not want:
-                raise failed("an assumed branch went the other way")
+        if not ok:
+            if state is not None:
+                generator.set_state(state)
+            raise failed("an assumed branch went the other way")
         return result
 
     run.agspeed_checks = wants

@@ -386,7 +386,7 @@ class GraphBuilder(Outputs, Identities, Objects, CallPolicy, Folds, Binding, Sid
             raise GraphBreak(Reason.OP_FAILED,
                              f"{_target_name(kind, target)} raised {type(exc).__name__}: {exc}"
                              ) from exc
-        self._check_assumable(kind, target, args, kwargs)
+        self._check_assumable(kind, target, args, kwargs, out)
         node = self.graph.create_node(kind, target, args, kwargs)
         if type(target) is types.BuiltinFunctionType and target in self._constant_makers \
                 and args and type(args[0]) in (int, bool) and \
@@ -415,6 +415,9 @@ class GraphBuilder(Outputs, Identities, Objects, CallPolicy, Folds, Binding, Sid
             # x.to(float), dtype=int: the dtype torch reads the Python type as
             return {bool: self._torch.bool, int: self._torch.int64,
                     float: self._torch.float64}[value]
+        if kind is self._torch.Generator:   # fx would write its repr into the code
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, "a torch.Generator as an argument of "
+                             "a graph operation")
         if kind in (types.FunctionType, types.MethodType, types.BuiltinFunctionType):
             raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"a function ({describe_callable(value)}) "
                              f"as an argument of a graph operation")

@@ -116,6 +116,7 @@ class Outputs:
             gm.meta["agspeed_numpy"] = template
         if self.assumed:   # the truths assumed, checked after the graph (agspeed._assume)
             gm.meta["agspeed_assumed"] = tuple(truth for _, truth in self.assumed)
+            gm.meta["agspeed_assumed_rng"] = self.draws_random
         return gm
 
 

@@ -211,20 +211,46 @@ def test_in_place_changes_of_the_graphs_own_values_are_assumed():
     assert explained.graph_count == 1 and explained.graph_break_count == 0
 
 
-def test_random_numbers_after_a_check_keep_the_break_only_in_training():
+def test_random_numbers_drawn_before_a_failing_check_are_put_back():
     def noisy(x, training):
+        y = torch.nn.functional.dropout(x, 0.5, training)
         if not torch.isfinite(x).all():
             raise ValueError("non-finite")
-        return torch.nn.functional.dropout(x, 0.5, training)
+        return y + torch.rand_like(y)
 
-    assert agspeed.explain(noisy, torch.randn(4), True).graph_break_count == 1
-    assert agspeed.explain(noisy, torch.randn(4), False).graph_break_count == 0
+    for training in (True, False):
+        assert agspeed.explain(noisy, torch.randn(4), training).graph_break_count == 0
     opt = agspeed.optimize(noisy)
-    torch.manual_seed(3)
-    want = noisy(torch.ones(64), True)
-    torch.manual_seed(3)
-    got = opt(torch.ones(64), True)
-    assert torch.equal(want, got)   # the same numbers drawn, once
+    bad = torch.ones(64)
+    bad[3] = float("nan")
+    for x in (torch.ones(64), bad, torch.ones(64)):
+        torch.manual_seed(3)
+        want = _error(noisy, x, True) or noisy(x, True)
+        after_eager = torch.rand(3)
+        torch.manual_seed(3)
+        got = _error(opt, x, True) or opt(x, True)
+        assert torch.rand(3).equal(after_eager)   # one run's numbers drawn, not two
+        assert type(want) is type(got)
+        assert want == got if type(want) is tuple else torch.equal(want, got)
+
+
+def test_random_numbers_of_an_explicit_generator_are_drawn_once():
+    gens = [torch.Generator().manual_seed(0) for _ in range(2)]
+
+    def noisy(x, gen):
+        if not torch.isfinite(x).all():
+            raise ValueError("non-finite")
+        return x + torch.rand(x.shape, generator=gen)
+
+    explained = agspeed.explain(noisy, torch.randn(4), torch.Generator())
+    assert any("torch.Generator" in r.detail for r in explained.break_reasons)
+    opt = agspeed.optimize(noisy)
+    bad = torch.full((4,), float("nan"))
+    for x in (torch.randn(4), bad, torch.randn(4)):
+        want, got = _error(noisy, x, gens[0]) or noisy(x, gens[0]), \
+            _error(opt, x, gens[1]) or opt(x, gens[1])
+        assert want == got if type(want) is tuple else torch.equal(want, got)
+    assert torch.rand(3, generator=gens[0]).equal(torch.rand(3, generator=gens[1]))
 
 
 def test_checks_with_a_graph_break_after_them_fall_back_whole():
