@@ -20,7 +20,7 @@ import types
 from typing import Any
 
 from agspeed._builder_types import GraphBreak, describe_callable
-from agspeed._folds import FOLDABLE
+from agspeed._folds import FOLDABLE, kl_dispatch
 from agspeed._hooks import capturable
 from agspeed._hooks import hooked as hooked_call
 from agspeed._sources import MISSING, _class_lookup, is_namedtuple_type, static_attr
@@ -95,6 +95,27 @@ def _dynamo_init(fn: Any) -> Any:
     return init if type(init) is types.FunctionType else None
 
 
+def _python_getter(obj: Any, name: str) -> Any:
+    """For a non-data descriptor whose ``__get__`` is written in Python, found on the
+    class of ``obj`` (an object the capture made, so no guard needs to see it again:
+    ``torch.distributions``' ``lazy_property``): a property whose getter calls that
+    ``__get__``, to be inlined as a property's; else None."""
+    cls = type(obj)
+    found = _class_lookup(cls, name)
+    if found is MISSING:
+        return None
+    kind = type(found)
+    get = _class_lookup(kind, "__get__")
+    if type(get) is not types.FunctionType or _class_lookup(kind, "__set__") is not MISSING \
+            or _class_lookup(kind, "__delete__") is not MISSING:
+        return None
+
+    def fget(instance: Any, get: Any = get, descriptor: Any = found, owner: Any = cls) -> Any:
+        return get(descriptor, instance, owner)   # (defaults: no cells to reach)
+
+    return property(fget)
+
+
 class CallPolicy:
     """The part of ``GraphBuilder`` that plans calls and finds attributes."""
 
@@ -142,6 +163,10 @@ class CallPolicy:
             # a logger's cached method (transformers' warning_once): called for its
             # effect after the graph, where its cache keeps eager's once-only output
             self.replayed_calls = self.replayed_calls | {value}  # type: ignore
+        if how is Attr.UNSUPPORTED and self.is_owned(obj):  # type: ignore[attr-defined]
+            getter = _python_getter(obj, name)
+            if getter is not None:
+                return Attr.PROPERTY, getter, None
         if how is Attr.UNSUPPORTED:
             raise GraphBreak(Reason.UNSUPPORTED_ATTRIBUTE,
                              f"{type(obj).__name__}.{name}: {value}")
@@ -205,10 +230,12 @@ class CallPolicy:
         if fn in self.replayed_calls:  # type: ignore[attr-defined]
             return (Plan.GRAPH, fn)  # recorded by call_function, replayed after the graph
         if fn is logging.getLogger or fn is torch._C._log_api_usage_once or \
-                fn is torch._C._group_tensors_by_device_and_dtype:
+                fn is torch._C._group_tensors_by_device_and_dtype or fn is kl_dispatch():
             # the same logger for the same name, made at most once; torch's usage log,
             # once per process (nn.Module.__init__ calls it): both done at capture; the
-            # foreach paths' grouping of tensors by device and dtype (_foreach_groups)
+            # foreach paths' grouping of tensors by device and dtype (_foreach_groups);
+            # torch.distributions' choice of a KL function for two classes (its registry
+            # searched; the memo it is then stored in is guarded as any dict read)
             return (Plan.FOLD, fn)
         if fn is super:
             return (Plan.SUPER,)

@@ -98,6 +98,14 @@ def holds_container(value: Any) -> bool:
     return type(value) is tuple and any(
         type(v) in (list, dict, set) or holds_container(v) for v in value)
 
+def kl_dispatch() -> Any:
+    """``torch.distributions.kl._dispatch_kl`` where that module is loaded, else None:
+    the KL function registered for two distribution classes, found by comparing
+    ``_Match`` objects (whose ``__lt__`` is Python: folded whole instead)."""
+    kl = sys.modules.get("torch.distributions.kl")
+    return getattr(kl, "_dispatch_kl", None) if kl is not None else None
+
+
 class Folds(StdlibFolds):
     """The part of ``GraphBuilder`` that evaluates known values (the standard library's
     iterators, itertools, functools and container methods in ``_stdlib``)."""
@@ -169,6 +177,9 @@ class Folds(StdlibFolds):
         if fn in _TYPE_FOLDS:
             args = tuple(self._real_type_view(a) for a in args)
             return fn(*args, **kwargs)
+        if fn is kl_dispatch() and len(args) == 2 and not kwargs and \
+                all(type(a) is type for a in args):
+            return fn(*args)   # a registered function, or NotImplemented
         if fn in (sum, any, all) and args:
             # a ParameterList or ModuleList: its members, each from its source
             args = (self._materialize(args[0]), *args[1:])

@@ -95,6 +95,7 @@ def is_namedtuple_type(cls: Any) -> bool:
 _TYPE_NAMES = {name: type.__dict__[name] for name in ("__name__", "__qualname__", "__mro__")}
 _OBJECT_CLASS = object.__dict__["__class__"]
 _TUPLEGETTER = type(collections.namedtuple("_Probe", "field").field)
+_PROPERTY_GET = property.__dict__["__get__"]
 
 
 def _is_type_info(cls: type) -> bool:
@@ -160,8 +161,9 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
         return Attr.VALUE, _object_getattribute(obj, "__dict__")   # an instance's own
     if found is not MISSING:
         kind = type(found)
-        if kind is property:
-            return Attr.PROPERTY, found
+        if kind is property or issubclass(kind, property) and \
+                _class_lookup(kind, "__get__") is _PROPERTY_GET:
+            return Attr.PROPERTY, found   # (a subclass that reads as property does too)
         if kind is _TUPLEGETTER:  # a namedtuple field: an item of the tuple
             return Attr.VALUE, found.__get__(obj, cls)
         if hasattr(kind, "__set__") or hasattr(kind, "__delete__"):
@@ -316,7 +318,7 @@ def resolve_step(kind: str, base: Any, key: Any) -> Any:
         except (IndexError, ValueError):
             return MISSING
     if kind == "fget":
-        return base.fget if type(base) is property else MISSING
+        return base.fget if issubclass(type(base), property) else MISSING
     if kind == "cvar":
         if type(base) is not contextvars.ContextVar:
             return MISSING
