@@ -64,6 +64,8 @@ _PURE_METHODS = {
 }
 #: the types of values a method bound to them folds as its arguments allow
 _IMMUTABLE_SELVES = (str, bytes, int, float, tuple, frozenset)
+#: torch.Size's own methods that only read its sizes
+_SIZE_METHODS = frozenset({"numel", "count", "index"})
 _DICT_METHODS = ("get", "items", "keys", "values", "pop", "setdefault", "update", "copy",
                  "popitem", "clear", "__ior__")
 #: a set's in-place operators (``seen |= {k}``): their operand's elements join it
@@ -244,6 +246,9 @@ class StdlibFolds:
         if kind is types.MethodDescriptorType and \
                 fn.__name__ in _PURE_METHODS.get(fn.__objclass__, ()):
             return (Plan.FOLD, fn)
+        if kind is types.MethodDescriptorType and fn.__objclass__ is self._torch.Size and \
+                fn.__name__ in _SIZE_METHODS:
+            return (Plan.FOLD, fn)   # torch.Size.numel(shape) of known sizes
         return None
 
     def _plan_partial(self, fn: functools.partial, source: Any) -> tuple:
@@ -300,6 +305,8 @@ class StdlibFolds:
             return Attr.METHOD, dict.__dict__[name], obj   # read item by item, guarded
         if type(obj) is collections.deque and name in _DEQUE_METHODS:
             return Attr.METHOD, collections.deque.__dict__[name], obj
+        if type(obj) is self._torch.Size and name in _SIZE_METHODS and self._is_static(obj):
+            return Attr.METHOD, self._torch.Size.__dict__[name], obj   # sizes all known
         names = _PURE_METHODS.get(type(obj))
         if names is None or name not in names:
             return None

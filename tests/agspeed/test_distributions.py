@@ -107,3 +107,24 @@ def test_lazy_properties_are_computed_once_on_the_object():
     same, y, stored = opt(m)
     assert same is True and stored is True
     torch.testing.assert_close(y, probs_twice(m)[1])
+
+
+def test_a_policy_samples_what_eager_samples():
+    def policy_loss(logits):
+        d = D.Categorical(logits=logits)
+        action = d.sample()   # torch.Size().numel() of its sample shape folds
+        return -(d.log_prob(action)).mean() - 0.01 * d.entropy().mean(), action
+
+    explained = agspeed.explain(policy_loss, torch.randn(6, 4))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    opt = agspeed.optimize(policy_loss)
+    for seed in range(3):
+        logits = torch.randn(6, 4, requires_grad=True)
+        torch.manual_seed(seed)
+        want, want_action = policy_loss(logits)
+        torch.manual_seed(seed)
+        got, got_action = opt(logits)
+        assert torch.equal(got_action, want_action)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(torch.autograd.grad(got, logits)[0],
+                                   torch.autograd.grad(want, logits)[0])
