@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import types
+import weakref
 from typing import Any
 
 from agspeed._builder_types import GraphBreak, describe_callable
@@ -237,6 +238,8 @@ class CallPolicy:
             # torch.distributions' choice of a KL function for two classes (its registry
             # searched; the memo it is then stored in is guarded as any dict read)
             return (Plan.FOLD, fn)
+        if type(fn) is weakref.ReferenceType:
+            return (Plan.FOLD, fn)   # its object, as the graph reads it (Folds._dereference)
         if fn is super:
             return (Plan.SUPER,)
         if fn is object.__getattribute__:

@@ -17,6 +17,7 @@ import operator
 import os
 import sys
 import types
+import weakref
 from typing import Any
 
 from agspeed import _C
@@ -139,6 +140,8 @@ class Folds(StdlibFolds):
             fn, args = fn.__func__, (fn.__self__, *args)
         if fn is self._torch._C._group_tensors_by_device_and_dtype:
             return group_by_device_and_dtype(self, args, kwargs)
+        if type(fn) is weakref.ReferenceType and not args and not kwargs:
+            return self._dereference(fn)
         handled, out = self.stdlib_fold(fn, args, kwargs)
         if not handled:
             handled, out = self.numpy_fold(fn, args, kwargs)  # type: ignore[attr-defined]
@@ -637,6 +640,19 @@ class Folds(StdlibFolds):
                 kind.__ne__ is base.__ne__ for base in (str, int, float, bytes)):
             return True  # a str or int enum (`class Action(str, Enum)`): the base compares
         return kind.__eq__ is object.__eq__  # identity comparison, no user code
+
+    def _dereference(self, ref: Any) -> Any:
+        """``ref()`` of a weak reference the capture reached (the RNN modules' check that
+        their flat weights are still their parameters): None, or the graph's input for a
+        tensor it already reads (a guarded reference reaches one object while it lives)."""
+        value = ref()
+        if value is None:
+            return None
+        known = self._by_id.get(id(value))  # type: ignore[attr-defined]
+        if known is not None and isinstance(value, self._torch.Tensor):
+            return known[0]
+        raise GraphBreak(Reason.UNSUPPORTED_CALL, f"calling a weak reference to a "
+                         f"{type(value).__name__} the capture does not read otherwise")
 
     def truth(self, obj: Any) -> bool:
         """The truth of a known object, decided without running user code; of a size

@@ -140,6 +140,11 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
     cls = type(obj)
     if issubclass(cls, types.ModuleType):
         d = _object_getattribute(obj, "__dict__")
+        if name not in d and cls.__name__ == "VFModule" and cls.__module__ == "torch._VF":
+            # torch._VF: its __getattr__ reads torch's own builtins (torch._VF.lstm)
+            found = getattr(d.get("vf"), name, MISSING)
+            if type(found) is types.BuiltinFunctionType:
+                return Attr.VALUE, found
         return (Attr.VALUE, d[name]) if name in d else (Attr.MISSING, MISSING)
     if issubclass(cls, super):
         return _super_attr(obj, name)

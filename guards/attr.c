@@ -87,6 +87,11 @@ ags_load_attr_value(g_program *p, PyObject *base, PyObject *name, int *via)
 
     if (PyModule_Check(base)) {
         value = PyDict_GetItemWithError(PyModule_GetDict(base), name);
+        if (value == NULL && !PyErr_Occurred()
+            && !PyModule_CheckExact(base)) {
+            /* a module subclass may answer past its dict (torch._VF) */
+            return ags_load_step(p, AGS_LOAD_ATTR, base, name);
+        }
         if (value == NULL) {
             return PyErr_Occurred() ? NULL : G_MISSING;
         }

@@ -134,9 +134,20 @@ class Named(metaclass=Naming):
 Point = collections.namedtuple("Point", "x y")
 
 # (rule, object, attribute, who answers)
+class LazyModule(types.ModuleType):
+    def __getattr__(self, name):
+        RAN.append("__getattr__")
+        raise AttributeError(name)
+
+
+LAZY = LazyModule("lazy")
+LAZY.here = 1
+
 RULES = [
     ("module dict", types, "FunctionType", C),
     ("module dict, missing", types, "no_such_name", C),
+    ("module subclass's dict", LAZY, "here", C),
+    ("module subclass, missing: its own reading decides", LAZY, "nothing", PY),
     ("class function (a method)", Plain(), "method", C),
     ("class constant", Plain(), "constant", C),
     ("class builtin function", Plain(), "builtin", C),
@@ -286,3 +297,13 @@ def test_keys_and_values_of_dicts_read_in_c_as_in_python():
             assert answered == by, (type(base).__name__, kind)
         assert RAN == []
     assert read_load(od, Load.KEYS)[0] == ("b", "c", "a")
+
+
+@pytest.mark.torch
+def test_torch_vf_reads_torchs_builtins():
+    """torch._VF answers past its dict from torch's builtins (nn.LSTM's _VF.lstm)."""
+    torch = pytest.importorskip("torch")
+    got, answered = read_attr(torch._VF, "lstm")
+    assert got is static(torch._VF, "lstm") is torch._C._VariableFunctions.lstm
+    assert answered == PY
+    assert read_attr(torch._VF, "no_such_function")[0] is MISSING
