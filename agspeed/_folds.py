@@ -99,6 +99,19 @@ def holds_container(value: Any) -> bool:
     return type(value) is tuple and any(
         type(v) in (list, dict, set) or holds_container(v) for v in value)
 
+def _type_form(value: Any) -> bool:
+    """Whether ``value`` is a class or a typing form built of them (``list[int]``,
+    ``Sequence[Tensor]``, ``int | None``): what ``|`` joins into a union without running
+    the program's code."""
+    import typing
+
+    kind = type(value)
+    if issubclass(kind, type):   # a class, its metaclass's | type's own
+        return _class_lookup(kind, "__or__") is type.__dict__["__or__"]
+    return value is None or kind in (types.GenericAlias, types.UnionType) \
+        or kind.__module__ == "typing" and issubclass(kind, typing._Final)
+
+
 def kl_dispatch() -> Any:
     """``torch.distributions.kl._dispatch_kl`` where that module is loaded, else None:
     the KL function registered for two distribution classes, found by comparing
@@ -142,6 +155,9 @@ class Folds(StdlibFolds):
             return group_by_device_and_dtype(self, args, kwargs)
         if type(fn) is weakref.ReferenceType and not args and not kwargs:
             return self._dereference(fn)
+        if fn is operator.or_ and len(args) == 2 and not kwargs and \
+                all(_type_form(a) for a in args):
+            return args[0] | args[1]   # an annotation's union (typing.cast's first argument)
         handled, out = self.stdlib_fold(fn, args, kwargs)
         if not handled:
             handled, out = self.numpy_fold(fn, args, kwargs)  # type: ignore[attr-defined]
@@ -676,6 +692,9 @@ class Folds(StdlibFolds):
         elif isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, type,
                               types.ModuleType)):
             return True
+        elif _class_lookup(type(obj), "__bool__") is MISSING and \
+                _class_lookup(type(obj), "__len__") is MISSING:
+            return True   # an object whose class defines neither is true (a Logger)
         raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"the truth of a {type(obj).__name__}")
 
     def iterate(self, obj: Any, source: Any) -> tuple:

@@ -433,6 +433,17 @@ def f_set_algebra_and_str_tests_of_a_pattern(x):
     return x * (len(gone) + 10 * len(kept)), sorted(kept), str.isidentifier("a_1")
 
 
+LOG = __import__("logging").getLogger("agspeed.tests.python_calls")
+
+
+def f_annotation_unions_and_an_objects_plain_truth(x):
+    # typing.cast(Sequence[Tensor] | Sequence[int], ...) as torch.autograd.grad has it
+    kind = typing.cast(collections.abc.Sequence[torch.Tensor] | list[int] | None, (x,))
+    if LOG:   # a Logger defines neither __bool__ nor __len__: true
+        return kind[0] * 2
+    return kind[0]
+
+
 FUNCTIONS = {name: fn for name, fn in globals().items() if name.startswith("f_")}
 
 
