@@ -20,7 +20,9 @@ call (and the caller) sees exactly the state eager would have left.
   read is: such a counter makes each call capture again, until the recompile limit
   makes the frame run eager.
 * Calls replayed (``replay_call``): logging (``logger.info(...)``, the ``logging``
-  module's functions, transformers' ``warning_once``).  The call is made again on every
+  module's functions, transformers' ``warning_once``), and ``print`` of plain values
+  (``print("shape", x.shape)``; a tensor's text names its ``grad_fn``, a compiled
+  graph's own, so printing one breaks, as printing to a file does).  The call is made again on every
   run of the entry, with the tensors the graph computed, so the logger's own level check
   decides at run time, as in eager, whether anything is written.  A ``Logger`` method or
   ``logging`` function is replayed as ``_log_at``: its record names the file, line and
@@ -93,7 +95,7 @@ def _logging_calls() -> frozenset:
              "log", "warning_once", "info_once")
     found = [getattr(logging.Logger, n, None) for n in names]
     found += [getattr(logging, n, None) for n in names]
-    return frozenset([f for f in found if f is not None] + [warnings.warn])
+    return frozenset([f for f in found if f is not None] + [warnings.warn, print])
 
 
 class _Globals:
@@ -290,6 +292,11 @@ class SideEffects:
 
     def replay_call(self, fn: Any, args: tuple, kwargs: dict) -> None:
         """Record a call of ``fn`` made for its effect; it answers None to the frame."""
+        if fn is print and not (set(kwargs) <= {"sep", "end", "flush"} and all(
+                self._is_static(v) for v in (*args, *kwargs.values()))):  # type: ignore
+            # plain values only: a tensor's text names its grad_fn, which a compiled
+            # graph's differs in; another object's text is its own code's
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, "print() of other than plain values")
         if fn is warnings.warn:
             fn, args, kwargs = _warn_at, _warn_args(tuple(args), dict(kwargs)), {}
         else:
