@@ -22,7 +22,9 @@ call (and the caller) sees exactly the state eager would have left.
 * Calls replayed (``replay_call``): logging (``logger.info(...)``, the ``logging``
   module's functions, transformers' ``warning_once``), and ``print`` of plain values
   (``print("shape", x.shape)``; a tensor's text names its ``grad_fn``, a compiled
-  graph's own, so printing one breaks, as printing to a file does).  The call is made again on every
+  graph's own, so printing one breaks, as printing to a file does).  Inside a
+  checkpointed region each breaks: eager makes the call again when the backward
+  recomputes the region.  The call is made again on every
   run of the entry, with the tensors the graph computed, so the logger's own level check
   decides at run time, as in eager, whether anything is written.  A ``Logger`` method or
   ``logging`` function is replayed as ``_log_at``: its record names the file, line and
@@ -75,7 +77,7 @@ import warnings
 from typing import Any
 
 from agspeed import _C
-from agspeed._builder_types import GraphBreak
+from agspeed._builder_types import GraphBreak, describe_callable
 from agspeed._folds import holds_container
 from agspeed._objects import _state
 from agspeed._replay import (_CALL, _CONTENTS, _DICTS, _RAW_SET, _RESULT, _SET, _TAIL, _Attr,
@@ -292,6 +294,10 @@ class SideEffects:
 
     def replay_call(self, fn: Any, args: tuple, kwargs: dict) -> None:
         """Record a call of ``fn`` made for its effect; it answers None to the frame."""
+        if self._ckpt_open:  # type: ignore[attr-defined]
+            # eager makes it again when the backward recomputes the region
+            raise GraphBreak(Reason.SIDE_EFFECT, f"{describe_callable(fn)}() inside a "
+                             f"checkpointed region")
         if fn is print and not (set(kwargs) <= {"sep", "end", "flush"} and all(
                 self._is_static(v) for v in (*args, *kwargs.values()))):  # type: ignore
             # plain values only: a tensor's text names its grad_fn, which a compiled
