@@ -188,3 +188,21 @@ def test_optim_step_benchmark_quick_run(tmp_path):
         assert runs["eager"]["max_param_diff"] == 0.0
         assert runs["agspeed"]["max_param_diff"] < 1e-4
         assert all(r["median_ms"] > 0 for r in runs.values())
+
+
+def test_checks_benchmark_quick_run(tmp_path):
+    out = tmp_path / "checks.json"
+    env = dict(os.environ, AGSPEED_AUTOTUNE_CANDIDATES="eager",
+               AGSPEED_CACHE_DIR=str(tmp_path / "kb"))
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "checks.py"), "--batch", "8",
+         "--hidden", "16", "--warmup", "2", "--steps", "1", "--rounds", "2",
+         "--compile-backend", "eager", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(out.read_text())["results"]
+    assert set(runs) == {"eager", "agspeed", "agspeed, checks break", "torch.compile"}
+    assert (runs["agspeed"]["graphs"], runs["agspeed"]["breaks"]) == (1, 0)
+    assert runs["agspeed, checks break"]["breaks"] > 0
+    assert all(r["max_param_diff"] < 1e-4 for r in runs.values())
+    assert all(r["median_ms"] > 0 for r in runs.values())
