@@ -38,6 +38,10 @@ FOLDABLE = frozenset(_STRUCTURAL_FOLDS + _TYPE_FOLDS + _VALUE_FOLDS)
 # arguments, so reading it again on a later call needs no guard.
 _OBJECT_FOLDS = frozenset({logging.getLogger})
 _COLLECTIONS = (collections.OrderedDict, collections.defaultdict, collections.deque)
+# builtin types whose __eq__ declines any type of another family (``{} == "a"`` compares
+# identities): the family of each
+_FAMILY = {dict: 1, list: 2, tuple: 3, str: 4, bytes: 5, set: 6, frozenset: 6,
+           type(None): 7}
 _KEYS_VIEW = type({}.keys())
 _COMPARE = {Compare.LT: operator.lt, Compare.LE: operator.le, Compare.EQ: operator.eq,
             Compare.NE: operator.ne, Compare.GT: operator.gt, Compare.GE: operator.ge}
@@ -601,6 +605,11 @@ class Folds(StdlibFolds):
             found = a in b
             self._guard_membership(a, b)
             return found if op is Compare.IN else not found
+        if op in (Compare.EQ, Compare.NE) and _FAMILY.get(type(a), 0) and \
+                _FAMILY.get(type(b), 0) and _FAMILY[type(a)] != _FAMILY[type(b)]:
+            # builtin containers and strings of different kinds (a dict and a str): each
+            # side's __eq__ declines the other, so Python compares identities
+            return (a is b) is (op is Compare.EQ)
         if not (self._comparable(a, op) and self._comparable(b, op)):
             raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"comparing a {type(a).__name__} and a "
                              f"{type(b).__name__}")

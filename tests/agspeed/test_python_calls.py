@@ -444,6 +444,16 @@ def f_annotation_unions_and_an_objects_plain_truth(x):
     return kind[0]
 
 
+ROPE = {"rope_type": {"full": "default"}}
+
+
+def f_compares_builtins_of_other_kinds(x):
+    kind = ROPE["rope_type"]   # a dict compared with str (transformers' rope wrapper)
+    if kind == "longrope" or [1, 2] == (1, 2):
+        return x
+    return x * 2 if kind != "dynamic" else x
+
+
 FUNCTIONS = {name: fn for name, fn in globals().items() if name.startswith("f_")}
 
 
