@@ -20,11 +20,9 @@ call (and the caller) sees exactly the state eager would have left.
   read is: such a counter makes each call capture again, until the recompile limit
   makes the frame run eager.
 * Calls replayed (``replay_call``): logging (``logger.info(...)``, the ``logging``
-  module's functions, transformers' ``warning_once``), and ``print`` of plain values
-  (``print("shape", x.shape)``; a tensor's text names its ``grad_fn``, a compiled
-  graph's own, so printing one breaks, as printing to a file does).  Inside a
-  checkpointed region each breaks: eager makes the call again when the backward
-  recomputes the region.  The call is made again on every
+  module's functions, transformers' ``warning_once``).  Inside a checkpointed region
+  each breaks: eager makes the call again when the backward recomputes the region.
+  (``print`` breaks, as in torch._dynamo.)  The call is made again on every
   run of the entry, with the tensors the graph computed, so the logger's own level check
   decides at run time, as in eager, whether anything is written.  A ``Logger`` method or
   ``logging`` function is replayed as ``_log_at``: its record names the file, line and
@@ -97,7 +95,7 @@ def _logging_calls() -> frozenset:
              "log", "warning_once", "info_once")
     found = [getattr(logging.Logger, n, None) for n in names]
     found += [getattr(logging, n, None) for n in names]
-    return frozenset([f for f in found if f is not None] + [warnings.warn, print])
+    return frozenset([f for f in found if f is not None] + [warnings.warn])
 
 
 class _Globals:
@@ -298,11 +296,6 @@ class SideEffects:
             # eager makes it again when the backward recomputes the region
             raise GraphBreak(Reason.SIDE_EFFECT, f"{describe_callable(fn)}() inside a "
                              f"checkpointed region")
-        if fn is print and not (set(kwargs) <= {"sep", "end", "flush"} and all(
-                self._is_static(v) for v in (*args, *kwargs.values()))):  # type: ignore
-            # plain values only: a tensor's text names its grad_fn, which a compiled
-            # graph's differs in; another object's text is its own code's
-            raise GraphBreak(Reason.UNSUPPORTED_CALL, "print() of other than plain values")
         if fn is warnings.warn:
             fn, args, kwargs = _warn_at, _warn_args(tuple(args), dict(kwargs)), {}
         else:

@@ -891,26 +891,3 @@ def test_the_programs_containers_inside_a_changed_dict_keep_their_identity():
         torch.testing.assert_close(history["last"], 2 * x)
         torch.testing.assert_close(d["step"], x + 1)
 
-
-def test_print_of_plain_values_is_replayed_after_the_graph(capsys):
-    def shows(x):
-        print("shape", x.shape, x.dtype, sep=":")
-        return x * 2
-
-    def shows_tensor(x):
-        print(x.sum())
-        return x * 2
-
-    explained = agspeed.explain(shows, torch.randn(3, 4))
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
-    assert agspeed.explain(shows_tensor, torch.randn(3, 4)).graph_break_count == 1
-    capsys.readouterr()
-    for fn in (shows, shows_tensor):
-        opt = agspeed.optimize(fn)
-        x = torch.randn(3, 4)
-        for _ in range(2):
-            torch.testing.assert_close(opt(x), x * 2)
-        got = capsys.readouterr().out
-        fn(x)
-        fn(x)
-        assert got == capsys.readouterr().out and got.count("\n") == 2

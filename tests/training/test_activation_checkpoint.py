@@ -5,6 +5,7 @@ eager's random numbers and the saves eager makes; reentrant checkpoints and sele
 policies run eager as before."""
 
 import gc
+import logging
 import weakref
 
 import pytest
@@ -253,3 +254,24 @@ def test_transformers_gradient_checkpointing_is_one_graph_per_step():
         torch.testing.assert_close(got.loss, want.loss)
         for (name, p), q in zip(ref.named_parameters(), model.parameters()):
             torch.testing.assert_close(q.grad, p.grad, msg=name)
+
+
+def logs_inside(h):
+    logging.getLogger("agspeed.tests.ckpt").warning("inside the region")
+    return h.tanh()
+
+
+def test_a_logging_call_inside_the_region_is_made_again_by_the_backward(caplog):
+    def f(x):
+        return checkpoint(logs_inside, x * 2, use_reentrant=False) + 1
+
+    x = torch.randn(3, requires_grad=True)
+    with caplog.at_level(logging.WARNING, "agspeed.tests.ckpt"):
+        f(x).sum().backward()
+        want = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        g = agspeed.optimize(f)
+        got = g(x)
+        got.sum().backward()
+        assert [r.getMessage() for r in caplog.records] == want == ["inside the region"] * 2
+    torch.testing.assert_close(got, (x * 2).tanh() + 1)
