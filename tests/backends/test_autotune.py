@@ -516,3 +516,38 @@ def test_a_float_that_varies_runs_eager_instead_of_compiling_per_value(candidate
     assert first["candidates"]["t_same"]["status"] != "failed"
     left_out = last["candidates"]["t_same"]
     assert left_out["status"] == "failed" and "float" in left_out["reason"]
+
+
+class _Cache:
+    """Stands for a transformers cache: a fresh object each run, compared by identity,
+    holding tensors in lists of objects."""
+
+    class Layer:
+        def __init__(self, k, v):
+            self.keys, self.values, self.seen = k, v, 3
+
+    def __init__(self, tensors):
+        self.layers = [self.Layer(k, v) for k, v in tensors]
+        self.offloading = False
+
+
+def test_objects_made_per_run_are_compared_by_what_they_hold():
+    from agspeed.backends import _measure
+    from torch.utils._pytree import tree_flatten
+
+    gen = torch.Generator().manual_seed(0)
+    kv = [(torch.randn(2, 4, generator=gen), torch.randn(2, 4, generator=gen))
+          for _ in range(2)]
+
+    def result(tensors):
+        leaves, spec = tree_flatten((torch.ones(2), _Cache(tensors)))
+        return _measure.Result(spec, leaves, [])
+
+    assert _measure.compare(result(kv), result([(k.clone(), v.clone()) for k, v in kv])) \
+        == 0.0
+    near = [(k + 1e-7, v) for k, v in kv]
+    assert _measure.compare(result(kv), result(near)) <= 1e-3
+    with pytest.raises(_measure.Mismatch, match=r"layers\[1\]\.values"):
+        _measure.compare(result(kv), result([kv[0], (kv[1][0], kv[1][1] + 1)]))
+    with pytest.raises(_measure.Mismatch, match="items"):
+        _measure.compare(result(kv), result(kv[:1]))
