@@ -42,6 +42,17 @@ def add_device_args(parser) -> None:
                         "benchmarks/results/<name>[_cuda].json)")
 
 
+def add_turn_args(parser, steps: int) -> None:
+    """--warmup, --steps (per turn), --rounds, --threads and --compile-backend: the
+    arguments of a benchmark whose runtimes take turns after warming up."""
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--compile-backend", default="inductor",
+                        help="torch.compile's backend (the smoke test's: eager)")
+
+
 def default_out(args, name: str) -> str:
     """``args.out``, or the results file of benchmark ``name`` on ``args.device``."""
     if args.out:

@@ -30,7 +30,8 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import agspeed  # noqa: E402
-from _report import add_device_args, default_out, machine, save, sync  # noqa: E402
+from _report import (add_device_args, add_turn_args, default_out, machine,  # noqa: E402
+                     save, sync)
 
 D = torch.distributions
 
@@ -69,12 +70,7 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--latent", type=int, default=16)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--compile-backend", default="inductor",
-                        help="torch.compile's backend (the smoke test's: eager)")
+    add_turn_args(parser, steps=5)
     add_device_args(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

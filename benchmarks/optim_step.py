@@ -30,7 +30,8 @@ import torch  # noqa: E402
 
 import agspeed  # noqa: E402
 from _models import build  # noqa: E402
-from _report import add_device_args, default_out, machine, save, sync  # noqa: E402
+from _report import (add_device_args, add_turn_args, default_out, machine,  # noqa: E402
+                     save, sync)
 
 _OPTIONS = {"SGD": dict(lr=0.01, momentum=0.9), "Adam": dict(lr=1e-3),
             "AdamW": dict(lr=1e-3, weight_decay=0.01), "RMSprop": dict(lr=1e-3),
@@ -91,12 +92,7 @@ def main() -> None:
     parser.add_argument("--model", default="gpt")
     parser.add_argument("--size", default="full", choices=("full", "quick"))
     parser.add_argument("--optimizers", default="SGD,Adam,AdamW,RMSprop,Adagrad")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--compile-backend", default="inductor",
-                        help="torch.compile's backend (the smoke test's: eager)")
+    add_turn_args(parser, steps=10)
     add_device_args(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
