@@ -327,3 +327,20 @@ def test_on_a_gpu_no_check_is_assumed_before_indexing_by_a_tensor():
         builder.assumed_on_device = on_device
         for kind, target, args, kwargs, indexes in calls:
             assert builder._leaves_trace(kind, target, args, kwargs) is (on_device and indexes)
+
+
+def test_a_first_call_that_fails_its_check_raises_and_keeps_the_graph():
+    def doubled(x):
+        if not torch.isfinite(x).all():
+            raise ValueError("bad input")
+        return x * 2
+
+    for options in ({}, {"fullgraph": True}):
+        agspeed.reset()
+        opt = agspeed.optimize(doubled, **options)
+        with pytest.raises(ValueError, match="bad input"):
+            opt(torch.tensor([1.0, float("nan")]))
+        x = torch.randn(2)
+        torch.testing.assert_close(opt(x), x * 2)
+        counters = agspeed.counters()
+        assert counters["assumption_fallbacks"] == 1 and counters["cache_hits"] >= 1
