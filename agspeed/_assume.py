@@ -144,7 +144,9 @@ class Assumptions:
         writes = (kind == "call_method" and name.endswith("_")) or \
             (kind == "call_function" and (name.endswith("_") or target in _IN_PLACE_OPERATORS)) \
             or kwargs.get("inplace") is True or kwargs.get("out") is not None
-        return writes and self._touches_input((*args, *kwargs.values()))
+        # what such a call writes: its first argument (self, the target of `t[i] = v`,
+        # of `x += y`, of inplace=True), or its `out=`
+        return writes and self._touches_input((args[:1], kwargs.get("out")))
 
     def _draws(self, name: str, args: tuple, kwargs: dict) -> bool:
         """Whether a call draws random numbers."""

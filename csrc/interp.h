@@ -324,6 +324,10 @@ int ags_dunder_builtin(ags_interp *it, ags_frame *f, PyObject *fn,
 
 /* interp_flow.c */
 int ags_truth(ags_interp *it, const ags_value *v, int *truth);
+/* Whether the value the current instruction (a CALL) pushes goes straight
+ * to a conditional jump (through 3.13's TO_BOOL) one of whose ways only
+ * raises: the jump whose truth the builder may assume (interp_flow.c). */
+int ags_feeds_raising_branch(const ags_frame *f);
 int ags_elements(ags_interp *it, const ags_value *v, PyObject **elems);
 int ags_iter_follow(ags_interp *it, ags_value *iter);
 

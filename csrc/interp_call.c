@@ -395,6 +395,26 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
                                    "calling a contextmanager's generator "
                                    "(as a decorator)");
     }
+    if (callable->kind == AGS_VK_METHOD && self->kind == AGS_VK_TENSOR
+        && nargs == 0 && kwnames == NULL && PyUnicode_Check(callable->obj)
+        && PyUnicode_CompareWithASCIIString(callable->obj, "item") == 0
+        && ags_feeds_raising_branch(f)) {
+        /* `assert t.all().item()`: the number's truth is the 0-d tensor's,
+         * which the jump may assume (interp_flow.c) */
+        PyObject *ndim = ags_call_builder(it, AGS_BOP_TENSOR_ATTR, "(Os)",
+                                          self->obj, "ndim");
+        int zero_d;
+
+        if (ndim == NULL) {
+            return ags_take_break(it);
+        }
+        zero_d = PyLong_CheckExact(ndim) && PyLong_AsLong(ndim) == 0;
+        Py_DECREF(ndim);
+        if (zero_d) {
+            *result = ags_value_copy(self);
+            return AGS_GO;
+        }
+    }
     if (callable->kind == AGS_VK_METHOD && self->kind == AGS_VK_TENSOR) {
         return ags_builder_call(it, AGS_BOP_CALL_METHOD, callable->obj, self,
                                 args,

@@ -360,6 +360,50 @@ branch_truth(ags_interp *it, const ags_frame *f, const ags_value *v,
     return AGS_GO;
 }
 
+/* The truth on which the conditional jump `op` jumps: 1 or 0, or -1 for an
+ * instruction that is no such jump. */
+static int
+jump_truth(uint8_t op)
+{
+#ifdef POP_JUMP_IF_TRUE
+    if (op == POP_JUMP_IF_TRUE) {
+        return 1;
+    }
+    if (op == POP_JUMP_IF_FALSE) {
+        return 0;
+    }
+#endif
+#ifdef POP_JUMP_FORWARD_IF_TRUE
+    if (op == POP_JUMP_FORWARD_IF_TRUE || op == POP_JUMP_BACKWARD_IF_TRUE) {
+        return 1;
+    }
+    if (op == POP_JUMP_FORWARD_IF_FALSE || op == POP_JUMP_BACKWARD_IF_FALSE) {
+        return 0;
+    }
+#endif
+    return -1;
+}
+
+int
+ags_feeds_raising_branch(const ags_frame *f)
+{
+    Py_ssize_t at = f->pc + 1;
+    int when;
+
+    if (f->pc < 0 || f->pc >= f->bc.n || f->bc.instrs[f->pc].opcode != CALL) {
+        return 0;
+    }
+#ifdef TO_BOOL
+    if (at < f->bc.n && f->bc.instrs[at].opcode == TO_BOOL) {
+        at++;
+    }
+#endif
+    if (at >= f->bc.n || (when = jump_truth(f->bc.instrs[at].opcode)) < 0) {
+        return 0;
+    }
+    return truth_not_raising(f, at, when) >= 0;
+}
+
 /* The truth TO_BOOL (3.13) takes of `v`: for the conditional jump right
  * after it, as branch_truth; else as ags_truth. */
 static int

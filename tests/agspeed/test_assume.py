@@ -201,11 +201,13 @@ def test_in_place_changes_before_a_check_keep_the_break():
 
 def test_in_place_changes_of_the_graphs_own_values_are_assumed():
     def fill(x):
+        buf = x.new_zeros(2, *x.shape)
+        buf[0] = x                    # an input written into the graph's own tensor
         if not (x.abs() < 100).all():
             raise ValueError("too large")
         y = x * 2
         y.clamp_(min=0)
-        return y
+        return y + buf.sum(0)
 
     explained = agspeed.explain(fill, torch.randn(5))
     assert explained.graph_count == 1 and explained.graph_break_count == 0
@@ -344,3 +346,19 @@ def test_a_first_call_that_fails_its_check_raises_and_keeps_the_graph():
         torch.testing.assert_close(opt(x), x * 2)
         counters = agspeed.counters()
         assert counters["assumption_fallbacks"] == 1 and counters["cache_hits"] >= 1
+
+
+def test_an_assert_on_item_of_a_0d_check_is_assumed_too():
+    # prophetnet: `assert torch.all(ids >= 0).item(), msg`
+    scope = {"torch": torch}
+    exec(compile("def shifted(ids):\n"
+                 "    assert torch.all(ids >= 0).item(), 'negative ids'\n"
+                 "    return ids.roll(1, -1) * 2\n", __file__, "exec"), scope)
+    shifted = scope["shifted"]
+    explained = agspeed.explain(shifted, torch.arange(6))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    opt = agspeed.optimize(shifted)
+    ids = torch.randint(0, 9, (2, 5))
+    assert torch.equal(opt(ids), shifted(ids))
+    assert _error(opt, -ids - 1) == _error(shifted, -ids - 1)
+    assert _error(opt, -ids - 1)[0] is AssertionError

@@ -84,3 +84,31 @@ def test_a_builder_that_declines_breaks_there():
 
     out, _ = capture(if_not_raise, Declines(allowed=(tlib.relu,)), x=T())
     assert out["status"] == "break" and out["reason"] == Reason.DATA_DEPENDENT
+
+
+class ZeroDim(Recorder):
+    """Every node a 0-d tensor."""
+
+    def tensor_attr(self, node, name):
+        return 0 if name == "ndim" else super().tensor_attr(node, name)
+
+
+exec(compile("def asserted_item(x):\n    assert x.all().item(), 'zero'\n    return tlib.relu(x)\n",
+             __file__, "exec"))
+
+
+def item_then_more(x):
+    flag = x.any().item()
+    return tlib.relu(x) if flag else x
+
+
+def test_the_item_of_a_0d_tensor_a_raising_branch_tests_is_the_tensor_assumed():
+    from agspeed.protocol import Reason
+
+    out, b = capture(asserted_item, ZeroDim(allowed=(tlib.relu,)), x=T())  # noqa: F821
+    assert out["status"] == "graph" and _assumed(b) == [True]
+    assert ".item" not in [name for name, _, _ in b.ops]
+    out, b = capture(item_then_more, ZeroDim(allowed=(tlib.relu,)), x=T())
+    assert ".item" in [name for name, _, _ in b.ops]   # not straight to a raising branch
+    out, b = capture(asserted_item, x=T())  # noqa: F821  (ndim unknown: item() as before)
+    assert ".item" in [name for name, _, _ in b.ops] or out.get("reason") == Reason.DATA_DEPENDENT
