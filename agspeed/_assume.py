@@ -97,7 +97,6 @@ class Assumptions:
     def _assume_init(self) -> None:
         self.assumed: list[tuple[Any, bool]] = []   # (node tested, truth assumed)
         self.assumed_on_device = False   # a tested tensor is on a GPU: no indexing
-        self.draws_random = False   # the graph draws from the CPU's default generator
 
     def assume_truth(self, obj: Any, truth: bool) -> bool:
         """The truth of ``obj`` where a branch's other way only raises: a one-element
@@ -137,10 +136,9 @@ class Assumptions:
         name = _name(kind, target)
         if self.assumed_on_device and self._indexes(name, args):
             return True
-        if self._draws(name, args, kwargs):
-            if "generator" in kwargs or not self._all_on_cpu(out):
-                return True
-            self.draws_random = True
+        if self._draws(name, args, kwargs) and \
+                ("generator" in kwargs or not self._all_on_cpu(out)):
+            return True
         writes = (kind == "call_method" and name.endswith("_")) or \
             (kind == "call_function" and (name.endswith("_") or target in _IN_PLACE_OPERATORS)) \
             or kwargs.get("inplace") is True or kwargs.get("out") is not None
@@ -173,6 +171,20 @@ class Assumptions:
                 return False
         return True
 
+    def draws_from_cpu_generator(self) -> bool:
+        """Whether the graph draws random numbers (all from the CPU's default generator,
+        or it would not have assumed): the entry saves that generator's state."""
+        return any(self._draws(_name(n.op, n.target), n.args, n.kwargs)
+                   for n in self.graph.nodes if n.op in ("call_function", "call_method"))
+
+    def _fakes_in(self, values: Any) -> list:
+        """The fake values of the nodes in ``values`` (through tuples, lists, dicts)."""
+        import torch.fx
+
+        fakes: list = []
+        torch.fx.node.map_arg(values, lambda node: fakes.append(node.meta.get("example_value")))
+        return fakes
+
     def _indexes(self, name: str, args: tuple) -> bool:
         """Whether a call reads or writes at indices a tensor holds (an item access
         only where its index holds an integer tensor)."""
@@ -181,31 +193,15 @@ class Assumptions:
         if name not in ("getitem", "setitem", "__getitem__", "__setitem__"):
             return True
         torch = self._torch
-        todo = list(args[1:2])
-        while todo:
-            value = todo.pop()
-            if type(value) in (tuple, list):
-                todo.extend(value)
-            elif isinstance(value, self.node_type):
-                fake = value.meta.get("example_value")
-                if isinstance(fake, torch.Tensor) and fake.dtype is not torch.bool:
-                    return True
-        return False
+        return any(isinstance(fake, torch.Tensor) and fake.dtype is not torch.bool
+                   for fake in self._fakes_in(args[1:2]))
 
     def _touches_input(self, values: Any) -> bool:
         """Whether any of ``values`` (nodes, or tuples and lists of them) is a graph
         input or a view of one."""
         torch = self._torch
         inputs = {id(node.meta.get("example_value")) for node, _ in self._inputs.values()}
-        todo = list(values)
-        while todo:
-            value = todo.pop()
-            if type(value) in (tuple, list):
-                todo.extend(value)
-                continue
-            if not isinstance(value, self.node_type):
-                continue
-            fake = value.meta.get("example_value")
+        for fake in self._fakes_in(values):
             while isinstance(fake, torch.Tensor):
                 if id(fake) in inputs:
                     return True
@@ -249,5 +245,4 @@ def checked(gm: Any, compiled: Callable) -> Callable:
             raise failed("an assumed branch went the other way")
         return result
 
-    run.agspeed_checks = wants
     return run

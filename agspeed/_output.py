@@ -116,9 +116,8 @@ class Outputs:
             gm.meta["agspeed_numpy"] = template
         if self.assumed:   # the truths assumed, checked after the graph (agspeed._assume)
             gm.meta["agspeed_assumed"] = tuple(truth for _, truth in self.assumed)
-            gm.meta["agspeed_assumed_rng"] = self.draws_random
+            gm.meta["agspeed_assumed_rng"] = self.draws_from_cpu_generator()
         return gm
-
 
     def _drop_unused_sizes(self) -> None:
         """Erase size computations nothing uses (the tests behind resolved branches)."""

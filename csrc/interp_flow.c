@@ -7,7 +7,8 @@
  * the capture breaks there (reason data_dependent) and the frame runs
  * eager; but where one way of the branch only raises (`if not
  * valid.all(): raise ValueError(...)`, `assert (x > 0).all()`), the builder
- * may assume the other way, checked after the graph (assume_truth).  Loops run as often as their known sequence is long, which
+ * may assume the other way, checked after the graph (assume_truth).
+ * Loops run as often as their known sequence is long, which
  * unrolls them into the graph; GET_ITER turns any iterable the builder can
  * list without running user code (tuples, ranges, ModuleList, Sequential,
  * dict keys) into an ITER value over a tuple.
@@ -412,10 +413,9 @@ to_bool_truth(ags_interp *it, const ags_frame *f, const ags_value *v,
 {
 #ifdef TO_BOOL
     if (f->pc + 1 < f->bc.n) {
-        uint8_t next = f->bc.instrs[f->pc + 1].opcode;
-        if (next == POP_JUMP_IF_TRUE || next == POP_JUMP_IF_FALSE) {
-            return branch_truth(it, f, v, f->pc + 1, next == POP_JUMP_IF_TRUE,
-                                truth);
+        int when = jump_truth(f->bc.instrs[f->pc + 1].opcode);
+        if (when >= 0) {
+            return branch_truth(it, f, v, f->pc + 1, when, truth);
         }
     }
 #endif
