@@ -35,7 +35,14 @@ Identity is kept wherever the capture's result could depend on which object it w
 Only instances of heap classes whose metaclass is ``type`` (or ``abc.ABCMeta``) are
 candidates: not modules (the module machinery guards their structure), enums (whose
 members are compared by identity), exceptions, containers (checked by length), or
-classes with metaclasses of their own.
+classes with metaclasses of their own.  So are instances of the builtin classes that
+show nothing but their class and attributes (``_C.opaque_type``: no number, sequence or
+mapping protocol, no iteration, call, comparison or hash of their own, attributes read
+the generic way), a ``contextvars.Token`` among them: a program that makes one per call
+and hands it on through the frame (a resume function's stack, an argument passed to
+code that runs eager) would otherwise be captured again on every call.  torch's and
+NumPy's own classes (``torch.dtype``, ``torch.layout``) are not: their instances are
+singletons that mean what they are.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import functools
 import types
 from typing import Any
 
+from agspeed import _C
 from agspeed._objects import _model_output_type
 from agspeed.protocol import Compare
 
@@ -73,11 +81,23 @@ def plain_instance(value: Any, module_type: Any = None) -> bool:
     """Whether ``value`` is an instance of a plain user class (see the module's
     docstring); ``module_type``: torch.nn.Module, excluded with its subclasses."""
     cls = type(value)
-    if not cls.__flags__ & _HEAPTYPE or type(cls) not in _METACLASSES:
+    if not cls.__flags__ & _HEAPTYPE:
+        return _opaque(cls)
+    if type(cls) not in _METACLASSES:
         return False
     if issubclass(cls, _EXCLUDED):
         return False
     return module_type is None or not issubclass(cls, module_type)
+
+
+@functools.lru_cache(maxsize=256)
+def _opaque(cls: type) -> bool:
+    """Whether ``cls`` is a builtin class whose instances show only their class and
+    attributes, and not torch's or NumPy's own."""
+    module = getattr(cls, "__module__", "") or ""
+    if module.split(".")[0] in ("torch", "numpy"):
+        return False
+    return _C.opaque_type(cls)
 
 
 def _is_singleton(value: Any) -> bool:

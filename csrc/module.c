@@ -232,6 +232,61 @@ exceptions(PyObject *module, PyObject *code)
     return ags_bc_exceptions_list((PyCodeObject *)code);
 }
 
+/* Whether a protocol table is absent or all NULL. */
+static int
+all_null(const void *table, size_t size)
+{
+    const unsigned char *p = table;
+
+    if (table == NULL) {
+        return 1;
+    }
+    for (size_t i = 0; i < size; i++) {
+        if (p[i] != 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Whether an instance of the builtin type `cls` shows the capture nothing
+ * but its class and its attributes: no number, sequence, mapping or async
+ * protocol, no iteration, no call, no comparison or hash of its own, no
+ * descriptor behaviour, attributes read the generic way.  Such an object
+ * (a ContextVar's Token) is guarded by its type where the capture only
+ * carried it (agspeed/_identity.py). */
+static PyObject *
+opaque_type(PyObject *module, PyObject *cls)
+{
+    PyTypeObject *t;
+
+    (void)module;
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "opaque_type(cls): a class");
+        return NULL;
+    }
+    t = (PyTypeObject *)cls;
+    if (PyType_HasFeature(t, Py_TPFLAGS_HEAPTYPE)
+        || PyType_HasFeature(t, Py_TPFLAGS_BASETYPE)
+        || t->tp_base != &PyBaseObject_Type
+        || t->tp_getattro != PyObject_GenericGetAttr
+        || (t->tp_setattro != PyObject_GenericSetAttr
+            && t->tp_setattro != NULL)
+        || t->tp_call != NULL || t->tp_iter != NULL || t->tp_iternext != NULL
+        || t->tp_descr_get != NULL || t->tp_descr_set != NULL
+        || (t->tp_richcompare != NULL
+            && t->tp_richcompare != PyBaseObject_Type.tp_richcompare)
+        || (t->tp_hash != PyBaseObject_Type.tp_hash
+            && t->tp_hash != PyObject_HashNotImplemented)
+        || !all_null(t->tp_as_number, sizeof(PyNumberMethods))
+        || !all_null(t->tp_as_sequence, sizeof(PySequenceMethods))
+        || !all_null(t->tp_as_mapping, sizeof(PyMappingMethods))
+        || !all_null(t->tp_as_async, sizeof(PyAsyncMethods))) {
+        Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyObject *
 capture(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -359,6 +414,10 @@ static PyMethodDef module_methods[] = {
     {"capture", (PyCFunction)(void (*)(void))capture, METH_FASTCALL,
      "capture(code, f_locals, globals, builtins, builder, tensor_type) -> "
      "dict: run the symbolic interpreter over code (see csrc/interp.c)."},
+    {"opaque_type", opaque_type, METH_O,
+     "opaque_type(cls) -> bool: whether instances of the builtin class show "
+     "nothing but their class and attributes (no protocols, calls, "
+     "comparisons or hash of their own)."},
     {"capture_site", capture_site, METH_NOARGS,
      "capture_site() -> ((code, offset, globals), ...): the frames of the "
      "capture running on this thread, innermost first; () outside one"},

@@ -3,6 +3,7 @@ instance made afresh for each call (a dataclass batch) is captured once and serv
 the cache, while every use whose answer depends on which object it is keeps the
 identity check, so results stay eager's."""
 
+import contextvars
 import dataclasses
 import enum
 import gc
@@ -293,3 +294,115 @@ def test_is_between_two_tensors_is_decided_and_guarded():
     assert len(backend_graphs) == 2
     report = agspeed.explain(picks, a, b)
     assert (report.graph_count, report.graph_break_count) == (1, 0)
+
+
+# -- builtin objects that show only their class and attributes (a ContextVar's Token) --
+
+_VAR = contextvars.ContextVar("test_identity_var", default=None)
+
+
+class _Setter:
+    """Sets and resets ``_VAR`` in calls the capture cannot follow (ContextVar.set and
+    reset are builtin methods): they run eager, and the Token crosses the frame."""
+
+    def set(self, value):
+        return _VAR.set(value)
+
+    def reset(self, token):
+        _VAR.reset(token)
+
+
+_SETTER = _Setter()
+
+
+def reset_through(x, token):
+    try:
+        y = x.sin() * 2
+    finally:
+        _SETTER.reset(token)
+    return y
+
+
+def set_then_reset(x):
+    token = _SETTER.set("inside")
+    try:
+        y = x.cos() + 1
+    finally:
+        _SETTER.reset(token)
+    return y
+
+
+def test_a_token_made_per_call_and_passed_in_is_captured_once():
+    agspeed.reset()
+    fast = agspeed.optimize(reset_through, backend="eager")
+    for i in range(10):
+        x = torch.randn(3)
+        torch.testing.assert_close(fast(x, _VAR.set(i)), x.sin() * 2)
+        assert _VAR.get() is None      # this call's reset ran, with its own token
+    # one capture serves every call (a token was identity-guarded before: a capture
+    # on every call)
+    assert len(agspeed._C.code_cache(reset_through.__code__)["entries"]) == 1
+    assert agspeed.recompiles() == []
+
+
+def test_a_token_on_a_resume_functions_stack_is_captured_once():
+    agspeed.reset()
+    fast = agspeed.optimize(set_then_reset, backend="eager")
+    for _ in range(12):
+        x = torch.randn(3)
+        torch.testing.assert_close(fast(x), x.cos() + 1)
+        assert _VAR.get() is None
+    # the frame and the resume function after its break, once each (a token was
+    # identity-guarded before: a capture on every call)
+    assert len(agspeed._C.code_cache(set_then_reset.__code__)["entries"]) == 1
+    assert agspeed.recompiles() == []
+
+
+def test_the_entry_does_not_keep_a_token_alive():
+    agspeed.reset()
+    fast = agspeed.optimize(reset_through, backend="eager")
+    token = _VAR.set(1)
+    before = sys.getrefcount(token)
+    fast(torch.randn(2), token)
+    fast(torch.randn(2), _VAR.set(2))
+    gc.collect()     # (the capture's own records, a cycle, go with it)
+    assert sys.getrefcount(token) == before
+    assert _VAR.get() is None
+
+
+def tokens_compared(x, a, b):
+    return x + 1 if a is b else x - 1
+
+
+def test_is_between_two_tokens_keeps_identity():
+    t1, t2 = _VAR.set(1), _VAR.set(2)
+    x = torch.zeros(2)
+    _, outs = _captures(tokens_compared, [(x, t1, t1), (x, t1, t2), (x, t2, t2)])
+    assert [o.tolist() for o in outs] == [[1.0, 1.0], [-1.0, -1.0], [1.0, 1.0]]
+    _VAR.reset(t2)
+    _VAR.reset(t1)
+
+
+def old_value_of(x, token):
+    return x * 2 if token.old_value is None else x * 3
+
+
+def test_a_tokens_attribute_is_checked_on_its_own():
+    x = torch.ones(2)
+    t0 = _VAR.set(None)
+    t1 = _VAR.set("a")     # old value None
+    t2 = _VAR.set("b")     # old value "a"
+    _, outs = _captures(old_value_of, [(x, t1), (x, t2), (x, t1)])
+    assert [o.tolist() for o in outs] == [[2.0, 2.0], [3.0, 3.0], [2.0, 2.0]]
+    for token in (t2, t1, t0):
+        _VAR.reset(token)
+
+
+def to_dtype(x, dtype):
+    return x.to(dtype) * 2
+
+
+def test_torch_dtypes_stay_guarded_by_identity():
+    x = torch.ones(2)
+    _, outs = _captures(to_dtype, [(x, torch.float64), (x, torch.float16), (x, torch.float64)])
+    assert [o.dtype for o in outs] == [torch.float64, torch.float16, torch.float64]
