@@ -136,6 +136,9 @@ class Identities:
                 todo.extend((value.func, *value.args, *value.keywords.values()))
             elif kind is types.MethodType:
                 todo.append(value.__self__)
+            elif kind is types.BuiltinMethodType and \
+                    not isinstance(value.__self__, (type, types.ModuleType)):
+                todo.append(value.__self__)   # a builtin type's method, bound
             elif kind is slice:
                 todo.extend((value.start, value.stop, value.step))
             elif self.is_owned(value):  # type: ignore[attr-defined]

@@ -212,7 +212,9 @@ class Layout(NamedTuple):
     (co_varnames order), ("output", i) the graph's i-th output, ("constant", obj),
     ("local", name) the frame's local, ("source", src) what the source reaches on the
     call (``agspeed._sources``), ("null",) the call protocol's NULL,
-    ("unbound",) a local with no value, ("ctx", cls, args) the exit of a with block
+    ("unbound",) a local with no value, ("bound", function, slot) the function bound
+    to what ``slot`` reads (a method of an object of the program taken as a value),
+    ("ctx", cls, args) the exit of a with block
     whose manager ``cls(*args)`` makes anew (the generated code makes and enters one
     around the break instruction, and the resume function another around the rest:
     made in their own code, of constants, so that capturing it assumes nothing of a
@@ -236,8 +238,10 @@ class Layout(NamedTuple):
                 tuple(s[0] == "unbound" for s in self.locals + self.cells))
 
 
-_DESCRIPTORS = (types.MethodDescriptorType, types.ClassMethodDescriptorType,
-                types.WrapperDescriptorType, classmethod, staticmethod)
+# (a builtin type's method descriptor is not among them: CPython's method call
+# protocol holds it unbound beside its object, as the interpreter does)
+_DESCRIPTORS = (types.ClassMethodDescriptorType, types.WrapperDescriptorType,
+                classmethod, staticmethod)
 
 
 def _not_the_programs(value: Any, builder: Any) -> str:
@@ -264,6 +268,59 @@ def _not_the_programs(value: Any, builder: Any) -> str:
         # (a nonlocal it sets would not reach the program's variable)
         return "a function made in the frame that closes over variables, at the break"
     return ""
+
+
+_BOUND_METHODS = (types.MethodType, types.BuiltinMethodType)
+
+
+def _rebound(value: Any, builder: Any, slot: Any) -> tuple | str | None:
+    """A method bound at capture to an object of the program (``m = d.get``, then the
+    break): ("bound", function, its self's slot), bound again on each call to what
+    that slot reads, so that a call with another object does not call the first one's
+    method.  None where its self is no such object (it stays a constant)."""
+    if type(value) not in _BOUND_METHODS:
+        return None
+    owner = value.__self__
+    if owner is None or isinstance(owner, (type, types.ModuleType)):
+        return None
+    func = getattr(value, "__func__", None)
+    if func is None:      # a builtin method: its class's descriptor
+        func = getattr(type(owner), value.__name__, None)
+        if type(func) is not types.MethodDescriptorType:
+            return None
+    known = builder.known.get(id(owner))
+    source = known[1] if known is not None and known[0] is owner else None
+    if source is None:
+        return None
+    inner = slot("CONST", owner, source, False)
+    if isinstance(inner, str) or inner[0] == "constant":
+        return inner if isinstance(inner, str) else None
+    return ("bound", func, inner)
+
+
+def _binds_program_object(value: Any, builder: Any) -> bool:
+    """Whether ``value`` holds (in a partial, a tuple, a list) a method bound to a
+    list, dict or set the capture reached through a source: guarded by their lengths,
+    not by identity, so that held as a constant it would call the first call's
+    container's method on every call (other objects' identity is checked where
+    ``note_identity`` finds them)."""
+    todo, seen = [value], set()
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if type(item) in _BOUND_METHODS:
+            owner = item.__self__
+            known = builder.known.get(id(owner))
+            if known is not None and known[0] is owner and \
+                    isinstance(owner, (list, dict, set, collections.deque)):
+                return True
+        elif type(item) is functools.partial:
+            todo += [item.func, *item.args, *item.keywords.values()]
+        elif type(item) in (tuple, list):
+            todo += item
+    return False
 
 
 def _modelled_exit(value: Any) -> Any:
@@ -418,6 +475,11 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
                 # the first call's, half consumed.  A dict view likewise shows the dict
                 # of the first call
                 return f"a {type(payload).__name__} made in the frame at the break"
+            bound = _rebound(payload, builder, slot)
+            if bound is not None:
+                return bound
+            if _binds_program_object(payload, builder):
+                return "a method of an object of the program, held at the break"
             builder.note_identity(payload)   # this very object, on every call
             return ("constant", payload)
         if kind == "METHOD":

@@ -492,7 +492,7 @@ class _Then(NamedTuple):
 # What a runner reads for a slot of the layout (``_plan``): the layout's own kinds,
 # a tuple of slots, or a weak reference.
 _OUTPUT, _CONSTANT, _LOCAL, _SOURCE = "output", "constant", "local", "source"
-_TUPLE, _WEAK = "tuple", "weak"
+_TUPLE, _WEAK, _BOUND = "tuple", "weak", "bound"
 
 
 def _plan(slot: tuple, item: bool = False) -> tuple:
@@ -506,6 +506,8 @@ def _plan(slot: tuple, item: bool = False) -> tuple:
         return _plan(slot[1])
     if kind in ("iter", "tuple"):
         return _TUPLE, tuple(_plan(s, True) for s in slot[1])
+    if kind == _BOUND:
+        return _BOUND, (slot[1], _plan(slot[2]))
     if item and kind == _CONSTANT and _is_module(slot[1]):
         return _WEAK, weakref.ref(slot[1])
     return kind, slot[1] if len(slot) > 1 else None
@@ -524,6 +526,8 @@ def _sources(plan: tuple) -> list:
             found.append(arg)
         elif kind == _TUPLE:
             found += _sources(arg)
+        elif kind == _BOUND:
+            found += _sources((arg[1],))
     return found
 
 
@@ -542,6 +546,9 @@ def _value(kind: str, arg: Any, outs: Any, f_locals: dict, memo: dict) -> Any:
         return tuple(_value(k, a, outs, f_locals, memo) for k, a in arg)
     if kind == _WEAK:
         return arg()
+    if kind == _BOUND:
+        owner = _value(*arg[1], outs, f_locals, memo)
+        return arg[0].__get__(owner, type(owner))
     return None         # an unbound local
 
 

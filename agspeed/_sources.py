@@ -211,7 +211,12 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
         if kind is functools._lru_cache_wrapper and not issubclass(cls, type):
             return Attr.METHOD, found   # an lru_cache'd method: bound as a function is
         if hasattr(kind, "__get__") and kind not in (types.BuiltinFunctionType, type):
-            if kind in (types.MethodDescriptorType, types.WrapperDescriptorType):
+            if kind is types.MethodDescriptorType:
+                # a builtin type's method: loaded as the class's function with the
+                # object as self, so that a call the capture cannot follow breaks at
+                # the call (resumable), not at the load
+                return Attr.METHOD, found
+            if kind is types.WrapperDescriptorType:
                 return Attr.UNSUPPORTED, "method of a builtin type"
             return Attr.UNSUPPORTED, f"descriptor {kind.__name__}"
         return Attr.VALUE, found

@@ -163,7 +163,12 @@ known_attr(ags_interp *it, ags_frame *f, ags_value *owner, PyObject *name,
             /* A method used as a value (`f = self.step`, getattr): a bound
              * method, whose self keeps its source through the known map
              * when it is called. */
-            PyObject *bound = PyMethod_New(value, self_obj);
+            descrgetfunc get = Py_TYPE(value)->tp_descr_get;
+            /* bound as CPython binds it (a builtin type's method descriptor
+             * gives a builtin method) */
+            PyObject *bound = Py_IS_TYPE(value, &PyMethodDescr_Type) && get != NULL
+                ? get(value, self_obj, (PyObject *)Py_TYPE(self_obj))
+                : PyMethod_New(value, self_obj);
 
             ags_value_clear(&v);
             if (bound == NULL || ags_value_of(it, bound, &v) < 0) {
