@@ -108,4 +108,6 @@ def describe_callable(fn: Any) -> str:
         fn, (types.FunctionType, types.BuiltinFunctionType, type)) else None
     if name:
         return f"{module}.{name}" if module else name
+    if isinstance(fn, (types.MethodDescriptorType, types.ClassMethodDescriptorType)):
+        return f"{fn.__objclass__.__qualname__}.{fn.__name__}, a builtin method"
     return f"a {type(fn).__name__}"

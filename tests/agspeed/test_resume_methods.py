@@ -95,4 +95,5 @@ def test_a_builtin_method_the_capture_cannot_follow_breaks_at_its_call_and_resum
         assert _VAR.get() == 1.0
     report = agspeed.explain(set_var_then_use, torch.randn(4))
     assert report.graph_count >= 2      # resumed (it used to run the frame eager)
+    assert "ContextVar.set, a builtin method" in str(report)
     assert agspeed.recompiles() == []
