@@ -185,13 +185,15 @@ def _finish(torch: Any, code: Any, f_locals: dict, builder: GraphBuilder, out: d
     try:
         builder.check_output(result)
         builder.numpy_output(result)   # arrays where they can be made after the graph
+        if not any(n.op in ("call_function", "call_method") for n in builder.graph.nodes):
+            return None, _idle_guard(torch, builder, f_locals, code)
+        # (the writes' values leave the graph too: one it cannot make ends it here)
+        gm = builder.output(result)
     except GraphBreak as exc:
         brk = CaptureBreak(code.co_filename, code.co_firstlineno, "RETURN_VALUE",
                            exc.reason.id, exc.detail, code.co_name)
+        builder.forget_effects()
         return brk, _guard(torch, builder, f_locals, code)
-    if not any(n.op in ("call_function", "call_method") for n in builder.graph.nodes):
-        return None, _idle_guard(torch, builder, f_locals, code)
-    gm = builder.output(result)
     guard = _guard(torch, builder, f_locals, code)
     return Capture(gm, builder.read_sources, guard, builder.example_inputs(),
                    builder.effect_plan(), len(builder.sources))

@@ -75,11 +75,11 @@ import warnings
 from typing import Any
 
 from agspeed import _C
-from agspeed._builder_types import GraphBreak, describe_callable
+from agspeed._builder_types import GraphBreak, describe_callable, holds_node
 from agspeed._folds import holds_container
 from agspeed._objects import _state
 from agspeed._replay import (_CALL, _CONTENTS, _DICTS, _RAW_SET, _RESULT, _SET, _TAIL, _Attr,
-                             _Input, _Item, _Owner, _has_slot, _same_dict, _Slot)
+                             _Input, _Item, _Made, _Owner, _has_slot, _same_dict, _Slot)
 from agspeed._stdlib import _runs_as_missing   # a defaultdict's factories captured
 from agspeed.protocol import Reason
 
@@ -232,6 +232,8 @@ class SideEffects:
         # id -> the capture's own list, dict or set that an effect stores as itself
         # (the result holds it too, or two writes store it): note_held
         self._held: dict[int, Any] = {}
+        # id -> (object the capture made, its _Made or None while being made)
+        self._made_templates: dict[int, tuple] = {}
 
     def effect_setattr(self, obj: Any, source: Any, name: str, value: Any,
                        raw: bool = False) -> Any:
@@ -244,6 +246,7 @@ class SideEffects:
             if hook is not None:
                 return hook
         self._check_writable(obj, name, value, raw)
+        self._storable(value)
         self._effects.append((_RAW_SET if raw else _SET, source, obj, name, value))
         self._overlay[(id(obj), name)] = (obj, value)
         store = self._store_shadow(obj, source) \
@@ -644,8 +647,69 @@ class SideEffects:
         if type(value) in _DICTS:
             items = {self._key_template(k): self._template(v) for k, v in value.items()}
             return _same_dict(value, items)
+        if self._made_instance(value):
+            return self._made_template(value)
+        if hasattr(type(value), "__next__") and not self._of_program(value):  # type: ignore[attr-defined]
+            # an iterator made in the frame: stored as it is, every call would get the
+            # first call's, consumed
+            raise GraphBreak(Reason.SIDE_EFFECT, f"storing a {type(value).__name__} made "
+                             f"in the frame")
+        if type(value) is not types.FunctionType and (
+                self.can_escape(value) or holds_node(value, self.node_type)):  # type: ignore[attr-defined]
+            # a structseq the frame made, or a namedtuple, deque or set holding graph
+            # values: the graph makes it on each call, with real tensors, as eager makes
+            # a new one each call
+            self.check_output(value, placed=False)  # type: ignore[attr-defined]
+            self._effect_nodes.append(value)
+            return _Slot(len(self._effect_nodes) - 1)
         self._check_closure(value)   # (each write checks it when made; this, the rest)
         return value
+
+    def _storable(self, value: Any) -> None:
+        """Break at the write of a value the graph could not make after it (an object
+        the frame made holding what no graph returns)."""
+        nodes, made = len(self._effect_nodes), dict(self._made_templates)
+        try:
+            self._template(value)
+        except GraphBreak as exc:
+            raise GraphBreak(exc.reason, f"storing a {type(value).__name__} the graph "
+                             f"cannot make ({exc.detail})") from exc
+        finally:   # (the plan reads the values as they are when the capture ends)
+            del self._effect_nodes[nodes:]
+            self._made_templates = made
+
+    def forget_effects(self) -> None:
+        """Replay nothing: the capture ends in a break at its return (a value a write
+        stores that the graph cannot make), and the frame runs its own code."""
+        self._plan, self._owner_sources, self._owners = (), [], {}
+        self._effect_nodes.clear()
+
+    def _made_instance(self, value: Any) -> bool:
+        """Whether ``value`` is an instance of a class that the capture made (no
+        container, no tuple): a write stores one made anew on each call."""
+        return self.is_owned(value) and not isinstance(  # type: ignore[attr-defined]
+            value, (tuple, list, dict, set, frozenset, collections.deque,
+                    types.FunctionType, type))
+
+    def _made_template(self, value: Any) -> _Made:
+        """The ``_Made`` of an object the capture made: one per object, its attributes'
+        and items' templates as they are when the capture ends."""
+        done = self._made_templates.get(id(value))
+        if done is not None:
+            if done[1] is None:
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"storing a "
+                                 f"{type(value).__name__} that holds itself")
+            return done[1]
+        self._made_templates[id(value)] = (value, None)
+        try:
+            attrs, items = _state(value)
+            made = _Made(type(value), tuple((k, self._template(v)) for k, v in attrs),
+                         tuple((k, self._template(v)) for k, v in items))
+        except BaseException:
+            del self._made_templates[id(value)]
+            raise
+        self._made_templates[id(value)] = (value, made)
+        return made
 
     def _check_closure(self, value: Any) -> None:
         """A function made in the frame that closes over variables cannot leave it: its

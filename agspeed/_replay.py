@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable, NamedTuple
 
-from agspeed._objects import _dict_base
+from agspeed._objects import _dict_base, rebuild_object
 
 __all__ = ["replay"]
 
@@ -32,6 +32,17 @@ class _Owner(NamedTuple):
     index: int
 
 
+class _Made(NamedTuple):
+    """In an effect's template: an object the frame made (an instance of a class), made
+    again on each call from the templates of its attributes and items, as eager makes a
+    new one on each call.  One object stored in two places is one template, made once
+    per call."""
+
+    cls: type
+    attrs: tuple   # ((name, template), ...)
+    items: tuple   # ((key, template), ...): a dict subclass's own items
+
+
 class _Input(NamedTuple):
     """In an effect's template, as a dict key: the graph input that goes here (the
     program's own tensor, the same object)."""
@@ -48,7 +59,7 @@ def _same_dict(like: Any, items: dict) -> Any:
 def _has_slot(template: Any) -> bool:
     """Whether ``template`` is filled in on each call (graph outputs, inputs as keys,
     the program's objects)."""
-    if type(template) in (_Slot, _Owner):
+    if type(template) in (_Slot, _Owner, _Made):
         return True
     if type(template) in (tuple, list):
         return any(_has_slot(v) for v in template)
@@ -58,16 +69,30 @@ def _has_slot(template: Any) -> bool:
     return False
 
 
-def _fill(template: Any, outputs: tuple, inputs: tuple = (), owners: tuple = ()) -> Any:
+def _fill(template: Any, outputs: tuple, inputs: tuple = (), owners: tuple = (),
+          made: dict | None = None) -> Any:
+    """``template`` filled in for this call; ``made``: the objects made so far in it
+    (by template), so that one made object stored in two places is one object."""
     if type(template) is _Slot:
         return outputs[template.index]
     if type(template) is _Owner:
         return owners[template.index]
+    made = {} if made is None else made
+    if type(template) is _Made:
+        obj = made.get(id(template))
+        if obj is None:
+            obj = made[id(template)] = rebuild_object(template.cls, (), ())
+            for name, value in template.attrs:
+                object.__setattr__(obj, name, _fill(value, outputs, inputs, owners, made))
+            base = _dict_base(template.cls)
+            for key, value in template.items:
+                base.__setitem__(obj, key, _fill(value, outputs, inputs, owners, made))
+        return obj
     if type(template) in (tuple, list):
-        return type(template)(_fill(v, outputs, inputs, owners) for v in template)
+        return type(template)(_fill(v, outputs, inputs, owners, made) for v in template)
     if type(template) in _DICTS:
         return _same_dict(template, {inputs[k.index] if type(k) is _Input else k:
-                                     _fill(v, outputs, inputs, owners)
+                                     _fill(v, outputs, inputs, owners, made)
                                      for k, v in template.items()})
     return template
 
@@ -119,20 +144,24 @@ def replay(plan: tuple, n_inputs: int, compiled: Callable) -> Callable:
     def run(*inputs: Any) -> Any:
         result, outputs = compiled(*inputs[:n_inputs])
         owners = inputs[n_inputs:]
+        made: dict = {}   # the objects made in this call, by template
+
+        def fill(template: Any) -> Any:
+            return _fill(template, outputs, inputs, owners, made)
+
         for kind, target, a, b, slots in plan:
             if kind == _SET:
-                setattr(owners[target], a, _fill(b, outputs, inputs, owners) if slots else b)
+                setattr(owners[target], a, fill(b) if slots else b)
             elif kind == _RAW_SET:
-                object.__setattr__(owners[target], a,
-                                   _fill(b, outputs, inputs, owners) if slots else b)
+                object.__setattr__(owners[target], a, fill(b) if slots else b)
             elif kind == _CONTENTS:
-                _write_back(owners[target], _fill(b, outputs, inputs, owners) if slots else b)
+                _write_back(owners[target], fill(b) if slots else b)
             elif kind == _TAIL:
-                owners[target].extend(_fill(b, outputs, inputs, owners) if slots else b)
+                owners[target].extend(fill(b) if slots else b)
             elif kind == _RESULT:
                 result = _put(result, a, owners[target])
             elif slots:
-                target(*_fill(a, outputs, inputs, owners), **_fill(b, outputs, inputs, owners))
+                target(*fill(a), **fill(b))
             else:
                 target(*a, **b)
         return result
