@@ -530,6 +530,10 @@ class SideEffects:
             return all(own(v) for v in self.containers_in(value))  # type: ignore
 
         in_result = {id(v) for v in self.containers_in(result)}  # type: ignore
+        # an object the frame made, stored and also in the result: the write stores the
+        # object the caller gets (both made by the graph, once)
+        for value in self._made_instances(result):
+            self._held[id(value)] = value
         stored: set[int] = set()
         for effect in self._effects:
             if effect[0] in (_SET, _RAW_SET):
@@ -690,6 +694,25 @@ class SideEffects:
         return self.is_owned(value) and not isinstance(  # type: ignore[attr-defined]
             value, (tuple, list, dict, set, frozenset, collections.deque,
                     types.FunctionType, type))
+
+    def _made_instances(self, value: Any) -> Any:
+        """The instances the capture made that ``value`` holds (itself included),
+        through tuples, lists, dicts and sets and the state of the objects it made."""
+        seen: set[int] = set()
+        todo = [value]
+        while todo:
+            value = todo.pop()
+            if id(value) in seen or isinstance(value, self.node_type):  # type: ignore
+                continue
+            seen.add(id(value))
+            if isinstance(value, dict):
+                todo.extend(value.values())
+            elif isinstance(value, (tuple, list, set, frozenset, collections.deque)):
+                todo.extend(value)
+            if self._made_instance(value):
+                yield value
+                attrs, items = _state(value)
+                todo.extend(v for _, v in attrs + items)
 
     def _made_template(self, value: Any) -> _Made:
         """The ``_Made`` of an object the capture made: one per object, its attributes'

@@ -144,3 +144,31 @@ def test_what_cannot_be_made_again_breaks_and_stays_eagers():
         torch.testing.assert_close(fast(x), x + 1)
         assert self_model.state.me is self_model.state
         torch.testing.assert_close(self_model.state.value, x * 2)
+
+
+class StoresAndReturns(torch.nn.Module if torch else object):
+    def __init__(self, brk):
+        super().__init__()
+        self.brk = brk
+
+    def forward(self, x):
+        o = State(x * 2)
+        self.kept = o
+        if self.brk:
+            print("", end="")      # a graph break with o live
+            o.value = o.value + 1
+        return o, x + 1
+
+
+@pytest.mark.parametrize("brk", [False, True], ids=["one graph", "across a break"])
+def test_a_made_object_stored_and_returned_is_one_object(brk):
+    model = StoresAndReturns(brk)
+    fast = agspeed.optimize(model, backend="eager")
+    seen = []
+    for _ in range(3):
+        x = torch.randn(2)
+        o, _ = fast(x)
+        assert o is model.kept
+        torch.testing.assert_close(o.value, x * 2 + (1 if brk else 0))
+        seen.append(o)
+    assert len({id(o) for o in seen}) == 3
