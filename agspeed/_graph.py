@@ -286,6 +286,9 @@ class GraphBuilder(Outputs, Identities, Objects, CallPolicy, Folds, Binding, Sid
             return self.replay_call(fn, args, kwargs or {})
         if fn in self.checkpoint_markers:
             return self.checkpoint_call(fn, tuple(args))
+        if fn is self._torch.is_inference and len(args) == 1 and not kwargs and \
+                isinstance(args[0], self.node_type):
+            return self._inference_of(args[0])
         if fn is self._torch._check and args and not kwargs:
             if type(args[0]) is bool:   # decided now: a check that holds is nothing
                 if args[0]:
@@ -326,6 +329,8 @@ class GraphBuilder(Outputs, Identities, Objects, CallPolicy, Folds, Binding, Sid
             return self.numpy_method(name, tuple(args), dict(kwargs or {}))
         if name == "untyped_storage" and len(args) == 1 and not kwargs:
             return self._storage_of(args[0])
+        if name == "is_inference" and len(args) == 1 and not kwargs:
+            return self._inference_of(args[0])
         if name in _UNSUPPORTED_METHODS:
             if name in ("item", "tolist"):
                 raise GraphBreak(Reason.DATA_DEPENDENT, f"Tensor.{name}()")
@@ -345,6 +350,24 @@ class GraphBuilder(Outputs, Identities, Objects, CallPolicy, Folds, Binding, Sid
             raise GraphBreak(Reason.UNSUPPORTED_CALL, "Tensor.untyped_storage()")
         self.assumptions.append((("storage", source), nbytes))
         return StorageSize(nbytes)
+
+    def _inference_of(self, node: Any) -> Any:
+        """``x.is_inference()``: of a graph input, read now and guarded on
+        ``("inference", source)`` (a fake tensor is never one); of a computed tensor,
+        whether inference mode is on (guarded with the global state), as eager makes
+        it one only there (the innermost ``inference_mode`` block the capture is in,
+        else the mode the frame started in)."""
+        if node.op == "placeholder" and node.meta.get("source") is not None:
+            source = node.meta["source"]
+            real = self._inputs.get(source, (None, None))[1]
+            if real is not None:
+                flag = bool(real.is_inference())
+                self.assumptions.append((("inference", source), flag))
+                return flag
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, "Tensor.is_inference() of an input")
+        if self.inference_stack:
+            return bool(self.inference_stack[-1][0])
+        return self._torch.is_inference_mode_enabled()
 
     def _dispatcher(self) -> Any:
         """Where sizes can be symbols, composite ops run their Python decompositions

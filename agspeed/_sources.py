@@ -17,7 +17,8 @@ The interpreter (csrc/interp*.c) gives every value it loads a *source*, a nested
 * ``("values", base)``: its values as a tuple, in the same order;
 * ``("storage", base)``: the size in bytes of the storage under the tensor ``base``;
 * ``("state", base)``: a snapshot of the plain data ``base`` holds, deeply
-  (``agspeed._copies.plain_state``: what a folded ``copy.deepcopy`` of it read).
+  (``agspeed._copies.plain_state``: what a folded ``copy.deepcopy`` of it read);
+* ``("inference", base)``: whether the tensor ``base`` is an inference tensor.
 
 Guards check each source's value on every call, and a cache hit reads the graph's inputs
 by their sources, so resolving must run no user code: ``static_attr`` reads instance and
@@ -352,6 +353,11 @@ def resolve_step(kind: str, base: Any, key: Any) -> Any:
         from agspeed._copies import plain_state
 
         return plain_state(base)
+    if kind == "inference":
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(base, torch.Tensor):
+            return MISSING
+        return base.is_inference()
     if kind == "type":
         return type(base)
     if kind == "gmod":  # base: the module

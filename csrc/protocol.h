@@ -252,7 +252,10 @@
     X(STORAGE, "(storage, base): the size in bytes of the storage under " \
                "the tensor base, or missing when base is not a tensor") \
     X(STATE, "(state, base): a snapshot of the plain data base holds, " \
-             "deeply (agspeed/_copies.py), or missing when it holds more")
+             "deeply (agspeed/_copies.py), or missing when it holds more") \
+    X(INFERENCE, "(inference, base): whether the tensor base is an " \
+                 "inference tensor (is_inference()), or missing when base " \
+                 "is not a tensor")
 
 /* What a guard checks of one value (guards/check.c has a row of
  * behaviour for each; agspeed/guards/checks.py a class). */

@@ -21,6 +21,7 @@
  *           defaultdict's in C; others the Python step)
  *   STORAGE the size in bytes of a tensor's storage (the Python step)
  *   STATE   a snapshot of the plain data an object holds (the Python step)
+ *   INFERENCE whether a tensor is an inference tensor (the Python step)
  *
  * Every op is one row: its load (answers in C, or the Python step), its
  * parse rule (what _set_program accepts) and its memo rule (what the
@@ -389,8 +390,8 @@ depends_TYPE(const g_values *t, Py_ssize_t i, PyObject *base)
     return VIA_CLASS_OR_DICT;
 }
 
-/* FGET, CVAR, NUMPY, KEYS, VALUES, STORAGE, STATE: the Python step answers, from the
- * parent's value. */
+/* FGET, CVAR, NUMPY, KEYS, VALUES, STORAGE, STATE, INFERENCE: the Python step
+ * answers, from the parent's value. */
 
 #define PYTHON_STEP_LOAD(NAME)                          \
     static inline PyObject *                            \
@@ -482,6 +483,10 @@ PYTHON_STEP_LOAD(STORAGE)
 PYTHON_STEP_LOAD(STATE)
 /* Made afresh from everything the object holds: read on every call. */
 #define depends_STATE depends_nothing
+
+PYTHON_STEP_LOAD(INFERENCE)
+/* A property of the tensor object, read with it on every call. */
+#define depends_INFERENCE depends_nothing
 
 /* The table ---------------------------------------------------------- */
 

@@ -98,3 +98,39 @@ def test_a_function_changing_torchs_state_breaks_and_is_called_once_by_eager():
     with pytest.raises(agspeed.GraphBreakError, match="changes torch's state"):
         agspeed.optimize(fn, backend="eager", fullgraph=True)(x)
     assert torch._C._autograd._saved_tensors_hooks_is_enabled()
+
+
+def inference_branch(x):
+    if x.is_inference():
+        return x + 1
+    return x - 1
+
+
+def inference_flags(x):
+    y = x + 1
+    with torch.inference_mode():
+        z = x * 2
+        inner = z.is_inference()
+    return y.is_inference(), inner, torch.is_inference(x), x.is_inference()
+
+
+def test_whether_an_input_is_an_inference_tensor_is_guarded():
+    agspeed.reset()
+    fast = agspeed.optimize(inference_branch, backend="eager")
+    with torch.inference_mode():
+        made_there = torch.zeros(2)
+    for x in (torch.zeros(2), made_there, torch.zeros(2), made_there):
+        torch.testing.assert_close(fast(x), inference_branch(x))
+    report = agspeed.explain(inference_branch, torch.zeros(2))
+    assert "inference" in str(report)
+
+
+def test_is_inference_of_computed_tensors_follows_the_mode():
+    agspeed.reset()
+    fast = agspeed.optimize(inference_flags, backend="eager")
+    with torch.inference_mode():
+        made_there = torch.zeros(2)
+    for x in (torch.zeros(2), made_there):
+        assert fast(x) == inference_flags(x)
+    with torch.inference_mode():
+        assert fast(made_there) == inference_flags(made_there) == (True, True, True, True)

@@ -129,6 +129,7 @@ SOURCES = [
     ("keys", ("local", "plain")), ("storage", ("local", "plain")),
     ("values", ("local", "plain")),
     ("state", ("attr", ("local", "plain"), "x")), ("state", ("local", "sup")),
+    ("inference", ("local", "plain")),
 ]
 
 
