@@ -353,10 +353,9 @@ class GraphBuilder(Outputs, Identities, Objects, CallPolicy, Folds, Binding, Sid
 
     def _inference_of(self, node: Any) -> Any:
         """``x.is_inference()``: of a graph input, read now and guarded on
-        ``("inference", source)`` (a fake tensor is never one); of a computed tensor,
-        whether inference mode is on (guarded with the global state), as eager makes
-        it one only there (the innermost ``inference_mode`` block the capture is in,
-        else the mode the frame started in)."""
+        ``("inference", source)`` (a fake tensor made of it is never one); of a
+        computed tensor, its fake's (made one where the capture was in inference
+        mode, as eager's is)."""
         if node.op == "placeholder" and node.meta.get("source") is not None:
             source = node.meta["source"]
             real = self._inputs.get(source, (None, None))[1]
@@ -365,9 +364,7 @@ class GraphBuilder(Outputs, Identities, Objects, CallPolicy, Folds, Binding, Sid
                 self.assumptions.append((("inference", source), flag))
                 return flag
             raise GraphBreak(Reason.UNSUPPORTED_CALL, "Tensor.is_inference() of an input")
-        if self.inference_stack:
-            return bool(self.inference_stack[-1][0])
-        return self._torch.is_inference_mode_enabled()
+        return bool(node.meta["example_value"].is_inference())
 
     def _dispatcher(self) -> Any:
         """Where sizes can be symbols, composite ops run their Python decompositions
