@@ -124,6 +124,10 @@ def kl_dispatch() -> Any:
     return getattr(kl, "_dispatch_kl", None) if kl is not None else None
 
 
+# folds that read only what an object is, never step it
+_CLASS_ONLY = (isinstance, issubclass, type, callable, id, hasattr, getattr)
+
+
 class Folds(StdlibFolds):
     """The part of ``GraphBuilder`` that evaluates known values (the standard library's
     iterators, itertools, functools and container methods in ``_stdlib``)."""
@@ -133,6 +137,13 @@ class Folds(StdlibFolds):
         compute taken at their current, guarded, values)."""
         if fn is delattr:
             return self.delattr_fold(args, kwargs)  # type: ignore[attr-defined]
+        if fn not in _CLASS_ONLY and any(
+                hasattr(type(a), "__next__") and self._of_program(a)  # type: ignore[attr-defined]
+                for a in (*args, *kwargs.values())):
+            # zip(range(3), it), enumerate(it)...: what the fold makes would step the
+            # program's iterator during the capture, and the program's next read would
+            # miss what it took
+            raise GraphBreak(Reason.SIDE_EFFECT, "consuming an iterator of the program")
         if self._sym_types and fn in _SEQUENCE_OPS and len(args) == 2 and not kwargs:
             joined = self._sequence_op(fn, *args)
             if joined is not None:

@@ -43,6 +43,9 @@ AGS_INTERP_OPS(AGS_X)
 #undef AGS_X
 
 static ags_handler handlers[256];
+/* The instructions that change state beyond their frame's variables
+ * (a global, a cell shared with another function). */
+static unsigned char writes_state[256];
 
 /* ------------------------------------------------------------------ */
 /* Values and stacks */
@@ -406,6 +409,8 @@ frame_loop(ags_interp *it, ags_frame *f, Py_ssize_t pc)
         const ags_instr *ins = &f->bc.instrs[f->pc];
         ags_handler h = handlers[ins->opcode];
 
+        it->writes += writes_state[ins->opcode];
+
         if (f->depth == 0 && ins->offset == it->stop_at) {
             return AGS_STOPPED;
         }
@@ -562,6 +567,10 @@ ags_interp_init(void)
 #define AGS_X(op, handler, doc) handlers[op] = handler;
     AGS_INTERP_OPS(AGS_X)
 #undef AGS_X
+    /* (stores to attributes and items count in their handlers: those to
+     * an object the call itself made do not, ags_note_write) */
+    writes_state[STORE_GLOBAL] = writes_state[DELETE_GLOBAL] = 1;
+    writes_state[STORE_DEREF] = writes_state[DELETE_DEREF] = 1;
     for (int i = 0; i < AGS_BOP_COUNT; i++) {
         if (bop_names[i] == NULL
             && (bop_names[i] = PyUnicode_InternFromString(ags_bop_names[i]))
@@ -613,6 +622,7 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
                         "capture: builder.owned_ids must be a set");
     }
     it.gen_boxes = PyDict_New();
+    it.ahead = PySet_New(NULL);
     /* optional: the builder's own map, where it shadows stores itself (an
      * object's __dict__ read after its attributes were set) */
     it.shadows = PyObject_GetAttrString(builder, "shadow_map");
@@ -639,7 +649,8 @@ ags_interp_capture(PyCodeObject *code, PyObject *f_locals, PyObject *globals,
         goto done;
     }
     if (it.node_type == NULL || it.assumptions == NULL || it.known == NULL
-        || it.owned == NULL || it.gen_boxes == NULL || it.shadows == NULL) {
+        || it.owned == NULL || it.gen_boxes == NULL || it.shadows == NULL
+        || it.ahead == NULL) {
         goto done;
     }
     if (!PyType_Check(it.node_type) || !PyList_Check(it.assumptions)
@@ -732,6 +743,8 @@ done:
     Py_XDECREF(it.gen_boxes);
     Py_XDECREF(it.shadows);
     Py_XDECREF(it.fresh);
+    Py_XDECREF(it.ahead);
+    Py_XDECREF(it.ahead_before);
     Py_XDECREF(it.brk_detail);
     Py_XDECREF(it.brk_raised);
     return out;

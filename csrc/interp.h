@@ -172,6 +172,19 @@ typedef struct {
     /* A STORE_GLOBAL ran: later global reads first ask whether this capture
      * wrote the name (interp_data.c). */
     int wrote_globals;
+    /* Instructions and container methods run so far that may change state
+     * beyond their frame's own variables (stores to attributes, items,
+     * globals and cells): map() and filter() compare it around the calls
+     * they make ahead of eager (interp_iter.c). */
+    long writes;
+    /* While map() or filter() calls a function ahead: a copy of `owned`
+     * from before the call (what it makes itself is its own to change);
+     * else NULL. */
+    PyObject *ahead_before;
+    /* Set or NULL: the iterators map() and filter() of a Python function
+     * answered, whose calls were made ahead; a container extended by one
+     * breaks (interp_iter.c). */
+    PyObject *ahead;
 } ags_interp;
 
 typedef int (*ags_handler)(ags_interp *, ags_frame *, const ags_instr *);
@@ -271,6 +284,9 @@ int ags_own_created(ags_interp *it, ags_value *v);
 int ags_own_varkw(ags_interp *it, ags_frame *f, int i);
 
 /* interp_iter.c */
+int ags_extends_by_ahead(ags_interp *it, PyObject *name, const ags_value *args,
+                         int nargs);
+int ags_note_write(ags_interp *it, PyObject *target);
 int ags_owned_iterator(ags_interp *it, const ags_value *v);
 int ags_iter_step(ags_interp *it, ags_frame *f, ags_value *iter,
                   int *exhausted);

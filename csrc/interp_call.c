@@ -423,7 +423,17 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
     if (callable->kind == AGS_VK_METHOD) {
         /* A method of a list, dict or tuple the capture built: the builder
          * gets the container itself, not a copy, so it can mutate it. */
-        PyObject *spec = PyTuple_Pack(2, callable->obj, self->obj);
+        PyObject *spec;
+
+        /* (append, update or a read: told apart by the builder) */
+        if (ags_note_write(it, self->obj) < 0) {
+            return AGS_ERROR;
+        }
+        rc = ags_extends_by_ahead(it, callable->obj, args, nargs);
+        if (rc != AGS_GO) {
+            return rc;
+        }
+        spec = PyTuple_Pack(2, callable->obj, self->obj);
         if (spec == NULL) {
             return AGS_ERROR;
         }
@@ -491,6 +501,21 @@ ags_call_value(ags_interp *it, ags_frame *f, ags_value *callable,
         if (rc != AGS_GO) {
             rc = rc == AGS_DONE ? AGS_GO : rc;
             break;
+        }
+        if (kind == AGS_PLAN_FOLD && PySet_GET_SIZE(it->ahead) > 0) {
+            /* deque.extendleft(map(f, xs)) and the like */
+            PyObject *name = PyObject_GetAttrString(PyTuple_GET_ITEM(plan, 1),
+                                                    "__name__");
+            if (name == NULL) {
+                PyErr_Clear();
+            }
+            else {
+                rc = ags_extends_by_ahead(it, name, args, nargs);
+                Py_DECREF(name);
+                if (rc != AGS_GO) {
+                    break;
+                }
+            }
         }
         rc = ags_builder_call(it,
                               kind == AGS_PLAN_GRAPH ? AGS_BOP_CALL_FUNCTION

@@ -16,8 +16,14 @@
  * and partial(f, a)(b) call f through the interpreter (ags_call_value), so
  * a Python f is inlined and a torch f becomes a graph node.  map and
  * filter are expanded now, in order, over their known elements, and answer
- * an owned iterator over the results (their laziness is not observable: a
- * call that could observe it, one with side effects, breaks anyway).
+ * an owned iterator over the results.  Eager calls f only as the iterator
+ * is stepped, so the calls made ahead must not be told apart from those:
+ * a call that changes state beyond its own variables (a store to an
+ * attribute, an item, a global or a cell, a container's method: counted
+ * in it->writes) breaks, since the consumer may stop early (zip) or see
+ * the changes come at other times; and a container extended by such an
+ * iterator of a Python f (`y.extend(map(f, xs))`, where f may read y as it
+ * grows) breaks too (ags_extends_by_ahead).
  */
 #include "interp.h"
 
@@ -113,6 +119,119 @@ call_on(ags_interp *it, ags_frame *f, ags_value *fn, PyObject *const *items,
     return *out ? AGS_GO : AGS_BREAK;
 }
 
+/* Counts a store into `target` (a container or object) made while a
+ * function is called ahead, unless the call made target itself.  0, or -1
+ * with an exception. */
+int
+ags_note_write(ags_interp *it, PyObject *target)
+{
+    PyObject *id;
+    int mine = 0;
+
+    if (it->ahead_before == NULL) {
+        return 0;
+    }
+    id = PyLong_FromVoidPtr(target);
+    if (id == NULL) {
+        return -1;
+    }
+    mine = PySet_Contains(it->owned, id);
+    if (mine == 1) {
+        mine = !PySet_Contains(it->ahead_before, id);
+    }
+    Py_DECREF(id);
+    if (mine < 0) {
+        return -1;
+    }
+    it->writes += !mine;
+    return 0;
+}
+
+/* call_on for a call eager makes only when the iterator is stepped: a
+ * break where the call changed state beyond its own variables. */
+static int
+call_ahead(ags_interp *it, ags_frame *f, ags_value *fn, PyObject *const *items,
+           int n, PyObject **out, const char *what)
+{
+    long before = it->writes;
+    PyObject *outer = it->ahead_before;
+    int rc;
+
+    it->ahead_before = PySet_New(it->owned);
+    if (it->ahead_before == NULL) {
+        it->ahead_before = outer;
+        return AGS_ERROR;
+    }
+    rc = call_on(it, f, fn, items, n, out);
+    Py_SETREF(it->ahead_before, outer);
+
+    if (rc == AGS_GO && it->writes != before) {
+        Py_CLEAR(*out);
+        return ags_stopf(it, AGS_REASON_SIDE_EFFECT,
+                         "%s() of a function that changes state (eager "
+                         "calls it only as the result is stepped)", what);
+    }
+    return rc;
+}
+
+/* Whether fn may run Python code (not a builtin function, class or a
+ * builtin type's method). */
+static int
+runs_python(const ags_value *fn)
+{
+    PyObject *o = fn->obj;
+
+    return fn->kind != AGS_VK_CONST
+           || !(PyCFunction_Check(o) || PyType_Check(o)
+                || Py_IS_TYPE(o, &PyMethodDescr_Type)
+                || Py_IS_TYPE(o, &PyWrapperDescr_Type));
+}
+
+/* Notes the answer of map() or filter() of a Python function. */
+static int
+mark_ahead(ags_interp *it, const ags_value *fn, int rc,
+           const ags_value *result)
+{
+    if (rc == AGS_GO && runs_python(fn) && PySet_Add(it->ahead, result->obj) < 0) {
+        return AGS_ERROR;
+    }
+    return rc;
+}
+
+/* AGS_GO, or a break where the container method `name` (extend, update,
+ * __iadd__...) would take an iterator of ahead calls: eager's calls would
+ * see the container grow between them. */
+int
+ags_extends_by_ahead(ags_interp *it, PyObject *name, const ags_value *args,
+                     int nargs)
+{
+    static const char *const takers[] = {
+        "extend", "extendleft", "update", "__iadd__", "__ior__", "insert",
+        "append", "appendleft", "add", "setdefault", NULL};
+    int taker = 0;
+
+    if (PySet_GET_SIZE(it->ahead) == 0 || !PyUnicode_Check(name)) {
+        return AGS_GO;
+    }
+    for (int i = 0; takers[i] != NULL && !taker; i++) {
+        taker = PyUnicode_CompareWithASCIIString(name, takers[i]) == 0;
+    }
+    for (int i = 0; taker && i < nargs; i++) {
+        int in = args[i].kind == AGS_VK_CONST
+                     ? PySet_Contains(it->ahead, args[i].obj) : 0;
+        if (in < 0) {
+            return AGS_ERROR;
+        }
+        if (in) {
+            return ags_stopf(it, AGS_REASON_SIDE_EFFECT,
+                             "%U() of map() or filter() of a Python "
+                             "function (eager calls it as the container "
+                             "grows)", name);
+        }
+    }
+    return AGS_GO;
+}
+
 /* map(fn, *iterables): fn over the known elements, shortest first. */
 static int
 call_map(ags_interp *it, ags_frame *f, ags_value *args, int nargs,
@@ -141,7 +260,7 @@ call_map(ags_interp *it, ags_frame *f, ags_value *args, int nargs,
         for (int j = 0; j < ncols; j++) {
             items[j] = PyTuple_GET_ITEM(cols[j], i);
         }
-        rc = call_on(it, f, &args[0], items, ncols, &r);
+        rc = call_ahead(it, f, &args[0], items, ncols, &r, "map");
         if (rc == AGS_GO) {
             PyTuple_SET_ITEM(out, i, r);
         }
@@ -152,7 +271,7 @@ call_map(ags_interp *it, ags_frame *f, ags_value *args, int nargs,
         Py_XDECREF(out);
         return rc;
     }
-    return result_iterator(it, out, result);
+    return mark_ahead(it, &args[0], result_iterator(it, out, result), result);
 }
 
 /* filter(fn or None, iterable): the elements whose (fn's) truth is known
@@ -183,7 +302,7 @@ call_filter(ags_interp *it, ags_frame *f, ags_value *args, int nargs,
             r = Py_NewRef(e);
         }
         else {
-            rc = call_on(it, f, &args[0], &e, 1, &r);
+            rc = call_ahead(it, f, &args[0], &e, 1, &r, "filter");
         }
         if (rc != AGS_GO) {
             break;
@@ -208,7 +327,8 @@ call_filter(ags_interp *it, ags_frame *f, ags_value *args, int nargs,
     {
         PyObject *items = PyList_AsTuple(kept);
         Py_DECREF(kept);
-        return result_iterator(it, items, result);
+        rc = result_iterator(it, items, result);
+        return none ? rc : mark_ahead(it, &args[0], rc, result);
     }
 }
 

@@ -161,6 +161,10 @@ inplace_container(ags_interp *it, ags_frame *f, ags_value *ops, uint32_t arg)
     else {
         rc = AGS_ERROR;
     }
+    if (rc == AGS_GO) {
+        rc = ags_note_write(it, ops[0].obj) < 0
+                 ? AGS_ERROR : ags_extends_by_ahead(it, name, &ops[1], 1);
+    }
     spec = rc == AGS_GO ? PyTuple_Pack(2, name, ops[0].obj) : NULL;
     Py_DECREF(name);
     if (rc != AGS_GO) {

@@ -323,7 +323,8 @@ AGS_HANDLER
 op_store_subscr(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     ags_value index = ags_pop(f), container = ags_pop(f), value = ags_pop(f);
-    int rc = store_subscript(it, &container, &index, &value);
+    int rc = ags_note_write(it, container.obj) < 0
+                 ? AGS_ERROR : store_subscript(it, &container, &index, &value);
 
     (void)ins;
     ags_value_clear(&index);
@@ -340,7 +341,8 @@ op_store_attr(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {
     ags_value owner = ags_pop(f), value = ags_pop(f);
     PyObject *name = PyTuple_GET_ITEM(f->code->co_names, ins->arg);
-    int rc = ags_store_attr(it, f, &owner, name, &value);
+    int rc = ags_note_write(it, owner.obj) < 0
+                 ? AGS_ERROR : ags_store_attr(it, f, &owner, name, &value);
 
     ags_value_clear(&owner);
     ags_value_clear(&value);
