@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import operator
 import types
 from typing import Any
 
@@ -50,6 +51,8 @@ def holds_node(value: Any, node_type: type, depth: int = 0) -> bool:
                           node_type, depth + 1)
     if type(value) is functools.partial:
         return holds_node((value.func, value.args, value.keywords), node_type, depth + 1)
+    if type(value) is operator.methodcaller:
+        return holds_node(value.__reduce__()[1], node_type, depth + 1)
     return False
 
 

@@ -124,6 +124,8 @@ def kl_dispatch() -> Any:
     return getattr(kl, "_dispatch_kl", None) if kl is not None else None
 
 
+_SET_ALGEBRA = frozenset({"union", "intersection", "difference", "symmetric_difference",
+                          "issubset", "issuperset", "isdisjoint", "copy"})
 # folds that read only what an object is, never step it
 _CLASS_ONLY = (isinstance, issubclass, type, callable, id, hasattr, getattr)
 
@@ -166,6 +168,11 @@ class Folds(StdlibFolds):
         if type(fn) is types.MethodType and type(fn.__func__) in (
                 types.MethodDescriptorType, types.ClassMethodDescriptorType):
             fn, args = fn.__func__, (fn.__self__, *args)
+        elif type(fn) is types.BuiltinMethodType and type(fn.__self__) in (set, frozenset) \
+                and fn.__name__ in _SET_ALGEBRA:
+            # set algebra bound to its set (getattr(s, "union")): the class's function
+            # with the set first, as the rule below knows it
+            fn, args = getattr(type(fn.__self__), fn.__name__), (fn.__self__, *args)
         if fn is self._torch._C._group_tensors_by_device_and_dtype:
             return group_by_device_and_dtype(self, args, kwargs)
         if type(fn) is weakref.ReferenceType and not args and not kwargs:

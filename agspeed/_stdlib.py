@@ -57,7 +57,7 @@ _PURE_METHODS = {
     float: frozenset({"is_integer", "hex", "as_integer_ratio", "conjugate"}),
     tuple: frozenset({"index", "count", "__contains__"}),
     frozenset: frozenset({"__contains__", "issubset", "issuperset", "isdisjoint", "union",
-                          "intersection", "difference", "symmetric_difference"}),
+                          "intersection", "difference", "symmetric_difference", "copy"}),
     # (the set-making ones, called unbound: ``set.difference(a, b)``)
     set: frozenset({"issubset", "issuperset", "isdisjoint", "union", "intersection",
                     "difference", "symmetric_difference"}),
@@ -177,6 +177,52 @@ def _fresh_cm(self: Any) -> Any:
     return contextlib.contextmanager(self.func)(*self.args, **self.kwds)
 
 
+def _get_items(items: tuple, obj: Any) -> Any:
+    """What ``operator.itemgetter(*items)(obj)`` answers, inlined in its place (so that
+    items of a tensor are graph operations)."""
+    if len(items) == 1:
+        return obj[items[0]]
+    out = []
+    for item in items:
+        out.append(obj[item])
+    return tuple(out)
+
+
+def _get_attrs(names: tuple, obj: Any) -> Any:
+    """What ``operator.attrgetter(*names)(obj)`` answers (dotted names followed),
+    inlined in its place."""
+    out = []
+    for name in names:
+        value = obj
+        for part in name.split("."):
+            value = getattr(value, part)
+        out.append(value)
+    return out[0] if len(names) == 1 else tuple(out)
+
+
+def _call_method(name: str, args: tuple, kwargs: dict, obj: Any) -> Any:
+    """What ``operator.methodcaller(name, *args, **kwargs)(obj)`` answers, inlined."""
+    return getattr(obj, name)(*args, **kwargs)
+
+
+def _getter_plan(fn: Any) -> tuple | None:
+    """The PARTIAL plan calling an itemgetter, attrgetter or methodcaller object through
+    its inlined equivalent, its parts read from its ``__reduce__``; None for another
+    object, or one of a subclass."""
+    kind = type(fn)
+    if kind not in (operator.itemgetter, operator.attrgetter, operator.methodcaller):
+        return None
+    maker, parts = fn.__reduce__()[:2]
+    if kind is operator.itemgetter:
+        return (Plan.PARTIAL, _get_items, (tuple(parts),), {}, None)
+    if kind is operator.attrgetter:
+        return (Plan.PARTIAL, _get_attrs, (tuple(parts),), {}, None)
+    if type(maker) is functools.partial:   # methodcaller with keywords
+        return (Plan.PARTIAL, _call_method, (maker.args[0], tuple(parts),
+                                             dict(maker.keywords)), {}, None)
+    return (Plan.PARTIAL, _call_method, (parts[0], tuple(parts[1:]), {}), {}, None)
+
+
 class StdlibFolds:
     """The part of ``GraphBuilder`` that folds the standard library (see the module doc)."""
 
@@ -235,8 +281,12 @@ class StdlibFolds:
         if self.copy_plan(fn):  # type: ignore[attr-defined]
             return (Plan.FOLD, fn)
         if fn is next or fn is functools.partial or _one_of(fn, _ITERTOOLS) or \
-                fn is operator.itemgetter or kind is operator.itemgetter:
+                _one_of(fn, (operator.itemgetter, operator.attrgetter,
+                             operator.methodcaller)):
             return (Plan.FOLD, fn)
+        getter = _getter_plan(fn)
+        if getter is not None:
+            return getter
         if kind is types.MethodType and type(fn.__func__) in _DESCRIPTORS:
             # a pure method used as a value: folded with its self (Folds.fold unbinds it)
             return (Plan.FOLD, fn) if self.stdlib_plan(fn.__func__, None) else None
@@ -352,12 +402,19 @@ class StdlibFolds:
             if not args or (args[0], fn.__name__) not in _CLASS_FOLDS:
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{describe_callable(fn)}")
             return True, self._itertool(fn.__get__(None, args[0]), args[1:], kwargs)
-        if fn is operator.itemgetter:
-            if kwargs or not all(self._is_static(a) for a in args):
-                raise GraphBreak(Reason.UNSUPPORTED_CALL, "operator.itemgetter of tensors")
-            return True, operator.itemgetter(*args)
-        if type(fn) is operator.itemgetter:
-            return True, self._itemgetter(fn, args, kwargs)
+        if _one_of(fn, (operator.itemgetter, operator.attrgetter)):
+            if kwargs or not all(self._is_static(a) or type(a) is slice and all(
+                    self._is_static(v) for v in (a.start, a.stop, a.step)) for a in args):
+                raise GraphBreak(Reason.UNSUPPORTED_CALL, f"operator.{fn.__name__} of "
+                                 f"values that are not plain")
+            return True, fn(*args)
+        if fn is operator.methodcaller:
+            if not args or type(args[0]) is not str:
+                raise GraphBreak(Reason.BAD_CALL, "operator.methodcaller of these "
+                                 "arguments")
+            # (its arguments may be graph values: it is called inlined, and goes
+            # nowhere else, holds_node)
+            return True, fn(*args, **kwargs)
         if _one_of(fn, (str, repr)) and len(args) == 1 and not kwargs and \
                 issubclass(type(args[0]), type) and type(args[0]) is not type and \
                 type(type(args[0])).__repr__ is type.__repr__:
@@ -646,23 +703,6 @@ class StdlibFolds:
             else:
                 out.append(out[-1] + item)
         return iter(tuple(out))
-
-    def _itemgetter(self, getter: Any, args: tuple, kwargs: dict) -> Any:
-        if kwargs or len(args) != 1:
-            raise GraphBreak(Reason.BAD_CALL, "an itemgetter takes one argument")
-        target = args[0]
-        if isinstance(target, self.node_type):
-            keys = getter.__reduce__()[1]
-            items = tuple(self.call_function(operator.getitem, (target, k)) for k in keys)
-            return items if len(keys) != 1 else items[0]
-        if type(target) not in (tuple, list, dict, str, range):
-            raise GraphBreak(Reason.UNSUPPORTED_VALUE,
-                             f"an itemgetter on a {type(target).__name__}")
-        try:
-            return getter(target)
-        except Exception as exc:
-            raise GraphBreak(Reason.OP_FAILED, f"itemgetter raised {type(exc).__name__}: "
-                             f"{exc}") from exc
 
     # -- containers built while capturing ----------------------------------------------
 
