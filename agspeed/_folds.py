@@ -245,6 +245,8 @@ class Folds(StdlibFolds):
                 (type(args[0]) in (*_VIEWS, dict, set, frozenset, *_COLLECTIONS) or
                  type(args[0]) in SAFE_ITERATORS):
             args = (tuple(args[0]), *args[1:])
+        if fn is str.join and len(args) == 2 and type(args[1]) in SAFE_ITERATORS:
+            args = (args[0], tuple(args[1]))   # "".join(map(str, xs)): what it yields
         if type(fn) is types.MethodDescriptorType and fn.__objclass__ in (set, frozenset) \
                 and not kwargs and all(self._plain_set(a) for a in args):
             try:   # set.difference(a, b): members hashed as Python does

@@ -470,6 +470,11 @@ def f_frozenset_methods_by_name(x):
     return x * len(fruit.copy()) if all(kinds) else x
 
 
+def f_join_over_a_map(x):
+    names = "-".join(map(lambda n: n.upper(), ["a", "b", "c"]))
+    return x * len(names), names
+
+
 FUNCTIONS = {name: fn for name, fn in globals().items() if name.startswith("f_")}
 
 
