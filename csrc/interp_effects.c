@@ -140,13 +140,15 @@ shadow_entry(ags_interp *it, PyObject *obj)
 }
 
 /* Sets the shadows map's entry for obj: its shadow, or (tail, source).
- * 0, or -1 with an exception. */
+ * 0, or -1 with an exception.  (Made only to change the program's obj: a
+ * write, for map()'s calls made ahead, interp_iter.c.) */
 static int
 set_entry(ags_interp *it, PyObject *obj, PyObject *entry)
 {
     PyObject *id = PyLong_FromVoidPtr(obj);
     int rc = id != NULL ? PyDict_SetItem(it->shadows, id, entry) : -1;
 
+    it->writes += it->ahead_before != NULL;
     Py_XDECREF(id);
     return rc;
 }
