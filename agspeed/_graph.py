@@ -201,6 +201,10 @@ class GraphBuilder(Outputs, Identities, Objects, CallPolicy, Folds, Binding, Sid
             return self._scalar_input(source, value)
         if not isinstance(value, self._torch.Tensor):
             raise TypeError(f"graph inputs are tensors; {source} is {type(value).__name__}")
+        if isinstance(value, self._torch.nn.parameter.UninitializedTensorMixin):
+            # a lazy module's parameter before its first call: no shape to read, so
+            # no graph input; the capture holds it as an object of the program
+            return None
         same = self._by_id.get(id(value))
         if same is not None:
             self.aliases.append((source, same[1]))

@@ -190,6 +190,13 @@ ags_sig_compute(PyCodeObject *code, PyObject *const *args, ags_sig *b, uint64_t 
         if (rc == 0 && ttype != NULL
             && PyObject_TypeCheck(value, (PyTypeObject *)ttype)) {
             rc = put_tensor(b, value);
+            if (rc < 0 && PyErr_ExceptionMatches(PyExc_RuntimeError)) {
+                /* metadata that raises (a lazy module's uninitialized
+                 * parameter has no shape): the words so far, then a mark;
+                 * the entries' guards decide */
+                PyErr_Clear();
+                rc = put(b, -3);
+            }
         }
     }
     if (rc == 0) {
