@@ -454,27 +454,6 @@ def f_compares_builtins_of_other_kinds(x):
     return x * 2 if kind != "dynamic" else x
 
 
-def f_operator_getters_and_callers(x):
-    items = operator.itemgetter(0, slice(1, 3))(x)
-    attrs = operator.attrgetter("shape", "dtype")(x)
-    scaled = operator.methodcaller("add", x, alpha=2.0)(x)
-    first = operator.itemgetter(1)(x)
-    return items, attrs, scaled, first, operator.methodcaller("size", 0)(x)
-
-
-def f_frozenset_methods_by_name(x):
-    fruit = frozenset({"apple", "banana", "cherry"})
-    firms = frozenset({"google", "apple"})
-    kinds = [type(getattr(fruit, name)(firms)) is frozenset
-             for name in ("union", "difference", "intersection")]
-    return x * len(fruit.copy()) if all(kinds) else x
-
-
-def f_join_over_a_map(x):
-    names = "-".join(map(lambda n: n.upper(), ["a", "b", "c"]))
-    return x * len(names), names
-
-
 FUNCTIONS = {name: fn for name, fn in globals().items() if name.startswith("f_")}
 
 
@@ -817,15 +796,3 @@ def test_set_algebra_that_raises_raises_eagers_error_and_nothing_else(capfd):
     with pytest.raises(TypeError, match="doesn't apply to a 'frozenset'"):
         agspeed.optimize(_set_method_on_the_wrong_type, backend="eager")(torch.zeros(1))
     assert "internal error" not in capfd.readouterr().err
-
-
-def _caller_of_a_tensor(x):
-    return operator.methodcaller("add", x * 2), x + 1
-
-
-def test_a_methodcaller_holding_a_graph_value_does_not_leave_the_graph():
-    fast = agspeed.optimize(_caller_of_a_tensor, backend="eager")
-    x = torch.randn(3)
-    caller, y = fast(x)
-    torch.testing.assert_close(caller(torch.zeros(3)), x * 2)   # a real tensor
-    torch.testing.assert_close(y, x + 1)
