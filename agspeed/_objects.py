@@ -397,8 +397,13 @@ class Objects:
         if out is MISSING:
             raise GraphBreak(Reason.OP_FAILED, f"ContextVar {var.name!r} has no value")
         if value is not MISSING and not self._is_static(value):
-            raise GraphBreak(Reason.UNSUPPORTED_VALUE,
-                             f"ContextVar {var.name!r} holds a {type(value).__name__}")
+            if isinstance(value, self._torch.Tensor) or self.is_owned(value):
+                raise GraphBreak(Reason.UNSUPPORTED_VALUE,
+                                 f"ContextVar {var.name!r} holds a {type(value).__name__}")
+            # an object of the program (a dict collecting outputs): reached through
+            # the variable, as an attribute's value is, its reads guarded and its
+            # changes written back to the object the variable holds on each call
+            self.known.setdefault(id(value), (value, ("cvar", known[1])))
         self.assumptions.append((("cvar", known[1]), value))
         return out
 
