@@ -360,14 +360,10 @@ class GraphBuilder(Outputs, Identities, Objects, CallPolicy, Folds, Binding, Sid
         ``("inference", source)`` (a fake tensor made of it is never one); of a
         computed tensor, its fake's (made one where the capture was in inference
         mode, as eager's is)."""
-        if node.op == "placeholder" and node.meta.get("source") is not None:
-            source = node.meta["source"]
-            real = self._inputs.get(source, (None, None))[1]
-            if real is not None:
-                flag = bool(real.is_inference())
-                self.assumptions.append((("inference", source), flag))
-                return flag
-            raise GraphBreak(Reason.UNSUPPORTED_CALL, "Tensor.is_inference() of an input")
+        if node.op == "placeholder":
+            flag = bool(self._real_type_view(node).is_inference())
+            self.assumptions.append((("inference", node.meta["source"]), flag))
+            return flag
         return bool(node.meta["example_value"].is_inference())
 
     def _dispatcher(self) -> Any:

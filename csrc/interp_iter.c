@@ -147,23 +147,38 @@ ags_note_write(ags_interp *it, PyObject *target)
     return 0;
 }
 
-/* call_on for a call eager makes only when the iterator is stepped: a
- * break where the call changed state beyond its own variables. */
+/* Before map() or filter() calls its function ahead: what the capture
+ * owns now, so that what the calls make is theirs to change (one call can
+ * reach another's objects only through a store that counts).  *outer gets
+ * the snapshot of an enclosing map(), given back by ahead_end.  AGS_GO or
+ * AGS_ERROR. */
+static int
+ahead_begin(ags_interp *it, PyObject **outer)
+{
+    *outer = it->ahead_before;
+    it->ahead_before = PySet_New(it->owned);
+    if (it->ahead_before == NULL) {
+        it->ahead_before = *outer;
+        return AGS_ERROR;
+    }
+    return AGS_GO;
+}
+
+static void
+ahead_end(ags_interp *it, PyObject *outer)
+{
+    Py_SETREF(it->ahead_before, outer);
+}
+
+/* call_on for a call eager makes only when the iterator is stepped (between
+ * ahead_begin and ahead_end): a break where the call changed state beyond
+ * its own variables. */
 static int
 call_ahead(ags_interp *it, ags_frame *f, ags_value *fn, PyObject *const *items,
            int n, PyObject **out, const char *what)
 {
     long before = it->writes;
-    PyObject *outer = it->ahead_before;
-    int rc;
-
-    it->ahead_before = PySet_New(it->owned);
-    if (it->ahead_before == NULL) {
-        it->ahead_before = outer;
-        return AGS_ERROR;
-    }
-    rc = call_on(it, f, fn, items, n, out);
-    Py_SETREF(it->ahead_before, outer);
+    int rc = call_on(it, f, fn, items, n, out);
 
     if (rc == AGS_GO && it->writes != before) {
         Py_CLEAR(*out);
@@ -237,9 +252,9 @@ static int
 call_map(ags_interp *it, ags_frame *f, ags_value *args, int nargs,
          ags_value *result)
 {
-    PyObject *cols[2] = {NULL, NULL}, *out = NULL;
+    PyObject *cols[2] = {NULL, NULL}, *out = NULL, *outer = NULL;
     Py_ssize_t n = PY_SSIZE_T_MAX;
-    int ncols = nargs - 1, rc = AGS_GO;
+    int ncols = nargs - 1, rc = AGS_GO, begun = 0;
 
     if (ncols < 1 || ncols > 2) {
         return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL,
@@ -253,7 +268,8 @@ call_map(ags_interp *it, ags_frame *f, ags_value *args, int nargs,
     }
     if (rc == AGS_GO) {
         out = PyTuple_New(n);
-        rc = out ? AGS_GO : AGS_ERROR;
+        rc = out ? ahead_begin(it, &outer) : AGS_ERROR;
+        begun = rc == AGS_GO;
     }
     for (Py_ssize_t i = 0; rc == AGS_GO && i < n; i++) {
         PyObject *items[2], *r;
@@ -264,6 +280,9 @@ call_map(ags_interp *it, ags_frame *f, ags_value *args, int nargs,
         if (rc == AGS_GO) {
             PyTuple_SET_ITEM(out, i, r);
         }
+    }
+    if (begun) {
+        ahead_end(it, outer);
     }
     Py_XDECREF(cols[0]);
     Py_XDECREF(cols[1]);
@@ -280,8 +299,8 @@ static int
 call_filter(ags_interp *it, ags_frame *f, ags_value *args, int nargs,
             ags_value *result)
 {
-    PyObject *elems = NULL, *kept = NULL;
-    int rc, none;
+    PyObject *elems = NULL, *kept = NULL, *outer = NULL;
+    int rc, none, begun = 0;
 
     if (nargs != 2) {
         return ags_stopf(it, AGS_REASON_BAD_CALL,
@@ -291,7 +310,8 @@ call_filter(ags_interp *it, ags_frame *f, ags_value *args, int nargs,
     rc = ags_elements(it, &args[1], &elems);
     if (rc == AGS_GO) {
         kept = PyList_New(0);
-        rc = kept ? AGS_GO : AGS_ERROR;
+        rc = kept ? ahead_begin(it, &outer) : AGS_ERROR;
+        begun = rc == AGS_GO;
     }
     for (Py_ssize_t i = 0; rc == AGS_GO && i < PyTuple_GET_SIZE(elems); i++) {
         PyObject *e = PyTuple_GET_ITEM(elems, i), *r = NULL;
@@ -318,6 +338,9 @@ call_filter(ags_interp *it, ags_frame *f, ags_value *args, int nargs,
         if (rc == AGS_GO && truth && PyList_Append(kept, e) < 0) {
             rc = AGS_ERROR;
         }
+    }
+    if (begun) {
+        ahead_end(it, outer);
     }
     Py_XDECREF(elems);
     if (rc != AGS_GO) {

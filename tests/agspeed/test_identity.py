@@ -20,6 +20,8 @@ try:
 except ImportError:  # collected on torch-free Pythons, deselected there by -m "not torch"
     torch = None
 
+from test_dynamic_scalars import entries  # noqa: E402
+
 pytestmark = pytest.mark.torch
 
 
@@ -341,7 +343,7 @@ def test_a_token_made_per_call_and_passed_in_is_captured_once():
         assert _VAR.get() is None      # this call's reset ran, with its own token
     # one capture serves every call (a token was identity-guarded before: a capture
     # on every call)
-    assert len(agspeed._C.code_cache(reset_through.__code__)["entries"]) == 1
+    assert len(entries(reset_through)) == 1
     assert agspeed.recompiles() == []
 
 
@@ -354,7 +356,7 @@ def test_a_token_on_a_resume_functions_stack_is_captured_once():
         assert _VAR.get() is None
     # the frame and the resume function after its break, once each (a token was
     # identity-guarded before: a capture on every call)
-    assert len(agspeed._C.code_cache(set_then_reset.__code__)["entries"]) == 1
+    assert len(entries(set_then_reset)) == 1
     assert agspeed.recompiles() == []
 
 

@@ -16,6 +16,8 @@ try:
 except ImportError:  # collected on torch-free Pythons, deselected there by -m "not torch"
     torch = None
 
+from test_python_calls import assert_same  # noqa: E402
+
 pytestmark = pytest.mark.torch
 
 
@@ -75,15 +77,7 @@ def test_lazy_iteration_gives_eagers_results(fn, nargs):
         args = [torch.randn(2) for _ in range(nargs)]
         got = fast(*args, *([[]] if lists else []))
         want = fn(*args, *([[]] if lists else []))
-        assert type(got) is type(want)
-        for g, w in zip(got, want):
-            if isinstance(w, torch.Tensor):
-                torch.testing.assert_close(g, w)
-            elif isinstance(w, list) and w and isinstance(w[0], torch.Tensor):
-                for gi, wi in zip(g, w):
-                    torch.testing.assert_close(gi, wi)
-            else:
-                assert g == w
+        assert_same(got, want)
 
 
 LIN = torch.nn.Linear(3, 3) if torch else None

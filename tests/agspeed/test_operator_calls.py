@@ -13,6 +13,8 @@ try:
 except ImportError:  # collected on torch-free Pythons, deselected there by -m "not torch"
     torch = None
 
+from test_python_calls import assert_same  # noqa: E402
+
 pytestmark = pytest.mark.torch
 
 
@@ -37,18 +39,6 @@ def join_over_a_map(x):
     return x * len(names), names
 
 
-def _same(got, want):
-    assert type(got) is type(want)
-    if isinstance(want, torch.Tensor):
-        torch.testing.assert_close(got, want)
-    elif isinstance(want, (tuple, list)):
-        assert len(got) == len(want)
-        for g, w in zip(got, want):
-            _same(g, w)
-    else:
-        assert got == want
-
-
 @pytest.mark.parametrize("fn", [getters_and_callers, frozenset_methods_by_name,
                                 join_over_a_map], ids=lambda f: f.__name__)
 def test_one_graph_with_eagers_results(fn):
@@ -58,7 +48,7 @@ def test_one_graph_with_eagers_results(fn):
     fast = agspeed.optimize(fn, backend="eager")
     for _ in range(2):
         x = torch.randn(4, 3)
-        _same(fast(x), fn(x))
+        assert_same(fast(x), fn(x))
 
 
 def _caller_of_a_tensor(x):

@@ -15,11 +15,9 @@ try:
 except ImportError:  # collected on torch-free Pythons, deselected there by -m "not torch"
     torch = None
 
+from test_dynamic_scalars import entries  # noqa: E402
+
 pytestmark = pytest.mark.torch
-
-
-def _entries(fn):
-    return len(agspeed._C.code_cache(fn.__code__)["entries"])
 
 
 def dict_method_across_break(x, d):
@@ -70,7 +68,7 @@ def test_the_bound_method_is_rebuilt_not_recaptured():
     x = torch.randn(3)
     for i in range(6):
         torch.testing.assert_close(fast(x, {"k": i}), x.sin() * i)
-    assert _entries(dict_method_across_break) == 1
+    assert len(entries(dict_method_across_break)) == 1
     report = agspeed.explain(dict_method_across_break, x, {"k": 1})
     assert report.graph_count == 2
 
