@@ -23,6 +23,7 @@ from typing import Any
 from agspeed import _C
 from agspeed._builder_types import GraphBreak, SymShape, concrete, describe_callable
 from agspeed._foreach_groups import group_by_device_and_dtype
+from agspeed._shapes import scalar_parts
 from agspeed._sources import (MISSING, _class_lookup, compared_by_identity, is_namedtuple_type,
                               static_attr)
 from agspeed._stdlib import _FACTORIES, _VIEWS, SAFE_ITERATORS, StdlibFolds
@@ -491,7 +492,9 @@ class Folds(StdlibFolds):
                                  f"{type(exc).__name__}: {exc}") from exc
             if type(container) is SymShape and type(index) is slice:
                 out = SymShape(out)     # a slice of a shape is a shape
-            if source is not None and not self._is_static(container):
+            symbol = source is not None and type(index) is not slice and \
+                self._symbolic_at(("item", source, index), out)
+            if source is not None and not self._is_static(container) and not symbol:
                 self._guard_read(container, index, source, out)
                 if type(index) is slice and type(container) in (tuple, list):
                     # the tensors of a slice of the program's sequence: graph inputs
@@ -503,7 +506,7 @@ class Folds(StdlibFolds):
             # change it in place, through that source)
             keep = source is not None and not isinstance(index, slice) and \
                 (type(out) is list or holds_container(out) or
-                 not self._is_static(out)) and \
+                 not self._is_static(out) or symbol) and \
                 not isinstance(out, self.node_type)
             return out, (("item", source, index) if keep else None)
         if _type_hint(container) and _type_hint_args(index):
@@ -515,6 +518,13 @@ class Folds(StdlibFolds):
                 raise GraphBreak(Reason.OP_FAILED, f"{container!r}[{index!r}] raised "
                                  f"{type(exc).__name__}: {exc}") from exc
         raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"indexing a {type(container).__name__}")
+
+    def _symbolic_at(self, source: tuple, value: Any) -> bool:
+        """Whether the plain ``value`` at ``source`` is, or holds, an int or float this
+        capture makes a symbol (the interpreter loads it by its source then)."""
+        symbolic = self.symbolic_scalars
+        return bool(symbolic) and any(part in symbolic
+                                      for part, _ in scalar_parts(source, value))
 
     def _plain_set(self, value: Any) -> bool:
         """A set or frozenset whose members hash and compare without program code

@@ -34,7 +34,7 @@ import weakref
 from typing import Any, NamedTuple
 
 from agspeed import _C, config, log
-from agspeed._shapes import DimPolicy, from_locals, history_of, is_data_source
+from agspeed._shapes import DimPolicy, from_locals, history_of, is_data_source, scalar_parts
 from agspeed._sources import describe
 from agspeed.guards.guard import SameObjects
 from agspeed.protocol import Check
@@ -225,11 +225,12 @@ def _record_sizes(shapes: DimPolicy, guard: Any, f_locals: dict) -> None:
     for source, kind, expected in getattr(guard, "checks", ()):
         if kind in (Check.TENSOR, Check.DYNTENSOR) and is_data_source(source, f_locals):
             history.record(source, expected[3])
-        elif kind == Check.EQ and expected[0] in (int, float) and from_locals(source):
-            if source in shapes.scalars:
-                history.pin(source)
-            elif source not in history.pinned:
-                history.record_scalar(source, expected[1])
+        elif kind == Check.EQ and from_locals(source):
+            for part, value in scalar_parts(source, expected[1]):
+                if part in shapes.scalars:
+                    history.pin(part)
+                elif part not in history.pinned:
+                    history.record_scalar(part, value)
 
 
 # -- Records for agspeed.recompiles() ------------------------------------------------

@@ -45,7 +45,7 @@ from typing import Any, Iterable
 
 __all__ = ["mark_dynamic", "mark_static", "DimPolicy", "NeedsSymbolic", "ScalarDecided",
            "SymbolicGuards", "ShapeHistory", "from_locals", "is_data_source",
-           "symbolic_scalar", "to_postfix"]
+           "scalar_parts", "symbolic_scalar", "to_postfix"]
 
 _DYNAMIC_MARK = "_agspeed_dynamic_dims"
 _STATIC_MARK = "_agspeed_static_dims"
@@ -130,6 +130,24 @@ def from_locals(source: tuple) -> bool:
     return source[0] == "local"
 
 
+def scalar_parts(source: tuple, value: Any) -> list:
+    """``[(source, value)]`` of the plain ints and floats one guarded value is that may
+    become symbols: itself, or the floats of a short tuple of ints and floats (the
+    ``betas`` a scheduler moves every step), each reached by its own item source (the
+    interpreter loads such a tuple item by item once an item is a symbol,
+    csrc/interp_args.c).  A tuple's ints stay constants: sizes, a loop's position."""
+    kind = type(value)
+    if kind in (int, float):
+        return [(source, value)]
+    if kind is tuple and 0 < len(value) <= _SCALAR_TUPLE_MAX and \
+            all(type(v) in (int, float) for v in value):
+        return [(("item", source, i), v) for i, v in enumerate(value) if type(v) is float]
+    return []
+
+
+_SCALAR_TUPLE_MAX = 8   # as AGS_SCALAR_TUPLE_MAX
+
+
 class ShapeHistory:
     """The sizes each data input of one function showed at its captures (in one context):
     source -> one set of sizes per dimension; the dimensions a capture made dynamic
@@ -200,9 +218,13 @@ class DimPolicy:
         by the code before)."""
         from agspeed.protocol import Check
 
-        return kind == Check.EQ and expected[0] in self._kinds() and self.supported and \
-            self.mode is not False and self.history is not None and \
-            source not in self.history.pinned and from_locals(source)
+        if kind != Check.EQ or not self.supported or self.mode is False or \
+                self.history is None or not from_locals(source):
+            return False
+        parts = scalar_parts(source, expected[1]) if type(expected[1]) is expected[0] \
+            else []
+        return bool(parts) and all(type(v) in self._kinds() and s not in self.history.pinned
+                                   for s, v in parts)
 
     def _kinds(self) -> tuple:
         """The types of plain values this capture may make symbols."""

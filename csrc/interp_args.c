@@ -345,6 +345,79 @@ remember(ags_interp *it, PyObject *obj, PyObject *source)
     return rc;
 }
 
+/* A tuple of plain ints and floats whose items a capture made symbols (the
+ * betas an LR scheduler moves every step: `beta1, beta2 = group["betas"]`):
+ * a tuple value of its items, each loaded from its own source, a symbol or
+ * a constant guarded by itself; the guard checks the tuple's length only
+ * (guards/guard.py).  1 with *out set, 0 where `value` is not one, -1 on
+ * error. */
+#define AGS_SCALAR_TUPLE_MAX 8
+
+static int
+load_scalar_tuple(ags_interp *it, PyObject *source, PyObject *value,
+                  ags_value *out)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(value);
+    PyObject *sources[AGS_SCALAR_TUPLE_MAX], *elems = NULL;
+    int any = 0, rc = -1;
+    Py_ssize_t made = 0;
+
+    if (n == 0 || n > AGS_SCALAR_TUPLE_MAX) {
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(value, i);
+        if (!PyLong_CheckExact(item) && !PyFloat_CheckExact(item)) {
+            return 0;
+        }
+    }
+    for (; made < n; made++) {
+        int in;
+        sources[made] = Py_BuildValue("(sOn)", ags_load_names[AGS_LOAD_ITEM],
+                                      source, made);
+        if (sources[made] == NULL) {
+            goto done;
+        }
+        in = PySet_Contains(it->symbolic_scalars, sources[made]);
+        if (in < 0) {
+            made++;
+            goto done;
+        }
+        any |= in;
+    }
+    if (!any) {
+        rc = 0;
+        goto done;
+    }
+    elems = PyTuple_New(n);
+    for (Py_ssize_t i = 0; elems != NULL && i < n; i++) {
+        ags_value loaded;
+        PyObject *arg;
+        if (ags_load_object(it, sources[i], PyTuple_GET_ITEM(value, i),
+                            &loaded) < 0) {
+            goto done;
+        }
+        arg = ags_graph_arg(it, &loaded);
+        ags_value_clear(&loaded);
+        if (arg == NULL) {
+            goto done;
+        }
+        PyTuple_SET_ITEM(elems, i, arg);
+    }
+    if (elems == NULL || ags_assume(it, source, value) < 0) {
+        goto done;
+    }
+    *out = ags_value_make(AGS_VK_TUPLE, elems, NULL);
+    elems = NULL;
+    rc = 1;
+done:
+    Py_XDECREF(elems);
+    for (Py_ssize_t i = 0; i < made; i++) {
+        Py_DECREF(sources[i]);
+    }
+    return rc;
+}
+
 /* The abstract value of `value`, reached from the frame by `source`:
  * tensors become graph inputs, anything else a constant guarded on its
  * source.  Borrows both.  AGS_GO or AGS_ERROR. */
@@ -378,6 +451,14 @@ ags_load_object(ags_interp *it, PyObject *source, PyObject *value,
             return AGS_GO;
         }
         Py_DECREF(node);
+    }
+    if (it->symbolic_scalars != NULL && PyTuple_CheckExact(value)) {
+        switch (load_scalar_tuple(it, source, value, out)) {
+        case 1:
+            return AGS_GO;
+        case -1:
+            return AGS_ERROR;
+        }
     }
     switch (ags_shadowed(it, value, out)) {
     case 1:

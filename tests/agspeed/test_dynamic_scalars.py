@@ -494,3 +494,80 @@ def test_max_and_min_of_a_counter_keep_it_dynamic():
         assert mine.seen == ref.seen
     (record,) = [r for r in agspeed.recompiles() if r.function.startswith("windowed ")]
     assert record.dynamic == ("state.seen",) and record.count <= 3
+
+
+class Mixing(nn.Module):
+    """Floats kept in the program's tuple and dict, changed between calls, as an LR
+    scheduler changes an optimizer's ``betas`` and ``lr``."""
+
+    def __init__(self):
+        super().__init__()
+        self.betas = (0.9, 0.999)
+        self.cfg = {"scale": 1.0, "pair": (0.5, 2)}
+
+    def forward(self, x):
+        b1, b2 = self.betas
+        y = x * b1 + self.betas[-1] * x.sin() + len(self.betas)
+        y = y * self.cfg["scale"] + self.cfg["pair"][0] * self.cfg["pair"][1]
+        self.saved = self.betas   # the tuple itself, stored and returned
+        return y, self.betas
+
+
+def _mix_both(model, fast, x):
+    want = Mixing.forward(model, x)
+    want_saved = model.saved
+    got = fast(x)
+    torch.testing.assert_close(got[0], want[0])
+    for out, expected in ((got[1], want[1]), (model.saved, want_saved)):
+        assert type(out) is type(expected) and out == expected
+        assert [type(v) for v in out] == [type(v) for v in expected]
+
+
+def test_floats_in_the_programs_tuples_and_dicts_go_dynamic_item_by_item():
+    backend = FloatTaking()
+    model = Mixing()
+    fast = agspeed.optimize(model, backend=backend)
+    for i in range(8):
+        model.betas = (0.9 - i / 100, 0.999)
+        model.cfg["scale"] = 1.0 + i
+        model.cfg["pair"] = (0.5 + i, 2)
+        _mix_both(model, fast, torch.randn(3))
+    assert backend.graphs == 3
+    (record,) = agspeed.recompiles()
+    assert set(record.dynamic) == {"self.betas[0]", "self.cfg['scale']",
+                                   "self.cfg['pair'][0]"}
+    entry = entries(model)[0]   # the dynamic one (newest first), used by every call since
+    assert entry.hits == 8 - 3
+    checks = {c[0]: c[1] for c in entry.guard.checks}
+    assert checks[("attr", ("local", "self"), "betas")] == Check.LEN   # not its values
+    graphs = backend.graphs
+    # the item that stayed the same is still checked, an int item stays a constant,
+    # and a tuple of another length, of another type, or with an int where the float
+    # was is not the one the graph was made for
+    for betas, pair in (((0.5, 0.75), (1.5, 2)), ((0.5, 0.999), (1.5, 3)),
+                        ((0.5, 0.25, 0.999), (1.5, 2)), ([0.5, 0.999], (1.5, 2)),
+                        ((1, 0.999), (1.5, 2))):
+        model.betas, model.cfg["pair"] = betas, pair
+        if len(betas) == 3:
+            with pytest.raises(ValueError, match="too many values to unpack"):
+                fast(torch.randn(3))
+            continue
+        _mix_both(model, fast, torch.randn(3))
+        assert backend.graphs == graphs + 1
+        graphs = backend.graphs
+
+
+def test_a_float_tuple_used_whole_stays_a_constant():
+    """A tuple the code hands whole to torch (``torch.tensor(betas)``) is decided on:
+    its items are never made symbols, each tuple compiles apart, eager's results."""
+    def fn(x, model):
+        return x * torch.tensor(model.betas).sum() + model.betas[0]
+
+    backend = FloatTaking()
+    fast = agspeed.optimize(fn, backend=backend)
+    model = Mixing()
+    for i in range(5):
+        model.betas = (0.9 - i / 10, 0.5)
+        x = torch.randn(3)
+        torch.testing.assert_close(fast(x, model), fn(x, model))
+    assert backend.graphs == 5 and agspeed.recompiles()[0].dynamic == ()

@@ -426,3 +426,33 @@ def test_a_training_function_with_an_lr_scheduler_steps_as_eager(kind, tensor_lr
         assert type(lrs[0]) is type(lrs[1]) and float(lrs[0]) == float(lrs[1])
     for a, b in zip(model.parameters(), twin.parameters()):
         assert torch.equal(a, b)
+
+
+@pytest.mark.cxx_exceptions   # (Adam's step-count corrections, as above)
+def test_adam_under_one_cycle_momentum_does_not_recapture_every_step():
+    """OneCycleLR cycles Adam's ``betas[0]`` and ``lr`` every step: after three values
+    both are symbols of one graph (not a capture per step up to the recompile limit),
+    with eager's parameters and ``betas``."""
+    agspeed.reset()
+    model, twin = _model(), _model()
+    opt, opt2 = torch.optim.Adam(model.parameters()), torch.optim.Adam(twin.parameters())
+    scheds = [torch.optim.lr_scheduler.OneCycleLR(o, 0.05, total_steps=20)
+              for o in (opt, opt2)]
+    step = agspeed.optimize(opt2.step, backend="eager")
+    for _ in range(10):
+        x = torch.randn(4, 6)
+        _backward(model, x)
+        _backward(twin, x)
+        opt.step()
+        step()
+        for s in scheds:
+            s.step()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert opt.param_groups[0]["betas"] == opt2.param_groups[0]["betas"]
+    (record,) = [r for r in agspeed.recompiles() if r.function.startswith("step")]
+    assert record.count <= 3
+    assert set(record.dynamic) == {"self.param_groups[0]['betas'][0]",
+                                   "self.param_groups[0]['lr']"}
+    steps = [r.decision for r in agspeed._runtime.frame_records() if r.name == "step"]
+    assert set(steps) == {"captured"} and len(steps) <= 4
