@@ -571,3 +571,27 @@ def test_a_float_tuple_used_whole_stays_a_constant():
         x = torch.randn(3)
         torch.testing.assert_close(fast(x, model), fn(x, model))
     assert backend.graphs == 5 and agspeed.recompiles()[0].dynamic == ()
+
+
+def test_tuples_loaded_item_by_item_keep_no_reference():
+    backend = FloatTaking()
+    model = Mixing()
+    fast = agspeed.optimize(model, backend=backend)
+    made = []
+    for i in range(3):   # the third capture loads the tuple item by item
+        made.append((0.5 + i / 10, 0.999 + i / 1000))
+        model.betas = made[-1]
+        fast(torch.randn(3))
+    assert backend.graphs == 3
+    captured = made[-1]
+    model.betas = t = (0.25 + len(made) / 1000, 0.999)
+    counts = sys.getrefcount(t), sys.getrefcount(captured)
+    for _ in range(3):
+        out = fast(torch.randn(3))
+    del out
+    model.saved = None
+    assert (sys.getrefcount(t), sys.getrefcount(captured)) == counts
+    assert backend.graphs == 3
+    agspeed.reset()
+    gc.collect()
+    assert sys.getrefcount(captured) == 3   # made, the local, the argument
