@@ -74,6 +74,7 @@ from typing import Any
 
 from agspeed._builder_types import GraphBreak, describe_callable, holds_node
 from agspeed._folds import holds_container
+from agspeed._identity import plain_instance
 from agspeed._logged import log_args, log_at, logging_calls, warn_args, warn_at
 from agspeed._objects import _state
 from agspeed._replay import (_CALL, _CONTENTS, _DICTS, _RAW_SET, _RESULT, _SET, _TAIL, _Attr,
@@ -527,6 +528,9 @@ class SideEffects:
             if known is not None and known[0] is value and \
                     not self.is_owned(value):  # type: ignore[attr-defined]
                 return _Owner(self._owner_index(known[1]))
+        source = self._sourced(value)
+        if source is not None:
+            return _Owner(self._owner_index(source))
         held = self._held.get(id(value))
         if isinstance(value, self.node_type) or held is value:  # type: ignore[attr-defined]
             self._effect_nodes.append(value)
@@ -553,6 +557,36 @@ class SideEffects:
             return _Slot(len(self._effect_nodes) - 1)
         self._check_closure(value)   # (each write checks it when made; this, the rest)
         return value
+
+    def _sourced(self, value: Any) -> Any:
+        """The source of ``value`` where it is a plain instance of the program reached
+        by one (a batch object passed in): a write stores it by reading it there on each
+        call, so the entry need not hold, nor guard, the object the capture saw."""
+        if not plain_instance(value, self._torch.nn.Module):  # type: ignore[attr-defined]
+            return None
+        known = self.known.get(id(value))  # type: ignore[attr-defined]
+        if known is None or known[0] is not value or \
+                self.is_owned(value) or self._made_instance(value):  # type: ignore[attr-defined]
+            return None
+        return known[1]
+
+    def sourced_ids(self, value: Any) -> set:
+        """The ids of the plain instances in ``value`` (or in the tuples, lists and
+        dicts it holds) that a write stores by their sources (``_sourced``)."""
+        out: set = set()
+        todo, seen = [value], set()
+        while todo:
+            value = todo.pop()
+            if id(value) in seen or len(seen) > 4096:
+                continue
+            seen.add(id(value))
+            if type(value) in (tuple, list):
+                todo.extend(value)
+            elif type(value) in _DICTS:
+                todo.extend(value.values())
+            elif self._sourced(value) is not None:
+                out.add(id(value))
+        return out
 
     def _storable(self, value: Any) -> None:
         """Break at the write of a value the graph could not make after it (an object

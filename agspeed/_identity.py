@@ -27,8 +27,9 @@ Identity is kept wherever the capture's result could depend on which object it w
   the address), or as a constant of a resume function's state;
 * but not where the result holds it in a place the entry fills from its source after
   the graph (``return x, cache``, a ModelOutput made in the frame around the cache
-  passed in: ``agspeed._effects``), nor for making a ModelOutput around it, which is
-  noted where that object goes;
+  passed in: ``agspeed._effects``), nor where a write to the program stores it (``self.
+  last = batch``: the replay reads it from its source on each call), nor for making a
+  ModelOutput around it, which is noted where that object goes;
 * reached through two sources (``f(b, b)``, or a batch also kept on ``self``): the
   capture saw one object, and writes through one name were read through the other.
 
@@ -191,7 +192,8 @@ class Identities:
 
     def effect_setattr(self, obj: Any, source: Any, name: str, value: Any,
                        raw: bool = False) -> Any:
-        self.note_identity(value)
+        # (an instance reached by a source is stored by reading it there on each call)
+        self.note_identity(value, skip=self.sourced_ids(value))  # type: ignore[attr-defined]
         return super().effect_setattr(obj, source, name, value, raw)  # type: ignore[misc]
 
     def replay_call(self, fn: Any, args: tuple, kwargs: dict) -> None:

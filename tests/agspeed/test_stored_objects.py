@@ -5,6 +5,8 @@ call, holding that call's tensors, so the replay after the graph does too
 
 import collections
 import dataclasses
+import gc
+import weakref
 
 import pytest
 
@@ -172,3 +174,59 @@ def test_a_made_object_stored_and_returned_is_one_object(brk):
         torch.testing.assert_close(o.value, x * 2 + (1 if brk else 0))
         seen.append(o)
     assert len({id(o) for o in seen}) == 3
+
+
+class Remembers(torch.nn.Module if torch else object):
+    """Keeps the batches it was called with, as a model keeping its last input does."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+        self.cur = self.prev = None
+        self.seen = {}
+
+    def forward(self, batch, other):
+        self.prev = self.cur
+        self.cur = batch
+        self.pair = (batch, other, 3)
+        self.seen["last"] = other
+        return self.fc(batch.value) + other.value, batch
+
+
+def test_a_batch_object_stored_on_the_program_is_this_calls_without_recapture():
+    """``self.cur = batch``: the write stores the object of each call, read through its
+    source, so the entry guards its type, not the first batch (which it would keep
+    alive and miss on every later call)."""
+    from test_dynamic_scalars import entries
+
+    model = Remembers()
+    fast = agspeed.optimize(model, backend="eager")
+    other, prev = State(torch.randn(2, 3)), None
+    firsts = []
+    for i in range(10):
+        batch = State(torch.randn(2, 3))
+        if i < 2:
+            firsts.append(batch)
+        twin = other if i % 3 else State(torch.randn(2, 3))
+        out, back = fast(batch, twin)
+        torch.testing.assert_close(out, model.fc(batch.value) + twin.value)
+        assert back is batch and model.cur is batch and model.prev is prev
+        assert model.pair[0] is batch and model.pair[1] is twin and model.pair[2] == 3
+        assert model.seen["last"] is twin
+        prev = batch
+    # the first call saw no earlier batch; the second one made the entry every later
+    # call used
+    assert sum(r.count for r in agspeed.recompiles()) <= 2
+    assert len(entries(model)) <= 2
+    # the one object passed twice is not the entry's two objects
+    batch = State(torch.randn(2, 3))
+    out, back = fast(batch, batch)
+    torch.testing.assert_close(out, model.fc(batch.value) + batch.value)
+    assert model.pair[0] is model.pair[1] is batch
+    # no entry holds the batches of the first calls
+    refs = [weakref.ref(b) for b in firsts]
+    del firsts, batch, back, prev
+    model.cur = model.prev = model.pair = None
+    model.seen.clear()
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
