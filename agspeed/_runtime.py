@@ -533,6 +533,40 @@ def keep_dynamo_out() -> None:
     _dynamo_told = True
 
 
+_tracers_told = False
+
+
+def watch_tracers() -> None:
+    """Tell the regions where torch keeps whether one of its tracers runs (a
+    TorchDispatchMode such as make_fx's, FlopCounterMode or FakeTensorMode; a
+    ``torch.jit.trace``): under one, an optimized call runs the program's own code, which
+    the tracer is there to see (csrc/region.c)."""
+    global _tracers_told
+    if _tracers_told or "torch" not in sys.modules:
+        return
+    import torch
+
+    flags, probes = [], []
+    try:
+        from torch.utils import _python_dispatch as dispatch
+    except ImportError:   # a torch without Python dispatch modes
+        dispatch = None
+    if dispatch is not None and type(getattr(dispatch, "_is_in_torch_dispatch_mode",
+                                             None)) is bool:
+        flags.append((vars(dispatch), "_is_in_torch_dispatch_mode"))
+    elif dispatch is not None and hasattr(dispatch, "_get_current_dispatch_mode_stack"):
+        probes.append(dispatch._get_current_dispatch_mode_stack)   # (empty: false)
+    # torch.jit.trace of a module keeps its module map there while it runs (a call of
+    # torch's own tracing-state function costs more than the rest of a region's check)
+    jit_trace = sys.modules.get("torch.jit._trace")
+    if jit_trace is not None and hasattr(jit_trace, "_trace_module_map"):
+        flags.append((vars(jit_trace), "_trace_module_map"))
+    elif getattr(torch._C, "_get_tracing_state", None) is not None:
+        probes.append(torch._C._get_tracing_state)
+    _C.set_tracers(tuple(flags), tuple(probes))
+    _tracers_told = True
+
+
 _CONTEXTS: dict[tuple, Context] = {}
 _contexts_lock = threading.Lock()
 # held while a frame is captured, compiled and tuned (Context._capture_alone)
@@ -547,6 +581,7 @@ def _entries(code: Any, ctx: Context) -> list:
 def context_for(backend_name: str, backend: Any, options: dict[str, Any]) -> Context:
     """The shared context for this backend (by identity) and these options."""
     keep_dynamo_out()
+    watch_tracers()
     key = (backend_name, id(backend), tuple(sorted(options.items())))
     with _contexts_lock:
         ctx = _CONTEXTS.get(key)

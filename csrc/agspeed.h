@@ -286,6 +286,8 @@ PyObject *ags_interp_site(void);
 
 extern PyType_Spec ags_region_spec;
 extern PyType_Spec ags_scope_spec;
+PyObject *ags_set_tracers(PyObject *module, PyObject *const *args,
+                          Py_ssize_t nargs);
 PyObject *ags_probe_install(PyObject *module, PyObject *unused);
 PyObject *ags_probe_remove(PyObject *module, PyObject *unused);
 PyObject *ags_probe_count(PyObject *module, PyObject *unused);

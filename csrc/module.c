@@ -385,6 +385,12 @@ static PyMethodDef module_methods[] = {
      "set_enabled(flag): turn the runtime on or off for every region."},
     {"is_enabled", is_enabled, METH_NOARGS,
      "is_enabled() -> bool"},
+    {"set_tracers", (PyCFunction)(void (*)(void))ags_set_tracers,
+     METH_FASTCALL,
+     "set_tracers(flags, probes): where torch keeps whether one of its "
+     "tracers runs: (dict, key) pairs whose item is neither missing, None "
+     "nor False then, and functions whose answer is true then.  Under one, "
+     "a Region calls its target untouched (see region.c)."},
     {"current_context", current_context, METH_NOARGS,
      "current_context(): this thread's capture context, or None."},
     {"hook_installed", hook_installed, METH_NOARGS,

@@ -28,6 +28,102 @@
 #include <stddef.h>
 #include <structmember.h>
 
+/* Tracers.  Under one of torch's tracers (a TorchDispatchMode: make_fx's,
+ * FlopCounterMode, FakeTensorMode; torch.jit.trace) a Region calls its
+ * target as plain Python, every frame below untouched: the tracer must see
+ * the program's own operations, which a graph run by a compiled backend
+ * would hide from it, and a capture there would run on the tracer's
+ * tensors.  The runtime says where torch keeps those facts (set_tracers):
+ * flags read as items of a module's dict, on while neither missing, None nor
+ * False, and functions whose answer is true while one runs (slower: a
+ * call).  Both NULL: no tracer is looked for. */
+static PyObject *tracer_flags = NULL;   /* tuple of (dict, key) pairs */
+static PyObject *tracer_probes = NULL;  /* tuple of callables */
+
+/* 1 under a tracer, 0 not, -1 with an exception. */
+static int
+under_tracer(void)
+{
+    if (tracer_flags != NULL) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tracer_flags); i++) {
+            PyObject *pair = PyTuple_GET_ITEM(tracer_flags, i);
+            PyObject *v = PyDict_GetItemWithError(PyTuple_GET_ITEM(pair, 0),
+                                                  PyTuple_GET_ITEM(pair, 1));
+            if (v == NULL && PyErr_Occurred()) {
+                return -1;
+            }
+            if (v != NULL && v != Py_None && v != Py_False) {
+                return 1;
+            }
+        }
+    }
+    if (tracer_probes != NULL) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tracer_probes); i++) {
+            PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(tracer_probes,
+                                                               i));
+            int on;
+            if (r == NULL) {
+                return -1;
+            }
+            on = PyObject_IsTrue(r);
+            Py_DECREF(r);
+            if (on != 0) {
+                return on;
+            }
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+tuple_or_empty(PyObject *t)
+{
+    return t != NULL ? Py_NewRef(t) : PyTuple_New(0);
+}
+
+/* set_tracers(flags, probes): the tracers looked for from now on; returns
+ * the ones looked for before, as (flags, probes). */
+PyObject *
+ags_set_tracers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *before;
+
+    (void)module;
+    if (nargs != 2 || !PyTuple_CheckExact(args[0])
+        || !PyTuple_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "set_tracers(flags, probes) takes "
+                        "two tuples");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[0]); i++) {
+        PyObject *pair = PyTuple_GET_ITEM(args[0], i);
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2
+            || !PyDict_Check(PyTuple_GET_ITEM(pair, 0))) {
+            PyErr_SetString(PyExc_TypeError, "set_tracers: each flag is a "
+                            "(dict, key) pair");
+            return NULL;
+        }
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[1]); i++) {
+        if (!PyCallable_Check(PyTuple_GET_ITEM(args[1], i))) {
+            PyErr_SetString(PyExc_TypeError, "set_tracers: each probe is "
+                            "callable");
+            return NULL;
+        }
+    }
+    /* (N consumes both, also where the other is NULL) */
+    before = Py_BuildValue("(NN)", tuple_or_empty(tracer_flags),
+                           tuple_or_empty(tracer_probes));
+    if (before == NULL) {
+        return NULL;
+    }
+    Py_XSETREF(tracer_flags, PyTuple_GET_SIZE(args[0]) ? Py_NewRef(args[0])
+                                                       : NULL);
+    Py_XSETREF(tracer_probes, PyTuple_GET_SIZE(args[1]) ? Py_NewRef(args[1])
+                                                        : NULL);
+    return before;
+}
+
 typedef struct {
     PyObject_HEAD
     PyObject *fn;
@@ -44,11 +140,16 @@ region_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf,
     ags_region *self = (ags_region *)op;
     ags_ctx_saved saved;
     PyObject *result;
+    int tracing = 0;
 
     if (!ags_hook_enabled) {
         return PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
     }
-    if (ags_ctx_enter(self->ctx, &saved) < 0) {
+    if ((tracer_flags != NULL || tracer_probes != NULL)
+        && self->ctx != Py_None && (tracing = under_tracer()) < 0) {
+        return NULL;
+    }
+    if (ags_ctx_enter(tracing ? Py_None : self->ctx, &saved) < 0) {
         return NULL;
     }
     result = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
