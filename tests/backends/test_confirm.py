@@ -335,7 +335,12 @@ def test_only_an_optimizer_of_the_graphs_parameters_ticks_its_clock(kb):
     optimized = agspeed.optimize(model, candidates=("c_fast",))
     other = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    for k, x in enumerate(_batches(_steps())):
+    # (steps enough for the most rounds a verdict may take: on a machine busy enough
+    # that the side-by-side steps disagree, more are measured)
+    most = _steps() + 2 * (_confirm._MOST - 1) * agspeed.config.confirm_steps
+    for k, x in enumerate(_batches(most)):
+        if k >= _steps() and autotune.decisions()[0].loop is not None:
+            break
         loss = optimized(x).sum()
         other.step()  # the first optimizer stepped once the graph is compiled
         loss.backward()
@@ -349,7 +354,9 @@ def test_only_an_optimizer_of_the_graphs_parameters_ticks_its_clock(kb):
             assert not _confirm._clock._clocks(other, head)
     (d,) = autotune.decisions()
     assert d.loop is not None
-    assert knowledge.records()[0]["loop"]["steps"] == agspeed.config.confirm_steps
+    steps = agspeed.config.confirm_steps
+    assert knowledge.records()[0]["loop"]["steps"] in range(steps, _confirm._MOST * steps + 1,
+                                                            steps)
 
 
 def test_no_watch_when_turned_off_or_for_inference(kb):
