@@ -50,6 +50,7 @@ import sys
 import types
 from typing import Any, Callable
 
+from agspeed import _match
 from agspeed import _torch_state as torch_state
 from agspeed._assume import Assumptions
 from agspeed._binding import Binding
@@ -106,6 +107,10 @@ class GraphBuilder(Outputs, Identities, Objects, CallPolicy, Folds, Binding, Sid
 
     # a root byte offset the interpreter stops before (agspeed._resume), or None
     stop_at: int | None = None
+    # the match statement's instructions, inlined (csrc/interp_match.c)
+    match_len = staticmethod(_match.get_len)
+    match_keys = staticmethod(_match.match_keys)
+    match_class = staticmethod(_match.match_class)
 
     def __init__(self, shapes: Any = None, symbolic: bool = False) -> None:
         import torch

@@ -45,6 +45,14 @@
     X(LIST_APPEND, op_list_append, "append the top to a built list") \
     X(LIST_EXTEND, op_list_extend, "extend a built list by the top") \
     X(UNPACK_SEQUENCE, op_unpack_sequence, "push arg elements, last first") \
+    X(GET_LEN, op_get_len, "push len(top), the top staying (match)") \
+    X(MATCH_MAPPING, op_match_mapping, "push whether the top is a mapping") \
+    X(MATCH_SEQUENCE, op_match_sequence, "push whether the top is a " \
+      "sequence") \
+    X(MATCH_KEYS, op_match_keys, "push the values of the keys on top in the " \
+      "mapping under them, or None") \
+    X(MATCH_CLASS, op_match_class, "the attributes a class pattern matches, " \
+      "or None (interp_match.c)") \
     X(UNPACK_EX, op_unpack_ex, "unpack with one starred target") \
     X(BINARY_SUBSCR, op_binary_subscr, "container[index]") \
     X(STORE_SUBSCR, op_store_subscr, "container[index] = value") \
