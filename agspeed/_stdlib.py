@@ -205,6 +205,45 @@ def _call_method(name: str, args: tuple, kwargs: dict, obj: Any) -> Any:
     return getattr(obj, name)(*args, **kwargs)
 
 
+def _compress(data: Any, selectors: Any) -> Any:
+    """``itertools.compress``, stepped by the capture as a generator (a selector that is
+    a tensor's truth breaks there, as any branch on data does)."""
+    for item, keep in zip(data, selectors):
+        if keep:
+            yield item
+
+
+def _filterfalse(predicate: Any, iterable: Any) -> Any:
+    """``itertools.filterfalse``: the predicate (the program's function) inlined."""
+    for item in iterable:
+        if not (item if predicate is None else predicate(item)):
+            yield item
+
+
+def _takewhile(predicate: Any, iterable: Any) -> Any:
+    """``itertools.takewhile``, the predicate inlined."""
+    for item in iterable:
+        if not predicate(item):
+            return
+        yield item
+
+
+def _dropwhile(predicate: Any, iterable: Any) -> Any:
+    """``itertools.dropwhile``, the predicate inlined."""
+    dropping = True
+    for item in iterable:
+        if dropping and predicate(item):
+            continue
+        dropping = False
+        yield item
+
+
+#: itertools constructors that take a function or a truth per item: generators of the
+#: same items, which the interpreter steps (each call of the function inlined)
+_STEPPED_ITERTOOLS = ((itertools.compress, _compress), (itertools.filterfalse, _filterfalse),
+                      (itertools.takewhile, _takewhile), (itertools.dropwhile, _dropwhile))
+
+
 def _getter_plan(fn: Any) -> tuple | None:
     """The PARTIAL plan calling an itemgetter, attrgetter or methodcaller object through
     its inlined equivalent, its parts read from its ``__reduce__``; None for another
@@ -280,6 +319,9 @@ class StdlibFolds:
             return (Plan.FOLD, fn)
         if self.copy_plan(fn):  # type: ignore[attr-defined]
             return (Plan.FOLD, fn)
+        for tool, stepped in _STEPPED_ITERTOOLS:
+            if fn is tool:
+                return (Plan.PARTIAL, stepped, (), {}, None)
         if fn is next or fn is functools.partial or _one_of(fn, _ITERTOOLS) or \
                 _one_of(fn, (operator.itemgetter, operator.attrgetter,
                              operator.methodcaller)):

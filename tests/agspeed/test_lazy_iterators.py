@@ -2,7 +2,8 @@
 consumer that changes what the function reads as it steps (``y.extend(map(f, xs))``),
 must not see the calls come early; and an iterator of the program (``itertools.count()``
 made at a break) is never stepped by the capture (csrc/interp_iter.c,
-agspeed/_folds.py)."""
+agspeed/_folds.py).  itertools' compress, filterfalse, takewhile and dropwhile are
+stepped as generators, their functions inlined (agspeed/_stdlib.py)."""
 
 import collections
 import itertools
@@ -105,3 +106,22 @@ def test_maps_whose_calls_change_nothing_stay_in_the_graph():
     for g, w in zip(got, want):
         for gi, wi in zip(g, w):
             torch.testing.assert_close(gi, wi)
+
+
+def stepped_itertools(x, xs, keep):
+    small = list(itertools.filterfalse(lambda t: t.shape[0] > 2, xs))
+    kept = list(itertools.compress(xs, keep))
+    head = [t * 2 for t in itertools.takewhile(lambda t: t.dim() == 1, xs)]
+    tail = tuple(itertools.dropwhile(lambda t: t.numel() < 3, xs))
+    calls = []
+    lazy = itertools.filterfalse(lambda t: calls.append(t.shape) or t.dim() > 1, xs)
+    first = next(lazy)   # one item asked: the predicate ran once, as in eager
+    return sum(small) + x, kept, head, tail, first, len(calls)
+
+
+def test_itertools_that_take_a_function_are_stepped_in_one_graph():
+    fast = agspeed.optimize(stepped_itertools, backend="eager", fullgraph=True)
+    for keep in ([1, 0, 1, 0], [0, 1, 1, 1]):
+        xs = [torch.randn(2), torch.randn(3), torch.randn(2, 2), torch.randn(2)]
+        x = torch.randn(2, requires_grad=True)
+        assert_same(fast(x, xs, keep), stepped_itertools(x, xs, keep))
