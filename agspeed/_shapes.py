@@ -45,7 +45,7 @@ from typing import Any, Iterable
 
 __all__ = ["mark_dynamic", "mark_static", "DimPolicy", "NeedsSymbolic", "ScalarDecided",
            "SymbolicGuards", "ShapeHistory", "from_locals", "is_data_source",
-           "scalar_parts", "symbolic_scalar", "to_postfix"]
+           "scalar_items", "scalar_parts", "symbolic_scalar", "to_postfix"]
 
 _DYNAMIC_MARK = "_agspeed_dynamic_dims"
 _STATIC_MARK = "_agspeed_static_dims"
@@ -136,12 +136,17 @@ def scalar_parts(source: tuple, value: Any) -> list:
     ``betas`` a scheduler moves every step), each reached by its own item source (the
     interpreter loads such a tuple item by item once an item is a symbol,
     csrc/interp_args.c).  A tuple's ints stay constants: sizes, a loop's position."""
-    kind = type(value)
-    if kind in (int, float):
+    if type(value) in (int, float):
         return [(source, value)]
-    if kind is tuple and 0 < len(value) <= _SCALAR_TUPLE_MAX and \
+    return [(s, v) for s, v in scalar_items(source, value) if type(v) is float]
+
+
+def scalar_items(source: tuple, value: Any) -> list:
+    """``[(item source, item)]`` of a short tuple of plain ints and floats, which the
+    interpreter loads item by item once one of them is a symbol; else ``[]``."""
+    if type(value) is tuple and 0 < len(value) <= _SCALAR_TUPLE_MAX and \
             all(type(v) in (int, float) for v in value):
-        return [(("item", source, i), v) for i, v in enumerate(value) if type(v) is float]
+        return [(("item", source, i), v) for i, v in enumerate(value)]
     return []
 
 

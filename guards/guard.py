@@ -19,7 +19,7 @@ from typing import Any
 
 from agspeed import _C
 from agspeed import config as _config
-from agspeed._shapes import SymbolicGuards, scalar_parts
+from agspeed._shapes import SymbolicGuards, scalar_items
 from agspeed._sources import MISSING, describe, resolve, resolve_step
 from agspeed._tensor_check import batch_checker
 from agspeed.guards.checks import KINDS, NO_SYMBOLS, Symbols, check_for, tensor_spec
@@ -96,8 +96,7 @@ class Guard(_C.GuardProgram):
             if source in seen:
                 continue
             seen.add(source)
-            if type(value) is tuple and any(part in builder._inputs for part, _ in
-                                            scalar_parts(source, value)):
+            if any(item in builder._inputs for item, _ in scalar_items(source, value)):
                 # a tuple of plain values loaded item by item (an item a symbol): each
                 # item is checked by itself, the tuple by its length
                 checks.append((source, Check.LEN, KINDS[Check.LEN].expect(value)))

@@ -595,3 +595,26 @@ def test_tuples_loaded_item_by_item_keep_no_reference():
     agspeed.reset()
     gc.collect()
     assert sys.getrefcount(captured) == 3   # made, the local, the argument
+
+
+def test_an_int_read_out_of_the_programs_tuple_goes_dynamic_too():
+    """``x[:, :self.cfg[0]]``: an int read by itself out of a tuple of the program
+    becomes a symbol as an attribute's does, the tuple checked by its length."""
+    class Sliced(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cfg = (2, 0.5)
+
+        def forward(self, x):
+            return x[:, :self.cfg[0]] * self.cfg[1] + len(self.cfg)
+
+    backend = FloatTaking()
+    model = Sliced()
+    fast = agspeed.optimize(model, backend=backend)
+    for n in range(2, 10):
+        model.cfg = (n, 0.5 + n)
+        x = torch.randn(3, 12)
+        torch.testing.assert_close(fast(x), Sliced.forward(model, x))
+    (record,) = agspeed.recompiles()
+    assert set(record.dynamic) == {"self.cfg[0]", "self.cfg[1]"}
+    assert backend.graphs <= 5 and entries(model)[0].hits >= 3

@@ -171,23 +171,29 @@ def test_nvrtc_benchmarks_compile_part_runs_without_a_gpu(tmp_path):
     assert rows["resnet"]["sources"] < rows["resnet"]["kernels"]
 
 
-def test_optim_step_benchmark_quick_run(tmp_path):
+@pytest.mark.parametrize("scheduler", ["none", "onecycle"])
+def test_optim_step_benchmark_quick_run(tmp_path, scheduler):
     out = tmp_path / "optim.json"
     env = dict(os.environ, AGSPEED_AUTOTUNE_CANDIDATES="eager",
                AGSPEED_CACHE_DIR=str(tmp_path / "kb"))
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "optim_step.py"), "--model", "mlp", "--size", "quick",
-         "--optimizers", "SGD,Adam", "--warmup", "2", "--steps", "1", "--rounds", "2",
-         "--compile-backend", "eager", "--out", str(out)],
+         "--optimizers", "SGD,Adam", "--warmup", "2", "--steps", "1", "--rounds", "6",
+         "--compile-backend", "eager", "--scheduler", scheduler, "--out", str(out)],
         capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(out.read_text())
+    assert data["scheduler"] == scheduler
     for name in ("SGD", "Adam"):
         runs = data["results"][name]
         assert set(runs) == {"eager", "agspeed", "torch.compile"}
         assert runs["eager"]["max_param_diff"] == 0.0
         assert runs["agspeed"]["max_param_diff"] < 1e-4
         assert all(r["median_ms"] > 0 for r in runs.values())
+    if scheduler == "onecycle":
+        # eight steps, Adam's lr and betas[0] new at each: symbols after three values (SGD
+        # branches on its momentum, which stays a constant: a capture per value)
+        assert data["results"]["Adam"]["agspeed"]["step_recompiles"] <= 3
 
 
 def test_checks_benchmark_quick_run(tmp_path):
