@@ -99,14 +99,60 @@ def floats_as_tensors(gm: Any, example_inputs: list) -> tuple[Any, list, list]:
             made.meta["example_value"] = fake_mode.from_tensor(inputs[k]) \
                 if fake_mode is not None else inputs[k]
             env[node] = graph.call_method("item", (made,))
+            env[node].meta["example_value"] = node.meta.get("example_value")  # the float
         else:
             env[node] = made
     for node in gm.graph.nodes:
         if node.op != "placeholder":
             env[node] = graph.node_copy(node, lambda arg: env[arg])
+    _tensor_weights(graph)
     made_gm = torch.fx.GraphModule(gm, graph)
     made_gm.meta.update(gm.meta)
     return made_gm, inputs, floats
+
+
+def _tensor_weights(graph: Any) -> None:
+    """Each ``lerp`` (and foreach ``lerp``) whose weight is computed from a float symbol
+    takes it as a 0-d float64 tensor (on each tensor's device): the weight then stays a
+    value read on each call, where inductor's decomposition of a float weight branches on
+    it (a guard no float symbol can give).  Eager computes the same values either way."""
+    import torch
+
+    lerps = {torch.lerp: 1, torch.Tensor.lerp: 1, torch.Tensor.lerp_: 1,
+             torch._foreach_lerp: 0, torch._foreach_lerp_: 0}
+    methods = {"lerp": 1, "lerp_": 1}
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in lerps:
+            one = lerps[node.target]
+        elif node.op == "call_method" and node.target in methods:
+            one = methods[node.target]
+        else:
+            continue
+        args, kwargs = list(node.args), dict(node.kwargs)
+        weight = args[2] if len(args) > 2 else kwargs.get("weight")
+        if not isinstance(weight, torch.fx.Node) or \
+                type(weight.meta.get("example_value")).__name__ != "SymFloat":
+            continue
+        made: dict = {}
+
+        def tensor_on(start: Any) -> Any:
+            value = start.meta.get("example_value") if isinstance(start, torch.fx.Node) \
+                else None
+            device = getattr(value, "device", None)
+            if device not in made:
+                with graph.inserting_before(node):
+                    made[device] = graph.call_function(
+                        torch.scalar_tensor, (weight,),
+                        {"dtype": torch.float64, "device": device})
+            return made[device]
+
+        starts = args[0]
+        new = tensor_on(starts) if one else [tensor_on(t) for t in starts]
+        if len(args) > 2:
+            args[2] = new
+        else:
+            kwargs["weight"] = new
+        node.args, node.kwargs = tuple(args), kwargs
 
 
 @contextlib.contextmanager

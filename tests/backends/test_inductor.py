@@ -282,6 +282,32 @@ def test_floats_made_symbols_train_through_one_compiled_graph(rows):
     assert len(captured) == 3   # two values, then one graph for every later value
 
 
+def _lerped(xs, ys, a, b, w):
+    torch._foreach_lerp_(xs, ys, 1 - w)
+    return a.lerp(b, w), torch.lerp(a, b, weight=w * 0.5)
+
+
+def test_a_lerp_weighted_by_a_float_symbol_compiles(caplog):
+    """Adam's ``_foreach_lerp_(exp_avgs, grads, 1 - beta1)`` with ``beta1`` a symbol (a
+    scheduler moving it): inductor's decomposition of a float weight branches on it,
+    which no float symbol can guard; the weight goes in as a 0-d tensor instead, with
+    eager's values on both sides of 0.5."""
+    optimized = agspeed.optimize(_lerped, backend="inductor")
+    for w in (0.1, 0.2, 0.3, 0.7, 0.45, 0.9):
+        xs = [torch.randn(4, 4), torch.randn(3)]
+        ys = [torch.randn(4, 4), torch.randn(3)]
+        a, b = torch.randn(5), torch.randn(5)
+        mine = [x.clone() for x in xs]
+        with caplog.at_level("WARNING", logger="agspeed"):
+            got = optimized(mine, ys, a, b, w)
+        want = _lerped(xs, ys, a, b, w)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(mine, xs)
+    assert "failed" not in caplog.text   # no graph ran eagerly for want of a compile
+    (record,) = agspeed.recompiles()
+    assert record.dynamic == ("w",) and record.count == 2
+
+
 def test_output_containers_and_constants_come_back_as_eager_gives_them():
     eager, model = _twins(Pair)
     x = torch.randn(3, 8)
