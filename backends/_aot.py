@@ -118,14 +118,13 @@ def _tensor_weights(graph: Any) -> None:
     it (a guard no float symbol can give).  Eager computes the same values either way."""
     import torch
 
-    lerps = {torch.lerp: 1, torch.Tensor.lerp: 1, torch.Tensor.lerp_: 1,
-             torch._foreach_lerp: 0, torch._foreach_lerp_: 0}
-    methods = {"lerp": 1, "lerp_": 1}
+    foreach = {torch.lerp: False, torch.Tensor.lerp: False, torch.Tensor.lerp_: False,
+               torch._foreach_lerp: True, torch._foreach_lerp_: True}
     for node in list(graph.nodes):
-        if node.op == "call_function" and node.target in lerps:
-            one = lerps[node.target]
-        elif node.op == "call_method" and node.target in methods:
-            one = methods[node.target]
+        if node.op == "call_function" and node.target in foreach:
+            of_lists = foreach[node.target]
+        elif node.op == "call_method" and node.target in ("lerp", "lerp_"):
+            of_lists = False
         else:
             continue
         args, kwargs = list(node.args), dict(node.kwargs)
@@ -147,7 +146,7 @@ def _tensor_weights(graph: Any) -> None:
             return made[device]
 
         starts = args[0]
-        new = tensor_on(starts) if one else [tensor_on(t) for t in starts]
+        new = [tensor_on(t) for t in starts] if of_lists else tensor_on(starts)
         if len(args) > 2:
             args[2] = new
         else:
