@@ -62,8 +62,7 @@ def match_class(subject: Any, cls: Any, count: int, names: tuple) -> tuple | Non
         raise TypeError(_NOT_A_CLASS)
     if not isinstance(subject, cls):
         return None
-    seen: list = []
-    attrs = []
+    attrs, wanted = [], list(names)
     if count:
         if hasattr(cls, "__match_args__"):
             match_args = cls.__match_args__
@@ -74,11 +73,7 @@ def match_class(subject: Any, cls: Any, count: int, names: tuple) -> tuple | Non
                 raise TypeError(f"{cls.__name__}() accepts {len(match_args)} positional "
                                 f"sub-pattern{'' if len(match_args) == 1 else 's'} "
                                 f"({count} given)")
-            for name in match_args[:count]:
-                found, value = _attribute(subject, name, seen, cls)
-                if not found:
-                    return None
-                attrs.append(value)
+            wanted[:0] = match_args[:count]
         elif cls.__flags__ & _MATCH_SELF:
             if count > 1:
                 raise TypeError(f"{cls.__name__}() accepts 1 positional sub-pattern "
@@ -87,7 +82,8 @@ def match_class(subject: Any, cls: Any, count: int, names: tuple) -> tuple | Non
         else:
             raise TypeError(f"{cls.__name__}() accepts 0 positional sub-patterns "
                             f"({count} given)")
-    for name in names:
+    seen: list = []
+    for name in wanted:   # the positional sub-patterns' attributes, then the keywords'
         found, value = _attribute(subject, name, seen, cls)
         if not found:
             return None
