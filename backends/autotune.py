@@ -56,7 +56,7 @@ from typing import Any, Callable, NamedTuple
 from agspeed.backends import _measure, knowledge
 from agspeed.backends._outputs import flat_output
 from agspeed.backends._protocol import (Capabilities, autocast_state, graph_devices,
-                                        why_not)
+                                        is_dynamic, placeholder_values, why_not)
 
 __all__ = ["autotuner", "compile_graph", "default_candidates", "Autotuner", "Decision",
            "decisions", "clear_decisions"]
@@ -606,6 +606,24 @@ class Autotuner:
 autotuner = Autotuner()
 
 
+def _tracing_for(backend: Any, gm: Any) -> Any:
+    """Where a backend of the user's compiles a dynamic graph: under a tracing context
+    holding the capture's fake mode, as torch.compile compiles it, so that AOTAutograd
+    (``aot_module_simplified``) traces with the capture's ShapeEnv and makes the ints
+    inputs of the graph rather than constants of the example call.  agspeed's own
+    backends read the symbols themselves."""
+    import contextlib
+
+    if getattr(backend, "__module__", "").startswith("agspeed.") or not is_dynamic(gm):
+        return contextlib.nullcontext()
+    from torch._guards import TracingContext, detect_fake_mode, tracing
+
+    mode = detect_fake_mode([v for v in placeholder_values(gm) if v is not None])
+    if mode is None or mode.shape_env is None:
+        return contextlib.nullcontext()
+    return tracing(TracingContext(mode))
+
+
 def compile_graph(name: str, backend: Any, gm: Any, inputs: list) -> tuple[Any, str | None]:
     """Compile a captured graph with the context's backend; never raises.
 
@@ -627,7 +645,8 @@ def compile_graph(name: str, backend: Any, gm: Any, inputs: list) -> tuple[Any, 
         if runs_nothing:
             return backend(gm, inputs), None
         flat, wrap = flat_output(gm)
-        return wrap(backend(flat, inputs)), None
+        with _tracing_for(backend, gm):
+            return wrap(backend(flat, inputs)), None
     except Exception as exc:  # noqa: BLE001 - the backend's failure must not stop the program
         if _raises_eagerly(gm, inputs):
             # the program's own error (a float64 batch for a float32 model): the graph

@@ -347,3 +347,25 @@ def test_threads_calling_first_together_compile_the_graph_once():
         assert agspeed.counters()["graph_calls"] == calls + 1 and len(compiled) == 1
     finally:
         backends._registered.pop("t_slow_compile", None)
+
+
+def test_a_user_backend_built_on_aot_autograd_keeps_a_dynamic_ints_value_an_input():
+    # the backend traces under the capture's fake mode, as under torch.compile: the int
+    # is a symbol there, not the first call's value baked into a graph reused for others
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    compiles = []
+
+    def aot_backend(gm, example_inputs):
+        compiles.append([type(v).__name__ for v in example_inputs])
+        return aot_module_simplified(gm, example_inputs,
+                                     fw_compiler=lambda traced, _: traced.forward)
+
+    def scaled(x, d):
+        return torch.arange(x.size(0)) * d + x
+
+    run = agspeed.optimize(scaled, backend=aot_backend, dynamic=True)
+    for n, d in ((3, 5), (4, 6), (5, 7), (3, -2)):
+        x = torch.randn(n)
+        assert torch.equal(run(x, d), scaled(x, d))
+    assert compiles == [["Tensor", "int"]]
