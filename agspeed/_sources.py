@@ -97,6 +97,8 @@ _TYPE_NAMES = {name: type.__dict__[name] for name in ("__name__", "__qualname__"
 _OBJECT_CLASS = object.__dict__["__class__"]
 _TUPLEGETTER = type(collections.namedtuple("_Probe", "field").field)
 _PROPERTY_GET = property.__dict__["__get__"]
+#: a classmethod over a property reads as the property of the class (before 3.13)
+_CLASSMETHOD_CHAINS = sys.version_info < (3, 13)
 
 
 def _is_type_info(cls: type) -> bool:
@@ -200,6 +202,9 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
                 return Attr.VALUE, value.__func__
             if type(value) is classmethod and type(value.__func__) is types.FunctionType:
                 return Attr.METHOD, value.__func__   # called with the class as self
+            if type(value) is classmethod and type(value.__func__) is property and \
+                    _CLASSMETHOD_CHAINS:
+                return Attr.PROPERTY, value.__func__   # its getter runs with the class
         return Attr.VALUE, value
     if found is not MISSING:
         kind = type(found)

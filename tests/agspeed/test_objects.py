@@ -20,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import agspeed  # noqa: E402
+from test_dynamic_scalars import entries  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -322,6 +323,30 @@ def test_user_object_classmethod_staticmethod_property():
         return UC.sm(o.p) + o.scaled() + o.mk(x).v
 
     check(f, (3, 4))
+
+
+class Indices:
+    @classmethod
+    @property
+    def POINT(cls):
+        return cls.base + 1
+
+    base = 1
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="a classmethod over a property "
+                    "reads as the property only before Python 3.13")
+def test_a_classmethod_over_a_property_reads_its_value_from_the_class():
+    def pick(x):
+        return x[Indices.POINT] * 2
+
+    e = agspeed.explain(pick, torch.randn(4))
+    assert e.graph_break_count == 0, e.break_reasons
+    opt = agspeed.optimize(pick)
+    for _ in range(3):
+        x = torch.randn(4)
+        assert torch.equal(opt(x), pick(x))
+    assert len(entries(pick)) == 1   # its guard reads the class's dict, not the value
 
 
 def test_user_object_attribute_writes_are_read_back():
