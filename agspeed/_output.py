@@ -40,6 +40,16 @@ class Outputs:
             return
         if placed and self.put_back_as(result) is not None:
             return   # the caller's own object, put in the result after the graph
+        if id(result) in self._escaping:   # (a graph's output is a tree, not a cycle)
+            raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"returning a "
+                             f"{type(result).__name__} that holds itself")
+        self._escaping.add(id(result))
+        try:
+            self._check_parts(result, placed)
+        finally:
+            self._escaping.discard(id(result))
+
+    def _check_parts(self, result: Any, placed: bool) -> None:
         if type(result) in (tuple, list) and not isinstance(result, SymShape):
             for v in result:
                 self.check_output(v, placed)
@@ -58,15 +68,8 @@ class Outputs:
                 self.check_output(v, False)
             return
         if self.can_escape(result):
-            if id(result) in self._escaping:
-                raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"returning a "
-                                 f"{type(result).__name__} that holds itself")
-            self._escaping.add(id(result))
-            try:
-                for v in self.escape_parts(result):
-                    self.check_output(v, placed and self.is_owned(result))
-            finally:
-                self._escaping.discard(id(result))
+            for v in self.escape_parts(result):
+                self.check_output(v, placed and self.is_owned(result))
             return
         raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"returning a {type(result).__name__}")
 

@@ -398,7 +398,7 @@ class StdlibFolds:
         if type(obj) is collections.deque and name in _DEQUE_METHODS:
             return Attr.METHOD, collections.deque.__dict__[name], obj
         if type(obj) is self._torch.Size and name in _SIZE_METHODS and self._is_static(obj):
-            return Attr.METHOD, self._torch.Size.__dict__[name], obj   # sizes all known
+            return Attr.METHOD, _class_lookup(self._torch.Size, name), obj   # sizes known
         names = _PURE_METHODS.get(type(obj))
         if names is None or name not in names:
             return None

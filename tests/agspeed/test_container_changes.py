@@ -155,6 +155,47 @@ def test_in_place_operators_change_the_object_every_name_sees():
     assert (report.graph_count, report.graph_break_count) == (1, 0)
 
 
+def stores_then_grows(x):
+    inner, outer, table = [x], [], {}
+    outer.append(inner)          # the list itself, not its items at the time
+    outer.insert(0, inner)
+    table.setdefault("k", inner)
+    inner.append(x + 1)
+    return outer, table, len(outer[1]) * x
+
+
+def holds_itself(x, as_dict):
+    box = {"x": x * 2} if as_dict else [x * 2]
+    if as_dict:
+        box["self"] = box
+    else:
+        box.append(box)
+    return box
+
+
+def test_a_list_stored_by_a_method_is_the_object_its_later_changes_reach():
+    fast = agspeed.optimize(stores_then_grows, backend="eager")
+    for _ in range(2):
+        x = torch.randn(3)
+        (outer, table, scaled), want = fast(x), stores_then_grows(x)
+        assert outer[0] is outer[1] is table["k"]
+        assert len(outer[0]) == 2
+        torch.testing.assert_close(outer[0][1], want[0][0][1])
+        torch.testing.assert_close(scaled, want[2])
+    report = agspeed.explain(stores_then_grows, torch.randn(3))
+    assert (report.graph_count, report.graph_break_count) == (1, 0)
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_a_container_that_holds_itself_is_returned_as_eager_returns_it(as_dict, caplog):
+    fast = agspeed.optimize(holds_itself, backend="eager")
+    x = torch.randn(3)
+    box = fast(x, as_dict)
+    assert (box["self"] if as_dict else box[1]) is box
+    torch.testing.assert_close(box["x" if as_dict else 0], x * 2)
+    assert "internal error" not in caplog.text
+
+
 GROWN = [1]
 
 

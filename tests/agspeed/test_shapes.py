@@ -125,6 +125,20 @@ def test_sizes_used_as_plain_ints_are_specialized_and_correct():
         torch.testing.assert_close(fast(x), rows(x))
 
 
+def test_a_sizes_tuple_methods_fold_on_known_sizes(caplog):
+    def where_is(x):
+        made = torch.Size([2, 3, 4])
+        return x * made.index(3) + x.shape.count(2) + x.size().index(x.shape[-1])
+
+    fast = agspeed.optimize(where_is, backend="eager")
+    for _ in range(2):
+        x = torch.randn(2, 5)
+        torch.testing.assert_close(fast(x), where_is(x))
+    assert "internal error" not in caplog.text
+    report = agspeed.explain(where_is, torch.randn(2, 5))
+    assert (report.graph_count, report.graph_break_count) == (1, 0)
+
+
 def test_size_arithmetic_views_and_slices_follow_the_size():
     def reshape(x, bias):
         b, t, c = x.shape
