@@ -270,6 +270,11 @@ class Context:
             # plainly (the level is in every guard's global state)
             _record_frame(code, f_locals, "run eager (inside a torch.func transform)")
             return _C.CacheEntry(_PASS)
+        if _jit_tracing():
+            # torch.jit.trace of a function sets no flag the regions read: its tracer
+            # records what the code runs, so the call runs it, and keeps nothing
+            _record_frame(code, f_locals, "run eager (under torch.jit.trace)")
+            return _C.CacheEntry(_PASS)
         try:
             entry, decision = self._capture_alone(code, f_locals, f_globals, f_builtins)
         except GraphBreakError as exc:
@@ -534,6 +539,13 @@ def keep_dynamo_out() -> None:
 
 
 _tracers_told = False
+
+
+def _jit_tracing() -> bool:
+    """Whether torch.jit's tracer runs now (False while torch has not been imported)."""
+    torch = sys.modules.get("torch")
+    state = getattr(getattr(torch, "_C", None), "_get_tracing_state", None)
+    return state is not None and state() is not None
 
 
 def watch_tracers() -> None:

@@ -1,6 +1,6 @@
 """An optimized model under one of torch's tracers runs its own code, which the tracer
 is there to see: ``make_fx`` records the model's operations (not the capture's nor a
-compiled graph's), ``torch.jit.trace`` traces it and passes its own checks,
+compiled graph's), ``torch.jit.trace`` traces it (a module or a function) and passes its own checks,
 ``FlopCounterMode`` counts eager's FLOPs, ``FakeTensorMode`` computes fake results.
 Nothing is captured under them, and the model's entries serve it again after."""
 
@@ -65,6 +65,26 @@ def test_jit_trace_of_an_optimized_module_passes_its_checks():
     torch.testing.assert_close(traced(y), model(y))
     assert backend.graphs == 1
     _hits_again(fast, model, backend, x)
+
+
+def scaled_sine(x):
+    return x.sin() * 2 + 1
+
+
+@pytest.mark.cxx_exceptions
+def test_jit_trace_of_an_optimized_function_first_called_there_traces_its_code(caplog):
+    # function tracing keeps no module map: the capture asks torch's tracing state
+    backend = Counting()
+    fast = agspeed.optimize(scaled_sine, backend=backend)
+    x = torch.randn(5)
+    traced = torch.jit.trace(fast, x)
+    kinds = {node.kind() for node in traced.graph.nodes()}
+    assert {"aten::sin", "aten::mul", "aten::add"} <= kinds
+    y = torch.randn(5)
+    torch.testing.assert_close(traced(y), scaled_sine(y))
+    assert "internal error" not in caplog.text
+    torch.testing.assert_close(fast(y), scaled_sine(y))   # (its check ran it untraced)
+    assert backend.graphs == 1
 
 
 def test_flop_counter_counts_eagers_flops():
