@@ -28,6 +28,7 @@ calling descriptors other than plain functions and properties, or any ``__getatt
 
 from __future__ import annotations
 
+import _thread
 import builtins
 import collections
 import contextvars
@@ -53,6 +54,15 @@ MISSING: Any = _Missing()
 
 _MODULE_STORES = ("_parameters", "_buffers", "_modules")
 _object_getattribute = object.__getattribute__
+_LOCAL_GETATTRIBUTE = _thread._local.__getattribute__
+
+
+def _instance_dict(obj: Any, cls: type) -> dict:
+    """``obj``'s own ``__dict__`` (a ``threading.local``'s: the calling thread's, which
+    its guards read on the thread they check); AttributeError where it has none."""
+    if issubclass(cls, _thread._local):
+        return _LOCAL_GETATTRIBUTE(obj, "__dict__")
+    return _object_getattribute(obj, "__dict__")
 
 
 def _class_lookup(cls: type, name: str) -> Any:
@@ -166,7 +176,7 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
         return Attr.VALUE, cls
     if name == "__dict__" and type(found) is types.GetSetDescriptorType and \
             not issubclass(cls, type):
-        return Attr.VALUE, _object_getattribute(obj, "__dict__")   # an instance's own
+        return Attr.VALUE, _instance_dict(obj, cls)   # an instance's own
     if found is not MISSING:
         kind = type(found)
         if kind is property or issubclass(kind, property) and \
@@ -186,7 +196,7 @@ def static_attr(obj: Any, name: str) -> tuple[Attr, Any]:
                         return Attr.MISSING, MISSING
             return Attr.UNSUPPORTED, f"data descriptor {kind.__name__}"
     try:
-        d = _object_getattribute(obj, "__dict__")
+        d = _instance_dict(obj, cls)
     except AttributeError:
         d = None
     if issubclass(cls, type) and name not in d:

@@ -8,7 +8,7 @@
  * a class without __getattr__; a Parameter's gradient through torch's
  * getter) and hands every other case to the Python step, resolve_step,
  * which calls static_attr: descriptors, classes, super objects, builtin
- * types, custom __getattr__.  tests/guards/test_load.py pins that both
+ * types, custom __getattr__, threading.local's per-thread dicts.  tests/guards/test_load.py pins that both
  * readings agree on each rule.
  */
 #include "program.h"
@@ -48,6 +48,30 @@ find_parameter(void)
     }
     Py_INCREF(grad_getter);
     return 1;
+}
+
+/* Whether objects of cls find their attributes as a threading.local does
+ * (a per-thread dict, which static_attr reads for the calling thread). */
+static int
+is_thread_local(PyTypeObject *cls)
+{
+    static getattrofunc local_getattro;
+
+    if (local_getattro == NULL) {
+        PyObject *mod = PyImport_ImportModule("_thread");
+        PyObject *local = mod ? PyObject_GetAttrString(mod, "_local") : NULL;
+
+        if (local != NULL && PyType_Check(local)) {
+            local_getattro = ((PyTypeObject *)local)->tp_getattro;
+        }
+        Py_XDECREF(local);
+        Py_XDECREF(mod);
+        if (local_getattro == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return cls->tp_getattro == local_getattro;
 }
 
 /* A class's own name, qualified name or MRO, as type's descriptors give
@@ -104,7 +128,7 @@ ags_load_attr_value(g_program *p, PyObject *base, PyObject *name, int *via)
         return NULL;
     }
     if (PyType_Check(base) || PyObject_TypeCheck(base, &PySuper_Type)
-        || !(cls->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+        || !(cls->tp_flags & Py_TPFLAGS_HEAPTYPE) || is_thread_local(cls)) {
         return ags_load_step(p, AGS_LOAD_ATTR, base, name);
     }
     found = _PyType_Lookup(cls, name);     /* borrowed */

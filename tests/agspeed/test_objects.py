@@ -349,6 +349,38 @@ def test_a_classmethod_over_a_property_reads_its_value_from_the_class():
     assert len(entries(pick)) == 1   # its guard reads the class's dict, not the value
 
 
+SETTINGS = __import__("threading").local()
+
+
+def scaled_per_thread(x):
+    return x * SETTINGS.scale
+
+
+def test_a_threading_local_is_read_for_the_thread_that_calls():
+    import threading
+
+    SETTINGS.scale = 2.0
+    e = agspeed.explain(scaled_per_thread, torch.randn(3))
+    assert e.graph_break_count == 0, e.break_reasons
+    fast = agspeed.optimize(scaled_per_thread, backend="eager")
+    results = {}
+
+    def work(scale):
+        SETTINGS.scale = scale
+        for _ in range(3):
+            x = torch.randn(3)
+            results.setdefault(scale, []).append(torch.equal(fast(x), x * scale))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in (3.0, 5.0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    work(2.0)
+    assert results == {s: [True] * 3 for s in (2.0, 3.0, 5.0)}
+    assert len(entries(scaled_per_thread)) <= 3   # one per value, none per call
+
+
 def test_user_object_attribute_writes_are_read_back():
     def f(x):
         o = UC(x)

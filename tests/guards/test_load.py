@@ -7,6 +7,7 @@ Python step (resolve_step, which asks static_attr).  Each rule below pins both: 
 a program's ("attr", ...) load reads is what static_attr finds, and which side answered."""
 
 import collections
+import threading
 import types
 
 import pytest
@@ -133,6 +134,17 @@ class Named(metaclass=Naming):
 
 Point = collections.namedtuple("Point", "x y")
 
+
+class PerThread(threading.local):
+    constant = 7
+
+    def __init__(self):
+        self.x = 1
+
+
+LOCAL, PER_THREAD = threading.local(), PerThread()
+LOCAL.x = 2
+
 # (rule, object, attribute, who answers)
 class LazyModule(types.ModuleType):
     def __getattr__(self, name):
@@ -180,6 +192,10 @@ RULES = [
     ("custom __getattribute__, instance dict", CustomGetattribute(), "x", C),
     ("custom __getattribute__, missing", CustomGetattribute(), "anything", C),
     ("namedtuple field", Point(3, 4), "y", PY),
+    ("threading.local's per-thread dict", LOCAL, "x", PY),
+    ("threading.local subclass's per-thread dict", PER_THREAD, "x", PY),
+    ("threading.local subclass's class constant", PER_THREAD, "constant", PY),
+    ("threading.local, missing", PER_THREAD, "nothing", PY),
     ("builtin type's instance", 3, "real", PY),
     ("builtin type's instance, missing", 3, "nothing", PY),
 ]
