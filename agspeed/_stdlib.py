@@ -778,8 +778,8 @@ class StdlibFolds:
                 if kwargs.get("key") is not None or \
                         not all(self._is_static(v) for v in container):
                     raise GraphBreak(Reason.UNSUPPORTED_CALL, "sort() of tensors or by a key")
-            elif any(isinstance(v, self.node_type) and type(container) is not set
-                     for v in values):
+            elif type(container) is not set and holds_node(values, self.node_type):
+                # (one holding a tensor too: its == reaches the tensor's, as eager's does)
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"{name}() of a tensor")
         if any(type(v) in SAFE_ITERATORS for v in values):
             for v in values:

@@ -298,6 +298,7 @@ int ags_call_iter_plan(ags_interp *it, ags_frame *f, int kind,
 int ags_ops_init(void);
 PyObject *ags_binary_fn(uint32_t op);
 int ags_is_deque(PyObject *obj);
+int ags_is_deque_method(PyObject *fn);
 int ags_is_defaultdict(PyObject *obj);
 int ags_unary_positive(ags_interp *it, ags_frame *f);
 

@@ -87,8 +87,9 @@ live_arg(ags_interp *it, const ags_value *v)
 /* args (borrowed) as graph arguments: a tuple of the positional ones
  * (after `first`, if given) and a dict of the keyword ones; as the
  * arguments of an operation (ags_op_arg) when `op` records or folds one;
- * a container's method (b.append(a)) gets the lists, dicts and sets the
- * capture built as themselves, which it may store, as STORE_SUBSCR does. */
+ * a container's method (b.append(a), a deque's) gets the lists, dicts and
+ * sets the capture built as themselves, which it may store, as
+ * STORE_SUBSCR does. */
 static int
 pack_args(ags_interp *it, int op, PyObject *fn, const ags_value *first,
           ags_value *args, int nargs, PyObject *kwnames, PyObject **pos,
@@ -96,7 +97,8 @@ pack_args(ags_interp *it, int op, PyObject *fn, const ags_value *first,
 {
     PyObject *(*as_arg)(ags_interp *, const ags_value *) =
         op == AGS_BOP_FOLD && (steps_live(fn) || stores_live(fn)) ? live_arg
-        : op == AGS_BOP_CONTAINER_METHOD ? ags_held_arg
+        : op == AGS_BOP_CONTAINER_METHOD
+          || (op == AGS_BOP_FOLD && ags_is_deque_method(fn)) ? ags_held_arg
         : op == AGS_BOP_CALL_FUNCTION || op == AGS_BOP_CALL_METHOD
         || op == AGS_BOP_FOLD ? ags_op_arg : ags_graph_arg;
     int nkw = kwnames ? (int)PyTuple_GET_SIZE(kwnames) : 0;

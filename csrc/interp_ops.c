@@ -84,6 +84,15 @@ ags_is_deque(PyObject *obj)
     return deque_type != NULL && Py_IS_TYPE(obj, (PyTypeObject *)deque_type);
 }
 
+/* Whether fn is a method of deque's own (deque.append): one that may
+ * store its arguments. */
+int
+ags_is_deque_method(PyObject *fn)
+{
+    return deque_type != NULL && Py_IS_TYPE(fn, &PyMethodDescr_Type)
+           && (PyObject *)PyDescr_TYPE(fn) == deque_type;
+}
+
 int
 ags_is_defaultdict(PyObject *obj)
 {

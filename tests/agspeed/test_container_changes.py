@@ -7,6 +7,8 @@ written back after the graph, the very object the caller holds.  ``acc += [x]`` 
 ``seen |= {k}`` change the object every other name for it sees.  A tensor used as a dict
 key is refused where the capture would otherwise hold the graph's stand-in for it."""
 
+import collections
+
 import pytest
 
 import agspeed
@@ -156,12 +158,13 @@ def test_in_place_operators_change_the_object_every_name_sees():
 
 
 def stores_then_grows(x):
-    inner, outer, table = [x], [], {}
+    inner, outer, table, queue = [x], [], {}, collections.deque()
     outer.append(inner)          # the list itself, not its items at the time
     outer.insert(0, inner)
     table.setdefault("k", inner)
+    queue.appendleft(inner)
     inner.append(x + 1)
-    return outer, table, len(outer[1]) * x
+    return outer, table, len(outer[1]) * x, queue
 
 
 def holds_itself(x, as_dict):
@@ -177,8 +180,8 @@ def test_a_list_stored_by_a_method_is_the_object_its_later_changes_reach():
     fast = agspeed.optimize(stores_then_grows, backend="eager")
     for _ in range(2):
         x = torch.randn(3)
-        (outer, table, scaled), want = fast(x), stores_then_grows(x)
-        assert outer[0] is outer[1] is table["k"]
+        (outer, table, scaled, queue), want = fast(x), stores_then_grows(x)
+        assert outer[0] is outer[1] is table["k"] is queue[0]
         assert len(outer[0]) == 2
         torch.testing.assert_close(outer[0][1], want[0][0][1])
         torch.testing.assert_close(scaled, want[2])
