@@ -635,7 +635,8 @@ def test_sdpa_kernel_blocks_are_captured_with_the_graphs_own_switches(backend):
         torch.testing.assert_close(got, want)
         (g,) = torch.autograd.grad(got.sum(), q)
         (w,) = torch.autograd.grad(want.sum(), q)
-        torch.testing.assert_close(g, w)
+        # (inductor's fused backward sums in another order: float32 rounding apart)
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
         assert _attention_flags() == before
 
 
