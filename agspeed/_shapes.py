@@ -41,7 +41,7 @@ dynamic input only after it started, it is restarted once with one (``NeedsSymbo
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 __all__ = ["mark_dynamic", "mark_static", "DimPolicy", "NeedsSymbolic", "ScalarDecided",
            "SymbolicGuards", "ShapeHistory", "from_locals", "is_data_source",
@@ -411,6 +411,65 @@ def to_postfix(expr: Any, index: dict) -> tuple | None:
     return tuple(out) if emit(expr) else None
 
 
+# sympy class names -> Python's operator, for the guards the fallback evaluates
+_PY_FOLDS = {"Add": " + ", "Mul": " * ", "And": " and ", "Or": " or "}
+_PY_BINARY = {"FloorDiv": " // ", "Mod": " % ", "PythonMod": " % ", "Pow": " ** ",
+              "PowByNatural": " ** ", "Equality": " == ", "Unequality": " != ",
+              "StrictLessThan": " < ", "LessThan": " <= ", "StrictGreaterThan": " > ",
+              "GreaterThan": " >= "}
+
+
+def to_python(expr: Any, index: dict) -> str | None:
+    """``expr`` as a Python expression over ``v0, v1...`` (symbol -> k in ``index``),
+    evaluated as the program's own code computes it (ints exactly, floats in double
+    precision, a float constant at its exact value), or None where it cannot say it."""
+    if expr is True or expr is False:
+        return repr(bool(expr))
+    name = type(expr).__name__
+    if name in ("BooleanTrue", "BooleanFalse"):
+        return repr(bool(expr))
+    if getattr(expr, "is_Symbol", False):
+        return f"v{index[expr]}" if expr in index else None
+    if getattr(expr, "is_Integer", False):
+        return repr(int(expr))
+    if getattr(expr, "is_Float", False):
+        value = float(expr)
+        return repr(value) if value == value and abs(value) != float("inf") else None
+    if getattr(expr, "is_Rational", False):
+        return f"({int(expr.p)} / {int(expr.q)})"
+    parts = [to_python(a, index) for a in getattr(expr, "args", ())]
+    if not parts or any(p is None for p in parts):
+        return None
+    if name == "Not" and len(parts) == 1:
+        return f"(not {parts[0]})"
+    if name in ("Max", "Min"):
+        return f"{name.lower()}({', '.join(parts)})"
+    op = _PY_FOLDS.get(name) or (_PY_BINARY.get(name) if len(parts) == 2 else None)
+    return f"({op.join(parts)})" if op else None
+
+
+def python_check(guards: list, symbols: list) -> Callable[..., bool] | None:
+    """One function of the symbols' values that is true where every guard holds (an
+    unbound symbol, a division by zero: false, as in the C program); None where one
+    guard cannot be said in Python."""
+    index = {s: k for k, s in enumerate(symbols)}
+    said = [to_python(g, index) for g in guards]
+    if any(t is None for t in said):
+        return None
+    names = ", ".join(f"v{k}" for k in range(len(symbols)))
+    test = eval(f"lambda {names}: {' and '.join(said) or 'True'}", {})  # noqa: S307
+
+    def check(values: tuple) -> bool:
+        if None in values:
+            return False
+        try:
+            return bool(test(*values))
+        except (ArithmeticError, ValueError, TypeError):
+            return False
+
+    return check
+
+
 class SymbolicGuards:
     """What a dynamic capture assumed about its symbols, ready for the guard program.
 
@@ -450,10 +509,16 @@ class SymbolicGuards:
                 if getattr(s, "is_Symbol", False):
                     named.setdefault(s, (f"{describe(source)}.stride({d})",
                                          (source, "stride", d)))
+        # A float the code fixed to a value (``== 0.9``) is that value: its symbol is no
+        # use.  One only compared (``momentum != 0``) stays a symbol: the fallback reads
+        # its value and checks what was decided on it.
         decided = [source for s, source in floats.items() if s in env.replacements or
-                   any(s in g.expr.free_symbols for g in env.guards)]
+                   _pinned(env, s) is not None]
         if decided:
             raise ScalarDecided(decided)
+        used = set().union(*(g.expr.free_symbols for g in env.guards)) if env.guards else set()
+        #: (symbol, source) of each float a guard decides on, in the fallback's order
+        self.floats = [(s, source) for s, source in floats.items() if s in used]
         # Symbols the capture fixed to one value (Linear's in_features, a mask's full
         # size) are that value: their dimension is static in this graph.
         pinned = {s: _pinned(env, s) for s in named}
@@ -473,7 +538,7 @@ class SymbolicGuards:
             sizes, strides = (tuple(_fold(e, pinned) for e in part) for part in (sizes, strides))
             if not all(isinstance(e, int) for e in sizes + strides):
                 self.specs[source] = (sizes, strides)
-        index = set(self.symbols)
+        index = set(self.symbols) | {s for s, _ in self.floats}
         guards: list = []
         for g in env.guards:
             expr = g.expr.xreplace(pinned) if pinned else g.expr
@@ -499,6 +564,7 @@ class SymbolicGuards:
             self.guards.append(g)
         self._readable = {s: sympy.Symbol(n, integer=True)
                           for s, n in zip(self.symbols, self.names)}
+        self._readable.update((s, sympy.Symbol(describe(source))) for s, source in self.floats)
 
     def readable(self, expr: Any) -> str:
         """``expr`` with each symbol named by its input's dimension."""
@@ -511,7 +577,8 @@ class SymbolicGuards:
         """``expr`` evaluated by sympy for symbol values ``values`` (the slow path)."""
         import sympy
 
-        got = expr.xreplace({s: sympy.Integer(v) for s, v in values.items()})
+        got = expr.xreplace({s: sympy.Float(v) if type(v) is float else sympy.Integer(v)
+                             for s, v in values.items()})
         return bool(got) if got in (sympy.true, sympy.false) or isinstance(got, bool) \
             else bool(got != 0)
 
@@ -576,13 +643,23 @@ class SymbolicGuards:
                 guard_slots.append(len(exprs))
                 exprs.append(code)
         fallback = None
-        if slow:
-            symbols = list(self.symbols)
-
-            def fallback(values: tuple) -> bool:
-                bound = {s: v for s, v in zip(symbols, values) if v is not None}
-                return all(self.holds(g, bound) for g in slow)
+        if slow:   # (a Python call, a microsecond where Python can say the guards)
+            symbols = list(self.symbols) + [s for s, _ in self.floats]
+            fallback = python_check(slow, symbols) or self._sympy_check(slow, symbols)
         return (len(self.symbols), tuple(exprs), tuple(guard_slots), fallback), slots
+
+
+    def _sympy_check(self, slow: list, symbols: list) -> Callable[..., bool]:
+        """The guards ``slow`` evaluated by sympy (the slow path), as the fallback."""
+        def fallback(values: tuple) -> bool:
+            # (the floats' values follow the symbols'; a float load's value has passed
+            # its type check)
+            bound = {s: v for s, v in zip(symbols, values) if v is not None}
+            try:
+                return all(self.holds(g, bound) for g in slow)
+            except TypeError:   # sympy orders no NaN: captured again, as eager runs
+                return False
+        return fallback
 
 
 def _raw(size: Any) -> Any:

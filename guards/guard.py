@@ -63,7 +63,7 @@ class Guard(_C.GuardProgram):
         seen: set = set()
         checks = []
         self.sym = SymbolicGuards(builder) if builder.symbolic else None
-        if self.sym is not None and not self.sym.symbols:
+        if self.sym is not None and not self.sym.symbols and not self.sym.floats:
             self.sym = None   # every dimension turned out static (sizes 0 and 1)
         specs = self.sym.specs if self.sym is not None else {}
         ints = self.sym.ints if self.sym is not None else {}
@@ -145,6 +145,8 @@ class Guard(_C.GuardProgram):
             return got
 
         symbolic, strides = (None, {}) if self.sym is None else self.sym.program()
+        if symbolic is not None and self.sym.floats:   # the floats' loads, for the fallback
+            symbolic += (tuple(slot(source) for _, source in self.sym.floats),)
         symbols = NO_SYMBOLS if self.sym is None else \
             Symbols({s: k for k, s in enumerate(self.sym.symbols)}, strides)
         checks = [(slot(source), kind, *KINDS[kind].compile(expected, symbols))

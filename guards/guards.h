@@ -92,13 +92,17 @@ typedef struct {
     Py_ssize_t *expr_len;
     Py_ssize_t *guards;         /* indices of exprs that must be non-zero */
     PyObject *fallback;         /* NULL, or callable(values) -> bool */
+    Py_ssize_t n_floats;        /* load slots of plain floats the capture */
+    Py_ssize_t *float_slots;    /* made symbols: their values follow the
+                                   symbols' in the fallback's tuple */
 } ags_symtab;
 /* The symbols' values during one evaluation (on the C stack). */
 typedef struct {
     int64_t v[AGS_SYM_MAX];
     char bound[AGS_SYM_MAX];
 } ags_symvals;
-/* spec: None, or (n_syms, exprs, guard indices, fallback).  0 or -1. */
+/* spec: None, or (n_syms, exprs, guard indices, fallback[, float load
+ * slots]).  0 or -1. */
 int ags_symtab_set(ags_symtab *t, PyObject *spec);
 void ags_symtab_release(ags_symtab *t);
 void ags_symvals_init(ags_symvals *s, const ags_symtab *t);
@@ -115,9 +119,11 @@ int ags_sym_check_tensor(const ags_symtab *t, ags_symvals *s, PyObject *v,
 int ags_sym_check_int(ags_symvals *s, PyObject *v, PyObject *type, PyObject *word);
 /* 1 if such a spec refers only to existing symbols and expressions. */
 int ags_sym_spec_ok(PyObject *spec, Py_ssize_t n_syms, Py_ssize_t n_exprs);
-/* 1 if every guard expression holds (then the fallback), 0 with *failed
- * the failing guard's index (n_guards: the fallback), or -1. */
-int ags_sym_check_guards(const ags_symtab *t, ags_symvals *s, Py_ssize_t *failed);
+/* 1 if every guard expression holds (then the fallback, given the
+ * symbols' values and then `floats`, the values of t's float slots), 0
+ * with *failed the failing guard's index (n_guards: the fallback), or -1. */
+int ags_sym_check_guards(const ags_symtab *t, ags_symvals *s,
+                         PyObject *const *floats, Py_ssize_t *failed);
 PyObject *ags_sym_eval_py(PyObject *module, PyObject *const *args,
                           Py_ssize_t nargs);
 

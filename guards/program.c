@@ -103,6 +103,23 @@ typedef struct {
     Py_ssize_t index;
 } g_why;
 
+/* The symbolic guards of p, with the values of its float symbols read
+ * from their loads: 1, 0 (*failed: which guard) or -1. */
+static int
+check_symbols(g_program *p, g_values *table, ags_symvals *sv,
+              ags_gframe *frame, Py_ssize_t *failed)
+{
+    PyObject *floats[AGS_SYM_MAX + 1];
+
+    for (Py_ssize_t i = 0; i < p->sym.n_floats; i++) {
+        floats[i] = ags_load_value(p, table, p->sym.float_slots[i], frame);
+        if (floats[i] == NULL) {
+            return -1;
+        }
+    }
+    return ags_sym_check_guards(&p->sym, sv, floats, failed);
+}
+
 /* Evaluates the program on `frame`.  signed_frame: the frame's signature
  * matched the entry's exactly, which already settles the tensor checks of
  * its arguments.  With `outputs`, a passing evaluation also returns the
@@ -142,7 +159,7 @@ run_program(g_program *p, ags_gframe *frame, int signed_frame,
                            &failed.index);
     }
     if (ok == 1 && p->sym.active) {
-        ok = ags_sym_check_guards(&p->sym, &sv, &failed.index);
+        ok = check_symbols(p, &table, &sv, frame, &failed.index);
         failed.part = ok == 0 ? AGS_PART_SIZE : -1;
     }
     for (Py_ssize_t i = 0; ok == 1 && i < PyTuple_GET_SIZE(p->probes); i++) {
@@ -398,8 +415,8 @@ allocate(g_program *p)
  *   aliases: [(slot, slot)]        probes: ((fn, args, expected), ...)
  *   distinct: None or [slot], loads that must reach different objects
  *   outputs: [slot]                flags: GuardFlag bits
- *   symbolic: None or (n_syms, exprs, guard indices, fallback), see
- *             guards/symbolic.c
+ *   symbolic: None or (n_syms, exprs, guard indices, fallback[, float
+ *             load slots]), see guards/symbolic.c
  * An unknown Load, Check or flag is refused with ValueError. */
 static PyObject *
 program_set(PyObject *self, PyObject *args)
@@ -439,6 +456,13 @@ program_set(PyObject *self, PyObject *args)
     p->flags = flags;
     if (ags_symtab_set(&p->sym, symbolic) < 0) {
         return NULL;
+    }
+    for (Py_ssize_t i = 0; i < p->sym.n_floats; i++) {
+        if (p->sym.float_slots[i] >= PyList_GET_SIZE(loads)) {
+            PyErr_SetString(PyExc_ValueError, "a float symbol names no load");
+            ags_symtab_release(&p->sym);
+            return NULL;
+        }
     }
     p->n_outputs = PyList_GET_SIZE(outputs);
     p->n_loads = PyList_GET_SIZE(loads);

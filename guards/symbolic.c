@@ -19,7 +19,10 @@
  *             torch's ShapeEnv by agspeed/_shapes.py.
  *   fallback  None, or a Python callable given the tuple of symbol values
  *             for guards the postfix language cannot say (rare: division
- *             to a fraction, say).  It runs only after everything else
+ *             to a fraction, say), followed by the values of the plain
+ *             floats the capture made symbols (float slots: loads of the
+ *             program), which the int64 words cannot hold: an optimizer's
+ *             `momentum != 0`.  It runs only after everything else
  *             passed.
  *
  * Evaluation never raises for a value: an unbound symbol, a division by
@@ -271,6 +274,7 @@ ags_symtab_release(ags_symtab *t)
     PyMem_Free(t->exprs);
     PyMem_Free(t->expr_len);
     PyMem_Free(t->guards);
+    PyMem_Free(t->float_slots);
     Py_CLEAR(t->fallback);
     memset(t, 0, sizeof(*t));
 }
@@ -278,15 +282,16 @@ ags_symtab_release(ags_symtab *t)
 int
 ags_symtab_set(ags_symtab *t, PyObject *spec)
 {
-    PyObject *exprs, *guards, *fallback;
+    PyObject *exprs, *guards, *fallback, *floats = NULL;
     Py_ssize_t n_syms;
 
     ags_symtab_release(t);
     if (spec == Py_None) {
         return 0;
     }
-    if (!PyArg_ParseTuple(spec, "nO!O!O:symbolic", &n_syms, &PyTuple_Type,
-                          &exprs, &PyTuple_Type, &guards, &fallback)) {
+    if (!PyArg_ParseTuple(spec, "nO!O!O|O!:symbolic", &n_syms, &PyTuple_Type,
+                          &exprs, &PyTuple_Type, &guards, &fallback,
+                          &PyTuple_Type, &floats)) {
         return -1;
     }
     if (n_syms < 0 || n_syms > AGS_SYM_MAX) {
@@ -327,6 +332,26 @@ ags_symtab_set(ags_symtab *t, PyObject *spec)
         goto error;
     }
     t->fallback = fallback == Py_None ? NULL : Py_NewRef(fallback);
+    t->n_floats = floats != NULL ? PyTuple_GET_SIZE(floats) : 0;
+    if (t->n_floats > AGS_SYM_MAX) {
+        PyErr_Format(PyExc_ValueError, "a guard program has 0 to %d float "
+                     "symbols", AGS_SYM_MAX);
+        goto error;
+    }
+    t->float_slots = PyMem_Calloc((size_t)t->n_floats + 1, sizeof(Py_ssize_t));
+    if (t->float_slots == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (Py_ssize_t i = 0; i < t->n_floats; i++) {
+        t->float_slots[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(floats, i));
+        if (t->float_slots[i] < 0) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "a float symbol names no load");
+            }
+            goto error;
+        }
+    }
     t->active = 1;
     return 0;
 error:
@@ -516,7 +541,8 @@ ags_sym_spec_ok(PyObject *spec, Py_ssize_t n_syms, Py_ssize_t n_exprs)
 }
 
 int
-ags_sym_check_guards(const ags_symtab *t, ags_symvals *s, Py_ssize_t *failed)
+ags_sym_check_guards(const ags_symtab *t, ags_symvals *s,
+                     PyObject *const *floats, Py_ssize_t *failed)
 {
     PyObject *values, *verdict;
     int ok;
@@ -533,10 +559,11 @@ ags_sym_check_guards(const ags_symtab *t, ags_symvals *s, Py_ssize_t *failed)
         return 1;
     }
     *failed = t->n_guards;
-    values = PyTuple_New(t->n_syms);
-    for (Py_ssize_t k = 0; values != NULL && k < t->n_syms; k++) {
-        PyObject *item = s->bound[k] ? PyLong_FromLongLong(s->v[k])
-                                     : Py_NewRef(Py_None);
+    values = PyTuple_New(t->n_syms + t->n_floats);
+    for (Py_ssize_t k = 0; values != NULL && k < t->n_syms + t->n_floats; k++) {
+        PyObject *item = k >= t->n_syms ? Py_NewRef(floats[k - t->n_syms])
+                         : s->bound[k] ? PyLong_FromLongLong(s->v[k])
+                                       : Py_NewRef(Py_None);
         if (item == NULL) {
             Py_CLEAR(values);
             break;

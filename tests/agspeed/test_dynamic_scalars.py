@@ -431,17 +431,35 @@ def test_a_changing_float_goes_dynamic_for_a_backend_that_takes_float_inputs():
     assert backend.graphs == 4
 
 
-def test_a_float_the_code_decides_on_stays_a_constant():
-    def gate(x, lam):
-        return x * lam if lam > 0.5 else x - lam
+def gate(x, lam):
+    return x * lam if lam > 0.5 else x - lam
 
+
+def test_a_float_the_code_compares_stays_a_symbol_guarded_by_the_comparison():
+    # (SGD's `if momentum != 0` under a scheduler cycling the momentum)
     backend = FloatTaking()
     fast = agspeed.optimize(gate, backend=backend)
     x = torch.randn(3)
-    values = (0.1, 0.7, 0.2, 0.9, 0.3)
+    for lam in (0.1, 0.7, 0.2, 0.9, 0.3, 0.8, 0.5, 0.45, float("inf"), float("nan")):
+        torch.testing.assert_close(fast(x, lam), gate(x, lam), equal_nan=True)
+    # 0.1 and 0.7 constants; 0.2 a symbol with lam <= 0.5, 0.9 one with lam > 0.5; the
+    # rest served by those two; NaN, which no comparison orders, captured apart
+    assert backend.graphs == 5 and agspeed.recompiles()[0].dynamic == ("lam",)
+    guards = [line for e in entries(gate) for line in e.guard.lines()]
+    assert "size: lam <= 0.5" in guards and "size: lam > 0.5" in guards, guards
+
+
+def test_a_float_the_code_finds_equal_to_a_value_stays_a_constant():
+    def snap(x, lam):
+        return x * 2 if lam == 0.25 else x * lam
+
+    backend = FloatTaking()
+    fast = agspeed.optimize(snap, backend=backend)
+    x = torch.randn(3)
+    values = (0.1, 0.2, 0.25, 0.3, 0.25, 0.4)
     for lam in values:
-        torch.testing.assert_close(fast(x, lam), gate(x, lam))
-    assert backend.graphs == len(values) and agspeed.recompiles()[0].dynamic == ()
+        torch.testing.assert_close(fast(x, lam), snap(x, lam))
+    assert backend.graphs == 5 and agspeed.recompiles()[0].dynamic == ()
 
 
 def test_floats_stay_constants_for_backends_that_do_not_declare_float_inputs():
@@ -618,3 +636,22 @@ def test_an_int_read_out_of_the_programs_tuple_goes_dynamic_too():
     (record,) = agspeed.recompiles()
     assert set(record.dynamic) == {"self.cfg[0]", "self.cfg[1]"}
     assert backend.graphs <= 5 and entries(model)[0].hits >= 3
+
+
+def test_guards_said_in_python_decide_as_sympy_does():
+    import sympy
+
+    from agspeed._shapes import python_check, to_python
+
+    s, f = sympy.Symbol("s", integer=True), sympy.Symbol("f")
+    guards = [sympy.Ne(f, 0), sympy.Gt(2 * f + 1, s), sympy.Le(f, sympy.Rational(1, 3)),
+              sympy.Or(sympy.Eq(s, 4), sympy.Ge(s * s, 9)), sympy.Lt(f, 0.30000000000000004)]
+    for g in guards:
+        check = python_check([g], [s, f])
+        for sv, fv in [(4, 0.0), (3, 0.25), (1, -0.5), (5, 1 / 3), (2, 0.3),
+                       (3, 0.30000000000000004)]:
+            want = bool(g.xreplace({s: sympy.Integer(sv), f: sympy.Float(fv)}))
+            assert check((sv, fv)) is want, (g, sv, fv)
+        assert check((None, 0.5)) is False   # an unbound symbol: the guard fails
+    assert to_python(sympy.Function("Unknown")(s), {s: 0}) is None
+    assert python_check([sympy.Function("Unknown")(s) > 0], [s]) is None

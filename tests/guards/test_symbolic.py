@@ -205,6 +205,31 @@ def test_the_fallback_sees_the_symbols_and_decides_last():
         run(p, x=FakeTensor((4, 16, 3)))
 
 
+def test_the_fallback_sees_the_float_symbols_values_after_the_symbols():
+    # a plain float the capture made a symbol, decided on (momentum != 0): its load's
+    # value follows the int symbols' in the fallback's tuple
+    seen = []
+
+    def fallback(values):
+        seen.append(values)
+        return values[2] != 0
+
+    lam = ("local", "lam")
+    p = program([lam], [X_CHECK], symbolic=(2, X_EXPRS, (), fallback, (0,)))
+    momentum = 0.9 + 0.0125   # (a float made here, to count its references)
+    before = sys.getrefcount(momentum)
+    for _ in range(50):
+        assert p({"x": FakeTensor((4, 16, 3)), "lam": momentum}, {}, {}) is True
+    seen.clear()
+    assert sys.getrefcount(momentum) == before
+    assert p({"x": FakeTensor((4, 16, 3)), "lam": 0.0}, {}, {}) is False
+    assert p.why({"x": FakeTensor((4, 16, 3)), "lam": 0.0}, {}, {}) == ("size", 0)
+    assert seen[0] == (4, 3, 0.0)
+    for bad in ((5,), (-1,), ("0",)):
+        with pytest.raises((ValueError, TypeError)):
+            program([lam], [X_CHECK], symbolic=(2, X_EXPRS, (), fallback, bad))
+
+
 def test_why_names_the_failing_size_guard_or_the_fallback():
     ge2 = binary("GE", sym(0), const(2))
     lt64 = binary("LT", sym(1), const(64))
