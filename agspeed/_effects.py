@@ -282,6 +282,8 @@ class SideEffects:
             at = next(k for k, e in enumerate(self._effects) if e[0] == _TAIL and e[3] is made)
             source = self._effects[at][1]
             self.assumptions.append((source, obj))  # type: ignore[attr-defined]
+            # (filled from here on: a list that holds itself holds its shadow)
+            self._shadows[id(made)] = (made, obj, ())
             items = [self._shadow_item(source, k, v) for k, v in enumerate(obj)]
             made[0:0] = items
             self._shadows[id(made)] = (made, obj, tuple(items))

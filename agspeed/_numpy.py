@@ -399,7 +399,7 @@ class NumpyPolicy:
         """A NumPy dtype, scalar, finfo or iinfo: a known value, like an int."""
         return bool(self._numpy_constants) and isinstance(value, self._numpy_constants)
 
-    def numpy_output(self, value: Any) -> tuple[Any, Any]:
+    def numpy_output(self, value: Any, _inside: frozenset = frozenset()) -> tuple[Any, Any]:
         """``(graph_value, template)`` for the graph's output ``value``: NumPy
         constants left out of the graph (its code cannot write them), and how the
         result becomes what the program sees (``numpy_outputs``): None where nothing
@@ -411,8 +411,11 @@ class NumpyPolicy:
             return value, value.meta.get("numpy") if value in self._numpy_nodes else None
         if self.is_numpy_constant(value):
             return None, _Const(value)
+        if id(value) in _inside:
+            return value, None   # a container of the program that holds itself (as is)
         if isinstance(value, (tuple, list)):
-            pairs = [self.numpy_output(v) for v in value]
+            inside = _inside | {id(value)}
+            pairs = [self.numpy_output(v, inside) for v in value]
             if all(t is None for _, t in pairs):
                 return value, None
             items = [v for v, _ in pairs]
@@ -425,7 +428,8 @@ class NumpyPolicy:
                 stripped = kind(items)
             return stripped, tuple(t for _, t in pairs)
         if type(value) in _DICTS:
-            pairs2 = {k: self.numpy_output(v) for k, v in value.items()}
+            inside = _inside | {id(value)}
+            pairs2 = {k: self.numpy_output(v, inside) for k, v in value.items()}
             if all(t is None for _, t in pairs2.values()):
                 return value, None
             made = copy.copy(value)   # an OrderedDict, a defaultdict keep their kind

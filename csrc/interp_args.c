@@ -142,16 +142,24 @@ ags_held_arg(ags_interp *it, const ags_value *v)
     return ags_graph_arg(it, v);
 }
 
+/* Whether obj holds a graph node, looking at most `depth` containers down
+ * and at most *budget objects in all: a container of the program that holds
+ * itself, or shares its parts many times over, ends the search (a node the
+ * capture put in a tuple sits near its top). */
 static int
-contains_node(ags_interp *it, PyObject *obj)
+holds_node_within(ags_interp *it, PyObject *obj, int depth, int *budget)
 {
     if (PyObject_TypeCheck(obj, (PyTypeObject *)it->node_type)) {
         return 1;
     }
+    if (depth == 0 || --*budget < 0) {
+        return 0;
+    }
     if (PyTuple_Check(obj) || PyList_Check(obj)) {
         Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (contains_node(it, PySequence_Fast_GET_ITEM(obj, i))) {
+        for (Py_ssize_t i = 0; i < n && *budget >= 0; i++) {
+            if (holds_node_within(it, PySequence_Fast_GET_ITEM(obj, i),
+                                  depth - 1, budget)) {
                 return 1;
             }
         }
@@ -159,13 +167,21 @@ contains_node(ags_interp *it, PyObject *obj)
     if (PyDict_CheckExact(obj)) {
         Py_ssize_t pos = 0;
         PyObject *k, *val;
-        while (PyDict_Next(obj, &pos, &k, &val)) {
-            if (contains_node(it, val)) {
+        while (*budget >= 0 && PyDict_Next(obj, &pos, &k, &val)) {
+            if (holds_node_within(it, val, depth - 1, budget)) {
                 return 1;
             }
         }
     }
     return 0;
+}
+
+static int
+contains_node(ags_interp *it, PyObject *obj)
+{
+    int budget = 4096;
+
+    return holds_node_within(it, obj, 32, &budget);
 }
 
 static PyObject *

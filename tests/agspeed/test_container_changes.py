@@ -199,6 +199,44 @@ def test_a_container_that_holds_itself_is_returned_as_eager_returns_it(as_dict, 
     assert "internal error" not in caplog.text
 
 
+LOOPED = []
+LOOPED[:] = [LOOPED, LOOPED, None]
+KNOTTED = {}
+KNOTTED["me"] = KNOTTED
+
+
+def returns_the_knots(x):
+    return (LOOPED, KNOTTED), x + len(LOOPED)
+
+
+def grows_a_loop(x, looped):
+    looped.append(x * 2)
+    y = x + len(looped) + len(LOOPED)
+    looped.pop()
+    LOOPED.append(y)
+    return y
+
+
+def test_containers_of_the_program_that_hold_themselves_are_read_changed_and_returned(
+        caplog):
+    # (a tuple holding a dict that holds itself crashed the interpreter, searching it for
+    # graph values without end)
+    fast = agspeed.optimize(returns_the_knots, backend="eager")
+    for _ in range(2):
+        (looped, knotted), y = fast(torch.ones(2))
+        assert looped is LOOPED and knotted is KNOTTED and knotted["me"] is KNOTTED
+        torch.testing.assert_close(y, torch.full((2,), 4.0))
+    fast = agspeed.optimize(grows_a_loop, backend="eager")
+    mine = []
+    mine[:] = [mine]
+    for _ in range(2):
+        y = fast(torch.ones(2), mine)
+        assert LOOPED.pop() is y and len(LOOPED) == 3 and LOOPED[0] is LOOPED
+        assert mine == [mine] and mine[0] is mine
+        torch.testing.assert_close(y, torch.full((2,), 6.0))
+    assert "internal error" not in caplog.text
+
+
 GROWN = [1]
 
 
