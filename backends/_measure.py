@@ -81,6 +81,12 @@ def _version(t: Any) -> int:
     return -1 if t.is_inference() else t._version
 
 
+def _layout(t: Any) -> tuple:
+    """A tensor's sizes, strides and storage offset: what an in-place view op
+    (``unsqueeze_``, ``t_``, ``as_strided_``) changes without a new version."""
+    return tuple(t.shape), t.stride(), t.storage_offset()
+
+
 def _same(a: Any, b: Any) -> bool:
     """Equal values, NaN equal to NaN."""
     import torch
@@ -162,6 +168,7 @@ class State:
             written = set(range(len(inputs)))
         self._inputs = _tensors(inputs)
         self._versions = [_version(t) for t in self._inputs]
+        self._layouts = [_layout(t) for t in self._inputs]
         self._saved: dict[int, Any] = {}
         self._cpu_rng = torch.get_rng_state()
         self._cuda = sorted({t.device.index or 0 for t in self._inputs
@@ -177,14 +184,18 @@ class State:
 
     def mutated(self) -> list[int]:
         return [k for k, t in enumerate(self._inputs)
-                if _version(t) != self._versions[k]
+                if _version(t) != self._versions[k] or _layout(t) != self._layouts[k]
                 or (k in self._saved and not _same(t, self._saved[k]))]
 
     def restore(self, rng: bool = True) -> None:
-        """Put the mutated inputs (and, with ``rng``, the generators) back as taken."""
+        """Put the mutated inputs (and, with ``rng``, the generators) back as taken: their
+        layout (an in-place view op), then their values."""
         import torch
 
         with torch.no_grad():
+            for k, t in enumerate(self._inputs):
+                if _layout(t) != self._layouts[k]:
+                    t.as_strided_(*self._layouts[k])
             for k in self.mutated():
                 saved = self._saved.get(k)
                 if saved is None:
