@@ -247,6 +247,7 @@ class Objects:
         base = _dict_base(cls)
         for key, value in items:
             base.__setitem__(obj, key, swap(value))
+        swap = None  # type: ignore[assignment]   (it calls itself through this cell)
         return self._own(obj)
 
     # -- writing owned objects -------------------------------------------------------

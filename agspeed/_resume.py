@@ -585,44 +585,50 @@ def layout_of(state: dict, code: types.CodeType, builder: Any,
             return "a tensor the loop has left that no source reaches again"
         return slot("CONST", item, source, False)
 
-    rows = state["stack"]
-    held = collections.Counter(id(payload[0] if kind == "ITER" else payload)
-                               for kind, payload, _source in (*rows, *state["locals"]))
-    owned = state.get("owned", ())
-    stack, local = [], []
-    for i, (kind, payload, source) in enumerate(rows):
-        owner = rows[i + 1] if kind == "METHOD" and i + 1 < len(rows) else None
-        if kind == "METHOD" and owner is not None and owner[0] in ("LIST", "DICT") \
-                and builder.is_shadow(owner[1]):
-            # a method of a list or dict of the program (``self.acts.append(y.item())``
-            # broken in its argument): the unbound method, the object itself after it
-            stack.append(("constant", getattr(type(owner[1]), payload)))
-            continue
-        if kind == "METHOD" and (owner is None or owner[0] != "TENSOR"):
-            return "a method of a value other than a tensor at the break"
-        if kind == "ITER" and held[id(payload[0])] == 1 or \
-                kind == "CONST" and held[id(payload)] == 1 and id(payload) in owned \
-                and hasattr(type(payload), "__next__") and type(payload) not in DICT_VIEWS:
-            s = loop_iterator(kind, payload)  # a for loop's, held nowhere else
-        else:
-            s = slot(kind, payload, source, True)
-        if isinstance(s, str):
-            return s
-        stack.append(s)
-    ncells = len(cell_only(code))
-    for kind, payload, source in state["locals"][:code.co_nlocals + ncells]:
-        s = slot(kind, payload, source, False)
-        if isinstance(s, str):
-            return s
-        local.append(s)
-    if state["cells"]:
-        return "a local shared with a closure made before the break"
-    if _shared_containers(outputs, builder):
-        # the graph's outputs are rebuilt apart: a list held both by a variable and by
-        # another list (or an object the frame made) would be two lists after the break
-        return "a list or dict the frame made, held in two places at the break"
-    return Layout(tuple(stack), tuple(local[:code.co_nlocals]), tuple(outputs),
-                  tuple(local[code.co_nlocals:]))
+    try:
+        rows = state["stack"]
+        held = collections.Counter(id(payload[0] if kind == "ITER" else payload)
+                                   for kind, payload, _source in (*rows, *state["locals"]))
+        owned = state.get("owned", ())
+        stack, local = [], []
+        for i, (kind, payload, source) in enumerate(rows):
+            owner = rows[i + 1] if kind == "METHOD" and i + 1 < len(rows) else None
+            if kind == "METHOD" and owner is not None and owner[0] in ("LIST", "DICT") \
+                    and builder.is_shadow(owner[1]):
+                # a method of a list or dict of the program (``self.acts.append(y.item())``
+                # broken in its argument): the unbound method, the object itself after it
+                stack.append(("constant", getattr(type(owner[1]), payload)))
+                continue
+            if kind == "METHOD" and (owner is None or owner[0] != "TENSOR"):
+                return "a method of a value other than a tensor at the break"
+            if kind == "ITER" and held[id(payload[0])] == 1 or \
+                    kind == "CONST" and held[id(payload)] == 1 and id(payload) in owned \
+                    and hasattr(type(payload), "__next__") and type(payload) not in DICT_VIEWS:
+                s = loop_iterator(kind, payload)  # a for loop's, held nowhere else
+            else:
+                s = slot(kind, payload, source, True)
+            if isinstance(s, str):
+                return s
+            stack.append(s)
+        ncells = len(cell_only(code))
+        for kind, payload, source in state["locals"][:code.co_nlocals + ncells]:
+            s = slot(kind, payload, source, False)
+            if isinstance(s, str):
+                return s
+            local.append(s)
+        if state["cells"]:
+            return "a local shared with a closure made before the break"
+        if _shared_containers(outputs, builder):
+            # the graph's outputs are rebuilt apart: a list held both by a variable and by
+            # another list (or an object the frame made) would be two lists after the break
+            return "a list or dict the frame made, held in two places at the break"
+        return Layout(tuple(stack), tuple(local[:code.co_nlocals]), tuple(outputs),
+                      tuple(local[code.co_nlocals:]))
+    finally:
+        # slot and item_slot call themselves through their cells: emptied, the builder
+        # and the frame's locals the helpers reach go with this call, not at the next
+        # collection of cycles
+        slot = item_slot = None  # type: ignore[assignment]
 
 
 def _shared_containers(outputs: list, builder: Any) -> bool:
@@ -649,7 +655,10 @@ def _shared_containers(outputs: list, builder: Any) -> bool:
             return any(map(walk, value.values()))
         return False
 
-    return any(map(walk, outputs))
+    try:
+        return any(map(walk, outputs))
+    finally:
+        walk = None  # type: ignore   (a cycle through its own cell, holding the builder)
 
 
 # instructions reading a local variable (3.13's paired forms name two, a half byte each)

@@ -408,7 +408,9 @@ def to_postfix(expr: Any, index: dict) -> tuple | None:
             return True
         return False
 
-    return tuple(out) if emit(expr) else None
+    said = emit(expr)
+    emit = None  # type: ignore[assignment]   (it calls itself through this cell)
+    return tuple(out) if said else None
 
 
 # sympy class names -> Python's operator, for the guards the fallback evaluates

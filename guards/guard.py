@@ -155,6 +155,7 @@ class Guard(_C.GuardProgram):
         distinct = [slot(s) for s in self.different]
         outputs = [slot(s) for s in self.inputs]
         flags = GuardFlag.CHECK_KNOWN_TENSORS if _config.guard_parameters else GuardFlag(0)
+        slot = None  # type: ignore[assignment]   (it calls itself through this cell)
         self._set_program(loads, checks, aliases,
                           state_probes(self.torch, self.state) + self.reads,
                           resolve_step, MISSING, self.torch.nn.Module, outputs, int(flags),

@@ -389,3 +389,39 @@ def test_a_comprehension_run_by_eager_code_is_not_captured_again_on_each_call():
     names = [r.name for r in agspeed._runtime.frame_records()]
     assert "<listcomp>" not in names
     assert not [r for r in agspeed.recompiles() if "listcomp" in r.function]
+
+
+def _drops_the_optimizers_state():
+    # an optimizer's step captured through a closure, as a training script writes it;
+    # the weak reference says whether the capture left the optimizer in a reference
+    # cycle, its state alive until the next collection
+    import gc
+    import weakref
+
+    model = torch.nn.Linear(8, 8, bias=False)
+    optimizer = torch.optim.Adadelta(model.parameters(), lr=0.01)
+
+    def opt_step():
+        optimizer.step()
+
+    step = agspeed.optimize(opt_step, backend="eager")
+    model(torch.ones(8)).sum().backward()
+    step()
+    state = weakref.ref(optimizer.state[model.weight]["square_avg"])
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        optimizer = None
+        return state() is None
+    finally:
+        if was:
+            gc.enable()
+
+
+def test_a_capture_leaves_the_programs_objects_in_no_reference_cycle():
+    # (the builder and the frame's locals were held by helpers that call themselves
+    # through their closures' cells: the optimizer's state outlived the optimizer)
+    import gc
+
+    gc.collect()
+    assert [_drops_the_optimizers_state() for _ in range(3)] == [True] * 3
