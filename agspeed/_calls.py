@@ -226,6 +226,9 @@ class CallPolicy:
         try:
             hash(fn)
         except TypeError:   # a weakref to a dict, say: no table below can hold it
+            plan = self._instance_call(fn, source)   # (a dataclass compared by value)
+            if plan is not None:
+                return plan
             raise GraphBreak(Reason.UNSUPPORTED_CALL,
                              f"calling a {type(fn).__name__} that is not hashable") from None
         if fn in self.replayed_calls:  # type: ignore[attr-defined]
@@ -296,7 +299,22 @@ class CallPolicy:
                 known = self.known.get(id(fn))  # type: ignore[attr-defined]
                 source = known[1] if known is not None and known[0] is fn else None
             return (Plan.INLINE, fn, None, source)
+        plan = self._instance_call(fn, source)
+        if plan is not None:
+            return plan
         raise GraphBreak(Reason.UNSUPPORTED_CALL, f"calling {describe_callable(fn)}")
+
+    def _instance_call(self, fn: Any, source: Any) -> tuple | None:
+        """An instance of a Python class with ``__call__`` (a loss object, a scaler, a
+        dataclass): its class's function inlined with the instance first, found on the
+        class where a guard finds it again; None for anything else."""
+        call = _class_lookup(type(fn), "__call__")
+        if type(call) is not types.FunctionType or isinstance(fn, type):
+            return None
+        fsource = None if source is None else ("attr", ("type", source), "__call__")
+        if fsource is not None:
+            self.assumptions.append((fsource, call))  # type: ignore[attr-defined]
+        return (Plan.INLINE, call, fn, fsource)
 
     def function_target(self, cls: Any, args: tuple, kwargs: dict) -> "FunctionApply":
         """The graph target calling ``cls.apply`` (a user's ``torch.autograd.Function``)
