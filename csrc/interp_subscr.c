@@ -349,6 +349,36 @@ op_store_attr(ags_interp *it, ags_frame *f, const ags_instr *ins)
     return rc;
 }
 
+/* del obj.name: as delattr(obj, name) is folded (agspeed/_objects.py): done
+ * on an object the capture made whose class deletes as object does, else a
+ * break (a side effect on the program's object). */
+AGS_HANDLER
+op_delete_attr(ags_interp *it, ags_frame *f, const ags_instr *ins)
+{
+    static PyObject *delattr_fn;   /* builtins.delattr, kept */
+    ags_value args[2], result = ags_value_make(AGS_VK_CONST, NULL, NULL);
+    PyObject *name = PyTuple_GET_ITEM(f->code->co_names, ins->arg);
+    int rc;
+
+    if (delattr_fn == NULL) {
+        delattr_fn = Py_XNewRef(PyDict_GetItemString(PyEval_GetBuiltins(),
+                                                     "delattr"));
+        if (delattr_fn == NULL) {
+            return ags_stopf(it, AGS_REASON_UNSUPPORTED_CALL, "no delattr()");
+        }
+    }
+    args[0] = ags_pop(f);
+    args[1] = ags_value_make(AGS_VK_CONST, Py_NewRef(name), NULL);
+    rc = ags_note_write(it, args[0].obj) < 0
+             ? AGS_ERROR
+             : ags_builder_call(it, AGS_BOP_FOLD, delattr_fn, NULL, args, 2, NULL,
+                                &result);
+    ags_value_clear(&args[0]);
+    ags_value_clear(&args[1]);
+    ags_value_clear(&result);
+    return rc;
+}
+
 AGS_HANDLER
 op_store_slice(ags_interp *it, ags_frame *f, const ags_instr *ins)
 {

@@ -58,6 +58,8 @@
     X(STORE_SUBSCR, op_store_subscr, "container[index] = value") \
     X(STORE_ATTR, op_store_attr, "obj.name = value: on an object made here, " \
                                  "else breaks (a side effect)") \
+    X(DELETE_ATTR, op_delete_attr, "del obj.name: on an object made here, " \
+                                   "else breaks (a side effect)") \
     X(BUILD_STRING, op_build_string, "join arg known strings") \
     X(GET_ITER, op_get_iter, "an iterator over a known sequence") \
     X(FOR_ITER, op_for_iter, "next element, or leave the loop") \

@@ -744,3 +744,31 @@ def test_break_in_a_method_of_an_object_made_here_gets_a_real_object(capsys):
         x = torch.randn(3)
         torch.testing.assert_close(opt(x), f(x))
     assert capsys.readouterr().out.count("weighing") == 4
+
+
+class Attrs:
+    def __init__(self, a):
+        self.a = a
+
+
+def deletes_attributes(x, program_obj):
+    made = Attrs(x)
+    made.b = x * 2
+    del made.a               # an object made here: done in the capture
+    out = made.b + hasattr(made, "a")
+    del program_obj.a        # the program's object: a break, eager's delete
+    return out
+
+
+def test_del_of_an_attribute_on_objects_made_here_and_of_the_program():
+    fast = agspeed.optimize(deletes_attributes, backend="eager")
+    for _ in range(2):
+        x = torch.randn(3)
+        mine, theirs = Attrs(1), Attrs(1)
+        torch.testing.assert_close(fast(x, mine), deletes_attributes(x, theirs))
+        assert not hasattr(mine, "a") and not hasattr(theirs, "a")
+    report = agspeed.explain(deletes_attributes, torch.randn(3), Attrs(1))
+    assert report.graph_count == 1 and len(report.break_reasons) == 1
+    assert report.break_reasons[0].instruction == "DELETE_ATTR"
+    with pytest.raises(AttributeError, match="'Attrs' object has no attribute 'a'"):
+        fast(torch.randn(3), object.__new__(Attrs))

@@ -3,7 +3,8 @@ attribute and global writes handed to the builder, never done; the program's lis
 dicts changed in shadows only; a list only appended to gets a tail, only its type
 assumed.  Torch-free."""
 
-from test_interp import Configured, T, capture
+from agspeed.protocol import Reason
+from test_interp import Configured, GraphBreakLike, Recorder, T, capture
 
 
 def stores_attribute(x, h):
@@ -101,3 +102,39 @@ def test_a_list_read_before_its_append_stays_assumed_whole():
     assert out["status"] == "graph", out
     assert (("local", "out"), held) in out["assumptions"]
     assert not b.tailed and len(b.shadows) == 1
+
+
+class Bag:
+    pass
+
+
+class Folding(Recorder):
+    """Folds delattr as the runtime's builder does: on the objects it made only."""
+
+    def fold(self, fn, args, kwargs):
+        if fn is delattr:
+            self.deleted.append(args)
+            if not any(o is args[0] for o in self.made):
+                raise GraphBreakLike(Reason.SIDE_EFFECT, f"deleting {args[1]!r}")
+        return super().fold(fn, args, kwargs)
+
+
+def deletes(x, kept):
+    b = Bag()
+    b.v, b.w = x, 2
+    del b.w
+    del kept.v
+    return b.v
+
+
+def test_del_of_an_attribute_is_delattr_folded_by_the_builder():
+    b = Folding(classes=(Bag,))
+    b.deleted = []
+    kept = Bag()
+    kept.v = 1
+    out, b = capture(deletes, b, x=T(), kept=kept)
+    assert out["status"] == "break" and out["reason"] == Reason.SIDE_EFFECT, out
+    made = b.made[0]
+    assert [(o is made, name) for o, name in b.deleted] == [(True, "w"), (False, "v")]
+    assert not hasattr(made, "w") and made.v is not None
+    assert kept.v == 1   # the program's object: left to eager after the break
