@@ -14,7 +14,6 @@ import builtins
 import collections
 import logging
 import operator
-import os
 import sys
 import types
 import weakref
@@ -22,12 +21,13 @@ from typing import Any
 
 from agspeed import _C
 from agspeed._builder_types import GraphBreak, SymShape, concrete, describe_callable
+from agspeed._compare import Comparisons, _tensor_keyed
 from agspeed._foreach_groups import group_by_device_and_dtype
 from agspeed._shapes import scalar_parts
 from agspeed._sources import (MISSING, _class_lookup, compared_by_identity, is_namedtuple_type,
                               static_attr)
 from agspeed._stdlib import _FACTORIES, _VIEWS, SAFE_ITERATORS, StdlibFolds
-from agspeed.protocol import Attr, Compare, Reason
+from agspeed.protocol import Attr, Reason
 
 _STRUCTURAL_FOLDS = (enumerate, zip, reversed, list, tuple, len, iter, dict, set, frozenset)
 _TYPE_FOLDS = (isinstance, issubclass, type, callable)
@@ -39,14 +39,6 @@ FOLDABLE = frozenset(_STRUCTURAL_FOLDS + _TYPE_FOLDS + _VALUE_FOLDS)
 # arguments, so reading it again on a later call needs no guard.
 _OBJECT_FOLDS = frozenset({logging.getLogger})
 _COLLECTIONS = (collections.OrderedDict, collections.defaultdict, collections.deque)
-# builtin types whose __eq__ declines any type of another family (``{} == "a"`` compares
-# identities): the family of each
-_FAMILY = {dict: 1, list: 2, tuple: 3, str: 4, bytes: 5, set: 6, frozenset: 6,
-           type(None): 7}
-_KEYS_VIEW = type({}.keys())
-_COMPARE = {Compare.LT: operator.lt, Compare.LE: operator.le, Compare.EQ: operator.eq,
-            Compare.NE: operator.ne, Compare.GT: operator.gt, Compare.GE: operator.ge}
-
 
 # Folds that move sizes the graph computes around without reading their values: they
 # keep them as size nodes (a dynamic dimension stays dynamic through ``tuple(x.shape)``).
@@ -89,13 +81,6 @@ def _python_protocol(value: Any, module_type: type) -> bool:
     return any(type(_class_lookup(kind, name)) is types.FunctionType for name in _PROTOCOL)
 
 
-def _tensor_keyed(builder: Any, d: dict) -> bool:
-    """Whether ``d`` is keyed by real tensors (a dict of the program), not by the
-    capture's nodes."""
-    return any(isinstance(k, builder._torch.Tensor) for k in d) or \
-        builder.known.get(id(d), (None,))[0] is d
-
-
 
 def holds_container(value: Any) -> bool:
     """Whether ``value`` is a tuple holding a list, dict or set (at any depth through
@@ -131,7 +116,7 @@ _SET_ALGEBRA = frozenset({"union", "intersection", "difference", "symmetric_diff
 _CLASS_ONLY = (isinstance, issubclass, type, callable, id, hasattr, getattr)
 
 
-class Folds(StdlibFolds):
+class Folds(Comparisons, StdlibFolds):
     """The part of ``GraphBuilder`` that evaluates known values (the standard library's
     iterators, itertools, functools and container methods in ``_stdlib``)."""
 
@@ -543,21 +528,6 @@ class Folds(StdlibFolds):
         elif self._is_static(out) and type(out) is not list:   # (a list: by its load)
             self.assumptions.append((("item", source, index), out))
 
-    def _guard_membership(self, key: Any, container: Any) -> None:
-        """``key in container`` for a container of the program: a dict's key guarded
-        present (its value) or absent, a list's or tuple's items guarded."""
-        known = self.known.get(id(container))  # type: ignore[attr-defined]
-        if known is None or known[0] is not container or self._is_static(container):
-            return
-        source = known[1]
-        if isinstance(container, dict) or container is os.environ:
-            value = container.get(key, MISSING) if container is os.environ else \
-                dict.get(container, key, MISSING)
-            self.assumptions.append((("item", source, key), value))
-        elif type(container) in (list, tuple):
-            for i, v in enumerate(container):
-                self.assumptions.append((("item", source, i), v))
-
     def _module_item(self, container: Any, index: Any, source: Any) -> tuple[Any, Any]:
         d = object.__getattribute__(container, "__dict__")
         store = d["_parameters"] if isinstance(container, (self._torch.nn.ParameterList,
@@ -596,105 +566,6 @@ class Folds(StdlibFolds):
         name = "_parameters" if store is object.__getattribute__(
             container, "__dict__").get("_parameters") else "_modules"
         self.assumptions.append((("attr", source, name), store))
-
-    def compare(self, op: Compare, a: Any, b: Any) -> Any:
-        """``a op b``: a graph node for tensors, else a known bool."""
-        op = Compare(op)
-        nodes = isinstance(a, self.node_type) or isinstance(b, self.node_type)
-        if op in _COMPARE and nodes:
-            return self.call_function(_COMPARE[op], (a, b))
-        if self._sym_types and (self._has_size_node(a) or self._has_size_node(b)):
-            # shapes compared as tuples: decided now, the ShapeEnv guards the answer
-            a, b = self._specialize(a), self._specialize(b)
-        if nodes and op in (Compare.IN, Compare.NOT_IN) and type(b) in (set, frozenset) and \
-                isinstance(a, self.node_type):
-            # a tensor hashes by identity: membership in a set of nodes is identity
-            return (a in b) is (op is Compare.IN)
-        if nodes and op in (Compare.IN, Compare.NOT_IN) and isinstance(a, self.node_type) \
-                and isinstance(b, dict):
-            # a tensor as a dict key: the capture's own dict is keyed by nodes; one of
-            # the program's by the tensors themselves (``_tensor_key_get``)
-            found = self._tensor_key_get("__contains__", (b, a), {}, 2) \
-                if _tensor_keyed(self, b) else a in b
-            return found is (op is Compare.IN)
-        if nodes:
-            raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"`{op.op}` with a tensor")
-        if op in (Compare.IN, Compare.NOT_IN) and isinstance(b, self._torch.nn.ModuleDict) \
-                and type(a) is str:
-            found = self._module_dict_has(b, a)
-            return found if op is Compare.IN else not found
-        if op in (Compare.IN, Compare.NOT_IN):
-            plain = type(b) in (tuple, list, dict, str, set, frozenset, range,
-                                self._torch.Size, *_VIEWS) or \
-                (isinstance(b, dict) and _class_lookup(type(b), "__contains__") is
-                 dict.__contains__) or \
-                (b is os.environ and type(a) is str)   # read as a dict, guarded
-            if not (plain and (self._is_static(a) or self._enum_in(a, b)
-                               or self._identity_in(a, b) or self._identity_key_in(a, b))):
-                raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"`in` on a {type(b).__name__}")
-            found = a in b
-            self._guard_membership(a, b)
-            return found if op is Compare.IN else not found
-        if op in (Compare.EQ, Compare.NE) and _FAMILY.get(type(a), 0) and \
-                _FAMILY.get(type(b), 0) and _FAMILY[type(a)] != _FAMILY[type(b)]:
-            # builtin containers and strings of different kinds (a dict and a str): each
-            # side's __eq__ declines the other, so Python compares identities
-            return (a is b) is (op is Compare.EQ)
-        if not (self._comparable(a, op) and self._comparable(b, op)):
-            raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"comparing a {type(a).__name__} and a "
-                             f"{type(b).__name__}")
-        return _COMPARE[op](a, b)
-
-    def _module_dict_has(self, container: Any, key: str) -> bool:
-        """``key in container`` for a ModuleDict (its own ``__contains__``, a lookup in
-        ``_modules``): the key guarded present, with its module, or absent."""
-        torch = self._torch
-        known = self.known.get(id(container))  # type: ignore[attr-defined]
-        if _class_lookup(type(container), "__contains__") is not \
-                torch.nn.ModuleDict.__contains__ or known is None or known[0] is not container:
-            raise GraphBreak(Reason.UNSUPPORTED_VALUE, f"`in` on a {type(container).__name__}")
-        store = object.__getattribute__(container, "__dict__")["_modules"]
-        self._guard_store(container, known[1], store)
-        self.assumptions.append((("item", ("attr", known[1], "_modules"), key),
-                                 dict.get(store, key, MISSING)))
-        return key in store
-
-    def _identity_in(self, a: Any, b: Any) -> bool:
-        """Whether ``a in b`` is a question of identity the capture can answer: ``b`` a
-        set the capture made (torch's ``named_modules`` keeps one of the modules seen), and
-        ``a`` and every member either compared by identity (object's own ``__eq__`` and
-        ``__hash__``) or a constant, so no program code runs to compare them."""
-        if type(b) not in (set, frozenset) or id(b) in self.known:  # type: ignore[attr-defined]
-            return False
-        return compared_by_identity(a) and \
-            all(compared_by_identity(v) or self._is_static(v) for v in b)
-
-    def _identity_key_in(self, a: Any, b: Any) -> bool:
-        """``a in b`` for a dict of the program (reached by a source) and a key that
-        hashes and compares by identity (a class: registries keyed by type, as torch's
-        pytree keeps): a lookup that runs no program code, guarded by the key's item."""
-        if not isinstance(b, dict) or not compared_by_identity(a):
-            return False
-        known = self.known.get(id(b))  # type: ignore[attr-defined]
-        return known is not None and known[0] is b
-
-    def _enum_in(self, a: Any, b: Any) -> bool:
-        """``a in b`` for a str or int enum member ``a`` and a tuple or list ``b`` of
-        values compared the same way: no user code runs."""
-        return type(b) in (tuple, list) and self._comparable(a, Compare.EQ) and \
-            all(self._comparable(x, Compare.EQ) for x in b)
-
-    def _comparable(self, value: Any, op: Any) -> bool:
-        if self._is_static(value):
-            return True
-        if type(value) is _KEYS_VIEW:   # compared as a set of its (plain) keys
-            return all(self._is_static(k) for k in value)
-        kind = type(value)
-        if op in (Compare.EQ, Compare.NE) and any(
-                isinstance(value, base) and kind.__eq__ is base.__eq__ and
-                kind.__ne__ is base.__ne__ for base in (str, int, float, bytes)):
-            return True  # a str or int enum (`class Action(str, Enum)`): the base compares
-        return kind.__eq__ is object.__eq__  # identity comparison, no user code
 
     def _dereference(self, ref: Any) -> Any:
         """``ref()`` of a weak reference the capture reached (the RNN modules' check that

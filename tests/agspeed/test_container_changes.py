@@ -323,3 +323,25 @@ def test_a_changed_set_is_not_kept_alive_by_the_cache():
     fast(x, tags)
     assert_not_held(lambda t: fast(x, t)[1], tags, 10)
 
+
+
+def compares_containers(x, seen, opts, order):
+    made = {1, 2} == {2, 1} and [1, (2, 3)] == [1, (2, 3)] and {"k": [1]} != {"k": [2]}
+    return x * made + x * (seen == {1, 2}) + (opts == {"lr": 0.1}) + (order < [2, 1])
+
+
+def test_containers_of_plain_values_compare_in_the_capture_guarded_by_their_contents():
+    e = agspeed.explain(compares_containers, torch.randn(2), {1, 2}, {"lr": 0.1}, [1, 2])
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    fast = agspeed.optimize(compares_containers, backend="eager")
+    seen, opts, order = {1, 2}, {"lr": 0.1}, [1, 2]
+    for change in (None, "seen", "opts", "order", None):
+        if change == "seen":
+            seen.add(3)
+        elif change == "opts":
+            opts["lr"] = 0.2
+        elif change == "order":
+            order[0] = 3
+        x = torch.randn(2)
+        torch.testing.assert_close(fast(x, seen, opts, order),
+                                   compares_containers(x, seen, opts, order))
