@@ -29,6 +29,7 @@ from agspeed._sources import (MISSING, _class_lookup, compared_by_identity, is_n
 from agspeed._stdlib import _FACTORIES, _VIEWS, SAFE_ITERATORS, StdlibFolds
 from agspeed.protocol import Attr, Reason
 
+_LIST_READS = (list.index, list.count)
 _STRUCTURAL_FOLDS = (enumerate, zip, reversed, list, tuple, len, iter, dict, set, frozenset)
 _TYPE_FOLDS = (isinstance, issubclass, type, callable)
 _VALUE_FOLDS = (range, min, max, abs, int, float, bool, str, sum, any, all, round, divmod,
@@ -125,6 +126,11 @@ class Folds(Comparisons, StdlibFolds):
         compute taken at their current, guarded, values)."""
         if fn is delattr:
             return self.delattr_fold(args, kwargs)  # type: ignore[attr-defined]
+        if fn in _LIST_READS:   # lst.index(v), lst.count(v): compared as values
+            if not (args and type(args[0]) is list and self._plain_contents(args, 0)):
+                raise GraphBreak(Reason.UNSUPPORTED_CALL, f"list.{fn.__name__} of values "
+                                 f"other than plain ones")
+            self._guard_contents(args[0])
         if fn not in _CLASS_ONLY and any(
                 hasattr(type(a), "__next__") and self._of_program(a)  # type: ignore[attr-defined]
                 for a in (*args, *kwargs.values())):

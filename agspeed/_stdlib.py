@@ -25,6 +25,7 @@ import types
 from typing import Any
 
 from agspeed._builder_types import GraphBreak, describe_callable, holds_node
+from agspeed._inlined import STEPPED_ITERTOOLS, getter_plan
 from agspeed._sources import MISSING, _class_lookup, compared_by_identity
 from agspeed.protocol import Attr, Plan, Reason
 
@@ -66,6 +67,8 @@ _PURE_METHODS = {
 _IMMUTABLE_SELVES = (str, bytes, int, float, tuple, frozenset)
 #: torch.Size's own methods that only read its sizes
 _SIZE_METHODS = frozenset({"numel", "count", "index"})
+#: a list's methods that only read it, folded where it holds plain values (guarded whole)
+_LIST_READS = frozenset({"index", "count"})
 _DICT_METHODS = ("get", "items", "keys", "values", "pop", "setdefault", "update", "copy",
                  "popitem", "clear", "__ior__")
 #: a set's in-place operators (``seen |= {k}``): their operand's elements join it
@@ -177,91 +180,6 @@ def _fresh_cm(self: Any) -> Any:
     return contextlib.contextmanager(self.func)(*self.args, **self.kwds)
 
 
-def _get_items(items: tuple, obj: Any) -> Any:
-    """What ``operator.itemgetter(*items)(obj)`` answers, inlined in its place (so that
-    items of a tensor are graph operations)."""
-    if len(items) == 1:
-        return obj[items[0]]
-    out = []
-    for item in items:
-        out.append(obj[item])
-    return tuple(out)
-
-
-def _get_attrs(names: tuple, obj: Any) -> Any:
-    """What ``operator.attrgetter(*names)(obj)`` answers (dotted names followed),
-    inlined in its place."""
-    out = []
-    for name in names:
-        value = obj
-        for part in name.split("."):
-            value = getattr(value, part)
-        out.append(value)
-    return out[0] if len(names) == 1 else tuple(out)
-
-
-def _call_method(name: str, args: tuple, kwargs: dict, obj: Any) -> Any:
-    """What ``operator.methodcaller(name, *args, **kwargs)(obj)`` answers, inlined."""
-    return getattr(obj, name)(*args, **kwargs)
-
-
-def _compress(data: Any, selectors: Any) -> Any:
-    """``itertools.compress``, stepped by the capture as a generator (a selector that is
-    a tensor's truth breaks there, as any branch on data does)."""
-    for item, keep in zip(data, selectors):
-        if keep:
-            yield item
-
-
-def _filterfalse(predicate: Any, iterable: Any) -> Any:
-    """``itertools.filterfalse``: the predicate (the program's function) inlined."""
-    for item in iterable:
-        if not (item if predicate is None else predicate(item)):
-            yield item
-
-
-def _takewhile(predicate: Any, iterable: Any) -> Any:
-    """``itertools.takewhile``, the predicate inlined."""
-    for item in iterable:
-        if not predicate(item):
-            return
-        yield item
-
-
-def _dropwhile(predicate: Any, iterable: Any) -> Any:
-    """``itertools.dropwhile``, the predicate inlined."""
-    dropping = True
-    for item in iterable:
-        if dropping and predicate(item):
-            continue
-        dropping = False
-        yield item
-
-
-#: itertools constructors that take a function or a truth per item: generators of the
-#: same items, which the interpreter steps (each call of the function inlined)
-_STEPPED_ITERTOOLS = ((itertools.compress, _compress), (itertools.filterfalse, _filterfalse),
-                      (itertools.takewhile, _takewhile), (itertools.dropwhile, _dropwhile))
-
-
-def _getter_plan(fn: Any) -> tuple | None:
-    """The PARTIAL plan calling an itemgetter, attrgetter or methodcaller object through
-    its inlined equivalent, its parts read from its ``__reduce__``; None for another
-    object, or one of a subclass."""
-    kind = type(fn)
-    if kind not in (operator.itemgetter, operator.attrgetter, operator.methodcaller):
-        return None
-    maker, parts = fn.__reduce__()[:2]
-    if kind is operator.itemgetter:
-        return (Plan.PARTIAL, _get_items, (tuple(parts),), {}, None)
-    if kind is operator.attrgetter:
-        return (Plan.PARTIAL, _get_attrs, (tuple(parts),), {}, None)
-    if type(maker) is functools.partial:   # methodcaller with keywords
-        return (Plan.PARTIAL, _call_method, (maker.args[0], tuple(parts),
-                                             dict(maker.keywords)), {}, None)
-    return (Plan.PARTIAL, _call_method, (parts[0], tuple(parts[1:]), {}), {}, None)
-
-
 class StdlibFolds:
     """The part of ``GraphBuilder`` that folds the standard library (see the module doc)."""
 
@@ -319,14 +237,14 @@ class StdlibFolds:
             return (Plan.FOLD, fn)
         if self.copy_plan(fn):  # type: ignore[attr-defined]
             return (Plan.FOLD, fn)
-        for tool, stepped in _STEPPED_ITERTOOLS:
+        for tool, stepped in STEPPED_ITERTOOLS:
             if fn is tool:
                 return (Plan.PARTIAL, stepped, (), {}, None)
         if fn is next or fn is functools.partial or _one_of(fn, _ITERTOOLS) or \
                 _one_of(fn, (operator.itemgetter, operator.attrgetter,
                              operator.methodcaller)):
             return (Plan.FOLD, fn)
-        getter = _getter_plan(fn)
+        getter = getter_plan(fn)
         if getter is not None:
             return getter
         if kind is types.MethodType and type(fn.__func__) in _DESCRIPTORS:
@@ -338,6 +256,9 @@ class StdlibFolds:
         if kind is types.MethodDescriptorType and \
                 fn.__name__ in _PURE_METHODS.get(fn.__objclass__, ()):
             return (Plan.FOLD, fn)
+        if kind is types.MethodDescriptorType and fn.__objclass__ is list and \
+                fn.__name__ in _LIST_READS:
+            return (Plan.FOLD, fn)   # of plain values only (Folds.fold)
         if kind is types.MethodDescriptorType and fn.__objclass__ is self._torch.Size and \
                 fn.__name__ in _SIZE_METHODS:
             return (Plan.FOLD, fn)   # torch.Size.numel(shape) of known sizes
@@ -397,6 +318,9 @@ class StdlibFolds:
             return Attr.METHOD, dict.__dict__[name], obj   # read item by item, guarded
         if type(obj) is collections.deque and name in _DEQUE_METHODS:
             return Attr.METHOD, collections.deque.__dict__[name], obj
+        if type(obj) is list and name in _LIST_READS and self._of_program(obj) and \
+                self._plain_contents(obj, 0):  # type: ignore[attr-defined]
+            return Attr.METHOD, list.__dict__[name], obj   # (Folds.fold guards it whole)
         if type(obj) is self._torch.Size and name in _SIZE_METHODS and self._is_static(obj):
             return Attr.METHOD, _class_lookup(self._torch.Size, name), obj   # sizes known
         names = _PURE_METHODS.get(type(obj))

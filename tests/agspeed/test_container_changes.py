@@ -345,3 +345,29 @@ def test_containers_of_plain_values_compare_in_the_capture_guarded_by_their_cont
         x = torch.randn(2)
         torch.testing.assert_close(fast(x, seen, opts, order),
                                    compares_containers(x, seen, opts, order))
+
+
+LABELS = ["cat", "dog", "cat"]
+
+
+def finds_labels(x, order):
+    return x * LABELS.index("dog") + LABELS.count("cat") + list.index(order, 3)
+
+
+def test_a_list_of_the_programs_index_and_count_fold_guarded_by_its_values():
+    e = agspeed.explain(finds_labels, torch.randn(2), [3, 1])
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    fast = agspeed.optimize(finds_labels, backend="eager")
+    order = [3, 1]
+    try:
+        for change in (None, "labels", "order", None):
+            if change == "labels":
+                LABELS[:] = ["dog", "cat", "cat", "cat"]
+            elif change == "order":
+                order.insert(0, 5)
+            x = torch.randn(2)
+            torch.testing.assert_close(fast(x, order), finds_labels(x, order))
+        with pytest.raises(ValueError):   # eager's error, from eager's own call
+            fast(torch.randn(2), [1])
+    finally:
+        LABELS[:] = ["cat", "dog", "cat"]
