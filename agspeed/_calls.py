@@ -12,6 +12,7 @@ assumptions, so the guard checks it.
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 import os
@@ -286,6 +287,9 @@ class CallPolicy:
                 is_namedtuple_type(fn) or fn is torch.finfo or fn is torch.iinfo or \
                 fn is torch.device or fn is torch.Size:
             return (Plan.FOLD, fn)
+        if isinstance(fn, enum.EnumMeta) and \
+                _class_lookup(type(fn), "__call__") is enum.EnumMeta.__call__:
+            return (Plan.FOLD, fn)   # Mode("a"): the member of a plain value (Folds.fold)
         if type(fn) is types.FunctionType:
             if getattr(fn, "__module__", "") in ("torch._dynamo.eval_frame",
                                                  "torch._dynamo.decorators"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import enum
 import logging
 import operator
 import sys
@@ -126,6 +127,10 @@ class Folds(Comparisons, StdlibFolds):
         compute taken at their current, guarded, values)."""
         if fn is delattr:
             return self.delattr_fold(args, kwargs)  # type: ignore[attr-defined]
+        if isinstance(fn, enum.EnumMeta) and (len(args) != 1 or kwargs):
+            # (an enum class called otherwise makes a new class: the functional API)
+            raise GraphBreak(Reason.UNSUPPORTED_CALL, f"calling {describe_callable(fn)} "
+                             f"other than with one value")
         if fn in _LIST_READS:   # lst.index(v), lst.count(v): compared as values
             if not (args and type(args[0]) is list and self._plain_contents(args, 0)):
                 raise GraphBreak(Reason.UNSUPPORTED_CALL, f"list.{fn.__name__} of values "
@@ -271,7 +276,8 @@ class Folds(Comparisons, StdlibFolds):
         except Exception as exc:
             raise GraphBreak(Reason.OP_FAILED, f"{describe_callable(fn)} raised "
                              f"{type(exc).__name__}: {exc}") from exc
-        if isinstance(out, (range, slice)) or self._is_static(out) or fn in _OBJECT_FOLDS:
+        if isinstance(out, (range, slice)) or self._is_static(out) or fn in _OBJECT_FOLDS \
+                or isinstance(fn, enum.EnumMeta):   # (a member: one for one value)
             return out
         if fn is collections.namedtuple:
             return out   # a class made from plain values: made once, at capture

@@ -4,6 +4,7 @@ and instances of Python classes with ``__call__`` inlined, each guarded so that 
 to what it read is seen on the next call."""
 
 import dataclasses
+import enum
 import sys
 import threading
 
@@ -119,3 +120,29 @@ def test_instances_with_a_python_call_are_inlined_and_guarded_by_their_class():
         torch.testing.assert_close(fast(x, affine), calls_instances(x, affine))
     finally:
         SCALER.s = 3.0
+
+
+class Mode(str, enum.Enum):
+    TRAIN = "train"
+    EVAL = "eval"
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+def picks_mode(x, name):
+    mode = Mode(name)   # the member of a plain value: folded, guarded by the value
+    return x * (2 if mode is Mode.EVAL else 3) * Level(2)
+
+
+def test_an_enum_class_called_with_a_value_gives_its_member():
+    e = agspeed.explain(picks_mode, torch.randn(2), "eval")
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    fast = agspeed.optimize(picks_mode, backend="eager")
+    for name in ("eval", "train", "eval"):
+        x = torch.randn(2)
+        torch.testing.assert_close(fast(x, name), picks_mode(x, name))
+    with pytest.raises(ValueError, match="'other' is not a valid Mode"):
+        fast(torch.randn(2), "other")
