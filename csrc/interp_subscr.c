@@ -371,8 +371,8 @@ op_delete_attr(ags_interp *it, ags_frame *f, const ags_instr *ins)
     args[1] = ags_value_make(AGS_VK_CONST, Py_NewRef(name), NULL);
     rc = ags_note_write(it, args[0].obj) < 0
              ? AGS_ERROR
-             : ags_builder_call(it, AGS_BOP_FOLD, delattr_fn, NULL, args, 2, NULL,
-                                &result);
+             : ags_builder_call(it, AGS_BOP_FOLD, delattr_fn, NULL, args, 2,
+                                NULL, &result);
     ags_value_clear(&args[0]);
     ags_value_clear(&args[1]);
     ags_value_clear(&result);

@@ -8,8 +8,8 @@
  * a class without __getattr__; a Parameter's gradient through torch's
  * getter) and hands every other case to the Python step, resolve_step,
  * which calls static_attr: descriptors, classes, super objects, builtin
- * types, custom __getattr__, threading.local's per-thread dicts.  tests/guards/test_load.py pins that both
- * readings agree on each rule.
+ * types, custom __getattr__, threading.local's per-thread dicts.
+ * tests/guards/test_load.py pins that both readings agree on each rule.
  */
 #include "program.h"
 

@@ -347,7 +347,8 @@ ags_symtab_set(ags_symtab *t, PyObject *spec)
         t->float_slots[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(floats, i));
         if (t->float_slots[i] < 0) {
             if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_ValueError, "a float symbol names no load");
+                PyErr_SetString(PyExc_ValueError,
+                                "a float symbol names no load");
             }
             goto error;
         }
@@ -545,6 +546,7 @@ ags_sym_check_guards(const ags_symtab *t, ags_symvals *s,
                      PyObject *const *floats, Py_ssize_t *failed)
 {
     PyObject *values, *verdict;
+    Py_ssize_t n;
     int ok;
 
     for (Py_ssize_t i = 0; i < t->n_guards; i++) {
@@ -559,8 +561,9 @@ ags_sym_check_guards(const ags_symtab *t, ags_symvals *s,
         return 1;
     }
     *failed = t->n_guards;
-    values = PyTuple_New(t->n_syms + t->n_floats);
-    for (Py_ssize_t k = 0; values != NULL && k < t->n_syms + t->n_floats; k++) {
+    n = t->n_syms + t->n_floats;
+    values = PyTuple_New(n);
+    for (Py_ssize_t k = 0; values != NULL && k < n; k++) {
         PyObject *item = k >= t->n_syms ? Py_NewRef(floats[k - t->n_syms])
                          : s->bound[k] ? PyLong_FromLongLong(s->v[k])
                                        : Py_NewRef(Py_None);
