@@ -215,17 +215,19 @@ check_EQ_fast(G_FAST_ARGS)
     return eq;
 }
 
-/* 1 if v is or holds a list: a value that changes in place, without any
- * dict the memo watches changing. */
+/* 1 if v is or holds a list, a set or a bytearray: a value that changes
+ * in place (`self.skip.add(2)`), without any dict the memo watches
+ * changing. */
 static int
-holds_list(PyObject *v)
+holds_mutable(PyObject *v)
 {
-    if (PyList_Check(v)) {
+    if (PyList_Check(v) || PyByteArray_Check(v)
+        || (PyAnySet_Check(v) && !PyFrozenSet_Check(v))) {
         return 1;
     }
     if (PyTuple_Check(v)) {
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); i++) {
-            if (holds_list(PyTuple_GET_ITEM(v, i))) {
+            if (holds_mutable(PyTuple_GET_ITEM(v, i))) {
                 return 1;
             }
         }
@@ -238,7 +240,7 @@ check_EQ_memo(const g_program *p, PyObject *v)
 {
     (void)p;
     /* an immutable value found in the same place is the same value */
-    return holds_list(v) ? G_MEMO_RUN : G_MEMO_SKIP;
+    return holds_mutable(v) ? G_MEMO_RUN : G_MEMO_SKIP;
 }
 
 static const char *

@@ -136,6 +136,38 @@ def test_every_change_to_the_model_is_seen(change):
         _same_as_eager(model, opt, torch.randn(2, 8))
 
 
+class Skipping(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        self.skip, self.order = {1}, [0, 1, 2]
+
+    def forward(self, x):
+        for i in self.order:
+            if i in self.skip:
+                continue
+            x = torch.tanh(self.layers[i](x))
+        return x
+
+
+@pytest.mark.parametrize("change", ["set", "list"])
+def test_a_set_or_list_of_the_model_changed_in_place_is_seen(change):
+    # (equal to what they held is a check the memo must run on every call: such a value
+    # changes in place, with no dict the memo watches changing; a set's was skipped, so a
+    # layer added to `skip` after the memo was built was still run)
+    torch.manual_seed(0)
+    model = Skipping().eval()
+    opt = agspeed.optimize(model, backend="eager")
+    for _ in range(3):
+        _same_as_eager(model, opt, torch.randn(2, 8))
+    if change == "set":
+        model.skip.add(2)
+    else:
+        model.order.reverse()
+    for _ in range(2):
+        _same_as_eager(model, opt, torch.randn(2, 8))
+
+
 def test_a_class_attribute_set_after_the_memo_is_seen():
     class Scaled(nn.Module):
         factor = 2.0
